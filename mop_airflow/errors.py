@@ -1,0 +1,56 @@
+"""The one exception hierarchy of mop_airflow.
+
+Every error a user can cause says what was wrong (field or column), the value, the rule
+and how to fix it, so a failed run or a failed DAG import is actionable from its message alone.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+
+class MopError(Exception):
+    """Base class of every error mop_airflow raises on purpose."""
+
+
+class SpecError(MopError, ValueError):
+    """A configuration value breaks a rule; raised when the DAG is built, before any training."""
+
+    def __init__(self, field: str, value: Any, rule: str, fix: str):
+        self.field = field
+        self.value = value
+        self.rule = rule
+        self.fix = fix
+        super().__init__(f"{field}={value!r}: {rule}. Fix: {fix}")
+
+
+class DataValidationError(MopError):
+    """The input data failed one or more expectations; nothing was trained or written."""
+
+    def __init__(self, source: str, failures: Iterable[str]):
+        self.source = source
+        self.failures = list(failures)
+        lines = "\n".join(f"  - {f}" for f in self.failures)
+        super().__init__(
+            f"input data {source} failed {len(self.failures)} expectation(s):\n{lines}"
+        )
+
+
+class PoolsMissingError(MopError):
+    """A run needs Airflow pools that do not exist; it would otherwise sit in 'scheduled'."""
+
+    def __init__(self, missing: Iterable[str], command: str):
+        self.missing = sorted(missing)
+        self.command = command
+        super().__init__(
+            f"Airflow pools missing: {', '.join(self.missing)}. Tasks using a missing pool are "
+            f"never scheduled. Create them with: {command}"
+        )
+
+
+class StoreError(MopError):
+    """The model store could not be reached or an object in it is missing or corrupt."""
+
+
+class TrainingError(MopError):
+    """A hop could not train (model builder failed, loss diverged, checkpoint mismatch)."""

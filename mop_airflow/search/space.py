@@ -1,0 +1,186 @@
+"""The search space, and its expansion into configurations with stable ids.
+
+A configuration holds everything one model needs, as in MADlib's model selection table: the model
+builder's import path and hyperparameters, compile parameters (optimizer and its parameters, loss,
+metrics) and fit parameters (batch size, passes per hop). It is a plain JSON-able dict so it
+travels through XCom and into reports unchanged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from mop_airflow.errors import SpecError
+from mop_airflow.search.distributions import Distribution, parse_distribution
+
+OPTIMIZERS = ("adam", "adamw", "sgd", "rmsprop", "adagrad", "adadelta", "adamax", "nadam",
+              "ftrl", "lion", "lamb", "adafactor")
+METHODS = ("grid", "random")
+_KEYS = ("model", "optimizer", "learning_rate", "optimizer_params", "batch_size", "epochs_per_hop",
+         "loss", "metrics", "hparams")
+_DEFAULTS: dict[str, Any] = {"optimizer": "adam", "learning_rate": 1e-3, "batch_size": 32,
+                             "loss": "sparse_categorical_crossentropy", "metrics": ["accuracy"]}
+_IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
+
+
+def config_id(index: int, config: Mapping[str, Any]) -> str:
+    """Readable and stable: position in the expansion plus a hash of the content."""
+    digest = hashlib.sha1(json.dumps(config, sort_keys=True).encode()).hexdigest()[:6]
+    return f"c{index:03d}-{digest}"
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    """``method`` is 'grid' (lists are crossed) or 'random' (``num_samples`` seeded draws).
+
+    ``params`` keys: model (required), optimizer, learning_rate, optimizer_params, batch_size,
+    epochs_per_hop, loss, metrics, hparams. A list means "one of these"; a dict such as
+    ``{"distribution": "log_uniform", "low": 1e-4, "high": 1e-2}`` is a random-search distribution.
+    ``hparams`` and ``optimizer_params`` map names to the same kinds of values.
+    """
+
+    params: Mapping[str, Any]
+    method: str = "grid"
+    num_samples: int | None = None
+    seed: int = 0
+    _dims: dict[str, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise SpecError("search.space.method", self.method, f"must be one of {list(METHODS)}",
+                            "use 'grid' to cross every listed value or 'random' to sample num_samples")
+        if not isinstance(self.params, Mapping):
+            raise SpecError("search.space.params", self.params, "must be a mapping",
+                            "pass e.g. {'model': ['my_models:cnn'], 'learning_rate': [1e-3, 1e-2]}")
+        unknown = sorted(set(self.params) - set(_KEYS))
+        if unknown:
+            raise SpecError(f"search.space.params.{unknown[0]}", self.params[unknown[0]], "is not a known key",
+                            f"use only {list(_KEYS)}; put model hyperparameters under 'hparams' and "
+                            "optimizer arguments under 'optimizer_params'")
+        if "model" not in self.params:
+            raise SpecError("search.space.params.model", None, "is required",
+                            "name the model builder(s) by import path, e.g. 'my_models:cnn'")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise SpecError("search.space.seed", self.seed, "must be an integer >= 0", "use e.g. seed=0")
+        if self.method == "random":
+            if isinstance(self.num_samples, bool) or not isinstance(self.num_samples, int) or self.num_samples < 1:
+                raise SpecError("search.space.num_samples", self.num_samples,
+                                "random search needs an integer number of samples >= 1", "set num_samples, e.g. 16")
+        elif self.num_samples is not None:
+            raise SpecError("search.space.num_samples", self.num_samples, "only applies to random search",
+                            "remove num_samples or set method='random'")
+        params = {**_DEFAULTS, **dict(self.params)}
+        metrics = params.pop("metrics")
+        if isinstance(metrics, str):
+            metrics = [metrics]
+        if not isinstance(metrics, (list, tuple)) or not all(isinstance(m, str) and m for m in metrics):
+            raise SpecError("search.space.params.metrics", metrics, "must be a list of metric names",
+                            "use e.g. ['accuracy']")
+        dims: dict[str, Any] = {"metrics": list(metrics)}
+        for key, value in params.items():
+            if key in ("hparams", "optimizer_params"):
+                if not isinstance(value, Mapping):
+                    raise SpecError(f"search.space.params.{key}", value, "must be a mapping of name to values",
+                                    f"use e.g. {{'{key}': {{'units': [64, 128]}}}}")
+                for name, sub in value.items():
+                    dims[f"{key}.{name}"] = self._dimension(f"search.space.params.{key}.{name}", sub)
+            else:
+                dims[key] = self._dimension(f"search.space.params.{key}", value)
+        self._check_values(dims)
+        object.__setattr__(self, "_dims", dims)
+
+    def _dimension(self, name: str, value: Any) -> list[Any] | Distribution:
+        if isinstance(value, Mapping):
+            if self.method == "grid":
+                raise SpecError(name, dict(value), "a distribution cannot be crossed in a grid search",
+                                "list the values to try, or use method='random'")
+            return parse_distribution(name, value)
+        values = list(value) if isinstance(value, (list, tuple)) else [value]
+        if not values:
+            raise SpecError(name, value, "must list at least one value", "give one or more values to try")
+        return values
+
+    @staticmethod
+    def _check_values(dims: Mapping[str, Any]) -> None:
+        def each(key: str) -> list[Any]:
+            dim = dims.get(key)
+            return dim if isinstance(dim, list) else list(getattr(dim, "choices", None) or [])
+
+        for path in each("model"):
+            if not isinstance(path, str) or not _IMPORT_PATH.match(path):
+                raise SpecError("search.space.params.model", path, "must be an import path 'module:function'",
+                                "name a function build(hparams) -> keras.Model, e.g. 'my_models:cnn'")
+        for name in each("optimizer"):
+            if not isinstance(name, str) or name.lower() not in OPTIMIZERS:
+                raise SpecError("search.space.params.optimizer", name, f"is not a known optimizer {list(OPTIMIZERS)}",
+                                "use one of the listed Keras optimizer names")
+        for key, rule in (("learning_rate", "must be a number > 0"), ("batch_size", "must be an integer >= 1"),
+                          ("epochs_per_hop", "must be an integer >= 1")):
+            for value in each(key):
+                ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
+                if key != "learning_rate":
+                    ok = ok and isinstance(value, int) and value >= 1
+                if not ok:
+                    raise SpecError(f"search.space.params.{key}", value, rule, f"fix the value of {key}")
+
+    def metric_names(self) -> list[str]:
+        return list(self._dims["metrics"])
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"method": self.method, "params": json.loads(json.dumps(dict(self.params))),
+                "num_samples": self.num_samples, "seed": self.seed}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "SearchSpace":
+        if not isinstance(data, Mapping) or "params" not in data:
+            raise SpecError("search.space", data, "must be a mapping with 'params' (and optionally 'method')",
+                            "pass {'method': 'grid', 'params': {'model': [...], ...}}")
+        return cls(**{k: data[k] for k in ("params", "method", "num_samples", "seed") if k in data})
+
+    def expand(self, default_epochs_per_hop: int = 1) -> list[dict[str, Any]]:
+        """Every configuration of the space, in a deterministic order, each with its ``config_id``."""
+        keys = sorted(k for k in self._dims if k != "metrics")
+        if self.method == "grid":
+            combos = [dict(zip(keys, values)) for values in itertools.product(*(self._dims[k] for k in keys))]
+        else:
+            streams = {k: _stream(self.seed, k) for k in keys}
+            combos = [{k: _draw(self._dims[k], streams[k]) for k in keys} for _ in range(self.num_samples or 0)]
+        configs = []
+        for index, combo in enumerate(combos):
+            config = _assemble(combo, self._dims["metrics"], default_epochs_per_hop)
+            configs.append({"config_id": config_id(index, config), **config})
+        return configs
+
+
+def _stream(seed: int, name: str) -> Any:
+    import random
+
+    # One stream per hyperparameter: two with the same range never get the same draws.
+    return random.Random(f"mop:{seed}:{name}")
+
+
+def _draw(dim: Any, rng: Any) -> Any:
+    if isinstance(dim, list):
+        return dim[rng.randrange(len(dim))]
+    return dim.sample(rng)
+
+
+def _assemble(combo: Mapping[str, Any], metrics: list[str], default_epochs: int) -> dict[str, Any]:
+    hparams = {k.split(".", 1)[1]: v for k, v in combo.items() if k.startswith("hparams.")}
+    opt_params = {k.split(".", 1)[1]: v for k, v in combo.items() if k.startswith("optimizer_params.")}
+    opt_params["learning_rate"] = float(combo["learning_rate"])
+    return {
+        "model": combo["model"],
+        "hparams": hparams,
+        "optimizer": str(combo["optimizer"]).lower(),
+        "optimizer_params": dict(sorted(opt_params.items())),
+        "loss": combo["loss"],
+        "metrics": list(metrics),
+        "batch_size": int(combo["batch_size"]),
+        "epochs_per_hop": int(combo.get("epochs_per_hop") or default_epochs),
+    }

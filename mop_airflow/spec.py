@@ -1,0 +1,272 @@
+"""Typed, validated configuration of a model-selection job.
+
+A :class:`MopSpec` is plain data: it is built when the DAG file is parsed (cheap, no TensorFlow),
+travels to tasks as a dict (``to_dict`` / ``from_dict``) and can be overridden per run through the
+trigger conf. Every rule is checked in ``__post_init__`` and a broken rule raises
+:class:`~mop_airflow.errors.SpecError` naming the field, the value, the rule and the fix.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass, field, fields, replace
+from typing import Any, Mapping
+
+from mop_airflow.errors import SpecError
+from mop_airflow.search.space import SearchSpace
+
+# Metric names whose smaller value is better; anything else named here is larger-is-better.
+_LOWER_IS_BETTER = ("loss", "error", "mse", "mae", "mape", "crossentropy", "hinge")
+_HIGHER_IS_BETTER = ("accuracy", "auc", "precision", "recall", "f1")
+
+
+def default_home() -> str:
+    """Project home folder: ``$MOP_AIRFLOW_HOME`` or ``~/mop_airflow``."""
+    return os.path.abspath(os.environ.get("MOP_AIRFLOW_HOME") or os.path.expanduser("~/mop_airflow"))
+
+
+def metric_direction(metric: str, direction: str | None = None) -> str:
+    """'min' or 'max' for a ranking metric; explicit ``direction`` wins over the name."""
+    if direction is not None:
+        if direction not in ("min", "max"):
+            raise SpecError("search.direction", direction, "must be 'min' or 'max'",
+                            "use 'min' for losses and errors, 'max' for accuracy-like metrics")
+        return direction
+    name = metric.lower()
+    if any(word in name for word in _LOWER_IS_BETTER):
+        return "min"
+    if any(word in name for word in _HIGHER_IS_BETTER):
+        return "max"
+    raise SpecError("search.metric", metric, "its direction cannot be told from its name",
+                    "set search.direction to 'min' or 'max'")
+
+
+def _positive_int(name: str, value: Any, minimum: int = 1) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise SpecError(name, value, f"must be an integer >= {minimum}",
+                        f"set {name} to a whole number of at least {minimum}")
+
+
+@dataclass(frozen=True)
+class DataSpec:
+    """Where the training data is and what its columns mean.
+
+    ``source`` is a Parquet or CSV file (path or URI). ``features`` lists numeric columns, or is one
+    glob pattern such as ``"x*"``. ``validation`` is a fraction of ``source`` held out (seeded) or
+    the path/URI of a separate validation file with the same columns.
+    """
+
+    source: str
+    label: str
+    features: tuple[str, ...] | str
+    classes: tuple[Any, ...]
+    validation: float | str = 0.2
+    storage_options: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.source, str) or not self.source.strip():
+            raise SpecError("data.source", self.source, "must be a non-empty path or URI",
+                            "point data.source at a .parquet or .csv file, e.g. 's3://bucket/train.parquet'")
+        lower = self.source.lower().split("?")[0]
+        if not (lower.endswith(".parquet") or lower.endswith(".csv") or lower.endswith(".pq")):
+            raise SpecError("data.source", self.source, "must name a .parquet, .pq or .csv file",
+                            "convert the data to Parquet or CSV, or rename the file with its format's extension")
+        if not isinstance(self.label, str) or not self.label:
+            raise SpecError("data.label", self.label, "must be a column name",
+                            "set data.label to the name of the label column")
+        features = self.features
+        if isinstance(features, str):
+            if not features:
+                raise SpecError("data.features", features, "must not be empty",
+                                "list the feature columns or give a glob such as 'x*'")
+        else:
+            features = tuple(features)
+            if not features or not all(isinstance(c, str) and c for c in features):
+                raise SpecError("data.features", self.features, "must be a non-empty list of column names",
+                                "list the numeric feature columns, e.g. ['x0', 'x1'] or the glob 'x*'")
+            if self.label in features:
+                raise SpecError("data.features", self.features, f"must not contain the label column {self.label!r}",
+                                "remove the label from data.features")
+            object.__setattr__(self, "features", features)
+        classes = tuple(self.classes)
+        if len(classes) < 2:
+            raise SpecError("data.classes", self.classes, "must declare at least two classes",
+                            "list every label value, e.g. list(range(10))")
+        if len(set(classes)) != len(classes):
+            raise SpecError("data.classes", self.classes, "must not repeat a class",
+                            "list each label value once")
+        object.__setattr__(self, "classes", classes)
+        if isinstance(self.validation, str):
+            if not self.validation.strip():
+                raise SpecError("data.validation", self.validation, "must be a fraction or a path/URI",
+                                "use e.g. 0.2 or 'data/valid.parquet'")
+        elif isinstance(self.validation, bool) or not isinstance(self.validation, (int, float)) \
+                or not 0.0 < float(self.validation) < 1.0:
+            raise SpecError("data.validation", self.validation, "a fraction must be between 0 and 1 (exclusive)",
+                            "use e.g. 0.2 to hold out 20% of the rows, or the path of a separate validation file")
+        object.__setattr__(self, "storage_options", dict(self.storage_options))
+
+
+@dataclass(frozen=True)
+class ScheduleSpec:
+    """The MOP schedule: infrastructure parameters that decide the DAG's shape.
+
+    ``shards`` and ``iterations`` are fixed when the DAG file is parsed; everything else may change
+    per run. One iteration = every configuration visits every shard once for ``epochs_per_hop``
+    passes; ``slots_per_shard`` is the number of models a shard trains at once (its GPUs).
+    """
+
+    shards: int = 4
+    iterations: int = 3
+    epochs_per_hop: int = 1
+    slots_per_shard: int = 1
+    metrics_every: int = 1
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        _positive_int("schedule.shards", self.shards)
+        _positive_int("schedule.iterations", self.iterations)
+        _positive_int("schedule.epochs_per_hop", self.epochs_per_hop)
+        _positive_int("schedule.slots_per_shard", self.slots_per_shard)
+        _positive_int("schedule.metrics_every", self.metrics_every)
+        _positive_int("schedule.seed", self.seed, minimum=0)
+        if self.shards > 256:
+            raise SpecError("schedule.shards", self.shards, "must be at most 256 (one Airflow pool and queue each)",
+                            "use fewer, larger shards")
+
+    @property
+    def hops_per_iteration(self) -> int:
+        return self.shards
+
+    def evaluates_after(self, iteration: int) -> bool:
+        """Validation runs every ``metrics_every`` iterations and always after the last one."""
+        return (iteration + 1) % self.metrics_every == 0 or iteration == self.iterations - 1
+
+
+@dataclass(frozen=True)
+class StoreSpec:
+    """Where shards, checkpoints and reports live: ``file://`` (default) or ``s3://``.
+
+    For S3, ``conn_id`` names an Airflow AWS connection (key, secret, ``endpoint_url`` in extra) and
+    ``storage_options`` are passed to s3fs as they are.
+    """
+
+    root: str | None = None
+    conn_id: str | None = None
+    storage_options: Mapping[str, Any] = field(default_factory=dict)
+    cache_dir: str | None = None
+
+    def __post_init__(self) -> None:
+        root = self.root or "file://" + os.path.join(default_home(), "store")
+        if "://" not in root:
+            root = "file://" + os.path.abspath(os.path.expanduser(root))
+        scheme = root.split("://", 1)[0]
+        if scheme not in ("file", "s3", "memory"):
+            raise SpecError("store.root", self.root, "scheme must be file://, s3:// or memory://",
+                            "use a local folder or an s3://bucket/prefix")
+        object.__setattr__(self, "root", root.rstrip("/"))
+        object.__setattr__(self, "storage_options", dict(self.storage_options))
+        cache = self.cache_dir or os.path.join(default_home(), "cache")
+        object.__setattr__(self, "cache_dir", os.path.abspath(os.path.expanduser(cache)))
+
+
+@dataclass(frozen=True)
+class SearchSpec:
+    """What to search and how to rank: ``method`` grid or random over ``space``."""
+
+    space: SearchSpace
+    metric: str = "val_accuracy"
+    direction: str | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.space, SearchSpace):
+            object.__setattr__(self, "space", SearchSpace.from_dict(self.space))
+        if not isinstance(self.metric, str) or not self.metric:
+            raise SpecError("search.metric", self.metric, "must be a metric name",
+                            "use 'val_accuracy' or 'val_loss'")
+        if not self.metric.startswith("val_"):
+            raise SpecError("search.metric", self.metric, "ranking uses validation metrics (names start with 'val_')",
+                            f"use 'val_{self.metric}'")
+        base = self.metric[len("val_"):]
+        if base != "loss" and base not in self.space.metric_names():
+            raise SpecError("search.metric", self.metric,
+                            f"is neither 'val_loss' nor a compiled metric {list(self.space.metric_names())}",
+                            "add the metric to the search space's 'metrics' or rank on 'val_loss'")
+        object.__setattr__(self, "direction", metric_direction(self.metric, self.direction))
+
+
+@dataclass(frozen=True)
+class MopSpec:
+    """The whole job: data, search space, schedule and store."""
+
+    data: DataSpec
+    search: SearchSpec
+    schedule: ScheduleSpec = field(default_factory=ScheduleSpec)
+    store: StoreSpec = field(default_factory=StoreSpec)
+
+    def __post_init__(self) -> None:
+        for name, cls in (("data", DataSpec), ("search", SearchSpec),
+                          ("schedule", ScheduleSpec), ("store", StoreSpec)):
+            value = getattr(self, name)
+            if isinstance(value, Mapping):
+                object.__setattr__(self, name, _build(cls, value, name))
+            elif not isinstance(value, cls):
+                raise SpecError(name, value, f"must be a {cls.__name__} or a dict",
+                                f"pass {cls.__name__}(...) or a dict of its fields")
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(replace(self, search=None))  # type: ignore[arg-type]
+        out["search"] = {"space": self.search.space.to_dict(), "metric": self.search.metric,
+                         "direction": self.search.direction}
+        out["data"]["features"] = (self.data.features if isinstance(self.data.features, str)
+                                   else list(self.data.features))
+        out["data"]["classes"] = list(self.data.classes)
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "MopSpec":
+        if not isinstance(data, Mapping):
+            raise SpecError("spec", data, "must be a mapping", "pass a dict with data, search, schedule, store")
+        unknown = set(data) - {"data", "search", "schedule", "store"}
+        if unknown:
+            raise SpecError("spec", sorted(unknown), "unknown section(s)",
+                            "use only the sections data, search, schedule and store")
+        for required in ("data", "search"):
+            if required not in data:
+                raise SpecError(required, None, "is required", f"add a '{required}' section")
+        return cls(**{k: data[k] for k in data})
+
+    def with_overrides(self, conf: Mapping[str, Any] | None) -> "MopSpec":
+        """A copy with per-run overrides from a trigger conf (sections merge field by field).
+
+        ``schedule.shards`` and ``schedule.iterations`` shape the DAG and cannot change per run.
+        """
+        if not conf:
+            return self
+        merged = self.to_dict()
+        for section, values in conf.items():
+            if section not in merged:
+                raise SpecError(f"conf.{section}", values, "is not a spec section",
+                                "override only data, search, schedule or store")
+            if not isinstance(values, Mapping):
+                raise SpecError(f"conf.{section}", values, "must be a mapping of fields",
+                                f"pass e.g. {{'{section}': {{...}}}}")
+            merged[section].update(values)
+        for fixed in ("shards", "iterations"):
+            if merged["schedule"][fixed] != getattr(self.schedule, fixed):
+                raise SpecError(f"conf.schedule.{fixed}", merged["schedule"][fixed],
+                                "shapes the DAG and is fixed when the DAG file is parsed",
+                                f"change schedule.{fixed} in the DAG file instead of the trigger conf")
+        return MopSpec.from_dict(merged)
+
+
+def _build(cls: type, values: Mapping[str, Any], section: str) -> Any:
+    allowed = {f.name for f in fields(cls)}
+    unknown = set(values) - allowed
+    if unknown:
+        raise SpecError(f"{section}.{sorted(unknown)[0]}", values[sorted(unknown)[0]], "is not a known field",
+                        f"use only {sorted(allowed)}")
+    try:
+        return cls(**values)
+    except TypeError as exc:  # a required field is missing
+        raise SpecError(section, dict(values), str(exc), f"give every required field of {cls.__name__}") from exc

@@ -1,0 +1,155 @@
+"""One store interface over fsspec: ``file://`` (default), ``s3://`` through s3fs, ``memory://``.
+
+Layout: ``<root>/<dag_id>/<run_id>/...`` for checkpoints, metrics and reports;
+``<root>/<dag_id>/shards/<fingerprint>/...`` for shards, which are reused across runs with the
+same input and seed. Writes are atomic: temp file + rename on local disk, a single PUT on S3
+(an S3 object never appears half written).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import posixpath
+import tempfile
+import uuid
+from typing import Any, Mapping
+
+from mop_airflow.errors import StoreError
+
+
+def safe_segment(value: str) -> str:
+    """A run id such as ``manual__2026-01-01T00:00:00+00:00`` made safe for paths and S3 keys."""
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in str(value))
+
+
+def s3_options_from_connection(conn_id: str) -> dict[str, Any]:
+    """s3fs options from an Airflow AWS connection (login/password, extra endpoint_url/region_name).
+
+    Imported lazily: the core library works without Airflow; only S3-with-a-connection needs it.
+    """
+    from airflow.sdk import BaseHook  # noqa: PLC0415 - optional, only for s3 + conn_id
+
+    conn = BaseHook.get_connection(conn_id)
+    extra = conn.extra_dejson or {}
+    options: dict[str, Any] = {}
+    if conn.login:
+        options["key"] = conn.login
+    if conn.password:
+        options["secret"] = conn.password
+    client_kwargs = {}
+    endpoint = extra.get("endpoint_url") or (extra.get("service_config", {}).get("s3", {}) or {}).get("endpoint_url")
+    if endpoint:
+        client_kwargs["endpoint_url"] = endpoint
+    if extra.get("region_name"):
+        client_kwargs["region_name"] = extra["region_name"]
+    if client_kwargs:
+        options["client_kwargs"] = client_kwargs
+    return options
+
+
+class Store:
+    """Reads and writes bytes and JSON under one root URI."""
+
+    def __init__(self, root: str, storage_options: Mapping[str, Any] | None = None, conn_id: str | None = None):
+        import fsspec  # noqa: PLC0415 - keep DAG parsing light
+
+        self.root = root.rstrip("/")
+        self.protocol = self.root.split("://", 1)[0] if "://" in self.root else "file"
+        options = dict(storage_options or {})
+        if conn_id and self.protocol == "s3":
+            options = {**s3_options_from_connection(conn_id), **options}
+        self.fs = fsspec.filesystem(self.protocol, **options)
+        self.bytes_read = 0
+        self.bytes_written = 0
+
+    @classmethod
+    def from_spec(cls, store_spec: Any) -> "Store":
+        return cls(store_spec.root, store_spec.storage_options, store_spec.conn_id)
+
+    # -- addressing --------------------------------------------------------------------------
+    def uri(self, *parts: str) -> str:
+        return posixpath.join(self.root, *[p.strip("/") for p in parts if p])
+
+    def _path(self, uri: str) -> str:
+        if "://" in uri:
+            scheme, rest = uri.split("://", 1)
+            if scheme != self.protocol:
+                raise StoreError(f"{uri} is not in this store ({self.root})")
+            return rest if self.protocol != "file" else "/" + rest.lstrip("/")
+        return uri
+
+    def local_path(self, uri: str) -> str | None:
+        """The local file behind ``uri`` when the store is on local disk, else None."""
+        return self._path(uri) if self.protocol == "file" else None
+
+    # -- reads -------------------------------------------------------------------------------
+    def exists(self, uri: str) -> bool:
+        return self.fs.exists(self._path(uri))
+
+    def read_bytes(self, uri: str) -> bytes:
+        try:
+            data = self.fs.cat_file(self._path(uri))
+        except FileNotFoundError as exc:
+            raise StoreError(f"not found in the store: {uri}") from exc
+        self.bytes_read += len(data)
+        return data
+
+    def read_json(self, uri: str) -> Any:
+        return json.loads(self.read_bytes(uri))
+
+    def list(self, uri: str) -> list[str]:
+        """URIs of the files directly under ``uri`` (empty when it does not exist), sorted."""
+        path = self._path(uri)
+        if not self.fs.exists(path):
+            return []
+        prefix = f"{self.protocol}://" if self.protocol != "file" else "file://"
+        return sorted(prefix + p.lstrip("/") if self.protocol != "file" else "file://" + p
+                      for p in self.fs.ls(path, detail=False))
+
+    def glob(self, uri_pattern: str) -> list[str]:
+        paths = self.fs.glob(self._path(uri_pattern))
+        if self.protocol == "file":
+            return sorted("file://" + p for p in paths)
+        return sorted(f"{self.protocol}://" + p.lstrip("/") for p in paths)
+
+    def get_file(self, uri: str, local_path: str) -> None:
+        """Copy one object to a local file atomically (for the shard cache)."""
+        os.makedirs(os.path.dirname(local_path) or ".", exist_ok=True)
+        tmp = f"{local_path}.tmp-{uuid.uuid4().hex}"
+        try:
+            self.fs.get_file(self._path(uri), tmp)
+            os.replace(tmp, local_path)
+        except FileNotFoundError as exc:
+            raise StoreError(f"not found in the store: {uri}") from exc
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+        self.bytes_read += os.path.getsize(local_path)
+
+    # -- writes ------------------------------------------------------------------------------
+    def write_bytes(self, uri: str, data: bytes) -> str:
+        path = self._path(uri)
+        if self.protocol == "file":
+            directory = os.path.dirname(path)
+            os.makedirs(directory, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=os.path.basename(path))
+            try:
+                with os.fdopen(fd, "wb") as handle:
+                    handle.write(data)
+                os.replace(tmp, path)  # readers see the old file or the new one, never a partial one
+            except BaseException:
+                if os.path.exists(tmp):
+                    os.unlink(tmp)
+                raise
+        else:
+            self.fs.pipe_file(path, data)  # one PUT: an object store never shows a partial object
+        self.bytes_written += len(data)
+        return uri
+
+    def write_json(self, uri: str, obj: Any) -> str:
+        return self.write_bytes(uri, json.dumps(obj, indent=2, sort_keys=True, default=str).encode())
+
+    def put_file(self, local_path: str, uri: str) -> str:
+        with open(local_path, "rb") as handle:
+            return self.write_bytes(uri, handle.read())
