@@ -9,7 +9,7 @@ trigger conf. Every rule is checked in ``__post_init__`` and a broken rule raise
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Mapping
 
 from mop_airflow.errors import SpecError
@@ -215,7 +215,7 @@ class MopSpec:
                                 f"pass {cls.__name__}(...) or a dict of its fields")
 
     def to_dict(self) -> dict[str, Any]:
-        out = asdict(replace(self, search=None))  # type: ignore[arg-type]
+        out = {name: asdict(getattr(self, name)) for name in ("data", "schedule", "store")}
         out["search"] = {"space": self.search.space.to_dict(), "metric": self.search.metric,
                          "direction": self.search.direction}
         out["data"]["features"] = (self.data.features if isinstance(self.data.features, str)

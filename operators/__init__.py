@@ -1,0 +1,1 @@
+"""Airflow operators of mop_airflow (installed as mop_airflow.operators)."""

@@ -1,0 +1,1 @@
+"""Airflow plugins of mop_airflow (installed as mop_airflow.plugins)."""

@@ -1,0 +1,27 @@
+# Two commands for a newcomer:  make demo  (set up + run the demo)   make test  (run the tests)
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: setup demo test benchmark clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip setuptools wheel
+	$(BIN)/python -m pip install --quiet -e ".[test,examples]"
+	touch $(STAMP)
+
+demo: setup
+	$(BIN)/mop-airflow demo
+
+test: setup
+	$(BIN)/python -m pytest -q
+
+benchmark: setup
+	$(BIN)/python benchmarks/hop_overhead.py
+
+clean:
+	rm -rf .mop_home .pytest_cache

@@ -1,0 +1,67 @@
+"""`mop-airflow` command: pools, example data, the demo."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+
+def _cmd_pools_sync(args: argparse.Namespace) -> int:
+    from mop_airflow.pools import sync_pools  # noqa: PLC0415 - needs a configured Airflow
+
+    names = sync_pools(args.shards, args.slots)
+    print(f"pools ready ({args.slots} slot(s) each): {', '.join(names)}")
+    return 0
+
+
+def _cmd_example_data(args: argparse.Namespace) -> int:
+    from mop_airflow.examples.mnist1d_data import write_mnist1d  # noqa: PLC0415
+
+    out = write_mnist1d(args.dir, num_samples=args.num_samples)
+    print(f"train: {out['train']}\nvalidation: {out['test']}")
+    return 0
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from mop_airflow.demo import run_demo  # noqa: PLC0415
+
+    return run_demo(Path(args.home), Path(args.dags_folder), timeout=args.timeout)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    home = os.environ.get("MOP_AIRFLOW_HOME") or ".mop_home"
+    parser = argparse.ArgumentParser(prog="mop-airflow", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    pools = sub.add_parser("pools", help="manage the per-shard Airflow pools").add_subparsers(dest="action", required=True)
+    sync = pools.add_parser("sync", help="create or resize pools mop_shard_0..N-1 (run where `airflow` runs)")
+    sync.add_argument("--shards", type=int, required=True)
+    sync.add_argument("--slots", type=int, default=1, help="models a shard trains at once: its GPUs (default 1)")
+    sync.set_defaults(func=_cmd_pools_sync)
+
+    data = sub.add_parser("example-data", help="generate MNIST-1D (offline) as Parquet")
+    data.add_argument("--dir", default=os.path.join(home, "data"))
+    data.add_argument("--num-samples", type=int, default=10000)
+    data.set_defaults(func=_cmd_example_data)
+
+    demo = sub.add_parser("demo", help="run the MNIST-1D demo on a local Airflow and print the leaderboard")
+    demo.add_argument("--home", default=home, help="project-local folder for Airflow, the store and the data")
+    demo.add_argument("--dags-folder", default="dags")
+    demo.add_argument("--timeout", type=float, default=900)
+    demo.set_defaults(func=_cmd_demo)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    for name in ("shards", "slots"):
+        if getattr(args, name, 1) < 1:
+            print(f"--{name} must be at least 1", file=sys.stderr)
+            return 2
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,47 @@
+"""Where each artifact of a run lives in the store: ``<root>/<dag_id>/<run_id>/...``.
+
+Every task and the CLI compute the same URIs from (dag_id, run_id), so a checkpoint URI in XCom,
+the report and the progress display always agree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mop_airflow.store import Store, safe_segment
+
+
+@dataclass(frozen=True)
+class RunLayout:
+    store: Store
+    dag_id: str
+    run_id: str
+
+    @property
+    def run_uri(self) -> str:
+        return self.store.uri(safe_segment(self.dag_id), safe_segment(self.run_id))
+
+    def _at(self, *parts: str) -> str:
+        return self.store.uri(safe_segment(self.dag_id), safe_segment(self.run_id), *parts)
+
+    @property
+    def plan_uri(self) -> str:
+        return self._at("plan.json")
+
+    @property
+    def manifest_pointer_uri(self) -> str:
+        """The run's pointer to the (shared, reusable) shard manifest it trains on."""
+        return self._at("manifest.json")
+
+    def checkpoint_uri(self, config_id: str, t: int) -> str:
+        return self._at("checkpoints", config_id, f"t{t:03d}.npz")
+
+    def hop_record_uri(self, config_id: str, t: int) -> str:
+        return self._at("hops", config_id, f"t{t:03d}.json")
+
+    @property
+    def hops_glob(self) -> str:
+        return self._at("hops", "*", "t*.json")
+
+    def report_uri(self, name: str) -> str:
+        return self._at("report", name)

@@ -1,0 +1,219 @@
+"""A real Airflow 3 on this machine: SQLite + LocalExecutor in a project-local AIRFLOW_HOME.
+
+Starts the api-server, scheduler and dag-processor as child processes (what ``airflow standalone``
+runs, without its generated admin password so the demo can drive the REST API), talks to the REST
+API, and stops everything it started — also when the caller fails or is interrupted. Used by
+``mop-airflow demo``, the end-to-end test and the benchmark.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Mapping
+
+SERVICES = ("api-server", "scheduler", "dag-processor")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def airflow_env(home: Path, dags_folder: Path, port: int, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Environment of every Airflow process of the embedded deployment."""
+    base = f"http://127.0.0.1:{port}"
+    secret_file = home / "jwt_secret"
+    if not secret_file.exists():
+        home.mkdir(parents=True, exist_ok=True)
+        secret_file.write_text(secrets.token_hex(32))
+    env = {
+        **os.environ,
+        "AIRFLOW_HOME": str(home),
+        "AIRFLOW__CORE__DAGS_FOLDER": str(dags_folder),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True",
+        "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{base}/execution/",
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home}/airflow.db",
+        "AIRFLOW__API__BASE_URL": base,
+        "AIRFLOW__API__PORT": str(port),
+        "AIRFLOW__API__HOST": "127.0.0.1",
+        "AIRFLOW__API_AUTH__JWT_SECRET": secret_file.read_text().strip(),
+        # Pick up a new DAG file within seconds instead of minutes.
+        "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
+        "AIRFLOW__SCHEDULER__ENABLE_HEALTH_CHECK": "False",
+        "AIRFLOW__LOGGING__LOGGING_LEVEL": "INFO",
+        "TF_CPP_MIN_LOG_LEVEL": "2",
+    }
+    env.update(extra or {})
+    return env
+
+
+def _bin(name: str) -> str:
+    candidate = Path(sys.executable).with_name(name)
+    return str(candidate) if candidate.exists() else name
+
+
+class LocalAirflow:
+    """Context manager: ``with LocalAirflow(home, dags) as af: af.trigger(...)``."""
+
+    def __init__(self, home: Path, dags_folder: Path, *, port: int | None = None,
+                 extra_env: Mapping[str, str] | None = None, log=print):
+        self.home = Path(home).absolute()
+        self.dags_folder = Path(dags_folder).absolute()
+        self.port = port or free_port()
+        self.env = airflow_env(self.home, self.dags_folder, self.port, extra_env)
+        self.base_url = f"http://127.0.0.1:{self.port}"
+        self.processes: dict[str, subprocess.Popen] = {}
+        self.log = log
+        self._token: str | None = None
+        self._client = None
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def __enter__(self) -> "LocalAirflow":
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    def run_cli(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+        return subprocess.run([_bin(args[0]), *args[1:]], env=self.env, check=check, capture_output=True, text=True)
+
+    def start(self) -> None:
+        (self.home / "logs").mkdir(parents=True, exist_ok=True)
+        self.log(f"airflow home {self.home}; migrating the metadata database")
+        migrate = self.run_cli("airflow", "db", "migrate", check=False)
+        if migrate.returncode != 0:
+            raise RuntimeError(f"airflow db migrate failed:\n{migrate.stderr[-4000:]}")
+        atexit.register(self.stop)
+        for name in SERVICES:
+            out = open(self.home / "logs" / f"{name}.log", "ab")
+            args = [_bin("airflow"), name] + (["--port", str(self.port)] if name == "api-server" else [])
+            # A session of its own, so stop() can end the service and every process it forked.
+            self.processes[name] = subprocess.Popen(args, env=self.env, stdout=out, stderr=subprocess.STDOUT,
+                                                    start_new_session=True)
+        self.log(f"started {', '.join(SERVICES)}; api at {self.base_url}")
+        self.wait_healthy()
+
+    def stop(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+        for name, proc in list(self.processes.items()):
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+        deadline = time.time() + 20
+        for name, proc in list(self.processes.items()):
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.time()))
+            except subprocess.TimeoutExpired:
+                pass
+            try:  # whatever is left in the session (task processes included) goes too
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait()
+            del self.processes[name]
+
+    def alive(self) -> dict[str, bool]:
+        return {name: proc.poll() is None for name, proc in self.processes.items()}
+
+    # -- REST API ----------------------------------------------------------------------------
+    @property
+    def client(self):
+        import httpx  # noqa: PLC0415
+
+        if self._client is None:
+            self._client = httpx.Client(base_url=self.base_url, timeout=30.0)
+        return self._client
+
+    def api(self, method: str, path: str, **kwargs: Any) -> Any:
+        if self._token is None:
+            response = self.client.get("/auth/token")
+            response.raise_for_status()
+            self._token = response.json()["access_token"]
+        response = self.client.request(method, f"/api/v2{path}", headers={"Authorization": f"Bearer {self._token}"},
+                                       **kwargs)
+        if response.status_code >= 400:
+            raise RuntimeError(f"{method} {path} -> {response.status_code}: {response.text[:500]}")
+        return response.json() if response.content else None
+
+    def wait_healthy(self, timeout: float = 180) -> None:
+        import httpx  # noqa: PLC0415
+
+        deadline = time.time() + timeout
+        last = None
+        while time.time() < deadline:
+            dead = [n for n, ok in self.alive().items() if not ok]
+            if dead:
+                raise RuntimeError(f"{', '.join(dead)} exited; see {self.home / 'logs'}")
+            try:
+                health = self.client.get("/api/v2/monitor/health").json()
+                last = health
+                if all(health.get(c, {}).get("status") == "healthy" for c in ("metadatabase", "scheduler", "dag_processor")):
+                    return
+            except (httpx.HTTPError, ValueError):
+                pass
+            time.sleep(1)
+        raise TimeoutError(f"Airflow did not become healthy in {timeout}s (last health: {last})")
+
+    def wait_for_dag(self, dag_id: str, timeout: float = 120) -> None:
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            errors = self.api("GET", "/importErrors").get("import_errors", [])
+            if errors:
+                raise RuntimeError("DAG import errors:\n" + "\n".join(e["stack_trace"][-2000:] for e in errors))
+            try:
+                self.api("GET", f"/dags/{dag_id}")
+                return
+            except RuntimeError:
+                time.sleep(1)
+        raise TimeoutError(f"DAG {dag_id} was not parsed within {timeout}s")
+
+    def trigger(self, dag_id: str, conf: Mapping[str, Any] | None = None) -> str:
+        self.api("PATCH", f"/dags/{dag_id}", json={"is_paused": False})
+        run = self.api("POST", f"/dags/{dag_id}/dagRuns", json={"logical_date": None, "conf": dict(conf or {})})
+        return run["dag_run_id"]
+
+    def run_state(self, dag_id: str, run_id: str) -> str:
+        return self.api("GET", f"/dags/{dag_id}/dagRuns/{run_id}")["state"]
+
+    def task_instances(self, dag_id: str, run_id: str) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        while True:
+            page = self.api("GET", f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances",
+                            params={"limit": 100, "offset": len(out)})
+            out.extend(page["task_instances"])
+            if not page["task_instances"] or len(out) >= page["total_entries"]:
+                return out
+
+    def wait_for_run(self, dag_id: str, run_id: str, *, timeout: float, on_tick=None, tick: float = 3.0) -> str:
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            state = self.run_state(dag_id, run_id)
+            if on_tick:
+                on_tick(state)
+            if state in ("success", "failed"):
+                return state
+            dead = [n for n, ok in self.alive().items() if not ok]
+            if dead:
+                raise RuntimeError(f"{', '.join(dead)} exited during the run; see {self.home / 'logs'}")
+            time.sleep(tick)
+        raise TimeoutError(f"run {run_id} of {dag_id} did not finish within {timeout}s")

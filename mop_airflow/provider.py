@@ -1,0 +1,16 @@
+"""Provider metadata, so Airflow lists mop_airflow under Admin > Providers and knows its operators."""
+
+from mop_airflow import __version__
+
+
+def get_provider_info() -> dict:
+    return {
+        "package-name": "mop-airflow",
+        "name": "mop_airflow",
+        "description": "Model hopper parallelism (MOP) model selection for Keras: shards stay, models hop.",
+        "versions": [__version__],
+        "operators": [{"integration-name": "mop_airflow",
+                       "python-modules": ["mop_airflow.operators.train", "mop_airflow.operators.data",
+                                          "mop_airflow.operators.plan", "mop_airflow.operators.report",
+                                          "mop_airflow.operators.preflight"]}],
+    }

@@ -1,0 +1,129 @@
+"""Turn a run's hop records into results: metrics table, leaderboard, learning curves, best model.
+
+Training metrics of an iteration are the step-weighted mean over that configuration's hops;
+validation metrics come from the evaluation at the end of the iteration. The leaderboard ranks on
+the chosen validation metric in its direction (loss: lower is better; accuracy: higher), ties
+broken by configuration id so the ranking is deterministic.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import platform
+from collections import defaultdict
+from typing import Any, Mapping, Sequence
+
+from mop_airflow.layout import RunLayout
+
+
+def load_hop_records(layout: RunLayout) -> list[dict[str, Any]]:
+    return [layout.store.read_json(uri) for uri in layout.store.glob(layout.hops_glob)]
+
+
+def metrics_table(plan_doc: Mapping[str, Any], records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """One row per configuration per iteration."""
+    shards = plan_doc["plan"]["shards"]
+    run_start = min((r["started_at"] for r in records), default=0.0)
+    by_key: dict[tuple[str, int], list[Mapping[str, Any]]] = defaultdict(list)
+    for r in records:
+        by_key[(r["config_id"], r["iteration"])].append(r)
+    configs = {c["config_id"]: c for c in plan_doc["configs"]}
+    rows = []
+    for (cid, iteration), hops in sorted(by_key.items()):
+        hops = sorted(hops, key=lambda r: r["t"])
+        steps = sum(h["train_metrics"]["steps"] for h in hops)
+        metric_names = [k for k in hops[0]["train_metrics"] if k not in ("steps", "samples", "train_seconds")]
+        row: dict[str, Any] = {"config_id": cid, "model": configs[cid]["model"], "iteration": iteration,
+                               "hops_done": len(hops), "complete": len(hops) == shards}
+        for name in metric_names:
+            row[f"train_{name}"] = sum(h["train_metrics"][name] * h["train_metrics"]["steps"] for h in hops) / max(steps, 1)
+        val = hops[-1].get("val_metrics") if len(hops) == shards else None
+        for name, value in (val or {}).items():
+            row[name] = value
+        row["steps"] = steps
+        row["train_seconds"] = sum(h["timings"]["train"] for h in hops)
+        row["elapsed_seconds"] = max(h["saved_at"] for h in hops) - run_start
+        row["shard_order"] = ",".join(str(h["shard"]) for h in hops)
+        rows.append(row)
+    return rows
+
+
+def leaderboard(rows: Sequence[Mapping[str, Any]], configs: Sequence[Mapping[str, Any]], *,
+                metric: str, direction: str) -> list[dict[str, Any]]:
+    """Rank configurations on their last evaluated ``metric``; unevaluated or non-finite ones go last."""
+    last: dict[str, Mapping[str, Any]] = {}
+    for row in sorted(rows, key=lambda r: r["iteration"]):
+        if isinstance(row.get(metric), (int, float)):
+            last[row["config_id"]] = row
+    sign = 1.0 if direction == "min" else -1.0
+
+    def key(cfg: Mapping[str, Any]) -> tuple[int, float, str]:
+        row = last.get(cfg["config_id"])
+        value = row[metric] if row else math.nan
+        ok = isinstance(value, (int, float)) and math.isfinite(value)
+        return (0 if ok else 1, sign * value if ok else 0.0, cfg["config_id"])
+
+    board = []
+    for rank, cfg in enumerate(sorted(configs, key=key), start=1):
+        row = last.get(cfg["config_id"], {})
+        board.append({
+            "rank": rank, "config_id": cfg["config_id"], metric: row.get(metric),
+            "val_loss": row.get("val_loss"), "iteration": row.get("iteration"),
+            "model": cfg["model"], "optimizer": cfg["optimizer"],
+            "learning_rate": cfg["optimizer_params"].get("learning_rate"),
+            "batch_size": cfg["batch_size"], "epochs_per_hop": cfg["epochs_per_hop"], "hparams": cfg["hparams"],
+        })
+    return board
+
+
+def learning_curves_png(rows: Sequence[Mapping[str, Any]], metric: str) -> bytes:
+    import matplotlib  # noqa: PLC0415
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    series: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
+    for row in rows:
+        series[row["config_id"]].append(row)
+    for cid, points in sorted(series.items()):
+        points = sorted(points, key=lambda r: r["iteration"])
+        xs = [p["iteration"] + 1 for p in points]
+        line, = axes[0].plot(xs, [p.get("train_loss") for p in points], marker="o", label=cid)
+        vals = [(p["iteration"] + 1, p[metric]) for p in points if p.get(metric) is not None]
+        if vals:
+            axes[1].plot(*zip(*vals), marker="o", color=line.get_color(), label=cid)
+    axes[0].set(title="training loss", xlabel="iteration", ylabel="loss")
+    axes[1].set(title=metric.replace("_", " "), xlabel="iteration", ylabel=metric)
+    for ax in axes:
+        ax.grid(alpha=0.3)
+    axes[1].legend(fontsize=7, loc="best")
+    fig.tight_layout()
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=110)
+    plt.close(fig)
+    return buffer.getvalue()
+
+
+def rows_to_parquet(rows: Sequence[Mapping[str, Any]]) -> bytes:
+    import pyarrow as pa  # noqa: PLC0415
+    import pyarrow.parquet as pq  # noqa: PLC0415
+
+    columns = sorted({k for r in rows for k in r}, key=lambda k: (k not in ("config_id", "iteration"), k))
+    table = pa.table({c: [r.get(c) for r in rows] for c in columns})
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink)
+    return sink.getvalue().to_pybytes()
+
+
+def versions() -> dict[str, str]:
+    from importlib import metadata  # noqa: PLC0415
+
+    found = {"python": platform.python_version()}
+    for dist in ("mop-airflow", "apache-airflow", "tensorflow", "tensorflow-cpu", "keras", "pyarrow"):
+        try:
+            found[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return found

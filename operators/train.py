@@ -1,0 +1,101 @@
+"""One hop (sub-epoch) of one configuration on one shard: the MOP training operator.
+
+Instances are mapped over the group that arrives at this shard: each configuration gets its own
+task instance and log. A hop loads the configuration's checkpoint (weights and optimizer state)
+from the store, trains on the locally cached shard for ``epochs_per_hop`` passes, evaluates on the
+validation set when the iteration ends, saves the new checkpoint atomically and pushes only its URI
+and a few numbers to XCom. A hop record with timings lands in the store for the report and the
+benchmark.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from typing import Any, Mapping
+
+from mop_airflow.schedule import config_seed
+
+from mop_airflow.operators.base import MopBaseOperator
+
+
+class MopTrainHopOperator(MopBaseOperator):
+    template_fields = ("assignment",)
+    ui_color = "#fbe3e0"
+
+    def __init__(self, *, assignment: Mapping[str, Any], t: int, shard: int, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.assignment = assignment
+        self.t = t
+        self.shard = shard
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        entered = time.time()
+        ti = context["ti"]
+        started = ti.start_date.timestamp() if getattr(ti, "start_date", None) else entered
+        spec = self.effective_spec(context)
+        layout = self.layout(context, spec)
+        assignment = dict(self.assignment)
+        config, cid = assignment["config"], assignment["config_id"]
+        if assignment["t"] != self.t - 1:
+            raise RuntimeError(f"{cid} arrives from hop {assignment['t']} but this is hop {self.t}: "
+                               "the DAG and the plan disagree; re-parse the DAG file")
+        p = spec.schedule.shards
+        iteration, hop = divmod(self.t, p)
+        plan_doc = layout.store.read_json(layout.plan_uri)
+        manifest = layout.store.read_json(plan_doc["manifest_uri"])
+
+        from mop_airflow.data.cache import cached_shard, load_xy  # noqa: PLC0415
+
+        def load(entry: Mapping[str, Any]) -> tuple[Any, Any]:
+            path = cached_shard(layout.store, entry, spec.store.cache_dir)
+            return load_xy(path, manifest["features"], manifest["label"], manifest["classes"])
+
+        x, y = load(manifest["shards"][self.shard])
+        shard_read = time.time()
+
+        from mop_airflow.training.builder import build_model  # noqa: PLC0415 - TensorFlow loads here
+        from mop_airflow.training.checkpoint import restore_state, state_to_bytes  # noqa: PLC0415
+        from mop_airflow.training.hop import evaluate, train_on_shard  # noqa: PLC0415
+
+        imported = time.time()
+        seed = config_seed(spec.schedule.seed, cid)
+        model = build_model(config, input_dim=x.shape[1], num_classes=len(manifest["classes"]), seed=seed)
+        built = time.time()
+        if assignment["checkpoint"]:
+            restore_state(model, layout.store.read_bytes(assignment["checkpoint"]))
+        loaded = time.time()
+        train = train_on_shard(model, x, y, batch_size=config["batch_size"], epochs=config["epochs_per_hop"],
+                               seed=seed, iteration=iteration, shard=self.shard)
+        trained = time.time()
+        val = None
+        if hop == p - 1 and spec.schedule.evaluates_after(iteration):
+            xv, yv = load(manifest["validation"])
+            val = evaluate(model, xv, yv, batch_size=max(config["batch_size"], 256))
+        evaluated = time.time()
+        out_uri = layout.checkpoint_uri(cid, self.t)
+        meta = {"config_id": cid, "t": self.t, "iteration": iteration, "hop": hop, "shard": self.shard}
+        state = state_to_bytes(model, meta)
+        layout.store.write_bytes(out_uri, state)
+        saved = time.time()
+        record = {
+            **meta,
+            "host": socket.gethostname(), "pid": os.getpid(), "queue": self.queue, "pool": self.pool,
+            "map_index": getattr(ti, "map_index", -1), "try_number": getattr(ti, "try_number", 1),
+            "started_at": started, "execute_at": entered, "train_begin": loaded, "train_end": trained,
+            "saved_at": saved,
+            "timings": {"startup": entered - started, "shard_read": shard_read - entered,
+                        "imports": imported - shard_read, "build": built - imported,
+                        "checkpoint_load": loaded - built, "train": trained - loaded,
+                        "evaluate": evaluated - trained, "save": saved - evaluated},
+            "train_metrics": train, "val_metrics": val,
+            "checkpoint": out_uri, "checkpoint_bytes": len(state),
+            "store_bytes_read": layout.store.bytes_read,
+        }
+        layout.store.write_json(layout.hop_record_uri(cid, self.t), record)
+        self.log.info("%s hop t=%d (iteration %d, hop %d) on shard %d: loss %.4f%s; %.2fs training of %.2fs",
+                      cid, self.t, iteration, hop, self.shard, train["loss"],
+                      f", val {val}" if val else "", train["train_seconds"], saved - started)
+        return {"config_id": cid, "config": config, "checkpoint": out_uri, "t": self.t,
+                "loss": train["loss"], "val": val}
