@@ -1,0 +1,80 @@
+"""A worker's local copy of its shard, and reading a shard into the arrays Keras trains on.
+
+A shard stays in place: its worker copies it from the store once and every later hop on that
+worker reads the local file. Cache files are named by their sha256, so a new sharding never
+reuses a stale file, and two processes copying the same shard at once both end with a good file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import uuid
+
+import numpy as np
+
+from mop_airflow.errors import DataValidationError, StoreError
+from mop_airflow.store import Store
+
+_HASH_CHUNK = 1 << 20
+
+
+def cached_shard(store: Store, entry: dict, cache_dir: str) -> str:
+    """Local path of the shard (or validation set) described by manifest ``entry``.
+
+    The first call copies it from the store and checks its sha256; later calls only check the
+    cached file's size and read nothing from the store.
+    """
+    path = os.path.join(cache_dir, f"{entry['sha256']}.parquet")
+    if os.path.exists(path) and os.path.getsize(path) == entry["bytes"]:
+        return path
+    # A private temp name per copy, checked before it is renamed into place: readers of ``path``
+    # only ever see a complete, verified file, whichever process renames last.
+    tmp = f"{path}.part-{uuid.uuid4().hex}"
+    try:
+        store.get_file(entry["uri"], tmp)
+        found = _file_sha256(tmp)
+        if found != entry["sha256"]:
+            raise StoreError(
+                f"shard {entry['uri']} is corrupt: its sha256 is {found}, the manifest says {entry['sha256']}; "
+                "delete the shard folder in the store and rerun the sharding task")
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return path
+
+
+def load_xy(path: str, features: list[str], label: str, classes: list) -> tuple[np.ndarray, np.ndarray]:
+    """``x`` float32 ``[n, len(features)]`` in ``features`` order; ``y`` int32 index into ``classes``."""
+    import pyarrow as pa  # noqa: PLC0415
+    import pyarrow.compute as pc  # noqa: PLC0415
+    import pyarrow.parquet as pq  # noqa: PLC0415
+
+    table = pq.read_table(path, columns=[*features, label])
+    x = np.empty((table.num_rows, len(features)), dtype=np.float32)
+    for j, name in enumerate(features):
+        x[:, j] = table[name].to_numpy()
+    labels = table[label]
+    try:
+        value_set = pa.array(list(classes)).cast(labels.type)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+        raise DataValidationError(path, [
+            f"label column {label!r} has type {labels.type}, but classes {list(classes)} cannot be cast to it; "
+            "make data.classes the same type as the label column"]) from exc
+    index = pc.index_in(labels, value_set=value_set)
+    unknown = index.null_count
+    if unknown:
+        examples = pc.unique(pc.filter(labels, pc.is_null(index))).to_pylist()[:5]
+        raise DataValidationError(path, [
+            f"label column {label!r}: {unknown} values are not in classes {list(classes)} (e.g. {examples}); "
+            "add them to data.classes or rerun validation and sharding"])
+    return x, index.to_numpy().astype(np.int32)
+
+
+def _file_sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(_HASH_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()

@@ -1,0 +1,56 @@
+"""Test session setup: a throw-away AIRFLOW_HOME and MOP_AIRFLOW_HOME, set before Airflow is imported.
+
+Tests never touch a developer's own Airflow home or metadata database.
+"""
+
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+_SESSION = Path(tempfile.mkdtemp(prefix="mop-airflow-tests-"))
+os.environ["AIRFLOW_HOME"] = str(_SESSION / "airflow")
+os.environ["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = f"sqlite:///{_SESSION / 'airflow' / 'airflow.db'}"
+os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
+# dag.test() loads DAGs from the dags-folder bundle, so tests write their DAG files here.
+os.environ["AIRFLOW__CORE__DAGS_FOLDER"] = str(_SESSION / "dags")
+os.environ["MOP_AIRFLOW_HOME"] = str(_SESSION / "mop")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session")
+def airflow_db() -> Path:
+    """A migrated metadata database (SQLite) for dag.test()."""
+    (_SESSION / "airflow").mkdir(parents=True, exist_ok=True)
+    airflow = Path(sys.executable).with_name("airflow")
+    result = subprocess.run([str(airflow), "db", "migrate"], capture_output=True, text=True, env=os.environ.copy())
+    assert result.returncode == 0, result.stderr[-3000:]
+    return _SESSION / "airflow"
+
+
+@pytest.fixture(scope="session")
+def session_dir() -> Path:
+    return _SESSION
+
+
+def write_dag_file(dag_id: str, spec: dict, **kwargs) -> object:
+    """Write a DAG file built from ``spec`` into the test dags folder and return its DAG."""
+    import importlib.util
+    import json
+
+    folder = _SESSION / "dags"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{dag_id}.py"
+    path.write_text(
+        "import json\nfrom mop_airflow import build_mop_dag\n"
+        f"dag = build_mop_dag(json.loads({json.dumps(json.dumps(spec))}), dag_id={dag_id!r}, **{kwargs!r})\n"
+    )
+    module_spec = importlib.util.spec_from_file_location(f"dagfile_{dag_id}", path)
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    return module.dag

@@ -1,0 +1,107 @@
+"""A real run of a tiny MOP DAG through Airflow (dag.test): leaderboard, metrics, exported model.
+
+scikit-learn's bundled digits (1,797 rows x 64 features, 10 classes), 2 shards, 2 iterations and
+3 configurations (not a multiple of the shard count, so one shard's group is smaller).
+"""
+
+import json
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from mop_airflow.layout import RunLayout
+from mop_airflow.store import Store
+from tests.conftest import write_dag_file
+
+pytestmark = pytest.mark.integration
+
+MLP = "mop_airflow.examples.mnist1d_models:mlp"
+
+
+def write_digits(path, *, corrupt=False):
+    from sklearn.datasets import load_digits
+
+    x, y = load_digits(return_X_y=True)
+    columns = {f"px{i}": x[:, i].astype("float32") / 16.0 for i in range(x.shape[1])}
+    if corrupt:
+        columns["px3"][[5, 9]] = np.nan
+    columns["digit"] = y.astype("int64")
+    pq.write_table(pa.table(columns), path)
+
+
+def tiny_spec(source, store_root, **schedule):
+    return {
+        "data": {"source": str(source), "label": "digit", "features": "px*", "classes": list(range(10)),
+                 "validation": 0.2},
+        "search": {"space": {"method": "grid", "params": {"model": [MLP], "learning_rate": [3e-3, 1e-2, 1e-4],
+                                                          "batch_size": [32], "hparams": {"units": [32]}}},
+                   "metric": "val_accuracy"},
+        "schedule": {"shards": 2, "iterations": 2, "seed": 11, **schedule},
+        "store": {"root": store_root},
+    }
+
+
+def run_dag(spec, dag_id):
+    dag = write_dag_file(dag_id, spec, check_pools=False)
+    return dag.test()
+
+
+def test_tiny_dag_end_to_end(airflow_db, tmp_path):
+    source = tmp_path / "digits.parquet"
+    write_digits(source)
+    root = f"file://{tmp_path / 'store'}"
+    dag_run = run_dag(tiny_spec(source, root), "mop_e2e")
+    assert dag_run.state == "success"
+
+    store = Store(root)
+    layout = RunLayout(store, "mop_e2e", dag_run.run_id)
+    board = store.read_json(layout.report_uri("leaderboard.json"))
+    assert board["metric"] == "val_accuracy" and board["direction"] == "max"
+    rows = board["leaderboard"]
+    assert [r["rank"] for r in rows] == [1, 2, 3]
+    values = [r["val_accuracy"] for r in rows]
+    assert values == sorted(values, reverse=True)
+    assert values[0] > 0.8  # an MLP on digits learns in 2 passes; a broken hop would sit near 0.1
+    assert rows[-1]["learning_rate"] == 1e-4  # the smallest learning rate learns least in 2 passes
+
+    metrics = json.loads(store.read_bytes(layout.report_uri("metrics.json")))
+    assert len(metrics) == 3 * 2  # a row per configuration per iteration
+    for row in metrics:
+        assert row["complete"] and row["hops_done"] == 2
+        assert sorted(row["shard_order"].split(",")) == ["0", "1"]
+        assert np.isfinite(row["train_loss"]) and 0.0 <= row["val_accuracy"] <= 1.0
+    import pyarrow.parquet as pq_read
+    table = pq_read.read_table(store.local_path(layout.report_uri("metrics.parquet")))
+    assert table.num_rows == 6 and {"train_loss", "val_loss", "val_accuracy", "elapsed_seconds"} <= set(table.column_names)
+    # training loss falls from the first to the second iteration for the best configuration
+    best = rows[0]["config_id"]
+    curve = sorted((r for r in metrics if r["config_id"] == best), key=lambda r: r["iteration"])
+    assert curve[1]["train_loss"] < curve[0]["train_loss"]
+
+    plan = store.read_json(layout.plan_uri)
+    summary = store.read_json(layout.report_uri("summary.json"))
+    assert summary["visit_order"] == plan["plan"]["visit_order"]
+    assert summary["model_hops"] == 3 * 2 * 2
+    png = store.read_bytes(layout.report_uri("learning_curves.png"))
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+
+    import keras
+
+    model = keras.models.load_model(store.local_path(summary["best_model_uri"]))
+    x = pq.read_table(source).drop(["digit"]).to_pandas().to_numpy("float32")[:10]
+    probabilities = model.predict(x, verbose=0)
+    assert probabilities.shape == (10, 10)
+    np.testing.assert_allclose(probabilities.sum(axis=1), 1.0, rtol=1e-4)
+
+
+def test_bad_data_stops_the_run_before_anything_is_written(airflow_db, tmp_path):
+    source = tmp_path / "digits.parquet"
+    write_digits(source, corrupt=True)
+    root = f"file://{tmp_path / 'store'}"
+    dag_run = run_dag(tiny_spec(source, root), "mop_e2e_bad")
+    assert dag_run.state == "failed"
+    store_dir = tmp_path / "store"
+    written = [p for p in store_dir.rglob("*") if p.is_file()] if store_dir.exists() else []
+    assert written == []  # no shard, no plan, no checkpoint

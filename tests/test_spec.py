@@ -1,0 +1,115 @@
+"""Configuration is validated when the DAG is built: each error names field, value, rule and fix."""
+
+import pytest
+
+from mop_airflow.errors import SpecError
+from mop_airflow.search.space import SearchSpace
+from mop_airflow.spec import MopSpec, metric_direction
+
+MODEL = "mop_airflow.examples.mnist1d_models:mlp"
+
+
+def spec_dict(**over):
+    base = {
+        "data": {"source": "/data/train.parquet", "label": "y", "features": "x*", "classes": [0, 1]},
+        "search": {"space": {"method": "grid", "params": {"model": [MODEL], "learning_rate": [1e-3, 1e-2]}}},
+        "schedule": {"shards": 2, "iterations": 2},
+    }
+    for path, value in over.items():
+        section, key = path.split("__")
+        base[section][key] = value
+    return base
+
+
+@pytest.mark.parametrize("params, field, words", [
+    ({"model": [MODEL], "optimizer": "adamm"}, "search.space.params.optimizer", "not a known optimizer"),
+    ({"model": [MODEL], "learning_rate": []}, "search.space.params.learning_rate", "at least one value"),
+    ({"model": [MODEL], "learning_rate": [-1.0]}, "search.space.params.learning_rate", "must be a number > 0"),
+    ({"model": [MODEL], "batch_size": [0]}, "search.space.params.batch_size", "integer >= 1"),
+    ({"model": "no_colon_path"}, "search.space.params.model", "import path"),
+    ({"model": [MODEL], "learnin_rate": [1e-3]}, "search.space.params.learnin_rate", "not a known key"),
+    ({"learning_rate": [1e-3]}, "search.space.params.model", "is required"),
+    ({"model": [MODEL], "learning_rate": {"distribution": "uniform", "low": 0.1, "high": 0.2}},
+     "search.space.params.learning_rate", "cannot be crossed in a grid"),
+])
+def test_grid_space_errors_name_field_and_rule(params, field, words):
+    with pytest.raises(SpecError) as info:
+        SearchSpace(params=params)
+    assert info.value.field == field
+    assert words in str(info.value)
+    assert "Fix:" in str(info.value)
+
+
+@pytest.mark.parametrize("dist, field, words", [
+    ({"distribution": "uniform", "low": 0.5, "high": 0.5}, "learning_rate.low", "must be below high"),
+    ({"distribution": "log_uniform", "low": 0.0, "high": 1.0}, "learning_rate.low", "log range needs low > 0"),
+    ({"distribution": "log_uniform", "low": -2, "high": 1.0}, "learning_rate.low", "log range needs low > 0"),
+    ({"distribution": "gaussian", "low": 0, "high": 1}, "learning_rate.distribution", "must be one of"),
+    ({"distribution": "choice", "values": []}, "learning_rate.values", "non-empty"),
+])
+def test_random_space_distribution_errors(dist, field, words):
+    with pytest.raises(SpecError) as info:
+        SearchSpace(method="random", num_samples=4, params={"model": MODEL, "learning_rate": dist})
+    assert info.value.field.endswith(field)
+    assert words in str(info.value)
+
+
+@pytest.mark.parametrize("over, field", [
+    ({"schedule__shards": 0}, "schedule.shards"),
+    ({"schedule__iterations": 0}, "schedule.iterations"),
+    ({"schedule__epochs_per_hop": 1.5}, "schedule.epochs_per_hop"),
+    ({"data__classes": [1]}, "data.classes"),
+    ({"data__validation": 1.5}, "data.validation"),
+    ({"data__source": "/data/train.xlsx"}, "data.source"),
+    ({"data__features": ["x", "y"]}, "data.features"),
+    ({"schedule__shard": 3}, "schedule.shard"),
+])
+def test_spec_errors(over, field):
+    with pytest.raises(SpecError) as info:
+        MopSpec.from_dict(spec_dict(**over))
+    assert info.value.field == field
+
+
+def test_random_search_needs_samples_and_is_seeded_per_hyperparameter():
+    with pytest.raises(SpecError, match="num_samples"):
+        SearchSpace(method="random", params={"model": MODEL})
+    same = {"distribution": "uniform", "low": 0.0, "high": 1.0}
+    space = SearchSpace(method="random", num_samples=5, seed=3,
+                        params={"model": MODEL, "hparams": {"a": same, "b": same}})
+    configs = space.expand()
+    assert configs == space.expand()  # seeded
+    # two hyperparameters with the same range draw from their own streams
+    assert [c["hparams"]["a"] for c in configs] != [c["hparams"]["b"] for c in configs]
+    assert all(0.0 <= c["hparams"]["a"] <= 1.0 for c in configs)
+
+
+def test_grid_expansion_and_stable_ids():
+    space = SearchSpace(params={"model": [MODEL, MODEL.replace("mlp", "cnn")], "learning_rate": [1e-3, 3e-3],
+                                "batch_size": [32, 128]})
+    configs = space.expand(default_epochs_per_hop=2)
+    assert len(configs) == 8
+    assert len({c["config_id"] for c in configs}) == 8
+    assert configs == space.expand(default_epochs_per_hop=2)
+    assert {c["epochs_per_hop"] for c in configs} == {2}
+    assert {(c["model"].split(":")[1], c["optimizer_params"]["learning_rate"], c["batch_size"]) for c in configs} == {
+        (m, lr, b) for m in ("mlp", "cnn") for lr in (1e-3, 3e-3) for b in (32, 128)}
+
+
+def test_metric_direction():
+    assert metric_direction("val_loss") == "min"
+    assert metric_direction("val_accuracy") == "max"
+    assert metric_direction("val_custom", "max") == "max"
+    with pytest.raises(SpecError):
+        metric_direction("val_custom")
+    with pytest.raises(SpecError, match="compiled metric"):
+        MopSpec.from_dict({**spec_dict(), "search": {**spec_dict()["search"], "metric": "val_auc"}})
+
+
+def test_overrides_change_search_but_not_the_dag_shape():
+    spec = MopSpec.from_dict(spec_dict())
+    changed = spec.with_overrides({"search": {"space": {"params": {"model": [MODEL], "batch_size": [16]}}}})
+    assert [c["batch_size"] for c in changed.search.space.expand()] == [16]
+    with pytest.raises(SpecError) as info:
+        spec.with_overrides({"schedule": {"shards": 3}})
+    assert info.value.field == "conf.schedule.shards"
+    assert MopSpec.from_dict(spec.to_dict()) == spec  # round trip through XCom-able data
