@@ -9,12 +9,14 @@ API, and stops everything it started — also when the caller fails or is interr
 from __future__ import annotations
 
 import atexit
+import json
 import os
 import secrets
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any, Mapping
@@ -94,12 +96,20 @@ class LocalAirflow:
         return subprocess.run([_bin(args[0]), *args[1:]], env=self.env, check=check, capture_output=True, text=True)
 
     def start(self) -> None:
+        from mop_airflow.preload import LOCAL_SETTINGS  # noqa: PLC0415
+
         (self.home / "logs").mkdir(parents=True, exist_ok=True)
+        # Airflow imports $AIRFLOW_HOME/config/airflow_local_settings.py in every process it starts.
+        (self.home / "config").mkdir(exist_ok=True)
+        (self.home / "config" / "airflow_local_settings.py").write_text(LOCAL_SETTINGS)
         self.log(f"airflow home {self.home}; migrating the metadata database")
         migrate = self.run_cli("airflow", "db", "migrate", check=False)
         if migrate.returncode != 0:
             raise RuntimeError(f"airflow db migrate failed:\n{migrate.stderr[-4000:]}")
         atexit.register(self.stop)
+        if threading.current_thread() is threading.main_thread():
+            # `kill` of the demo must stop Airflow too: turn SIGTERM into a normal exit.
+            signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
         for name in SERVICES:
             out = open(self.home / "logs" / f"{name}.log", "ab")
             args = [_bin("airflow"), name] + (["--port", str(self.port)] if name == "api-server" else [])
@@ -149,8 +159,8 @@ class LocalAirflow:
             response = self.client.get("/auth/token")
             response.raise_for_status()
             self._token = response.json()["access_token"]
-        response = self.client.request(method, f"/api/v2{path}", headers={"Authorization": f"Bearer {self._token}"},
-                                       **kwargs)
+        headers = {"Authorization": f"Bearer {self._token}", **kwargs.pop("headers", {})}
+        response = self.client.request(method, f"/api/v2{path}", headers=headers, **kwargs)
         if response.status_code >= 400:
             raise RuntimeError(f"{method} {path} -> {response.status_code}: {response.text[:500]}")
         return response.json() if response.content else None
@@ -203,6 +213,12 @@ class LocalAirflow:
             out.extend(page["task_instances"])
             if not page["task_instances"] or len(out) >= page["total_entries"]:
                 return out
+
+    def task_log(self, dag_id: str, run_id: str, task_id: str, try_number: int = 1, map_index: int = -1) -> str:
+        body = self.api("GET", f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}/logs/{try_number}",
+                        params={"full_content": True, "map_index": map_index}, headers={"Accept": "application/json"})
+        content = body.get("content", [])
+        return "\n".join(json.dumps(part) if not isinstance(part, str) else part for part in content)
 
     def wait_for_run(self, dag_id: str, run_id: str, *, timeout: float, on_tick=None, tick: float = 3.0) -> str:
         deadline = time.time() + timeout
