@@ -50,50 +50,63 @@ def print_leaderboard(store: Store, layout: RunLayout, out=print) -> dict:
     return board
 
 
-def run_demo(home: Path, dags_folder: Path, *, timeout: float = 900, num_samples: int | None = None) -> int:
+def sync_pools_for(af, dag_id: str) -> dict:
+    """Create the DAG's shard pools with the documented CLI command; returns the DAG's params."""
+    params = af.api("GET", f"/dags/{dag_id}/details")["params"]
+    schedule = params["schedule"]["value"]
+    sync = subprocess.run([sys.executable, "-m", "mop_airflow.cli", "pools", "sync",
+                           "--shards", str(schedule["shards"]), "--slots", str(schedule["slots_per_shard"])],
+                          env=af.env, capture_output=True, text=True)
+    if sync.returncode != 0:
+        raise RuntimeError(f"pools sync failed: {sync.stderr}")
+    print(sync.stdout.strip())
+    return params
+
+
+def run_and_watch(af, dag_id: str, store: Store, *, timeout: float, started: float) -> tuple[str, str, dict]:
+    """Sync pools, trigger ``dag_id`` and print progress until the run ends: (run_id, state, params)."""
+    params = sync_pools_for(af, dag_id)
+    run_id = af.trigger(dag_id)
+    print(f"triggered {dag_id} run {run_id}; Airflow UI at {af.base_url} (logs in {af.home / 'logs'})")
+    search = params["search"]["value"]
+    layout = RunLayout(store, dag_id, run_id)
+    last = [""]
+
+    def tick(state: str) -> None:
+        line = _progress(layout, started, state, search["metric"], search["direction"])
+        if line.split("] ", 1)[1] != last[0]:
+            print(line, flush=True)
+            last[0] = line.split("] ", 1)[1]
+
+    state = af.wait_for_run(dag_id, run_id, timeout=timeout, on_tick=tick)
+    if state != "success":
+        failed = [ti["task_id"] for ti in af.task_instances(dag_id, run_id) if ti["state"] == "failed"]
+        print(f"run {run_id} {state}; failed tasks: {failed}; logs under {af.home / 'logs'}")
+    return run_id, state, params
+
+
+def run_demo(home: Path, dags_folder: Path, *, timeout: float = 900) -> int:
     from mop_airflow.examples.mnist1d_data import write_mnist1d  # noqa: PLC0415
     from mop_airflow.local_airflow import LocalAirflow  # noqa: PLC0415
 
     home = home.absolute()
     started = time.time()
-    data = write_mnist1d(str(home / "data"), **({"num_samples": num_samples} if num_samples else {}))
+    data = write_mnist1d(str(home / "data"))
     print(f"MNIST-1D ready: {data['train']} (validation: {data['test']})")
-    extra = {"MOP_AIRFLOW_HOME": str(home)}
-    with LocalAirflow(home / "airflow", dags_folder, extra_env=extra) as af:
+    store = Store("file://" + str(home / "store"))
+    with LocalAirflow(home / "airflow", dags_folder, extra_env={"MOP_AIRFLOW_HOME": str(home)}) as af:
         af.wait_for_dag(DEMO_DAG_ID)
-        dag_spec = af.api("GET", f"/dags/{DEMO_DAG_ID}/details")["params"]
-        schedule = dag_spec["schedule"]["value"]
-        sync = subprocess.run([sys.executable, "-m", "mop_airflow.cli", "pools", "sync",
-                               "--shards", str(schedule["shards"]), "--slots", str(schedule["slots_per_shard"])],
-                              env=af.env, capture_output=True, text=True)
-        if sync.returncode != 0:
-            raise RuntimeError(f"pools sync failed: {sync.stderr}")
-        print(sync.stdout.strip())
-        run_id = af.trigger(DEMO_DAG_ID)
-        print(f"triggered {DEMO_DAG_ID} run {run_id}; Airflow UI at {af.base_url} (logs in {af.home / 'logs'})")
-        search = dag_spec["search"]["value"]
-        store_root = "file://" + str(home / "store")
-        store = Store(store_root)
-        layout = RunLayout(store, DEMO_DAG_ID, run_id)
-        last = [""]
-
-        def tick(state: str) -> None:
-            line = _progress(layout, started, state, search["metric"], search["direction"])
-            if line.split("] ", 1)[1] != last[0]:
-                print(line, flush=True)
-                last[0] = line.split("] ", 1)[1]
-
-        state = af.wait_for_run(DEMO_DAG_ID, run_id, timeout=timeout, on_tick=tick)
-        if state != "success":
-            failed = [ti["task_id"] for ti in af.task_instances(DEMO_DAG_ID, run_id) if ti["state"] == "failed"]
-            print(f"run {run_id} {state}; failed tasks: {failed}; logs under {af.home / 'logs'}")
-            return 1
+        run_id, state, params = run_and_watch(af, DEMO_DAG_ID, store, timeout=timeout, started=started)
+    if state != "success":
+        return 1
+    layout = RunLayout(store, DEMO_DAG_ID, run_id)
     print_leaderboard(store, layout)
     summary = store.read_json(layout.report_uri("summary.json"))
+    metric = params["search"]["value"]["metric"]
     print(f"\nbest model:       {summary['best_model_uri']}")
     print(f"learning curves:  {layout.report_uri('learning_curves.png')}")
     print(f"metrics table:    {layout.report_uri('metrics.parquet')} (and metrics.json)")
     print(f"hop timeline:     {layout.report_uri('hop_timeline.json')}")
     print(f"demo finished in {time.time() - started:.0f}s; Airflow stopped")
-    print(json.dumps({"best": summary["best"]["config_id"], search["metric"]: summary["best"][search["metric"]]}))
+    print(json.dumps({"best": summary["best"]["config_id"], metric: summary["best"][metric]}))
     return 0

@@ -77,11 +77,13 @@ def leaderboard(rows: Sequence[Mapping[str, Any]], configs: Sequence[Mapping[str
     return board
 
 
-def learning_curves_png(rows: Sequence[Mapping[str, Any]], metric: str) -> bytes:
+def learning_curves_png(rows: Sequence[Mapping[str, Any]], metric: str,
+                        labels: Mapping[str, str] | None = None) -> bytes:
     import matplotlib  # noqa: PLC0415
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # noqa: PLC0415
+    from matplotlib.ticker import MaxNLocator  # noqa: PLC0415
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
     series: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
@@ -90,20 +92,28 @@ def learning_curves_png(rows: Sequence[Mapping[str, Any]], metric: str) -> bytes
     for cid, points in sorted(series.items()):
         points = sorted(points, key=lambda r: r["iteration"])
         xs = [p["iteration"] + 1 for p in points]
-        line, = axes[0].plot(xs, [p.get("train_loss") for p in points], marker="o", label=cid)
+        label = (labels or {}).get(cid, cid)
+        line, = axes[0].plot(xs, [p.get("train_loss") for p in points], marker="o", label=label)
         vals = [(p["iteration"] + 1, p[metric]) for p in points if p.get(metric) is not None]
         if vals:
-            axes[1].plot(*zip(*vals), marker="o", color=line.get_color(), label=cid)
+            axes[1].plot(*zip(*vals), marker="o", color=line.get_color(), label=label)
     axes[0].set(title="training loss", xlabel="iteration", ylabel="loss")
     axes[1].set(title=metric.replace("_", " "), xlabel="iteration", ylabel=metric)
     for ax in axes:
         ax.grid(alpha=0.3)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     axes[1].legend(fontsize=7, loc="best")
     fig.tight_layout()
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=110)
     plt.close(fig)
     return buffer.getvalue()
+
+
+def config_label(config: Mapping[str, Any]) -> str:
+    """Short legend text: id, builder, optimizer, learning rate, batch size."""
+    return (f"{config['config_id'][:4]} {config['model'].rsplit(':', 1)[-1]} {config['optimizer']} "
+            f"lr={config['optimizer_params'].get('learning_rate', 0):g} bs={config['batch_size']}")
 
 
 def rows_to_parquet(rows: Sequence[Mapping[str, Any]]) -> bytes:

@@ -69,6 +69,9 @@ class Store:
 
     # -- addressing --------------------------------------------------------------------------
     def uri(self, *parts: str) -> str:
+        for part in parts:
+            if "://" in str(part):
+                raise StoreError(f"{part!r} is a full URI; Store.uri joins path segments under {self.root}")
         return posixpath.join(self.root, *[p.strip("/") for p in parts if p])
 
     def _path(self, uri: str) -> str:

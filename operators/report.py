@@ -33,7 +33,8 @@ class MopReportOperator(MopBaseOperator):
                          {"metric": metric, "direction": direction, "leaderboard": board})
         store.write_bytes(layout.report_uri("metrics.parquet"), report.rows_to_parquet(rows))
         store.write_json(layout.report_uri("metrics.json"), rows)
-        store.write_bytes(layout.report_uri("learning_curves.png"), report.learning_curves_png(rows, metric))
+        store.write_bytes(layout.report_uri("learning_curves.png"), report.learning_curves_png(
+            rows, metric, {c["config_id"]: report.config_label(c) for c in plan_doc["configs"]}))
         timeline = [{k: r[k] for k in ("config_id", "t", "iteration", "hop", "shard", "host", "queue",
                                        "started_at", "train_begin", "train_end", "saved_at")} for r in records]
         store.write_json(layout.report_uri("hop_timeline.json"), sorted(timeline, key=lambda r: r["started_at"]))

@@ -1,0 +1,120 @@
+"""Where a hop's time goes: runs the demo-sized DAG on a real local Airflow and prints per-hop figures.
+
+For every training task instance (one configuration, one hop):
+  queued->start     scheduler + executor latency (task instance queued_when -> start_date)
+  start->training   task process start-up, shard read, imports, model build, checkpoint load
+  training          model.fit over the shard for epochs_per_hop passes
+  evaluate          validation at the end of an iteration (last hop only)
+  save              checkpoint serialisation + atomic write to the store
+  finish            from the checkpoint being saved to Airflow marking the task done
+Fixed cost per hop = everything but training and evaluation. Also prints the fraction of the run
+the shard pools spent training, and how long each example DAG file takes to parse.
+
+    python benchmarks/hop_overhead.py [--no-preload] [--home DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from mop_airflow.demo import DEMO_DAG_ID, run_and_watch  # noqa: E402
+from mop_airflow.examples.mnist1d_data import write_mnist1d  # noqa: E402
+from mop_airflow.layout import RunLayout  # noqa: E402
+from mop_airflow.local_airflow import LocalAirflow  # noqa: E402
+from mop_airflow.report import load_hop_records  # noqa: E402
+from mop_airflow.store import Store  # noqa: E402
+
+
+def ts(value: str | None) -> float | None:
+    return dt.datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp() if value else None
+
+
+def parse_times() -> dict[str, float]:
+    """Seconds to import each example DAG file in a fresh interpreter (Airflow import excluded)."""
+    code = ("import time, sys, importlib.util as u; import airflow.sdk; t = time.perf_counter(); "
+            "s = u.spec_from_file_location('d', sys.argv[1]); m = u.module_from_spec(s); s.loader.exec_module(m); "
+            "print(time.perf_counter() - t)")
+    out = {}
+    for path in sorted((REPO / "dags").glob("*.py")):
+        run = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, check=True)
+        out[path.name] = float(run.stdout.strip().splitlines()[-1])
+    return out
+
+
+def describe(name: str, values: list[float]) -> str:
+    values = sorted(values)
+    p90 = values[min(len(values) - 1, int(0.9 * len(values)))]
+    return f"{name:<17} median {statistics.median(values):6.2f}s   p90 {p90:6.2f}s   max {values[-1]:6.2f}s"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--no-preload", action="store_true", help="measure without preloading Keras in the scheduler")
+    parser.add_argument("--home", default=None)
+    args = parser.parse_args()
+    home = Path(args.home or tempfile.mkdtemp(prefix="mop-bench-")).absolute()
+    write_mnist1d(str(home / "data"))
+    store = Store("file://" + str(home / "store"))
+    extra = {"MOP_AIRFLOW_HOME": str(home), "MOP_AIRFLOW_PRELOAD": "0" if args.no_preload else "1"}
+    started = time.time()
+    with LocalAirflow(home / "airflow", REPO / "dags", extra_env=extra) as af:
+        af.wait_for_dag(DEMO_DAG_ID)
+        run_id, state, _ = run_and_watch(af, DEMO_DAG_ID, store, timeout=1800, started=started)
+        tis = {(ti["task_id"], ti["map_index"]): ti for ti in af.task_instances(DEMO_DAG_ID, run_id)}
+        run = af.api("GET", f"/dags/{DEMO_DAG_ID}/dagRuns/{run_id}")
+    if state != "success":
+        print(f"run {state}: no figures")
+        return 1
+    layout = RunLayout(store, DEMO_DAG_ID, run_id)
+    plan = store.read_json(layout.plan_uri)
+    p = plan["plan"]["shards"]
+    records = load_hop_records(layout)
+    rows = []
+    for r in records:
+        i, k = divmod(r["t"], p)
+        ti = tis[(f"iteration_{i}.hop_{k}.shard_{r['shard']}", r["map_index"])]
+        queued, start, end = ts(ti["queued_when"]), ts(ti["start_date"]), ts(ti["end_date"])
+        timings = r["timings"]
+        rows.append({
+            "queued->start": start - queued,
+            "start->training": r["train_begin"] - start,
+            "training": timings["train"],
+            "evaluate": timings["evaluate"],
+            "save": timings["save"],
+            "finish": end - r["saved_at"],
+            "total": end - queued,
+        })
+    for row in rows:
+        row["fixed"] = row["total"] - row["training"] - row["evaluate"]
+    wall = ts(run["end_date"]) - ts(run["start_date"])
+    training = sum(r["training"] for r in rows)
+    slots = p * plan["spec"]["schedule"]["slots_per_shard"]
+    print(f"\nmachine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
+          f"{platform.system()} {platform.release()}")
+    print(f"preload: {'off' if args.no_preload else 'on'}; {len(plan['configs'])} configurations x {p} shards x "
+          f"{plan['plan']['iterations']} iterations = {len(rows)} model hops")
+    print(f"DAG run wall time: {wall:.1f}s (trigger to success, demo start-up excluded)")
+    for name in ("queued->start", "start->training", "training", "evaluate", "save", "finish", "fixed"):
+        print(describe(name, [r[name] for r in rows]))
+    print(f"median fixed cost per hop: {statistics.median(r['fixed'] for r in rows):.2f}s (target <= 5 s)")
+    print(f"fraction of the run spent training: {training / (wall * slots):.1%} of {slots} pool slots x wall time; "
+          f"{training / sum(r['total'] for r in rows):.1%} of hop task time")
+    for name, seconds in parse_times().items():
+        print(f"parse {name}: {seconds:.3f}s (after `import airflow.sdk`)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,34 @@
+# mop_airflow shard worker: Airflow 3 + the training stack + mop_airflow.
+#   CPU:  docker build -f docker/worker.Dockerfile -t mop-airflow-worker .
+#   GPU:  docker build -f docker/worker.Dockerfile --build-arg TF_PACKAGE="tensorflow[and-cuda]" -t mop-airflow-worker:cuda .
+# A worker serves one shard: `airflow celery worker --queues mop_shard_<s> --concurrency <GPUs>`
+# (the shard's pool has as many slots as the worker has GPUs).
+FROM python:3.11-slim
+
+ARG TF_PACKAGE="tensorflow"
+ENV PIP_NO_CACHE_DIR=1 \
+    AIRFLOW_HOME=/opt/airflow \
+    MOP_AIRFLOW_HOME=/opt/mop \
+    TF_CPP_MIN_LOG_LEVEL=2 \
+    PYTHONUNBUFFERED=1
+
+RUN useradd --create-home --uid 50000 airflow \
+ && mkdir -p /opt/airflow/config /opt/mop/cache /opt/mop-src \
+ && chown -R airflow /opt/airflow /opt/mop
+
+WORKDIR /opt/mop-src
+COPY pyproject.toml README.md ./
+COPY mop_airflow ./mop_airflow
+COPY operators ./operators
+COPY plugins ./plugins
+RUN pip install "${TF_PACKAGE}" ".[examples]" "apache-airflow-providers-celery" "apache-airflow-providers-amazon" \
+ && pip list --format=freeze | grep -E "^(apache-airflow|tensorflow|keras|s3fs|pyarrow)=="
+
+# Keras is imported once in the worker and inherited by every forked task (see mop_airflow.preload).
+RUN printf 'from mop_airflow.preload import preload_if_task_host\npreload_if_task_host()\n' \
+    > /opt/airflow/config/airflow_local_settings.py
+
+USER airflow
+WORKDIR /opt/airflow
+ENTRYPOINT ["airflow"]
+CMD ["celery", "worker", "--queues", "mop_shard_0", "--concurrency", "1"]
