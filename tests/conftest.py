@@ -54,3 +54,21 @@ def write_dag_file(dag_id: str, spec: dict, **kwargs) -> object:
     module = importlib.util.module_from_spec(module_spec)
     module_spec.loader.exec_module(module)
     return module.dag
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint():
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    yield f"http://{host}:{port}"
+    server.stop()
+
+
+def make_bucket(endpoint, name):
+    import boto3
+
+    boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="test", aws_secret_access_key="test",
+                 region_name="us-east-1").create_bucket(Bucket=name)

@@ -13,7 +13,7 @@ import pytest
 
 from mop_airflow.layout import RunLayout
 from mop_airflow.store import Store
-from tests.conftest import write_dag_file
+from tests.conftest import make_bucket, write_dag_file
 
 pytestmark = pytest.mark.integration
 
@@ -105,3 +105,25 @@ def test_bad_data_stops_the_run_before_anything_is_written(airflow_db, tmp_path)
     store_dir = tmp_path / "store"
     written = [p for p in store_dir.rglob("*") if p.is_file()] if store_dir.exists() else []
     assert written == []  # no shard, no plan, no checkpoint
+
+
+def test_tiny_dag_with_the_store_on_s3(airflow_db, tmp_path, s3_endpoint, monkeypatch):
+    """Shards, checkpoints and reports travel through an S3 endpoint; credentials come from a connection."""
+    make_bucket(s3_endpoint, "mop-e2e")
+    conn = {"conn_type": "aws", "login": "test", "password": "test", "extra": {"endpoint_url": s3_endpoint}}
+    monkeypatch.setenv("AIRFLOW_CONN_MOP_S3_E2E", json.dumps(conn))
+    source = tmp_path / "digits.parquet"
+    write_digits(source)
+    spec = tiny_spec(source, "s3://mop-e2e/runs", iterations=1)
+    spec["store"]["conn_id"] = "mop_s3_e2e"
+    spec["store"]["cache_dir"] = str(tmp_path / "cache")
+    dag_run = run_dag(spec, "mop_e2e_s3")
+    assert dag_run.state == "success"
+    store = Store("s3://mop-e2e/runs", conn_id="mop_s3_e2e")
+    layout = RunLayout(store, "mop_e2e_s3", dag_run.run_id)
+    board = store.read_json(layout.report_uri("leaderboard.json"))["leaderboard"]
+    assert len(board) == 3 and board[0]["val_accuracy"] > 0.5
+    checkpoints = store.glob(layout.checkpoint_uri("*", 1))
+    assert len(checkpoints) == 3  # every configuration's state after hop 1 is in the bucket
+    cached = sorted(p.name for p in (tmp_path / "cache").iterdir())
+    assert len(cached) == 3  # two shards and the validation set, copied to local disk once
