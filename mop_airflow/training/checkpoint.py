@@ -1,0 +1,82 @@
+"""The training state that hops between shards, as one ``.npz`` byte string.
+
+A hop must carry everything that makes the next hop continue the same SGD run: every model
+variable (trainable and non-trainable weights such as BatchNorm statistics, plus the dropout seed
+generator states so dropout masks continue rather than repeat) and every optimizer variable
+(step counter, learning rate, moments). Variables are matched by position: Keras names them
+after the model's auto-numbered name ("sequential_3/..."), which differs between two builds of
+the same configuration in one process, while the order is fixed by the builder.
+
+The archive is uncompressed: trained float32 weights and Adam moments compress by only ~8 %, while
+``savez_compressed`` was 6-60x slower to save (2.1 M parameters: 0.8 s instead of 12 ms) and 2-4x
+slower to load. Nothing is pickled: the meta dict travels as UTF-8 JSON and ``allow_pickle`` is off.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import zipfile
+from typing import TYPE_CHECKING, Any, Mapping
+
+import numpy as np
+
+from mop_airflow.errors import TrainingError
+
+if TYPE_CHECKING:
+    import keras
+
+_FORMAT = "mop_airflow.checkpoint/1"
+_META_KEY = "meta"
+
+
+def _variables(model: keras.Model) -> dict[str, list[Any]]:
+    if model.optimizer is None:
+        raise TrainingError("the model has no optimizer: build it with mop_airflow.training.builder.build_model")
+    return {"model": list(model.variables), "optimizer": list(model.optimizer.variables)}
+
+
+def state_to_bytes(model: keras.Model, meta: Mapping[str, Any]) -> bytes:
+    """All model and optimizer variables plus ``meta`` (JSON-able) as ``.npz`` bytes."""
+    arrays: dict[str, np.ndarray] = {}
+    for group, variables in _variables(model).items():
+        for index, variable in enumerate(variables):
+            arrays[f"{group}/{index:05d}"] = np.asarray(variable.numpy())
+    header = {"format": _FORMAT, "meta": dict(meta)}
+    arrays[_META_KEY] = np.frombuffer(json.dumps(header).encode(), dtype=np.uint8)
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)
+    return buffer.getvalue()
+
+
+def restore_state(model: keras.Model, data: bytes) -> dict[str, Any]:
+    """Assign a :func:`state_to_bytes` archive to ``model`` (built by ``build_model``); return its meta.
+
+    Every shape is checked before anything is assigned, so a mismatch leaves the model untouched.
+    """
+    try:
+        with np.load(io.BytesIO(data), allow_pickle=False) as archive:
+            arrays = {key: archive[key] for key in archive.files}
+        header = json.loads(arrays.pop(_META_KEY).tobytes().decode())
+    except (OSError, ValueError, KeyError, UnicodeDecodeError, zipfile.BadZipFile) as exc:
+        raise TrainingError(f"checkpoint is not a readable mop_airflow checkpoint ({exc}). "
+                            "Fix: check that the store object is complete and was written by mop_airflow") from exc
+    if header.get("format") != _FORMAT:
+        raise TrainingError(f"checkpoint format {header.get('format')!r} is not {_FORMAT!r}. "
+                            "Fix: restart the configuration from scratch or use the matching mop_airflow version")
+    assignments = []
+    for group, variables in _variables(model).items():
+        saved = sorted(key for key in arrays if key.startswith(f"{group}/"))
+        if len(saved) != len(variables):
+            raise TrainingError(f"checkpoint holds {len(saved)} {group} variables but the model has "
+                                f"{len(variables)}. Fix: restore into a model built from the same configuration")
+        for index, (key, variable) in enumerate(zip(saved, variables)):
+            value = arrays[key]
+            if tuple(value.shape) != tuple(variable.shape):
+                raise TrainingError(f"{group} variable #{index} {variable.path!r}: checkpoint has shape "
+                                    f"{tuple(value.shape)}, model has shape {tuple(variable.shape)}. "
+                                    "Fix: restore into a model built from the same configuration")
+            assignments.append((variable, value))
+    for variable, value in assignments:
+        variable.assign(value)
+    return header["meta"]

@@ -1,0 +1,81 @@
+"""The hop state: every model and optimizer variable, restored exactly or refused with a reason."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+
+from mop_airflow.errors import TrainingError
+from mop_airflow.training.builder import build_model
+from mop_airflow.training.checkpoint import restore_state, state_to_bytes
+from mop_airflow.training.hop import train_on_shard
+from tests.training.toys import make_config
+
+
+@pytest.fixture(scope="module")
+def trained(toy_data):
+    """A toy model after one hop of 13 Adam steps, and its state bytes."""
+    x, y = toy_data
+    model = build_model(make_config(), input_dim=6, num_classes=3, seed=3)
+    train_on_shard(model, x, y, batch_size=8, epochs=1, seed=3, iteration=0, shard=0)
+    return model, state_to_bytes(model, {"config_id": "c000-test00", "t": 0})
+
+
+def test_optimizer_state_survives_a_hop_exactly(trained):
+    model, data = trained
+    fresh = build_model(make_config(), input_dim=6, num_classes=3, seed=99)
+    assert int(fresh.optimizer.iterations.numpy()) == 0
+
+    meta = restore_state(fresh, data)
+
+    assert meta == {"config_id": "c000-test00", "t": 0}
+    assert int(fresh.optimizer.iterations.numpy()) == 13  # ceil(100 / 8) steps
+    for saved, restored in zip(model.optimizer.variables, fresh.optimizer.variables, strict=True):
+        assert np.array_equal(saved.numpy(), restored.numpy()), saved.path
+    moments = [v for v in fresh.optimizer.variables if v.path.endswith(("momentum", "velocity"))]
+    assert len(moments) == 2 * len(fresh.trainable_variables) and all(np.any(v.numpy()) for v in moments)
+
+
+def test_every_model_variable_survives_including_batchnorm_statistics_and_dropout_seed(trained):
+    model, data = trained
+    fresh = build_model(make_config(), input_dim=6, num_classes=3, seed=99)
+    restore_state(fresh, data)
+    for saved, restored in zip(model.variables, fresh.variables, strict=True):
+        assert np.array_equal(saved.numpy(), restored.numpy()), saved.path
+    assert {"moving_mean", "moving_variance", "seed_generator_state"} <= {v.name for v in fresh.variables}
+
+
+def test_the_bytes_are_a_plain_npz_without_pickle(trained):
+    _, data = trained
+    with np.load(io.BytesIO(data), allow_pickle=False) as archive:
+        assert "meta" in archive.files and any(name.startswith("optimizer/") for name in archive.files)
+
+
+def test_a_shape_mismatch_names_the_variable_and_both_shapes(trained):
+    _, data = trained
+    wider = build_model(make_config(hparams={"units": 16}), input_dim=6, num_classes=3, seed=0)
+    before = [v.numpy() for v in wider.variables]
+    with pytest.raises(TrainingError) as caught:
+        restore_state(wider, data)
+    message = str(caught.value)
+    assert "model variable #0" in message and "kernel" in message
+    assert "checkpoint has shape (6, 12), model has shape (6, 16)" in message
+    # nothing was half-assigned
+    assert all(np.array_equal(a, v.numpy()) for a, v in zip(before, wider.variables))
+
+
+def test_a_variable_count_mismatch_is_refused(trained):
+    _, data = trained
+    other = build_model(make_config("mop_airflow.examples.mnist1d_models:mlp", hparams={"units": [12]}),
+                        input_dim=6, num_classes=3, seed=0)
+    with pytest.raises(TrainingError, match=r"checkpoint holds 9 model variables but the model has 4"):
+        restore_state(other, data)
+
+
+def test_bytes_that_are_not_a_checkpoint_are_refused(trained):
+    model, data = trained
+    for garbage in (b"not a checkpoint", data[: len(data) // 2]):
+        with pytest.raises(TrainingError, match="not a readable mop_airflow checkpoint"):
+            restore_state(model, garbage)

@@ -1,0 +1,73 @@
+"""Toy model builders, named by import path ("tests.training.toys:..."), and configurations."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import keras
+
+TOY_MODEL = "tests.training.toys:batchnorm_dropout_mlp"
+
+
+def make_config(model: str = TOY_MODEL, **overrides: Any) -> dict[str, Any]:
+    """A configuration dict shaped like SearchSpace.expand() makes them."""
+    config = {"config_id": "c000-test00", "model": model, "hparams": {}, "optimizer": "adam",
+              "optimizer_params": {"learning_rate": 0.01}, "loss": "sparse_categorical_crossentropy",
+              "metrics": ["accuracy"], "batch_size": 8, "epochs_per_hop": 1}
+    config.update(overrides)
+    return config
+
+
+# The hparams the last call of `remember_hparams` received.
+LAST_HPARAMS: dict[str, Any] = {}
+
+
+def batchnorm_dropout_mlp(hparams: dict[str, Any]) -> keras.Model:
+    """Small, but with every kind of state a hop must carry: trainable and non-trainable weights
+    (BatchNorm moving statistics) and a dropout seed generator."""
+    return keras.Sequential([
+        keras.Input((hparams["input_dim"],)),
+        keras.layers.Dense(hparams.get("units", 12), activation="relu"),
+        keras.layers.BatchNormalization(),
+        keras.layers.Dropout(0.25),
+        keras.layers.Dense(hparams["num_classes"], activation="softmax"),
+    ])
+
+
+def remember_hparams(hparams: dict[str, Any]) -> keras.Model:
+    LAST_HPARAMS.clear()
+    LAST_HPARAMS.update(hparams)
+    return keras.Sequential([keras.Input((hparams["input_dim"],)), keras.layers.Dense(hparams["num_classes"])])
+
+
+def not_a_model(hparams: dict[str, Any]) -> str:
+    return "a string"
+
+
+def raises(hparams: dict[str, Any]) -> keras.Model:
+    raise KeyError("units")
+
+
+NOT_CALLABLE = 42
+
+
+class _Subclassed(keras.Model):
+    def __init__(self, num_classes: int):
+        super().__init__()
+        self.hidden = keras.layers.Dense(4, activation="relu")
+        self.out = keras.layers.Dense(num_classes, activation="softmax")
+
+    def call(self, inputs):
+        return self.out(self.hidden(inputs))
+
+
+def subclassed(hparams: dict[str, Any]) -> keras.Model:
+    """Returned unbuilt: it has no weights until it sees an input shape."""
+    return _Subclassed(hparams["num_classes"])
+
+
+def subclassed_for_sequences(hparams: dict[str, Any]) -> keras.Model:
+    """Unbuilt and expecting (batch, steps, channels): flat rows cannot build it."""
+    model = _Subclassed(hparams["num_classes"])
+    model.hidden = keras.layers.Conv1D(4, 3)
+    return model
