@@ -26,7 +26,7 @@ spec = {
             "params": {
                 "model": ["mop_airflow.examples.mnist1d_models:mlp", "mop_airflow.examples.mnist1d_models:cnn"],
                 "optimizer": "adam",
-                "learning_rate": [1e-3, 3e-3],
+                "learning_rate": [3e-3, 1e-2],
                 "batch_size": [32, 128],
                 "metrics": ["accuracy"],
             },

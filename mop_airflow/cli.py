@@ -43,7 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     data = sub.add_parser("example-data", help="generate MNIST-1D (offline) as Parquet")
     data.add_argument("--dir", default=os.path.join(home, "data"))
-    data.add_argument("--num-samples", type=int, default=10000)
+    data.add_argument("--num-samples", type=int, default=20000)
     data.set_defaults(func=_cmd_example_data)
 
     demo = sub.add_parser("demo", help="run the MNIST-1D demo on a local Airflow and print the leaderboard")

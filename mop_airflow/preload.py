@@ -52,5 +52,9 @@ def preload_training_stack() -> float:
 def preload_if_task_host(argv: Sequence[str] | None = None) -> bool:
     if os.environ.get("MOP_AIRFLOW_PRELOAD", "1") == "0" or not is_task_host(argv or sys.argv):
         return False
-    preload_training_stack()
+    try:
+        preload_training_stack()
+    except Exception as exc:  # noqa: BLE001 - a broken preload must never take the scheduler down
+        print(f"mop_airflow: preload skipped ({exc!r}); tasks will import Keras themselves", file=sys.stderr)
+        return False
     return True

@@ -18,7 +18,7 @@ TEST_FILE = "mnist1d_test.parquet"
 SIDECAR_FILE = "mnist1d.json"  # written last: names the parameters the two files were made with
 
 
-def write_mnist1d(directory: str, num_samples: int = 10000, seed: int = 42) -> dict:
+def write_mnist1d(directory: str, num_samples: int = 20000, seed: int = 42) -> dict:
     """Write ``mnist1d_train.parquet`` and ``mnist1d_test.parquet`` (``x0..x39`` float32, ``label`` int64).
 
     Does nothing when both files exist and were made with the same ``num_samples`` and ``seed``.
