@@ -81,11 +81,12 @@ def main() -> int:
     plan = store.read_json(layout.plan_uri)
     p = plan["plan"]["shards"]
     records = load_hop_records(layout)
-    rows = []
+    rows, by_pool = [], {}
     for r in records:
         i, k = divmod(r["t"], p)
         ti = tis[(f"iteration_{i}.hop_{k}.shard_{r['shard']}", r["map_index"])]
         queued, start, end = ts(ti["queued_when"]), ts(ti["start_date"]), ts(ti["end_date"])
+        by_pool.setdefault(ti["pool"], []).append((start, end))
         timings = r["timings"]
         rows.append({
             "queued->start": start - queued,
@@ -108,6 +109,10 @@ def main() -> int:
     print(f"DAG run wall time: {wall:.1f}s (trigger to success, demo start-up excluded)")
     for name in ("queued->start", "start->training", "training", "evaluate", "save", "finish", "fixed"):
         print(describe(name, [r[name] for r in rows]))
+    # Idle time of a shard between one hop task ending and the next starting on it: scheduler
+    # hand-off plus waiting for models to arrive from the upstream shard.
+    gaps = [b[0] - a[1] for spans in by_pool.values() for a, b in zip(sorted(spans), sorted(spans)[1:])]
+    print(describe("pool hand-off", [max(0.0, g) for g in gaps]))
     print(f"median fixed cost per hop: {statistics.median(r['fixed'] for r in rows):.2f}s (target <= 5 s)")
     print(f"fraction of the run spent training: {training / (wall * slots):.1%} of {slots} pool slots x wall time; "
           f"{training / sum(r['total'] for r in rows):.1%} of hop task time")

@@ -85,7 +85,7 @@ def learning_curves_png(rows: Sequence[Mapping[str, Any]], metric: str,
     import matplotlib.pyplot as plt  # noqa: PLC0415
     from matplotlib.ticker import MaxNLocator  # noqa: PLC0415
 
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.2))
     series: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
     for row in rows:
         series[row["config_id"]].append(row)
@@ -102,7 +102,7 @@ def learning_curves_png(rows: Sequence[Mapping[str, Any]], metric: str,
     for ax in axes:
         ax.grid(alpha=0.3)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    axes[1].legend(fontsize=7, loc="best")
+    axes[1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), frameon=False)
     fig.tight_layout()
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=110)
