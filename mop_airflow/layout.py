@@ -43,5 +43,8 @@ class RunLayout:
     def hops_glob(self) -> str:
         return self._at("hops", "*", "t*.json")
 
+    def stage_record_uri(self, shard: int) -> str:
+        return self._at("stage", f"shard_{shard:02d}.json")
+
     def report_uri(self, name: str) -> str:
         return self._at("report", name)

@@ -166,8 +166,13 @@ class StoreSpec:
                             "use a local folder or an s3://bucket/prefix")
         object.__setattr__(self, "root", root.rstrip("/"))
         object.__setattr__(self, "storage_options", dict(self.storage_options))
-        cache = self.cache_dir or os.path.join(default_home(), "cache")
-        object.__setattr__(self, "cache_dir", os.path.abspath(os.path.expanduser(cache)))
+        if self.cache_dir:
+            object.__setattr__(self, "cache_dir", os.path.abspath(os.path.expanduser(self.cache_dir)))
+
+    @property
+    def local_cache(self) -> str:
+        """The shard cache on the machine running the task: resolved there, not where the DAG was parsed."""
+        return self.cache_dir or os.path.join(default_home(), "cache")
 
 
 @dataclass(frozen=True)

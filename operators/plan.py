@@ -9,6 +9,7 @@ hands the group that starts on that shard to the first training hop.
 from __future__ import annotations
 
 import datetime as dt
+import socket
 from typing import Any
 
 from mop_airflow.schedule import build_plan
@@ -58,9 +59,15 @@ class MopStageShardOperator(MopBaseOperator):
         layout = self.layout(context, spec)
         document = layout.store.read_json(layout.plan_uri)
         manifest = layout.store.read_json(document["manifest_uri"])
+        before = layout.store.bytes_read
         for entry in (manifest["shards"][self.shard], manifest["validation"]):
-            path = cached_shard(layout.store, entry, spec.store.cache_dir)
+            path = cached_shard(layout.store, entry, spec.store.local_cache)
             self.log.info("cached %s at %s", entry["uri"], path)
+        ti = context["ti"]
+        layout.store.write_json(layout.stage_record_uri(self.shard), {
+            "shard": self.shard, "host": getattr(ti, "hostname", None) or socket.getfqdn(), "queue": self.queue,
+            "cache_dir": spec.store.local_cache, "data_bytes_read": layout.store.bytes_read - before,
+        })
         by_id = {c["config_id"]: c for c in document["configs"]}
         group = document["plan"]["groups"][self.shard]  # group g starts on shard g
         return [{"config_id": cid, "config": by_id[cid], "checkpoint": None, "t": -1} for cid in group]

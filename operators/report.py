@@ -72,7 +72,7 @@ class MopReportOperator(MopBaseOperator):
         manifest = store.read_json(plan_doc["manifest_uri"])
         config = next(c for c in plan_doc["configs"] if c["config_id"] == config_id)
         final_t = plan_doc["plan"]["shards"] * plan_doc["plan"]["iterations"] - 1
-        xv, _ = load_xy(cached_shard(store, manifest["validation"], spec.store.cache_dir),
+        xv, _ = load_xy(cached_shard(store, manifest["validation"], spec.store.local_cache),
                         manifest["features"], manifest["label"], manifest["classes"])
         model = build_model(config, input_dim=xv.shape[1], num_classes=len(manifest["classes"]),
                             seed=config_seed(spec.schedule.seed, config_id))

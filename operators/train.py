@@ -49,10 +49,12 @@ class MopTrainHopOperator(MopBaseOperator):
         from mop_airflow.data.cache import cached_shard, load_xy  # noqa: PLC0415
 
         def load(entry: Mapping[str, Any]) -> tuple[Any, Any]:
-            path = cached_shard(layout.store, entry, spec.store.cache_dir)
+            path = cached_shard(layout.store, entry, spec.store.local_cache)
             return load_xy(path, manifest["features"], manifest["label"], manifest["classes"])
 
+        metadata_bytes = layout.store.bytes_read
         x, y = load(manifest["shards"][self.shard])
+        shard_bytes = layout.store.bytes_read - metadata_bytes  # 0 once the shard is in this worker's cache
         shard_read = time.time()
 
         from mop_airflow.training.builder import build_model  # noqa: PLC0415 - TensorFlow loads here
@@ -63,15 +65,20 @@ class MopTrainHopOperator(MopBaseOperator):
         seed = config_seed(spec.schedule.seed, cid)
         model = build_model(config, input_dim=x.shape[1], num_classes=len(manifest["classes"]), seed=seed)
         built = time.time()
+        checkpoint_bytes = 0
         if assignment["checkpoint"]:
-            restore_state(model, layout.store.read_bytes(assignment["checkpoint"]))
+            state_in = layout.store.read_bytes(assignment["checkpoint"])
+            checkpoint_bytes = len(state_in)
+            restore_state(model, state_in)
         loaded = time.time()
         train = train_on_shard(model, x, y, batch_size=config["batch_size"], epochs=config["epochs_per_hop"],
                                seed=seed, iteration=iteration, shard=self.shard)
         trained = time.time()
         val = None
         if hop == p - 1 and spec.schedule.evaluates_after(iteration):
+            before = layout.store.bytes_read
             xv, yv = load(manifest["validation"])
+            shard_bytes += layout.store.bytes_read - before
             val = evaluate(model, xv, yv, batch_size=max(config["batch_size"], 256))
         evaluated = time.time()
         out_uri = layout.checkpoint_uri(cid, self.t)
@@ -81,7 +88,7 @@ class MopTrainHopOperator(MopBaseOperator):
         saved = time.time()
         record = {
             **meta,
-            "host": socket.gethostname(), "pid": os.getpid(), "queue": self.queue, "pool": self.pool,
+            "host": getattr(ti, "hostname", None) or socket.getfqdn(), "pid": os.getpid(), "queue": self.queue, "pool": self.pool,
             "map_index": getattr(ti, "map_index", -1), "try_number": getattr(ti, "try_number", 1),
             "started_at": started, "execute_at": entered, "train_begin": loaded, "train_end": trained,
             "saved_at": saved,
@@ -91,7 +98,7 @@ class MopTrainHopOperator(MopBaseOperator):
                         "evaluate": evaluated - trained, "save": saved - evaluated},
             "train_metrics": train, "val_metrics": val,
             "checkpoint": out_uri, "checkpoint_bytes": len(state),
-            "store_bytes_read": layout.store.bytes_read,
+            "bytes_read": {"metadata": metadata_bytes, "data": shard_bytes, "checkpoint": checkpoint_bytes},
         }
         layout.store.write_json(layout.hop_record_uri(cid, self.t), record)
         self.log.info("%s hop t=%d (iteration %d, hop %d) on shard %d: loss %.4f%s; %.2fs training of %.2fs",

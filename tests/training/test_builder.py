@@ -36,7 +36,7 @@ def test_bad_import_paths_say_what_failed_and_how_to_fix_it(path, words):
 def test_every_optimizer_the_search_space_accepts_is_built_with_its_parameters():
     for name in OPTIMIZERS:
         optimizer = make_optimizer({"optimizer": name, "optimizer_params": {"learning_rate": 0.25, "clipnorm": 1.0}})
-        assert optimizer.name.replace("_", "") == name
+        assert type(optimizer).__name__.lower() == name  # names get suffixes (adam_20) in a long process
         assert float(optimizer.learning_rate.numpy()) == 0.25 and optimizer.clipnorm == 1.0
     assert float(make_optimizer({"optimizer": "adam", "optimizer_params": {"beta_1": 0.5}}).beta_1) == 0.5
 
