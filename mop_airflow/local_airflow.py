@@ -1,9 +1,11 @@
-"""A real Airflow 3 on this machine: SQLite + LocalExecutor in a project-local AIRFLOW_HOME.
+"""A real Airflow 3 on this machine, as child processes in a project-local AIRFLOW_HOME.
 
-Starts the api-server, scheduler and dag-processor as child processes (what ``airflow standalone``
-runs, without its generated admin password so the demo can drive the REST API), talks to the REST
-API, and stops everything it started — also when the caller fails or is interrupted. Used by
-``mop-airflow demo``, the end-to-end test and the benchmark.
+Embedded default: SQLite + LocalExecutor with api-server, scheduler and dag-processor (what
+``airflow standalone`` runs, without its generated admin password so the demo can drive the REST
+API). Distributed topology on one machine: a PostgreSQL metadata database, a Celery broker, a
+triggerer and one Celery worker per shard queue. Talks to the REST API, and stops everything it
+started — also when the caller fails or is interrupted. Used by ``mop-airflow demo``, the tests and
+the benchmark.
 """
 
 from __future__ import annotations
@@ -18,10 +20,27 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 SERVICES = ("api-server", "scheduler", "dag-processor")
+WORKER_NAME_ENV = "MOP_AIRFLOW_WORKER_NAME"
+
+
+def worker_hostname() -> str:
+    """Airflow ``[core] hostname_callable`` for several workers on one machine: ``<host>-<worker name>``."""
+    name = os.environ.get(WORKER_NAME_ENV)
+    return f"{socket.getfqdn()}-{name}" if name else socket.getfqdn()
+
+
+@dataclass(frozen=True)
+class CeleryWorker:
+    """One ``airflow celery worker``: its name, the queues it serves and its process count (GPUs)."""
+
+    name: str
+    queues: tuple[str, ...]
+    concurrency: int = 1
 
 
 def free_port() -> int:
@@ -69,11 +88,24 @@ class LocalAirflow:
     """Context manager: ``with LocalAirflow(home, dags) as af: af.trigger(...)``."""
 
     def __init__(self, home: Path, dags_folder: Path, *, port: int | None = None,
-                 extra_env: Mapping[str, str] | None = None, log=print):
+                 extra_env: Mapping[str, str] | None = None, log=print, sql_alchemy_conn: str | None = None,
+                 celery_broker: str | None = None, workers: Sequence[CeleryWorker] = ()):
         self.home = Path(home).absolute()
         self.dags_folder = Path(dags_folder).absolute()
         self.port = port or free_port()
-        self.env = airflow_env(self.home, self.dags_folder, self.port, extra_env)
+        topology: dict[str, str] = {}
+        if sql_alchemy_conn:
+            topology["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = sql_alchemy_conn
+        if celery_broker:
+            topology.update({
+                "AIRFLOW__CORE__EXECUTOR": "CeleryExecutor",
+                "AIRFLOW__CELERY__BROKER_URL": celery_broker,
+                "AIRFLOW__CELERY__RESULT_BACKEND": "db+" + (sql_alchemy_conn or "").replace("+psycopg2", ""),
+                "AIRFLOW__CORE__HOSTNAME_CALLABLE": "mop_airflow.local_airflow.worker_hostname",
+            })
+        self.workers = tuple(workers)
+        self.services = SERVICES + (("triggerer",) if celery_broker else ())
+        self.env = airflow_env(self.home, self.dags_folder, self.port, {**topology, **(extra_env or {})})
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.processes: dict[str, subprocess.Popen] = {}
         self.log = log
@@ -110,14 +142,25 @@ class LocalAirflow:
         if threading.current_thread() is threading.main_thread():
             # `kill` of the demo must stop Airflow too: turn SIGTERM into a normal exit.
             signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-        for name in SERVICES:
-            out = open(self.home / "logs" / f"{name}.log", "ab")
-            args = [_bin("airflow"), name] + (["--port", str(self.port)] if name == "api-server" else [])
-            # A session of its own, so stop() can end the service and every process it forked.
-            self.processes[name] = subprocess.Popen(args, env=self.env, stdout=out, stderr=subprocess.STDOUT,
-                                                    start_new_session=True)
-        self.log(f"started {', '.join(SERVICES)}; api at {self.base_url}")
+        for name in self.services:
+            self._spawn(name, [_bin("airflow"), name] + (["--port", str(self.port)] if name == "api-server" else []),
+                        self.env)
+        for worker in self.workers:
+            env = {**self.env, WORKER_NAME_ENV: worker.name,
+                   "MOP_AIRFLOW_HOME": str(self.home / "workers" / worker.name),
+                   # each worker on this machine serves its logs on its own port
+                   "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_port())}
+            self._spawn(f"worker-{worker.name}", [_bin("airflow"), "celery", "worker", "--queues", ",".join(worker.queues),
+                                                  "--concurrency", str(worker.concurrency),
+                                                  "--celery-hostname", f"{worker.name}@%h"], env)
+        self.log(f"started {', '.join(self.processes)}; api at {self.base_url}")
         self.wait_healthy()
+
+    def _spawn(self, name: str, args: list[str], env: Mapping[str, str]) -> None:
+        out = open(self.home / "logs" / f"{name}.log", "ab")
+        # A session of its own, so stop() can end the service and every process it forked.
+        self.processes[name] = subprocess.Popen(args, env=dict(env), stdout=out, stderr=subprocess.STDOUT,
+                                                start_new_session=True)
 
     def stop(self) -> None:
         if self._client is not None:

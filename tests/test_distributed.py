@@ -1,0 +1,138 @@
+"""Distributed MOP on a real CeleryExecutor topology, all on loopback.
+
+PostgreSQL (a database created for this test and dropped after it), Redis as the Celery broker, an
+S3 endpoint (moto's server mode), api-server, scheduler, dag-processor, triggerer and three Celery
+workers as processes: one per shard queue plus one for the default queue. Asserts that every hop of
+shard s ran on the worker of queue mop_shard_<s>, that no worker read another shard's data, that
+each worker read its shard once plus the checkpoints it loaded, and that the metrics equal those of
+the same DAG run in-process (dag.test) with the same seed.
+"""
+
+import json
+import socket
+import uuid
+
+import pytest
+
+from mop_airflow.layout import RunLayout
+from mop_airflow.local_airflow import CeleryWorker, LocalAirflow
+from mop_airflow.store import Store
+from tests.conftest import make_bucket, write_dag_file
+from tests.test_end_to_end import tiny_spec, write_digits
+
+pytestmark = [pytest.mark.integration, pytest.mark.distributed]
+
+PG = ("127.0.0.1", 5432)
+REDIS = ("127.0.0.1", 6379)
+DAG_ID = "mop_distributed"
+
+
+def _reachable(address) -> bool:
+    try:
+        with socket.create_connection(address, timeout=2):
+            return True
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def postgres_db():
+    if not _reachable(PG):
+        pytest.skip(f"PostgreSQL is not reachable on {PG[0]}:{PG[1]}; start it (CI's .ci/run does)")
+    import psycopg2
+
+    name = f"mop_airflow_test_{uuid.uuid4().hex[:8]}"
+    admin = psycopg2.connect(host=PG[0], port=PG[1], user="postgres", dbname="postgres")
+    admin.autocommit = True
+    admin.cursor().execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield f"postgresql+psycopg2://postgres@{PG[0]}:{PG[1]}/{name}"
+    finally:
+        cursor = admin.cursor()
+        cursor.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", (name,))
+        cursor.execute(f'DROP DATABASE IF EXISTS "{name}"')  # only the database this test created
+        admin.close()
+
+
+@pytest.fixture(scope="module")
+def redis_broker():
+    if not _reachable(REDIS):
+        pytest.skip(f"Redis is not reachable on {REDIS[0]}:{REDIS[1]}; start it (CI's .ci/run does)")
+    return f"redis://{REDIS[0]}:{REDIS[1]}/7"
+
+
+def spec_for(source, store_root):
+    spec = tiny_spec(source, store_root)
+    spec["store"]["conn_id"] = "aws_default"
+    return spec
+
+
+def test_mop_on_celery_workers_per_shard(postgres_db, redis_broker, s3_endpoint, tmp_path, airflow_db, monkeypatch):
+    make_bucket(s3_endpoint, "mop-dist")
+    conn = json.dumps({"conn_type": "aws", "login": "test", "password": "test",
+                       "extra": {"endpoint_url": s3_endpoint}})
+    source = tmp_path / "digits.parquet"
+    write_digits(source)
+    dags = tmp_path / "dags"
+    dags.mkdir()
+    spec = spec_for(source, "s3://mop-dist/runs")
+    (dags / f"{DAG_ID}.py").write_text(
+        "import json\nfrom mop_airflow import build_mop_dag\n"
+        f"dag = build_mop_dag(json.loads({json.dumps(json.dumps(spec))}), dag_id={DAG_ID!r})\n")
+    workers = [CeleryWorker("shard0", ("mop_shard_0",)), CeleryWorker("shard1", ("mop_shard_1",)),
+               CeleryWorker("control", ("default",))]
+    with LocalAirflow(tmp_path / "airflow", dags, sql_alchemy_conn=postgres_db, celery_broker=redis_broker,
+                      workers=workers, extra_env={"AIRFLOW_CONN_AWS_DEFAULT": conn}) as af:
+        af.wait_for_dag(DAG_ID)
+        sync = af.run_cli("mop-airflow", "pools", "sync", "--shards", "2", check=False)
+        assert sync.returncode == 0, sync.stderr
+        run_id = af.trigger(DAG_ID)
+        state = af.wait_for_run(DAG_ID, run_id, timeout=600)
+        tis = af.task_instances(DAG_ID, run_id)
+        assert state == "success", [(ti["task_id"], ti["state"]) for ti in tis if ti["state"] != "success"]
+        hosts = {name: f"{socket.getfqdn()}-{name}" for name in ("shard0", "shard1", "control")}
+        train = [ti for ti in tis if ".shard_" in ti["task_id"] or ti["task_id"].startswith("stage_shard_")]
+        assert len(train) == 2 + 3 * 2 * 2  # two staging tasks, 3 configurations x 2 iterations x 2 hops
+        for ti in train:
+            shard = int(ti["task_id"].rsplit("_", 1)[1])
+            assert ti["queue"] == ti["pool"] == f"mop_shard_{shard}"
+            assert ti["hostname"] == hosts[f"shard{shard}"], ti
+        for ti in tis:
+            if ti not in train:
+                assert ti["hostname"] == hosts["control"]
+        processes = list(af.processes.values())
+    assert all(p.poll() is not None for p in processes)  # nothing left running
+
+    store = Store("s3://mop-dist/runs", {"key": "test", "secret": "test", "client_kwargs": {"endpoint_url": s3_endpoint}})
+    layout = RunLayout(store, DAG_ID, run_id)
+    plan = store.read_json(layout.plan_uri)
+    manifest = store.read_json(plan["manifest_uri"])
+    records = [store.read_json(u) for u in store.glob(layout.hops_glob)]
+    assert len(records) == 12
+    for shard in (0, 1):
+        worker_home = tmp_path / "airflow" / "workers" / f"shard{shard}"
+        cached = sorted(p.name for p in (worker_home / "cache").iterdir())
+        expected = sorted(f"{e['sha256']}.parquet" for e in (manifest["shards"][shard], manifest["validation"]))
+        assert cached == expected  # its own shard and the validation set, never the other shard
+        stage = store.read_json(layout.stage_record_uri(shard))
+        assert stage["data_bytes_read"] == manifest["shards"][shard]["bytes"] + manifest["validation"]["bytes"]
+        mine = [r for r in records if r["shard"] == shard]
+        assert all(r["bytes_read"]["data"] == 0 for r in mine)  # every hop read its shard from the local cache
+        loaded = sum(r["bytes_read"]["checkpoint"] for r in mine)
+        sizes = {(r["config_id"], r["t"]): r["checkpoint_bytes"] for r in records}
+        assert loaded == sum(sizes[(r["config_id"], r["t"] - 1)] for r in mine if r["t"] > 0)
+
+    # The same DAG with the same seed, in-process on the embedded default, gives the same metrics.
+    monkeypatch.setenv("AIRFLOW_CONN_AWS_DEFAULT", conn)
+    local_spec = spec_for(source, f"file://{tmp_path / 'local-store'}")
+    local_spec["store"].pop("conn_id")
+    local_run = write_dag_file(f"{DAG_ID}_local", local_spec, check_pools=False).test()
+    assert local_run.state == "success"
+    local_store = Store(f"file://{tmp_path / 'local-store'}")
+    local_rows = local_store.read_json(RunLayout(local_store, f"{DAG_ID}_local", local_run.run_id).report_uri("metrics.json"))
+    dist_rows = store.read_json(layout.report_uri("metrics.json"))
+    key = lambda r: (r["config_id"], r["iteration"])  # noqa: E731
+    assert [key(r) for r in sorted(dist_rows, key=key)] == [key(r) for r in sorted(local_rows, key=key)]
+    for dist, local in zip(sorted(dist_rows, key=key), sorted(local_rows, key=key)):
+        for column in ("train_loss", "train_accuracy", "val_loss", "val_accuracy"):
+            assert dist[column] == pytest.approx(local[column], rel=1e-4, abs=1e-5), (dist["config_id"], column)
