@@ -28,10 +28,10 @@ LOCAL_SETTINGS = (
 )
 
 
-def is_task_host(argv: Sequence[str]) -> bool:
-    """True for the scheduler (LocalExecutor forks tasks from it) and for Celery workers."""
+def is_task_host(argv: Sequence[str], executor: str) -> bool:
+    """True for Celery workers, and for the scheduler when its LocalExecutor forks the tasks."""
     args = [a for a in argv[1:] if not a.startswith("-")]
-    return args[:1] == ["scheduler"] or args[:2] == ["celery", "worker"]
+    return args[:2] == ["celery", "worker"] or (args[:1] == ["scheduler"] and "LocalExecutor" in executor)
 
 
 def preload_training_stack() -> float:
@@ -50,7 +50,11 @@ def preload_training_stack() -> float:
 
 
 def preload_if_task_host(argv: Sequence[str] | None = None) -> bool:
-    if os.environ.get("MOP_AIRFLOW_PRELOAD", "1") == "0" or not is_task_host(argv or sys.argv):
+    if os.environ.get("MOP_AIRFLOW_PRELOAD", "1") == "0":
+        return False
+    from airflow.configuration import conf  # noqa: PLC0415 - loaded before local settings are imported
+
+    if not is_task_host(argv or sys.argv, conf.get("core", "executor", fallback="")):
         return False
     try:
         preload_training_stack()
