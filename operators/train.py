@@ -43,8 +43,7 @@ class MopTrainHopOperator(MopBaseOperator):
                                "the DAG and the plan disagree; re-parse the DAG file")
         p = spec.schedule.shards
         iteration, hop = divmod(self.t, p)
-        plan_doc = layout.store.read_json(layout.plan_uri)
-        manifest = layout.store.read_json(plan_doc["manifest_uri"])
+        manifest = layout.store.read_json(layout.manifest_pointer_uri)
 
         from mop_airflow.data.cache import cached_shard, load_xy  # noqa: PLC0415
 
