@@ -53,7 +53,9 @@ class DataSpec:
 
     ``source`` is a Parquet or CSV file (path or URI). ``features`` lists numeric columns, or is one
     glob pattern such as ``"x*"``. ``validation`` is a fraction of ``source`` held out (seeded) or
-    the path/URI of a separate validation file with the same columns.
+    the path/URI of a separate validation file with the same columns. For ``s3://`` sources,
+    ``conn_id`` names an Airflow AWS connection (credentials, ``endpoint_url``); credentials never
+    go into the spec itself, which is written to the store with the results.
     """
 
     source: str
@@ -62,6 +64,7 @@ class DataSpec:
     classes: tuple[Any, ...]
     validation: float | str = 0.2
     storage_options: Mapping[str, Any] = field(default_factory=dict)
+    conn_id: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.source, str) or not self.source.strip():

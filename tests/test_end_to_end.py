@@ -112,14 +112,16 @@ def test_tiny_dag_with_the_store_on_s3(airflow_db, tmp_path, s3_endpoint, monkey
     make_bucket(s3_endpoint, "mop-e2e")
     conn = {"conn_type": "aws", "login": "test", "password": "test", "extra": {"endpoint_url": s3_endpoint}}
     monkeypatch.setenv("AIRFLOW_CONN_MOP_S3_E2E", json.dumps(conn))
-    source = tmp_path / "digits.parquet"
-    write_digits(source)
-    spec = tiny_spec(source, "s3://mop-e2e/runs", iterations=1)
+    local = tmp_path / "digits.parquet"
+    write_digits(local)
+    store = Store("s3://mop-e2e/runs", conn_id="mop_s3_e2e")
+    store.put_file(str(local), "s3://mop-e2e/data/digits.parquet")  # the input lives in the bucket too
+    spec = tiny_spec("s3://mop-e2e/data/digits.parquet", "s3://mop-e2e/runs", iterations=1)
+    spec["data"]["conn_id"] = "mop_s3_e2e"
     spec["store"]["conn_id"] = "mop_s3_e2e"
     spec["store"]["cache_dir"] = str(tmp_path / "cache")
     dag_run = run_dag(spec, "mop_e2e_s3")
     assert dag_run.state == "success"
-    store = Store("s3://mop-e2e/runs", conn_id="mop_s3_e2e")
     layout = RunLayout(store, "mop_e2e_s3", dag_run.run_id)
     board = store.read_json(layout.report_uri("leaderboard.json"))["leaderboard"]
     assert len(board) == 3 and board[0]["val_accuracy"] > 0.5

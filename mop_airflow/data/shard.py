@@ -32,9 +32,9 @@ def shard_dataset(data: DataSpec, store: Store, dag_id: str, shards: int, seed: 
     Expects data that passed :func:`~mop_airflow.data.validate.validate_source`. The returned
     manifest has ``"reused": True`` when an identical sharding was already complete in the store.
     """
-    raw = read_source_bytes(data.source, data.storage_options)
+    raw = read_source_bytes(data.source, data.storage_options, data.conn_id)
     separate = isinstance(data.validation, str)
-    raw_validation = read_source_bytes(data.validation, data.storage_options) if separate else None
+    raw_validation = read_source_bytes(data.validation, data.storage_options, data.conn_id) if separate else None
     features = resolve_features([c for c in column_names(raw, data.source) if c != data.label], data.features)
     # numpy scalars (np.int64(3)) would hash and serialise differently from the same plain value
     classes = [c.item() if isinstance(c, np.generic) else c for c in data.classes]

@@ -18,11 +18,20 @@ def is_csv(uri: str) -> bool:
     return uri.lower().split("?")[0].endswith(".csv")
 
 
-def read_source_bytes(uri: str, storage_options: Mapping[str, Any] | None = None) -> bytes:
-    """The raw bytes of ``uri``; read once so the same bytes are hashed and parsed."""
+def read_source_bytes(uri: str, storage_options: Mapping[str, Any] | None = None,
+                      conn_id: str | None = None) -> bytes:
+    """The raw bytes of ``uri``; read once so the same bytes are hashed and parsed.
+
+    ``conn_id`` names an Airflow AWS connection whose credentials and endpoint are used for s3://.
+    """
     import fsspec  # noqa: PLC0415 - keep DAG parsing light
 
-    with fsspec.open(uri, "rb", **dict(storage_options or {})) as handle:
+    options = dict(storage_options or {})
+    if conn_id and uri.startswith("s3://"):
+        from mop_airflow.store import s3_options_from_connection  # noqa: PLC0415
+
+        options = {**s3_options_from_connection(conn_id), **options}
+    with fsspec.open(uri, "rb", **options) as handle:
         return handle.read()
 
 

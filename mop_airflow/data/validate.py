@@ -44,7 +44,7 @@ def validate_source(data: DataSpec, *, shards: int, max_batch_size: int) -> dict
     Each of the ``shards`` training shards must hold at least ``max_batch_size`` rows after the
     validation split. Raises :class:`DataValidationError` listing every failure; returns a summary.
     """
-    source = _read(data.source, data.storage_options)
+    source = _read(data.source, data.storage_options, data.conn_id)
     columns = list(source.column_names)
     failures: list[str] = []
     try:
@@ -59,7 +59,7 @@ def validate_source(data: DataSpec, *, shards: int, max_batch_size: int) -> dict
     if isinstance(data.validation, str):
         batches = [_Batch("source", data.source, source, min_train_rows, rows_rule, rows_fix)]
         try:
-            validation = _read(data.validation, data.storage_options)
+            validation = _read(data.validation, data.storage_options, data.conn_id)
         except DataValidationError as exc:  # still report what is wrong with the source
             failures += [f"validation file {data.validation}: {f}" for f in exc.failures]
             validation_rows = 0
@@ -221,9 +221,9 @@ def _class_name(expectation: str) -> str:
     return "".join(part.capitalize() for part in expectation.split("_"))
 
 
-def _read(uri: str, storage_options: Any):
+def _read(uri: str, storage_options: Any, conn_id: str | None = None):
     try:
-        return parse_table(read_source_bytes(uri, storage_options), uri)
+        return parse_table(read_source_bytes(uri, storage_options, conn_id), uri)
     except Exception as exc:  # noqa: BLE001 - any read or parse failure is reported as a data problem
         raise DataValidationError(uri, [
             f"the file cannot be read ({type(exc).__name__}: {exc}); check the path, data.storage_options "
