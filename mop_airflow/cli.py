@@ -1,4 +1,4 @@
-"""`mop-airflow` command: pools, example data, the demo."""
+"""`mop-airflow` command: pools, example data, schedules, the demo."""
 
 from __future__ import annotations
 
@@ -24,6 +24,24 @@ def _cmd_example_data(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_plan(args: argparse.Namespace) -> int:
+    from mop_airflow.errors import SpecError  # noqa: PLC0415
+    from mop_airflow.search.hyperband import format_plan, hyperband_plan, successive_halving  # noqa: PLC0415
+
+    try:
+        if args.n is not None:
+            plan = successive_halving(args.n, args.r, args.eta, args.rungs, shards=args.shards,
+                                      allow_partial_iterations=args.allow_partial_iterations)
+        else:
+            plan = hyperband_plan(args.R, args.eta, shards=args.shards, rounding=args.rounding,
+                                  skip_last=args.skip_last, allow_partial_iterations=args.allow_partial_iterations)
+    except SpecError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    print(format_plan(plan, seconds_per_hop=args.seconds_per_hop, slots_per_shard=args.slots))
+    return 0
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     from mop_airflow.demo import run_demo  # noqa: PLC0415
 
@@ -45,6 +63,21 @@ def build_parser() -> argparse.ArgumentParser:
     data.add_argument("--dir", default=os.path.join(home, "data"))
     data.add_argument("--num-samples", type=int, default=20000)
     data.set_defaults(func=_cmd_example_data)
+
+    plan = sub.add_parser("plan", help="print a Hyperband or successive-halving schedule before running it")
+    plan.add_argument("--R", type=int, default=9, help="Hyperband: maximum iterations per configuration")
+    plan.add_argument("--eta", type=int, default=3)
+    plan.add_argument("--rounding", choices=("paper", "madlib"), default="paper")
+    plan.add_argument("--skip-last", type=int, default=0)
+    plan.add_argument("--n", type=int, default=None, help="successive halving: configurations in the bracket")
+    plan.add_argument("--r", type=int, default=1, help="successive halving: iterations of the first rung")
+    plan.add_argument("--rungs", type=int, default=None)
+    plan.add_argument("--shards", type=int, default=4)
+    plan.add_argument("--slots", type=int, default=1)
+    plan.add_argument("--allow-partial-iterations", action="store_true")
+    plan.add_argument("--seconds-per-hop", type=float, default=None,
+                      help="measured seconds per model hop, for the wall-time estimate (see benchmarks/)")
+    plan.set_defaults(func=_cmd_plan)
 
     demo = sub.add_parser("demo", help="run the MNIST-1D demo on a local Airflow and print the leaderboard")
     demo.add_argument("--home", default=home, help="project-local folder for Airflow, the store and the data")
