@@ -46,5 +46,8 @@ class RunLayout:
     def stage_record_uri(self, shard: int) -> str:
         return self._at("stage", f"shard_{shard:02d}.json")
 
+    def rung_decision_uri(self, bracket: int, rung: int) -> str:
+        return self._at("rungs", f"bracket_{bracket}_rung_{rung}.json")
+
     def report_uri(self, name: str) -> str:
         return self._at("report", name)

@@ -18,7 +18,37 @@ from mop_airflow.layout import RunLayout
 
 
 def load_hop_records(layout: RunLayout) -> list[dict[str, Any]]:
-    return [layout.store.read_json(uri) for uri in layout.store.glob(layout.hops_glob)]
+    """Records of the hops that trained (a failed hop of an adaptive search leaves a failure record)."""
+    records = [layout.store.read_json(uri) for uri in layout.store.glob(layout.hops_glob)]
+    return [r for r in records if r.get("status", "ok") == "ok"]
+
+
+def visit_order(records: Sequence[Mapping[str, Any]]) -> dict[str, list[int]]:
+    """The shard each configuration trained on at each of its hops, as it actually ran."""
+    order: dict[str, list[tuple[int, int]]] = defaultdict(list)
+    for r in records:
+        order[r["config_id"]].append((r["t"], r["shard"]))
+    return {cid: [shard for _, shard in sorted(hops)] for cid, hops in sorted(order.items())}
+
+
+def load_rung_decisions(layout: RunLayout) -> list[dict[str, Any]]:
+    return [layout.store.read_json(uri) for uri in layout.store.glob(layout.rung_decision_uri("*", "*"))]
+
+
+def adaptive_outcome(plan_doc: Mapping[str, Any], decisions: Sequence[Mapping[str, Any]],
+                     board: Sequence[Mapping[str, Any]], metric: str) -> dict[str, Any]:
+    """Per configuration its bracket and where it stopped; the best configuration of each bracket."""
+    bracket_of = {cid: int(s) for s, members in plan_doc.get("brackets", {}).items() for cid in members}
+    pruned = {e["config_id"]: e for d in decisions for e in d["pruned"]}
+    for row in board:
+        row["bracket"] = bracket_of.get(row["config_id"])
+        entry = pruned.get(row["config_id"])
+        row["outcome"] = (f"pruned at rung {entry['rung']}: {entry['reason']}" if entry else "finished")
+    best: dict[str, Any] = {}
+    for row in board:  # already ranked, so the first row of a bracket is its best
+        best.setdefault(str(row["bracket"]), {"config_id": row["config_id"], metric: row[metric]})
+    return {"best_per_bracket": best, "pruned": sorted(pruned.values(), key=lambda e: (e["bracket"], e["rung"],
+                                                                                        e["config_id"]))}
 
 
 def metrics_table(plan_doc: Mapping[str, Any], records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:

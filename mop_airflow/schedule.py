@@ -100,8 +100,13 @@ def simulate(plan: HopPlan, *, slots: int, seconds_per_hop: float | dict[str, fl
     return events
 
 
-def config_seed(seed: int, config_id: str) -> int:
-    """The seed of one configuration's initial weights and batch order: stable across runs and hosts."""
+def hash_seed(*parts: object) -> int:
+    """A stable 31-bit seed from any parts: the same on every host and Python process."""
     import zlib
 
-    return zlib.crc32(f"{seed}:{config_id}".encode()) & 0x7FFFFFFF
+    return zlib.crc32(":".join(map(str, parts)).encode()) & 0x7FFFFFFF
+
+
+def config_seed(seed: int, config_id: str) -> int:
+    """The seed of one configuration's initial weights and batch order: stable across runs and hosts."""
+    return hash_seed(seed, config_id)

@@ -185,10 +185,24 @@ class SearchSpec:
     space: SearchSpace
     metric: str = "val_accuracy"
     direction: str | None = None
+    adaptive: Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.space, SearchSpace):
             object.__setattr__(self, "space", SearchSpace.from_dict(self.space))
+        if self.adaptive is not None:
+            if self.space.method != "random":
+                raise SpecError("search.space.method", self.space.method,
+                                "an adaptive search draws its configurations at random",
+                                "use method='random' with distributions or lists of choices")
+            if self.space.num_samples is not None:
+                raise SpecError("search.space.num_samples", self.space.num_samples,
+                                "the adaptive plan decides how many configurations to draw",
+                                "remove num_samples; `mop-airflow plan` shows the count")
+            object.__setattr__(self, "adaptive", dict(self.adaptive))
+        elif self.space.method == "random" and self.space.num_samples is None:
+            raise SpecError("search.space.num_samples", None, "random search needs an integer number of samples >= 1",
+                            "set num_samples, e.g. 16")
         if not isinstance(self.metric, str) or not self.metric:
             raise SpecError("search.metric", self.metric, "must be a metric name",
                             "use 'val_accuracy' or 'val_loss'")
@@ -221,11 +235,26 @@ class MopSpec:
             elif not isinstance(value, cls):
                 raise SpecError(name, value, f"must be a {cls.__name__} or a dict",
                                 f"pass {cls.__name__}(...) or a dict of its fields")
+        self.adaptive_plan()  # validate brackets against the shard count now, at parse time
+
+    def adaptive_plan(self) -> Any:
+        """The Hyperband / successive-halving plan, or None for a plain MOP search."""
+        if self.search.adaptive is None:
+            return None
+        from mop_airflow.search.adaptive import adaptive_plan  # noqa: PLC0415
+
+        return adaptive_plan(self.search.adaptive, self.schedule.shards)
+
+    def configurations(self) -> list[dict[str, Any]]:
+        """The run's configurations: the whole grid / random draw, or as many as the adaptive plan needs."""
+        plan = self.adaptive_plan()
+        count = plan.total_configurations if plan is not None else None
+        return self.search.space.expand(self.schedule.epochs_per_hop, count=count)
 
     def to_dict(self) -> dict[str, Any]:
         out = {name: asdict(getattr(self, name)) for name in ("data", "schedule", "store")}
         out["search"] = {"space": self.search.space.to_dict(), "metric": self.search.metric,
-                         "direction": self.search.direction}
+                         "direction": self.search.direction, "adaptive": self.search.adaptive}
         out["data"]["features"] = (self.data.features if isinstance(self.data.features, str)
                                    else list(self.data.features))
         out["data"]["classes"] = list(self.data.classes)
@@ -265,6 +294,10 @@ class MopSpec:
                 raise SpecError(f"conf.schedule.{fixed}", merged["schedule"][fixed],
                                 "shapes the DAG and is fixed when the DAG file is parsed",
                                 f"change schedule.{fixed} in the DAG file instead of the trigger conf")
+        if merged["search"].get("adaptive") != self.search.adaptive:
+            raise SpecError("conf.search.adaptive", merged["search"].get("adaptive"),
+                            "its brackets and rungs shape the DAG and are fixed when the DAG file is parsed",
+                            "change search.adaptive in the DAG file instead of the trigger conf")
         return MopSpec.from_dict(merged)
 
 

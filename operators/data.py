@@ -16,7 +16,7 @@ class MopValidateDataOperator(MopBaseOperator):
         from mop_airflow.data.validate import validate_source  # noqa: PLC0415 - GE import is slow
 
         spec = self.effective_spec(context)
-        batch = max(c["batch_size"] for c in spec.search.space.expand(spec.schedule.epochs_per_hop))
+        batch = max(c["batch_size"] for c in spec.configurations())
         summary = validate_source(spec.data, shards=spec.schedule.shards, max_batch_size=batch)
         self.log.info("input valid: %s rows, classes %s", summary["rows"], summary["class_counts"])
         return summary

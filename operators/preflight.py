@@ -23,7 +23,7 @@ class MopPreflightOperator(MopBaseOperator):
 
     def execute(self, context: Any) -> dict[str, Any]:
         spec = self.effective_spec(context)
-        configs = spec.search.space.expand(spec.schedule.epochs_per_hop)
+        configs = spec.configurations()
         if not configs:
             raise SpecError("search.space", spec.search.space.to_dict(), "expands to no configuration",
                             "list at least one value for every searched parameter")

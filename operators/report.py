@@ -29,8 +29,10 @@ class MopReportOperator(MopBaseOperator):
         metric, direction = spec.search.metric, spec.search.direction
         board = report.leaderboard(rows, plan_doc["configs"], metric=metric, direction=direction)
         best = board[0]
+        extra = (report.adaptive_outcome(plan_doc, report.load_rung_decisions(layout), board, metric)
+                 if "adaptive" in plan_doc else {})
         store.write_json(layout.report_uri("leaderboard.json"),
-                         {"metric": metric, "direction": direction, "leaderboard": board})
+                         {"metric": metric, "direction": direction, "leaderboard": board, **extra})
         store.write_bytes(layout.report_uri("metrics.parquet"), report.rows_to_parquet(rows))
         store.write_json(layout.report_uri("metrics.json"), rows)
         store.write_bytes(layout.report_uri("learning_curves.png"), report.learning_curves_png(
@@ -38,7 +40,8 @@ class MopReportOperator(MopBaseOperator):
         timeline = [{k: r[k] for k in ("config_id", "t", "iteration", "hop", "shard", "host", "queue",
                                        "started_at", "train_begin", "train_end", "saved_at")} for r in records]
         store.write_json(layout.report_uri("hop_timeline.json"), sorted(timeline, key=lambda r: r["started_at"]))
-        best_uri = self._export_best(spec, layout, plan_doc, best["config_id"])
+        last_t = max(r["t"] for r in records if r["config_id"] == best["config_id"])
+        best_uri = self._export_best(spec, layout, plan_doc, best["config_id"], last_t)
         started = min((r["started_at"] for r in records), default=None)
         summary = {
             "dag_id": context["dag"].dag_id, "run_id": context["run_id"], "spec": spec.to_dict(),
@@ -47,7 +50,7 @@ class MopReportOperator(MopBaseOperator):
             "last_hop_saved_at": _iso(max((r["saved_at"] for r in records), default=None)),
             "report_written_at": dt.datetime.now(dt.timezone.utc).isoformat(),
             "best": best, "best_model_uri": best_uri, "versions": report.versions(),
-            "visit_order": plan_doc["plan"]["visit_order"],
+            "visit_order": report.visit_order(records),
             "files": {name: layout.report_uri(name) for name in REPORT_FILES},
         }
         store.write_json(layout.report_uri("summary.json"), summary)
@@ -57,7 +60,7 @@ class MopReportOperator(MopBaseOperator):
                 "best_model_uri": best_uri}
 
     @staticmethod
-    def _export_best(spec: Any, layout: Any, plan_doc: dict, config_id: str) -> str:
+    def _export_best(spec: Any, layout: Any, plan_doc: dict, config_id: str, last_t: int) -> str:
         """Rebuild the winner, load its final checkpoint, save it as .keras and prove it loads and predicts."""
         import keras  # noqa: PLC0415
         import numpy as np  # noqa: PLC0415
@@ -71,12 +74,11 @@ class MopReportOperator(MopBaseOperator):
         store = layout.store
         manifest = store.read_json(plan_doc["manifest_uri"])
         config = next(c for c in plan_doc["configs"] if c["config_id"] == config_id)
-        final_t = plan_doc["plan"]["shards"] * plan_doc["plan"]["iterations"] - 1
         xv, _ = load_xy(cached_shard(store, manifest["validation"], spec.store.local_cache),
                         manifest["features"], manifest["label"], manifest["classes"])
         model = build_model(config, input_dim=xv.shape[1], num_classes=len(manifest["classes"]),
                             seed=config_seed(spec.schedule.seed, config_id))
-        restore_state(model, store.read_bytes(layout.checkpoint_uri(config_id, final_t)))
+        restore_state(model, store.read_bytes(layout.checkpoint_uri(config_id, last_t)))
         with tempfile.TemporaryDirectory() as tmp:
             path = export_keras(model, os.path.join(tmp, "best_model.keras"))
             reloaded = keras.models.load_model(path)

@@ -15,6 +15,8 @@ import socket
 import time
 from typing import Any, Mapping
 
+from airflow.sdk.exceptions import AirflowSkipException
+
 from mop_airflow.schedule import config_seed
 
 from mop_airflow.operators.base import MopBaseOperator
@@ -24,19 +26,40 @@ class MopTrainHopOperator(MopBaseOperator):
     template_fields = ("assignment",)
     ui_color = "#fbe3e0"
 
-    def __init__(self, *, assignment: Mapping[str, Any], t: int, shard: int, **kwargs: Any) -> None:
+    def __init__(self, *, assignment: Mapping[str, Any], t: int, shard: int, rung_end: bool = False,
+                 prune_failures: bool = False, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.assignment = assignment
         self.t = t
         self.shard = shard
+        self.rung_end = rung_end  # an adaptive rung ends here: always evaluate, promotion needs the metric
+        self.prune_failures = prune_failures  # adaptive search: a failing configuration is pruned, not fatal
 
     def execute(self, context: Any) -> dict[str, Any]:
+        assignment = dict(self.assignment)
+        if assignment.get("pruned"):
+            raise AirflowSkipException(f"{assignment['config_id']} was pruned: {assignment['pruned']}")
+        if not self.prune_failures:
+            return self._hop(context, assignment)
+        try:
+            return self._hop(context, assignment)
+        except Exception as exc:  # noqa: BLE001 - recorded, then the configuration is pruned
+            spec = self.effective_spec(context)
+            layout = self.layout(context, spec)
+            iteration, hop = divmod(self.t, spec.schedule.shards)
+            status = "diverged" if "diverged" in str(exc) else "failed"
+            layout.store.write_json(layout.hop_record_uri(assignment["config_id"], self.t), {
+                "config_id": assignment["config_id"], "t": self.t, "iteration": iteration, "hop": hop,
+                "shard": self.shard, "status": status, "error": f"{type(exc).__name__}: {exc}"[:1000]})
+            self.log.exception("%s %s at hop %d; it will be pruned", assignment["config_id"], status, self.t)
+            raise AirflowSkipException(f"{assignment['config_id']} {status}: {exc}") from exc
+
+    def _hop(self, context: Any, assignment: dict[str, Any]) -> dict[str, Any]:
         entered = time.time()
         ti = context["ti"]
         started = ti.start_date.timestamp() if getattr(ti, "start_date", None) else entered
         spec = self.effective_spec(context)
         layout = self.layout(context, spec)
-        assignment = dict(self.assignment)
         config, cid = assignment["config"], assignment["config_id"]
         if assignment["t"] != self.t - 1:
             raise RuntimeError(f"{cid} arrives from hop {assignment['t']} but this is hop {self.t}: "
@@ -74,7 +97,7 @@ class MopTrainHopOperator(MopBaseOperator):
                                seed=seed, iteration=iteration, shard=self.shard)
         trained = time.time()
         val = None
-        if hop == p - 1 and spec.schedule.evaluates_after(iteration):
+        if self.rung_end or (hop == p - 1 and spec.schedule.evaluates_after(iteration)):
             before = layout.store.bytes_read
             xv, yv = load(manifest["validation"])
             shard_bytes += layout.store.bytes_read - before
@@ -86,7 +109,7 @@ class MopTrainHopOperator(MopBaseOperator):
         layout.store.write_bytes(out_uri, state)
         saved = time.time()
         record = {
-            **meta,
+            **meta, "status": "ok",
             "host": getattr(ti, "hostname", None) or socket.getfqdn(), "pid": os.getpid(), "queue": self.queue, "pool": self.pool,
             "map_index": getattr(ti, "map_index", -1), "try_number": getattr(ti, "try_number", 1),
             "started_at": started, "execute_at": entered, "train_begin": loaded, "train_end": trained,

@@ -72,7 +72,7 @@ def test_spec_errors(over, field):
 
 def test_random_search_needs_samples_and_is_seeded_per_hyperparameter():
     with pytest.raises(SpecError, match="num_samples"):
-        SearchSpace(method="random", params={"model": MODEL})
+        MopSpec.from_dict({**spec_dict(), "search": {"space": {"method": "random", "params": {"model": MODEL}}}})
     same = {"distribution": "uniform", "low": 0.0, "high": 1.0}
     space = SearchSpace(method="random", num_samples=5, seed=3,
                         params={"model": MODEL, "hparams": {"a": same, "b": same}})

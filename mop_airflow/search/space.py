@@ -68,7 +68,9 @@ class SearchSpace:
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise SpecError("search.space.seed", self.seed, "must be an integer >= 0", "use e.g. seed=0")
         if self.method == "random":
-            if isinstance(self.num_samples, bool) or not isinstance(self.num_samples, int) or self.num_samples < 1:
+            # None: an adaptive search (Hyperband) decides how many configurations to draw.
+            if self.num_samples is not None and (isinstance(self.num_samples, bool) or
+                                                 not isinstance(self.num_samples, int) or self.num_samples < 1):
                 raise SpecError("search.space.num_samples", self.num_samples,
                                 "random search needs an integer number of samples >= 1", "set num_samples, e.g. 16")
         elif self.num_samples is not None:
@@ -142,14 +144,21 @@ class SearchSpace:
                             "pass {'method': 'grid', 'params': {'model': [...], ...}}")
         return cls(**{k: data[k] for k in ("params", "method", "num_samples", "seed") if k in data})
 
-    def expand(self, default_epochs_per_hop: int = 1) -> list[dict[str, Any]]:
-        """Every configuration of the space, in a deterministic order, each with its ``config_id``."""
+    def expand(self, default_epochs_per_hop: int = 1, *, count: int | None = None) -> list[dict[str, Any]]:
+        """Every configuration of the space, in a deterministic order, each with its ``config_id``.
+
+        ``count`` overrides ``num_samples`` of a random search (an adaptive plan decides it).
+        """
         keys = sorted(k for k in self._dims if k != "metrics")
         if self.method == "grid":
             combos = [dict(zip(keys, values)) for values in itertools.product(*(self._dims[k] for k in keys))]
         else:
+            samples = count or self.num_samples
+            if not samples:
+                raise SpecError("search.space.num_samples", self.num_samples,
+                                "random search needs an integer number of samples >= 1", "set num_samples, e.g. 16")
             streams = {k: _stream(self.seed, k) for k in keys}
-            combos = [{k: _draw(self._dims[k], streams[k]) for k in keys} for _ in range(self.num_samples or 0)]
+            combos = [{k: _draw(self._dims[k], streams[k]) for k in keys} for _ in range(samples)]
         configs = []
         for index, combo in enumerate(combos):
             config = _assemble(combo, self._dims["metrics"], default_epochs_per_hop)

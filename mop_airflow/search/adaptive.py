@@ -1,0 +1,80 @@
+"""Adaptive search in a spec: ``search.adaptive`` -> a Hyperband or successive-halving plan.
+
+    "adaptive": {"method": "hyperband", "R": 9, "eta": 3}               # rounding, skip_last optional
+    "adaptive": {"method": "successive_halving", "n": 9, "r": 1, "eta": 3}  # rungs optional
+
+The plan fixes the DAG's shape (brackets, rungs, hops), so like ``schedule.shards`` it cannot change
+per run. Each bracket draws its own configurations from the (random) search space.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from mop_airflow.errors import SpecError
+from mop_airflow.search.hyperband import Bracket, HyperbandPlan, hyperband_plan, successive_halving
+
+_KEYS = {
+    "hyperband": {"R", "eta", "rounding", "skip_last", "allow_partial_iterations"},
+    "successive_halving": {"n", "r", "eta", "rungs", "allow_partial_iterations"},
+}
+
+
+def adaptive_plan(adaptive: Mapping[str, Any], shards: int) -> HyperbandPlan | Bracket:
+    """Validate ``search.adaptive`` and return its plan for ``shards`` shards."""
+    if not isinstance(adaptive, Mapping):
+        raise SpecError("search.adaptive", adaptive, "must be a mapping",
+                        "use e.g. {'method': 'hyperband', 'R': 9, 'eta': 3}")
+    method = adaptive.get("method")
+    if method not in _KEYS:
+        raise SpecError("search.adaptive.method", method, f"must be one of {sorted(_KEYS)}",
+                        "use 'hyperband' (several brackets) or 'successive_halving' (one bracket)")
+    unknown = sorted(set(adaptive) - _KEYS[method] - {"method"})
+    if unknown:
+        raise SpecError(f"search.adaptive.{unknown[0]}", adaptive[unknown[0]], f"is not an option of {method}",
+                        f"use only {sorted(_KEYS[method])}")
+    options = {k: v for k, v in adaptive.items() if k != "method"}
+    if method == "hyperband":
+        if "R" not in options:
+            raise SpecError("search.adaptive.R", None, "is required", "set R, the most iterations a configuration trains")
+        return hyperband_plan(options.pop("R"), options.pop("eta", 3), shards=shards, **options)
+    if "n" not in options:
+        raise SpecError("search.adaptive.n", None, "is required", "set n, the configurations the bracket starts with")
+    return successive_halving(options.pop("n"), options.pop("r", 1), options.pop("eta", 3), options.pop("rungs", None),
+                              shards=shards, **options)
+
+
+def brackets_of(plan: HyperbandPlan | Bracket) -> tuple[Bracket, ...]:
+    return plan.brackets if isinstance(plan, HyperbandPlan) else (plan,)
+
+
+@dataclass(frozen=True)
+class RungSpan:
+    """Rung ``i`` of bracket ``s`` trains its configurations from global hop ``start`` to ``end`` (exclusive)."""
+
+    s: int
+    i: int
+    n_i: int
+    keep: int
+    start: int
+    end: int
+    last: bool
+
+
+def rung_spans(bracket: Bracket) -> list[RungSpan]:
+    spans, start = [], 0
+    for k, rung in enumerate(bracket.rungs):
+        spans.append(RungSpan(s=bracket.s, i=rung.i, n_i=rung.n_i, keep=rung.keep, start=start, end=rung.hops_i,
+                              last=k == len(bracket.rungs) - 1))
+        start = rung.hops_i
+    return spans
+
+
+def split_by_bracket(config_ids: list[str], plan: HyperbandPlan | Bracket) -> dict[int, list[str]]:
+    """Bracket ``s`` takes the next ``n`` configurations of the seeded draw, in bracket order."""
+    out, offset = {}, 0
+    for bracket in brackets_of(plan):
+        out[bracket.s] = config_ids[offset:offset + bracket.n]
+        offset += bracket.n
+    return out

@@ -1,0 +1,85 @@
+"""A tiny Hyperband run through Airflow (dag.test): rungs branch, promote the best, skip the rest.
+
+R=3, eta=3 on 2 shards: bracket 1 starts 3 configurations for 1 iteration and promotes the best
+one to 3 iterations; bracket 0 trains 2 configurations for 3 iterations. One of bracket 1's
+configurations has a builder that raises: it is pruned with that reason and fails nothing.
+"""
+
+import io
+
+import numpy as np
+import pytest
+
+from mop_airflow.layout import RunLayout
+from mop_airflow.search.adaptive import split_by_bracket
+from mop_airflow.spec import MopSpec
+from mop_airflow.store import Store
+from tests.conftest import write_dag_file
+from tests.test_end_to_end import tiny_spec, write_digits
+
+pytestmark = pytest.mark.integration
+
+GOOD = "mop_airflow.examples.mnist1d_models:mlp"
+BROKEN = "tests.training.toys:raises"
+
+
+def hyperband_spec(source, root, seed):
+    spec = tiny_spec(source, root)
+    spec["search"]["space"] = {"method": "random", "seed": seed, "params": {
+        "model": {"distribution": "choice", "values": [GOOD, GOOD, BROKEN]},
+        "learning_rate": {"distribution": "log_uniform", "low": 1e-4, "high": 3e-2},
+        "batch_size": [32], "hparams": {"units": [32]}}}
+    spec["search"]["adaptive"] = {"method": "hyperband", "R": 3, "eta": 3}
+    return spec
+
+
+def test_hyperband_promotes_exactly_the_best_and_skips_the_rest(airflow_db, tmp_path):
+    source = tmp_path / "digits.parquet"
+    write_digits(source)
+    root = f"file://{tmp_path / 'store'}"
+    # a seed whose bracket 1 holds exactly one broken configuration (found, not assumed)
+    for seed in range(50):
+        spec = MopSpec.from_dict(hyperband_spec(source, root, seed))
+        configs = spec.configurations()
+        bracket1 = split_by_bracket([c["config_id"] for c in configs], spec.adaptive_plan())[1]
+        models = {c["config_id"]: c["model"] for c in configs}
+        if sorted(models[c] for c in bracket1) == [GOOD, GOOD, BROKEN]:
+            break
+    dag = write_dag_file("mop_hyperband", hyperband_spec(source, root, seed), check_pools=False)
+    run = dag.test()
+    assert run.state == "success"
+
+    store = Store(root)
+    layout = RunLayout(store, "mop_hyperband", run.run_id)
+    decision = store.read_json(layout.rung_decision_uri(1, 0))
+    ok = [r for r in decision["results"] if r["status"] == "ok"]
+    assert len(ok) == 2 and len(decision["results"]) == 3
+    # exactly the best validation accuracy after rung 0 was promoted (keep = floor(3 / 3) = 1)
+    best = max(ok, key=lambda r: (r["metric"], -int(r["config_id"][1:4])))
+    assert decision["promoted"] == [best["config_id"]]
+    reasons = {e["config_id"]: e["reason"] for e in decision["pruned"]}
+    broken = next(c for c in bracket1 if models[c] == BROKEN)
+    assert reasons[broken].startswith("failed: TrainingError") and BROKEN in reasons[broken]
+    loser = next(r["config_id"] for r in ok if r["config_id"] != best["config_id"])
+    assert reasons[loser] == "ranked below the top 1"
+
+    # the promoted configuration resumed from its checkpoint: after rung 1 its optimizer's step
+    # counter equals every step it took since hop 0, not just the steps of rung 1
+    steps = [store.read_json(layout.hop_record_uri(best["config_id"], t))["train_metrics"]["steps"] for t in range(6)]
+    with np.load(io.BytesIO(store.read_bytes(layout.checkpoint_uri(best["config_id"], 5)))) as state:
+        assert int(state["optimizer/00000"]) == sum(steps)  # Keras keeps the iteration counter first
+    assert not store.exists(layout.hop_record_uri(loser, 2))  # the pruned one trained no further
+
+    # pruned configurations show as skipped at the next rung; the broken hop is skipped, not failed
+    states = {(ti.task_id, ti.rendered_map_index): ti.state for ti in run.get_task_instances()}
+    rung1 = {idx: state for (task, idx), state in states.items() if task.startswith("bracket_1.rung_1.iteration_1.hop_0")}
+    assert rung1[best["config_id"]] == "success"
+    assert rung1[loser] == "skipped" and rung1[broken] == "skipped"
+    assert "failed" not in set(states.values())
+
+    board = store.read_json(layout.report_uri("leaderboard.json"))
+    assert set(board["best_per_bracket"]) == {"0", "1"}
+    assert board["best_per_bracket"]["1"]["config_id"] == best["config_id"]
+    outcomes = {row["config_id"]: row["outcome"] for row in board["leaderboard"]}
+    assert outcomes[best["config_id"]] == "finished" and outcomes[loser].startswith("pruned at rung 0")
+    assert {e["config_id"] for e in board["pruned"]} == {broken, loser}
