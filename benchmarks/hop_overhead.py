@@ -63,6 +63,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--no-preload", action="store_true", help="measure without preloading Keras in the scheduler")
     parser.add_argument("--home", default=None)
+    parser.add_argument("--dag-id", default=DEMO_DAG_ID, help="an example DAG of dags/ (default: the demo's)")
     args = parser.parse_args()
     home = Path(args.home or tempfile.mkdtemp(prefix="mop-bench-")).absolute()
     write_mnist1d(str(home / "data"))
@@ -70,21 +71,23 @@ def main() -> int:
     extra = {"MOP_AIRFLOW_HOME": str(home), "MOP_AIRFLOW_PRELOAD": "0" if args.no_preload else "1"}
     started = time.time()
     with LocalAirflow(home / "airflow", REPO / "dags", extra_env=extra) as af:
-        af.wait_for_dag(DEMO_DAG_ID)
-        run_id, state, _ = run_and_watch(af, DEMO_DAG_ID, store, timeout=1800, started=started)
-        tis = {(ti["task_id"], ti["map_index"]): ti for ti in af.task_instances(DEMO_DAG_ID, run_id)}
-        run = af.api("GET", f"/dags/{DEMO_DAG_ID}/dagRuns/{run_id}")
+        af.wait_for_dag(args.dag_id)
+        run_id, state, _ = run_and_watch(af, args.dag_id, store, timeout=3600, started=started)
+        all_tis = af.task_instances(args.dag_id, run_id)
+        # a hop is (configuration, ...iteration_<i>.hop_<k>.shard_<s>), whatever bracket/rung group holds it
+        tis = {(ti["rendered_map_index"], ".".join(ti["task_id"].split(".")[-3:])): ti for ti in all_tis}
+        run = af.api("GET", f"/dags/{args.dag_id}/dagRuns/{run_id}")
     if state != "success":
         print(f"run {state}: no figures")
         return 1
-    layout = RunLayout(store, DEMO_DAG_ID, run_id)
+    layout = RunLayout(store, args.dag_id, run_id)
     plan = store.read_json(layout.plan_uri)
     p = plan["plan"]["shards"]
     records = load_hop_records(layout)
     rows, by_pool = [], {}
     for r in records:
         i, k = divmod(r["t"], p)
-        ti = tis[(f"iteration_{i}.hop_{k}.shard_{r['shard']}", r["map_index"])]
+        ti = tis[(r["config_id"], f"iteration_{i}.hop_{k}.shard_{r['shard']}")]
         queued, start, end = ts(ti["queued_when"]), ts(ti["start_date"]), ts(ti["end_date"])
         by_pool.setdefault(ti["pool"], []).append((start, end))
         timings = r["timings"]
@@ -104,8 +107,8 @@ def main() -> int:
     slots = p * plan["spec"]["schedule"]["slots_per_shard"]
     print(f"\nmachine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
           f"{platform.system()} {platform.release()}")
-    print(f"preload: {'off' if args.no_preload else 'on'}; {len(plan['configs'])} configurations x {p} shards x "
-          f"{plan['plan']['iterations']} iterations = {len(rows)} model hops")
+    print(f"DAG {args.dag_id}; preload: {'off' if args.no_preload else 'on'}; {len(plan['configs'])} configurations, "
+          f"{p} shards: {len(rows)} model hops")
     print(f"DAG run wall time: {wall:.1f}s (trigger to success, demo start-up excluded)")
     for name in ("queued->start", "start->training", "training", "evaluate", "save", "finish", "fixed"):
         print(describe(name, [r[name] for r in rows]))
@@ -114,6 +117,9 @@ def main() -> int:
     gaps = [b[0] - a[1] for spans in by_pool.values() for a, b in zip(sorted(spans), sorted(spans)[1:])]
     print(describe("pool hand-off", [max(0.0, g) for g in gaps]))
     print(f"median fixed cost per hop: {statistics.median(r['fixed'] for r in rows):.2f}s (target <= 5 s)")
+    pool_tasks = [ti for ti in all_tis if (ti["pool"] or "").startswith("mop_shard_") and ti["start_date"] and ti["end_date"]]
+    busy = sum(ts(ti["end_date"]) - ts(ti["start_date"]) for ti in pool_tasks)
+    print(f"shard pools busy: {busy / (wall * slots):.1%} of {slots} pool slots x wall time")
     print(f"fraction of the run spent training: {training / (wall * slots):.1%} of {slots} pool slots x wall time; "
           f"{training / sum(r['total'] for r in rows):.1%} of hop task time")
     for name, seconds in parse_times().items():

@@ -5,21 +5,11 @@ validation set is MNIST-1D's own test split. Nothing here imports TensorFlow: th
 by import path and built on the workers.
 """
 
-import os
-
 from mop_airflow import build_mop_dag
-from mop_airflow.spec import default_home
-
-DATA = os.path.join(default_home(), "data")
+from mop_airflow.examples.mnist1d_spec import mnist1d_data_spec
 
 spec = {
-    "data": {
-        "source": os.path.join(DATA, "mnist1d_train.parquet"),
-        "validation": os.path.join(DATA, "mnist1d_test.parquet"),
-        "label": "label",
-        "features": "x*",
-        "classes": list(range(10)),
-    },
+    "data": mnist1d_data_spec(),
     "search": {
         "space": {
             "method": "grid",

@@ -13,8 +13,7 @@ import uuid
 
 import numpy as np
 
-TRAIN_FILE = "mnist1d_train.parquet"
-TEST_FILE = "mnist1d_test.parquet"
+from mop_airflow.examples.mnist1d_spec import TEST_FILE, TRAIN_FILE
 SIDECAR_FILE = "mnist1d.json"  # written last: names the parameters the two files were made with
 
 

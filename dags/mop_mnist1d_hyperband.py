@@ -1,0 +1,32 @@
+"""Example: Hyperband on MNIST-1D with MOP — R=9 iterations, eta=3, 4 shards.
+
+17 configurations drawn at random (MLP or 1-D CNN, log-uniform learning rate, batch size) over three
+brackets that run side by side; each rung ends with a branching task that promotes the best third
+and prunes the rest. Print the schedule first with `mop-airflow plan --R 9 --eta 3 --shards 4`.
+"""
+
+from mop_airflow import build_mop_dag
+from mop_airflow.examples.mnist1d_spec import mnist1d_data_spec
+
+spec = {
+    "data": mnist1d_data_spec(),
+    "search": {
+        "space": {
+            "method": "random",
+            "seed": 7,
+            "params": {
+                "model": {"distribution": "choice", "values": ["mop_airflow.examples.mnist1d_models:mlp",
+                                                               "mop_airflow.examples.mnist1d_models:cnn"]},
+                "optimizer": "adam",
+                "learning_rate": {"distribution": "log_uniform", "low": 1e-3, "high": 3e-2},
+                "batch_size": {"distribution": "choice", "values": [32, 64, 128]},
+                "metrics": ["accuracy"],
+            },
+        },
+        "metric": "val_accuracy",
+        "adaptive": {"method": "hyperband", "R": 9, "eta": 3},
+    },
+    "schedule": {"shards": 4, "seed": 42},
+}
+
+dag = build_mop_dag(spec, dag_id="mop_mnist1d_hyperband", tags=["mop_airflow", "example", "hyperband"])
