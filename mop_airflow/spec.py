@@ -137,10 +137,6 @@ class ScheduleSpec:
             raise SpecError("schedule.shards", self.shards, "must be at most 256 (one Airflow pool and queue each)",
                             "use fewer, larger shards")
 
-    @property
-    def hops_per_iteration(self) -> int:
-        return self.shards
-
     def evaluates_after(self, iteration: int) -> bool:
         """Validation runs every ``metrics_every`` iterations and always after the last one."""
         return (iteration + 1) % self.metrics_every == 0 or iteration == self.iterations - 1

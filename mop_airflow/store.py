@@ -101,15 +101,6 @@ class Store:
     def read_json(self, uri: str) -> Any:
         return json.loads(self.read_bytes(uri))
 
-    def list(self, uri: str) -> list[str]:
-        """URIs of the files directly under ``uri`` (empty when it does not exist), sorted."""
-        path = self._path(uri)
-        if not self.fs.exists(path):
-            return []
-        prefix = f"{self.protocol}://" if self.protocol != "file" else "file://"
-        return sorted(prefix + p.lstrip("/") if self.protocol != "file" else "file://" + p
-                      for p in self.fs.ls(path, detail=False))
-
     def glob(self, uri_pattern: str) -> list[str]:
         paths = self.fs.glob(self._path(uri_pattern))
         if self.protocol == "file":
