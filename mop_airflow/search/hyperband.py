@@ -119,7 +119,7 @@ class Bracket:
         """The same bracket expressed for another shard count (checked again)."""
         _check_shards(shards, self.allow_partial_iterations)
         return _bracket(self.s, self.n, self.r, self.eta, len(self.rungs), shards,
-                        self.allow_partial_iterations, _where="search.successive_halving.r")
+                        self.allow_partial_iterations, _where="search.adaptive.r")
 
     def to_dict(self) -> dict[str, Any]:
         return {"s": self.s, "n": self.n, "r": _plain(self.r), "eta": self.eta, "shards": self.shards,
@@ -195,15 +195,15 @@ Plan = Union[HyperbandPlan, Bracket]
 def hyperband_plan(R: int, eta: int = 3, *, shards: int = 1, rounding: str = "paper", skip_last: int = 0,
                    allow_partial_iterations: bool = False) -> HyperbandPlan:
     """Algorithm 1 of Li et al. for a maximum of ``R`` iterations per configuration."""
-    _integer("search.hyperband.R", R, 1, "R is the most iterations one configuration may train, e.g. 81")
-    _integer("search.hyperband.eta", eta, 2, "eta is the elimination rate; 3 is the paper's choice")
+    _integer("search.adaptive.R", R, 1, "R is the most iterations one configuration may train, e.g. 81")
+    _integer("search.adaptive.eta", eta, 2, "eta is the elimination rate; 3 is the paper's choice")
     if rounding not in ROUNDINGS:
-        raise SpecError("search.hyperband.rounding", rounding, f"must be one of {list(ROUNDINGS)}",
+        raise SpecError("search.adaptive.rounding", rounding, f"must be one of {list(ROUNDINGS)}",
                         "use 'paper' for Li et al.'s Algorithm 1 or 'madlib' to match Apache MADlib")
     top = s_max(R, eta)
-    _integer("search.hyperband.skip_last", skip_last, 0, "use 0 to run every rung")
+    _integer("search.adaptive.skip_last", skip_last, 0, "use 0 to run every rung")
     if skip_last > top:
-        raise SpecError("search.hyperband.skip_last", skip_last,
+        raise SpecError("search.adaptive.skip_last", skip_last,
                         f"must be at most s_max={top} (R={R}, eta={eta}), or no bracket is left",
                         f"use a skip_last between 0 and {top}")
     _check_shards(shards, allow_partial_iterations)
@@ -214,7 +214,7 @@ def hyperband_plan(R: int, eta: int = 3, *, shards: int = 1, rounding: str = "pa
         else:
             n = (top + 1) // (s + 1) * eta ** s
         brackets.append(_bracket(s, n, Fraction(R, eta ** s), eta, s + 1 - skip_last, shards,
-                                 allow_partial_iterations, _where="search.hyperband.R", _R=R))
+                                 allow_partial_iterations, _where="search.adaptive.R", _R=R))
     return HyperbandPlan(R=R, eta=eta, rounding=rounding, skip_last=skip_last, brackets=tuple(brackets),
                          shards=shards, allow_partial_iterations=allow_partial_iterations)
 
@@ -226,22 +226,22 @@ def successive_halving(n: int, r: int | Fraction, eta: int = 3, rungs: int | Non
     ``rungs`` defaults to ``floor(log_eta(n)) + 1``, the most that still leave a configuration in
     the last rung; ``r`` is an int or a :class:`fractions.Fraction` of iterations.
     """
-    _integer("search.successive_halving.n", n, 1, "n is the number of configurations to start with, e.g. 27")
+    _integer("search.adaptive.n", n, 1, "n is the number of configurations to start with, e.g. 27")
     if isinstance(r, bool) or not isinstance(r, (int, Fraction)) or r <= 0:
-        raise SpecError("search.successive_halving.r", r, "must be an int or Fraction of iterations > 0",
+        raise SpecError("search.adaptive.r", r, "must be an int or Fraction of iterations > 0",
                         "use e.g. r=1, or Fraction(1, 2) for half an iteration")
-    _integer("search.successive_halving.eta", eta, 2, "eta is the elimination rate, e.g. 3")
+    _integer("search.adaptive.eta", eta, 2, "eta is the elimination rate, e.g. 3")
     most = s_max(n, eta) + 1
     if rungs is None:
         rungs = most
-    _integer("search.successive_halving.rungs", rungs, 1, f"use between 1 and {most} rungs")
+    _integer("search.adaptive.rungs", rungs, 1, f"use between 1 and {most} rungs")
     if rungs > most:
-        raise SpecError("search.successive_halving.rungs", rungs,
+        raise SpecError("search.adaptive.rungs", rungs,
                         f"must be at most {most}: n={n} with eta={eta} leaves no configuration after {most} rungs",
                         f"use rungs <= {most}, or start with n >= {eta ** (rungs - 1)} configurations")
     _check_shards(shards, allow_partial_iterations)
     return _bracket(rungs - 1, n, Fraction(r), eta, rungs, shards, allow_partial_iterations,
-                    _where="search.successive_halving.r")
+                    _where="search.adaptive.r")
 
 
 def estimate_wall_seconds(plan: Plan, *, shards: int | None = None, seconds_per_hop: float,

@@ -162,7 +162,7 @@ def test_partial_iterations_are_rejected_by_default():
     with pytest.raises(SpecError) as err:
         hyperband_plan(4, 3)
     e = err.value
-    assert e.field == "search.hyperband.R" and e.value == 4
+    assert e.field == "search.adaptive.R" and e.value == 4
     assert "bracket s=1 rung i=0" in e.rule and "4/3" in e.rule and "eta=3" in e.rule
     assert "[3, 6]" in e.fix and "allow_partial_iterations" in e.fix
 
@@ -194,13 +194,13 @@ def test_with_shards_rechecks():
 
 
 @pytest.mark.parametrize("kwargs,field,words", [
-    ({"R": 0}, "search.hyperband.R", "integer >= 1"),
-    ({"R": 9.0}, "search.hyperband.R", "integer >= 1"),
-    ({"R": True}, "search.hyperband.R", "integer >= 1"),
-    ({"R": 9, "eta": 1}, "search.hyperband.eta", "integer >= 2"),
-    ({"R": 9, "rounding": "exact"}, "search.hyperband.rounding", "must be one of"),
-    ({"R": 9, "skip_last": -1}, "search.hyperband.skip_last", "integer >= 0"),
-    ({"R": 9, "skip_last": 3}, "search.hyperband.skip_last", "at most s_max=2"),
+    ({"R": 0}, "search.adaptive.R", "integer >= 1"),
+    ({"R": 9.0}, "search.adaptive.R", "integer >= 1"),
+    ({"R": True}, "search.adaptive.R", "integer >= 1"),
+    ({"R": 9, "eta": 1}, "search.adaptive.eta", "integer >= 2"),
+    ({"R": 9, "rounding": "exact"}, "search.adaptive.rounding", "must be one of"),
+    ({"R": 9, "skip_last": -1}, "search.adaptive.skip_last", "integer >= 0"),
+    ({"R": 9, "skip_last": 3}, "search.adaptive.skip_last", "at most s_max=2"),
     ({"R": 9, "shards": 0}, "schedule.shards", "integer >= 1"),
     ({"R": 9, "allow_partial_iterations": "yes"}, "allow_partial_iterations", "True or False"),
 ])
@@ -227,7 +227,7 @@ def test_successive_halving_validation_and_partial_iterations():
     for args, field in [((0, 1), "n"), ((9, 0), "r"), ((9, 1.5), "r"), ((9, 1, 1), "eta"), ((9, 1, 3, 0), "rungs")]:
         with pytest.raises(SpecError) as err:
             successive_halving(*args)
-        assert err.value.field == f"search.successive_halving.{field}"
+        assert err.value.field == f"search.adaptive.{field}"
     with pytest.raises(SpecError, match="not a whole number of iterations"):
         successive_halving(9, Fraction(1, 2), 3)
     half = successive_halving(9, Fraction(1, 2), 3, shards=2, allow_partial_iterations=True)
