@@ -43,8 +43,10 @@ class RunLayout:
     def hops_glob(self) -> str:
         return self._at("hops", "*", "t*.json")
 
-    def stage_record_uri(self, shard: int) -> str:
-        return self._at("stage", f"shard_{shard:02d}.json")
+    def stage_record_uri(self, shard: int, bracket: int | None = None, rung: int = 0) -> str:
+        """One record per stage task: an adaptive search stages every shard again at each rung."""
+        prefix = "" if bracket is None else f"bracket_{bracket}_rung_{rung}_"
+        return self._at("stage", f"{prefix}shard_{shard:02d}.json")
 
     def rung_decision_uri(self, bracket: int, rung: int) -> str:
         return self._at("rungs", f"bracket_{bracket}_rung_{rung}.json")

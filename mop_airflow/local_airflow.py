@@ -97,10 +97,12 @@ class LocalAirflow:
         if sql_alchemy_conn:
             topology["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = sql_alchemy_conn
         if celery_broker:
+            if not sql_alchemy_conn:
+                raise ValueError("the Celery topology needs sql_alchemy_conn: its result backend is that database")
             topology.update({
                 "AIRFLOW__CORE__EXECUTOR": "CeleryExecutor",
                 "AIRFLOW__CELERY__BROKER_URL": celery_broker,
-                "AIRFLOW__CELERY__RESULT_BACKEND": "db+" + (sql_alchemy_conn or "").replace("+psycopg2", ""),
+                "AIRFLOW__CELERY__RESULT_BACKEND": "db+" + sql_alchemy_conn.replace("+psycopg2", ""),
                 "AIRFLOW__CORE__HOSTNAME_CALLABLE": "mop_airflow.local_airflow.worker_hostname",
             })
         self.workers = tuple(workers)

@@ -84,7 +84,7 @@ class MopStageShardOperator(MopBaseOperator):
             path = cached_shard(layout.store, entry, spec.store.local_cache)
             self.log.info("cached %s at %s", entry["uri"], path)
         ti = context["ti"]
-        layout.store.write_json(layout.stage_record_uri(self.shard), {
+        layout.store.write_json(layout.stage_record_uri(self.shard, self.bracket, self.rung), {
             "shard": self.shard, "host": getattr(ti, "hostname", None) or socket.getfqdn(), "queue": self.queue,
             "cache_dir": spec.store.local_cache, "data_bytes_read": layout.store.bytes_read - before,
         })
