@@ -32,7 +32,8 @@ sys.path.insert(0, str(REPO))
 from mop_airflow.demo import DEMO_DAG_ID, run_and_watch  # noqa: E402
 from mop_airflow.examples.mnist1d_data import write_mnist1d  # noqa: E402
 from mop_airflow.layout import RunLayout  # noqa: E402
-from mop_airflow.local_airflow import LocalAirflow  # noqa: E402
+from mop_airflow.records import Plan, RunRecord  # noqa: E402
+from mop_airflow.airflow.local import LocalAirflow  # noqa: E402
 from mop_airflow.report import load_hop_records  # noqa: E402
 from mop_airflow.store import Store  # noqa: E402
 
@@ -74,46 +75,45 @@ def main() -> int:
         af.wait_for_dag(args.dag_id)
         run_id, state, _ = run_and_watch(af, args.dag_id, store, timeout=3600, started=started)
         all_tis = af.task_instances(args.dag_id, run_id)
-        # a hop is (configuration, ...iteration_<i>.hop_<k>.shard_<s>), whatever bracket/rung group holds it
-        tis = {(ti["rendered_map_index"], ".".join(ti["task_id"].split(".")[-3:])): ti for ti in all_tis}
+        # a hop task instance is (its full task id, the configuration it trained); the hop record has both
+        tis = {(ti["task_id"], ti["rendered_map_index"]): ti for ti in all_tis}
         run = af.api("GET", f"/dags/{args.dag_id}/dagRuns/{run_id}")
     if state != "success":
         print(f"run {state}: no figures")
         return 1
     layout = RunLayout(store, args.dag_id, run_id)
-    plan = store.read_json(layout.plan_uri)
-    p = plan["plan"]["shards"]
+    plan = Plan.read(store, layout.plan_uri)
+    run_record = RunRecord.read(store, layout.run_record_uri)
+    p = plan.shards
     records = load_hop_records(layout)
     rows, by_pool = [], {}
     for r in records:
-        i, k = divmod(r["t"], p)
-        ti = tis[(r["config_id"], f"iteration_{i}.hop_{k}.shard_{r['shard']}")]
+        ti = tis[(r.task_id, r.config_id)]
         queued, start, end = ts(ti["queued_when"]), ts(ti["start_date"]), ts(ti["end_date"])
         by_pool.setdefault(ti["pool"], []).append((start, end))
-        timings = r["timings"]
         rows.append({
             "queued->start": start - queued,
-            "start->training": r["train_begin"] - start,
-            "training": timings["train"],
-            "evaluate": timings["evaluate"],
-            "save": timings["save"],
-            "finish": end - r["saved_at"],
+            "start->training": r.train_begin - start,
+            "training": r.timings["train"],
+            "evaluate": r.timings["evaluate"],
+            "save": r.timings["save"],
+            "finish": end - r.saved_at,
             "total": end - queued,
         })
     for row in rows:
         row["fixed"] = row["total"] - row["training"] - row["evaluate"]
     wall = ts(run["end_date"]) - ts(run["start_date"])
     training = sum(r["training"] for r in rows)
-    slots = p * plan["spec"]["schedule"]["slots_per_shard"]
+    slots = p * run_record.schedule.slots_per_shard
     print(f"\nmachine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
           f"{platform.system()} {platform.release()}")
-    print(f"DAG {args.dag_id}; preload: {'off' if args.no_preload else 'on'}; {len(plan['configs'])} configurations, "
+    print(f"DAG {args.dag_id}; preload: {'off' if args.no_preload else 'on'}; {len(run_record.configs)} configurations, "
           f"{p} shards: {len(rows)} model hops")
     print(f"DAG run wall time: {wall:.1f}s (trigger to success, demo start-up excluded)")
     for name in ("queued->start", "start->training", "training", "evaluate", "save", "finish", "fixed"):
         print(describe(name, [r[name] for r in rows]))
     # Idle time of a shard between one hop task ending and the next starting on it: scheduler
-    # hand-off plus waiting for models to arrive from the upstream shard.
+    # hand-off plus waiting for a configuration whose next hop is on this shard.
     gaps = [b[0] - a[1] for spans in by_pool.values() for a, b in zip(sorted(spans), sorted(spans)[1:])]
     print(describe("pool hand-off", [max(0.0, g) for g in gaps]))
     print(f"median fixed cost per hop: {statistics.median(r['fixed'] for r in rows):.2f}s (target <= 5 s)")

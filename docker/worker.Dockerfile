@@ -24,8 +24,8 @@ COPY plugins ./plugins
 RUN pip install "${TF_PACKAGE}" ".[examples,celery]" "apache-airflow-providers-amazon" \
  && pip list --format=freeze | grep -E "^(apache-airflow|tensorflow|keras|s3fs|pyarrow)=="
 
-# Keras is imported once in the worker and inherited by every forked task (see mop_airflow.preload).
-RUN printf 'from mop_airflow.preload import preload_if_task_host\npreload_if_task_host()\n' \
+# Keras is imported once in the worker and inherited by every forked task (see mop_airflow.airflow.preload).
+RUN printf 'from mop_airflow.airflow.preload import preload_if_task_host\npreload_if_task_host()\n' \
     > /opt/airflow/config/airflow_local_settings.py
 
 USER airflow

@@ -1,7 +1,7 @@
 """mop_airflow: model hopper parallelism (MOP) model selection for Keras on Apache Airflow 3.
 
 The core (spec, search, schedule, data, training, store) imports neither Airflow nor TensorFlow at
-import time. ``build_mop_dag`` lives in :mod:`mop_airflow.dag_factory` and is loaded on first use.
+import time. ``build_mop_dag`` lives in :mod:`mop_airflow.airflow.dag` and is loaded on first use.
 """
 
 from mop_airflow.errors import DataValidationError, MopError, PoolsMissingError, SpecError
@@ -16,7 +16,7 @@ __all__ = ["DataSpec", "DataValidationError", "MopError", "MopSpec", "PoolsMissi
 
 def __getattr__(name: str):
     if name == "build_mop_dag":
-        from mop_airflow.dag_factory import build_mop_dag
+        from mop_airflow.airflow.dag import build_mop_dag
 
         return build_mop_dag
     raise AttributeError(name)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 
 def _cmd_pools_sync(args: argparse.Namespace) -> int:
-    from mop_airflow.pools import sync_pools  # noqa: PLC0415 - needs a configured Airflow
+    from mop_airflow.airflow.pools import sync_pools  # noqa: PLC0415 - needs a configured Airflow
 
     names = sync_pools(args.shards, args.slots)
     print(f"pools ready ({args.slots} slot(s) each): {', '.join(names)}")

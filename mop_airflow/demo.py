@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from mop_airflow.layout import RunLayout
+from mop_airflow.records import HopRecord, Plan
 from mop_airflow.store import Store
 
 DEMO_DAG_ID = "mop_mnist1d"
@@ -23,18 +24,16 @@ DEMO_DAG_ID = "mop_mnist1d"
 
 def _progress(layout: RunLayout, started: float, state: str, metric: str, direction: str) -> str:
     try:
-        plan = layout.store.read_json(layout.plan_uri)
+        plan = Plan.read(layout.store, layout.plan_uri)
     except Exception:  # noqa: BLE001 - the plan does not exist until the plan task ran
         return f"[{time.time() - started:5.0f}s] {state}: validating and sharding the data"
-    records = [layout.store.read_json(u) for u in layout.store.glob(layout.hops_glob)]
-    total = plan["model_hops_total"]
-    iterations = plan["plan"]["iterations"]
-    current = max((r["iteration"] for r in records), default=0) + 1
-    values = [r["val_metrics"][metric] for r in records if r.get("val_metrics") and metric in r["val_metrics"]]
+    records = [HopRecord.read(layout.store, u) for u in layout.store.glob(layout.hops_glob)]
+    current = max((r.iteration for r in records), default=0) + 1
+    values = [r.val_metrics[metric] for r in records if r.val_metrics and metric in r.val_metrics]
     best = (min if direction == "min" else max)(values) if values else None
     best_text = f"best {metric} {best:.4f}" if best is not None and math.isfinite(best) else "no validation yet"
-    return (f"[{time.time() - started:5.0f}s] {state}: model hops {len(records)}/{total}, "
-            f"iteration {min(current, iterations)}/{iterations}, {best_text}")
+    return (f"[{time.time() - started:5.0f}s] {state}: model hops {len(records)}/{plan.model_hops_total}, "
+            f"iteration {min(current, plan.iterations)}/{plan.iterations}, {best_text}")
 
 
 def print_leaderboard(store: Store, layout: RunLayout, out=print) -> dict:
@@ -87,7 +86,7 @@ def run_and_watch(af, dag_id: str, store: Store, *, timeout: float, started: flo
 
 def run_demo(home: Path, dags_folder: Path, *, timeout: float = 900) -> int:
     from mop_airflow.examples.mnist1d_data import write_mnist1d  # noqa: PLC0415
-    from mop_airflow.local_airflow import LocalAirflow  # noqa: PLC0415
+    from mop_airflow.airflow.local import LocalAirflow  # noqa: PLC0415
 
     home = home.absolute()
     started = time.time()

@@ -25,12 +25,17 @@ class RunLayout:
         return self.store.uri(safe_segment(self.dag_id), safe_segment(self.run_id), *parts)
 
     @property
+    def run_record_uri(self) -> str:
+        """The resolved run: effective spec and configurations (:class:`~mop_airflow.records.RunRecord`)."""
+        return self._at("run.json")
+
+    @property
     def plan_uri(self) -> str:
         return self._at("plan.json")
 
     @property
     def manifest_pointer_uri(self) -> str:
-        """The run's pointer to the (shared, reusable) shard manifest it trains on."""
+        """The run's copy of the (shared, reusable) shard manifest it trains on."""
         return self._at("manifest.json")
 
     def checkpoint_uri(self, config_id: str, t: int) -> str:
@@ -43,12 +48,10 @@ class RunLayout:
     def hops_glob(self) -> str:
         return self._at("hops", "*", "t*.json")
 
-    def stage_record_uri(self, shard: int, bracket: int | None = None, rung: int = 0) -> str:
-        """One record per stage task: an adaptive search stages every shard again at each rung."""
-        prefix = "" if bracket is None else f"bracket_{bracket}_rung_{rung}_"
-        return self._at("stage", f"{prefix}shard_{shard:02d}.json")
+    def stage_record_uri(self, shard: int) -> str:
+        return self._at("stage", f"shard_{shard:02d}.json")
 
-    def rung_decision_uri(self, bracket: int, rung: int) -> str:
+    def rung_decision_uri(self, bracket: int | str, rung: int | str) -> str:
         return self._at("rungs", f"bracket_{bracket}_rung_{rung}.json")
 
     def report_uri(self, name: str) -> str:

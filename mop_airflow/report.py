@@ -15,31 +15,81 @@ from collections import defaultdict
 from typing import Any, Mapping, Sequence
 
 from mop_airflow.layout import RunLayout
+from mop_airflow.records import HopRecord, Manifest, Plan, RunRecord, RungDecision
+
+REPORT_FILES = ("leaderboard.json", "metrics.parquet", "metrics.json", "learning_curves.png",
+                "hop_timeline.json", "best_model.keras", "summary.json")
 
 
-def load_hop_records(layout: RunLayout) -> list[dict[str, Any]]:
+def load_hop_records(layout: RunLayout) -> list[HopRecord]:
     """Records of the hops that trained (a failed hop of an adaptive search leaves a failure record)."""
-    records = [layout.store.read_json(uri) for uri in layout.store.glob(layout.hops_glob)]
-    return [r for r in records if r.get("status", "ok") == "ok"]
+    records = [HopRecord.read(layout.store, uri) for uri in layout.store.glob(layout.hops_glob)]
+    return [r for r in records if r.status == "ok"]
 
 
-def visit_order(records: Sequence[Mapping[str, Any]]) -> dict[str, list[int]]:
+def visit_order(records: Sequence[HopRecord]) -> dict[str, list[int]]:
     """The shard each configuration trained on at each of its hops, as it actually ran."""
     order: dict[str, list[tuple[int, int]]] = defaultdict(list)
     for r in records:
-        order[r["config_id"]].append((r["t"], r["shard"]))
+        order[r.config_id].append((r.t, r.shard))
     return {cid: [shard for _, shard in sorted(hops)] for cid, hops in sorted(order.items())}
 
 
-def load_rung_decisions(layout: RunLayout) -> list[dict[str, Any]]:
-    return [layout.store.read_json(uri) for uri in layout.store.glob(layout.rung_decision_uri("*", "*"))]
+def load_rung_decisions(layout: RunLayout) -> list[RungDecision]:
+    return [RungDecision.read(layout.store, uri) for uri in layout.store.glob(layout.rung_decision_uri("*", "*"))]
 
 
-def adaptive_outcome(plan_doc: Mapping[str, Any], decisions: Sequence[Mapping[str, Any]],
-                     board: Sequence[Mapping[str, Any]], metric: str) -> dict[str, Any]:
+def write_report(layout: RunLayout, run: RunRecord, *, cache_dir: str) -> dict[str, Any]:
+    """Write every report file of a finished run to ``<run>/report/`` and return the summary."""
+    import datetime as dt  # noqa: PLC0415
+
+    store = layout.store
+    plan = Plan.read(store, layout.plan_uri)
+    records = load_hop_records(layout)
+    rows = metrics_table(plan.shards, run.configs, records)
+    metric, direction = run.metric, run.direction
+    board = leaderboard(rows, run.configs, metric=metric, direction=direction)
+    best = board[0]
+    extra = adaptive_outcome(plan, load_rung_decisions(layout), board, metric) if plan.adaptive else {}
+    store.write_json(layout.report_uri("leaderboard.json"),
+                     {"metric": metric, "direction": direction, "leaderboard": board, **extra})
+    store.write_bytes(layout.report_uri("metrics.parquet"), rows_to_parquet(rows))
+    store.write_json(layout.report_uri("metrics.json"), rows)
+    store.write_bytes(layout.report_uri("learning_curves.png"), learning_curves_png(
+        rows, metric, {c["config_id"]: config_label(c) for c in run.configs}))
+    timeline = [{"config_id": r.config_id, "t": r.t, "iteration": r.iteration, "hop": r.hop, "shard": r.shard,
+                 "host": r.host, "queue": r.queue, "task_id": r.task_id, "started_at": r.started_at,
+                 "train_begin": r.train_begin, "train_end": r.train_end, "saved_at": r.saved_at} for r in records]
+    store.write_json(layout.report_uri("hop_timeline.json"), sorted(timeline, key=lambda r: r["started_at"]))
+    last_t = max(r.t for r in records if r.config_id == best["config_id"])
+
+    from mop_airflow.training.export import export_best  # noqa: PLC0415 - Keras loads here
+
+    manifest = Manifest.read(store, layout.manifest_pointer_uri)
+    best_uri = export_best(layout, run, manifest, best["config_id"], last_t, cache_dir=cache_dir)
+
+    def iso(timestamp: float | None) -> str | None:
+        return None if timestamp is None else dt.datetime.fromtimestamp(timestamp, dt.timezone.utc).isoformat()
+
+    summary = {
+        "dag_id": run.dag_id, "run_id": run.run_id, "spec": run.spec,
+        "configurations": len(run.configs), "model_hops": len(records),
+        "first_hop_started_at": iso(min((r.started_at for r in records), default=None)),
+        "last_hop_saved_at": iso(max((r.saved_at for r in records), default=None)),
+        "report_written_at": dt.datetime.now(dt.timezone.utc).isoformat(),
+        "best": best, "best_model_uri": best_uri, "versions": versions(),
+        "visit_order": visit_order(records),
+        "files": {name: layout.report_uri(name) for name in REPORT_FILES},
+    }
+    store.write_json(layout.report_uri("summary.json"), summary)
+    return summary
+
+
+def adaptive_outcome(plan: Plan, decisions: Sequence[RungDecision], board: Sequence[dict[str, Any]],
+                     metric: str) -> dict[str, Any]:
     """Per configuration its bracket and where it stopped; the best configuration of each bracket."""
-    bracket_of = {cid: int(s) for s, members in plan_doc.get("brackets", {}).items() for cid in members}
-    pruned = {e["config_id"]: e for d in decisions for e in d["pruned"]}
+    bracket_of = {cid: int(s) for s, members in plan.brackets.items() for cid in members}
+    pruned = {e["config_id"]: e for d in decisions for e in d.pruned}
     for row in board:
         row["bracket"] = bracket_of.get(row["config_id"])
         entry = pruned.get(row["config_id"])
@@ -51,30 +101,30 @@ def adaptive_outcome(plan_doc: Mapping[str, Any], decisions: Sequence[Mapping[st
                                                                                         e["config_id"]))}
 
 
-def metrics_table(plan_doc: Mapping[str, Any], records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+def metrics_table(shards: int, configs: Sequence[Mapping[str, Any]],
+                  records: Sequence[HopRecord]) -> list[dict[str, Any]]:
     """One row per configuration per iteration."""
-    shards = plan_doc["plan"]["shards"]
-    run_start = min((r["started_at"] for r in records), default=0.0)
-    by_key: dict[tuple[str, int], list[Mapping[str, Any]]] = defaultdict(list)
+    run_start = min((r.started_at for r in records), default=0.0)
+    by_key: dict[tuple[str, int], list[HopRecord]] = defaultdict(list)
     for r in records:
-        by_key[(r["config_id"], r["iteration"])].append(r)
-    configs = {c["config_id"]: c for c in plan_doc["configs"]}
+        by_key[(r.config_id, r.iteration)].append(r)
+    by_id = {c["config_id"]: c for c in configs}
     rows = []
     for (cid, iteration), hops in sorted(by_key.items()):
-        hops = sorted(hops, key=lambda r: r["t"])
-        steps = sum(h["train_metrics"]["steps"] for h in hops)
-        metric_names = [k for k in hops[0]["train_metrics"] if k not in ("steps", "samples", "train_seconds")]
-        row: dict[str, Any] = {"config_id": cid, "model": configs[cid]["model"], "iteration": iteration,
+        hops = sorted(hops, key=lambda r: r.t)
+        steps = sum(h.train_metrics["steps"] for h in hops)
+        metric_names = [k for k in hops[0].train_metrics if k not in ("steps", "samples", "train_seconds")]
+        row: dict[str, Any] = {"config_id": cid, "model": by_id[cid]["model"], "iteration": iteration,
                                "hops_done": len(hops), "complete": len(hops) == shards}
         for name in metric_names:
-            row[f"train_{name}"] = sum(h["train_metrics"][name] * h["train_metrics"]["steps"] for h in hops) / max(steps, 1)
-        val = hops[-1].get("val_metrics") if len(hops) == shards else None
+            row[f"train_{name}"] = sum(h.train_metrics[name] * h.train_metrics["steps"] for h in hops) / max(steps, 1)
+        val = hops[-1].val_metrics if len(hops) == shards else None
         for name, value in (val or {}).items():
             row[name] = value
         row["steps"] = steps
-        row["train_seconds"] = sum(h["timings"]["train"] for h in hops)
-        row["elapsed_seconds"] = max(h["saved_at"] for h in hops) - run_start
-        row["shard_order"] = ",".join(str(h["shard"]) for h in hops)
+        row["train_seconds"] = sum(h.timings["train"] for h in hops)
+        row["elapsed_seconds"] = max(h.saved_at for h in hops) - run_start
+        row["shard_order"] = ",".join(str(h.shard) for h in hops)
         rows.append(row)
     return rows
 

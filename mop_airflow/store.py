@@ -23,31 +23,6 @@ def safe_segment(value: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in str(value))
 
 
-def s3_options_from_connection(conn_id: str) -> dict[str, Any]:
-    """s3fs options from an Airflow AWS connection (login/password, extra endpoint_url/region_name).
-
-    Imported lazily: the core library works without Airflow; only S3-with-a-connection needs it.
-    """
-    from airflow.sdk import BaseHook  # noqa: PLC0415 - optional, only for s3 + conn_id
-
-    conn = BaseHook.get_connection(conn_id)
-    extra = conn.extra_dejson or {}
-    options: dict[str, Any] = {}
-    if conn.login:
-        options["key"] = conn.login
-    if conn.password:
-        options["secret"] = conn.password
-    client_kwargs = {}
-    endpoint = extra.get("endpoint_url") or (extra.get("service_config", {}).get("s3", {}) or {}).get("endpoint_url")
-    if endpoint:
-        client_kwargs["endpoint_url"] = endpoint
-    if extra.get("region_name"):
-        client_kwargs["region_name"] = extra["region_name"]
-    if client_kwargs:
-        options["client_kwargs"] = client_kwargs
-    return options
-
-
 class Store:
     """Reads and writes bytes and JSON under one root URI."""
 
@@ -58,6 +33,8 @@ class Store:
         self.protocol = self.root.split("://", 1)[0] if "://" in self.root else "file"
         options = dict(storage_options or {})
         if conn_id and self.protocol == "s3":
+            from mop_airflow.airflow.connections import s3_options_from_connection  # noqa: PLC0415
+
             options = {**s3_options_from_connection(conn_id), **options}
         self.fs = fsspec.filesystem(self.protocol, **options)
         self.bytes_read = 0

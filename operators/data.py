@@ -15,9 +15,8 @@ class MopValidateDataOperator(MopBaseOperator):
     def execute(self, context: Any) -> dict[str, Any]:
         from mop_airflow.data.validate import validate_source  # noqa: PLC0415 - GE import is slow
 
-        spec = self.effective_spec(context)
-        batch = max(c["batch_size"] for c in spec.configurations())
-        summary = validate_source(spec.data, shards=spec.schedule.shards, max_batch_size=batch)
+        run = self.resolved_run(context)
+        summary = validate_source(run.data, shards=run.schedule.shards, max_batch_size=run.max_batch_size)
         self.log.info("input valid: %s rows, classes %s", summary["rows"], summary["class_counts"])
         return summary
 
@@ -30,14 +29,12 @@ class MopShardOperator(MopBaseOperator):
     def execute(self, context: Any) -> dict[str, Any]:
         from mop_airflow.data.shard import shard_dataset  # noqa: PLC0415
 
-        spec = self.effective_spec(context)
-        layout = self.layout(context, spec)
-        manifest = shard_dataset(spec.data, layout.store, context["dag"].dag_id,
-                                 spec.schedule.shards, spec.schedule.seed)
-        layout.store.write_json(layout.manifest_pointer_uri, manifest)
+        run = self.resolved_run(context)
+        layout = self.layout(context)
+        manifest = shard_dataset(run.data, layout.store, run.dag_id, run.schedule.shards, run.schedule.seed)
+        manifest.write(layout.store, layout.manifest_pointer_uri)
         self.log.info("%s %d shards (%s rows) + %d validation rows, fingerprint %s",
-                      "reused" if manifest.get("reused") else "wrote", len(manifest["shards"]),
-                      [s["rows"] for s in manifest["shards"]], manifest["validation"]["rows"],
-                      manifest["fingerprint"])
-        return {"manifest_uri": layout.manifest_pointer_uri, "fingerprint": manifest["fingerprint"],
-                "reused": bool(manifest.get("reused"))}
+                      "reused" if manifest.reused else "wrote", len(manifest.shards),
+                      [s.rows for s in manifest.shards], manifest.validation.rows, manifest.fingerprint)
+        return {"manifest_uri": layout.manifest_pointer_uri, "fingerprint": manifest.fingerprint,
+                "reused": manifest.reused}

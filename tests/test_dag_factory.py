@@ -1,12 +1,14 @@
-"""The example DAGs import cleanly and have the MOP shape: per-shard pools/queues, one upstream per hop."""
+"""The rendered DAG is exactly the pure task plan: per-configuration hop chains on their shards'
+pools and queues, no barrier, priority weights from the plan; the example DAGs import cleanly."""
 
+import json
 import subprocess
 import sys
 
 import pytest
 
-from mop_airflow.pools import shard_pool
-from mop_airflow.schedule import upstream_shard
+from mop_airflow.schedule import shard_at
+from mop_airflow.task_plan import build_task_plan, shard_pool
 from tests.conftest import REPO
 from tests.test_spec import spec_dict
 
@@ -18,16 +20,19 @@ def dagbag():
     return DagBag(dag_folder=str(REPO / "dags"))
 
 
+def hops(dag):
+    return [t for t in dag.tasks if ".hop_" in t.task_id]
+
+
 def test_example_dags_import_without_errors(dagbag):
     assert dagbag.import_errors == {}
-    assert "mop_mnist1d" in dagbag.dag_ids
+    assert {"mop_mnist1d", "mop_mnist1d_hyperband"} <= set(dagbag.dag_ids)
 
 
-def test_every_training_task_has_its_shards_pool_and_queue(dagbag):
+def test_every_hop_task_has_its_shards_pool_and_queue(dagbag):
     for dag in dagbag.dags.values():
-        train = [t for t in dag.tasks if ".shard_" in t.task_id]
-        assert train, dag.dag_id
-        for task in train:
+        assert hops(dag), dag.dag_id
+        for task in hops(dag):
             shard = int(task.task_id.rsplit("_", 1)[1])
             assert task.pool == shard_pool(shard) == task.queue
 
@@ -41,8 +46,53 @@ def test_parsing_imports_neither_tensorflow_nor_great_expectations():
         assert out.stdout.strip().splitlines()[-1] == "[]", (path, out.stdout)
 
 
+def test_the_core_imports_no_airflow():
+    modules = ["mop_airflow", "mop_airflow.search.space", "mop_airflow.search.hyperband", "mop_airflow.search.adaptive",
+               "mop_airflow.search.promotion", "mop_airflow.schedule", "mop_airflow.task_plan", "mop_airflow.records",
+               "mop_airflow.resolve", "mop_airflow.rungs", "mop_airflow.report", "mop_airflow.store",
+               "mop_airflow.layout", "mop_airflow.data.shard", "mop_airflow.data.validate", "mop_airflow.data.cache",
+               "mop_airflow.training.builder", "mop_airflow.training.checkpoint", "mop_airflow.training.hop",
+               "mop_airflow.training.model_hop", "mop_airflow.training.export"]
+    code = (f"import sys, importlib\nfor m in {modules!r}: importlib.import_module(m)\n"
+            "print(sorted(m for m in sys.modules if m == 'airflow' or m.startswith('airflow.')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_the_task_plan_imports_no_airflow_and_is_deterministic():
+    from mop_airflow.search.adaptive import adaptive_plan
+
+    hb = adaptive_plan({"method": "hyperband", "R": 9, "eta": 3}, 4)
+    assert build_task_plan(4, 3) == build_task_plan(4, 3)
+    assert build_task_plan(4, 0, hb) == build_task_plan(4, 0, adaptive_plan({"method": "hyperband", "R": 9, "eta": 3}, 4))
+
+
+@pytest.mark.parametrize("adaptive", [None, {"method": "hyperband", "R": 9, "eta": 3}])
+def test_the_rendered_dag_is_exactly_the_task_plan(adaptive):
+    from mop_airflow.airflow.dag import build_mop_dag
+    from mop_airflow.spec import MopSpec
+
+    spec = adaptive_spec(adaptive, shards=3) if adaptive else spec_dict(schedule__shards=3, schedule__iterations=2)
+    dag = build_mop_dag(spec, dag_id="rendered")
+    mop = MopSpec.from_dict(spec)
+    plan = build_task_plan(3, mop.schedule.iterations, mop.adaptive_plan())
+    assert {t.task_id for t in dag.tasks} == {s.task_id for s in plan.tasks}
+    for s in plan.tasks:
+        task = dag.get_task(s.task_id)
+        assert set(task.upstream_task_ids) == set(s.upstream), s.task_id
+        assert (task.priority_weight, task.weight_rule) == (s.priority_weight, "absolute")
+        assert task.trigger_rule == s.trigger_rule
+        if s.pool:
+            assert task.pool == s.pool
+        if s.queue:
+            assert task.queue == s.queue
+    for group in plan.groups:  # every offset class is a mapped group over its source task's list
+        rendered = dag.task_group_dict[group.group_id]
+        assert type(rendered).__name__ == "MappedTaskGroup"
+
+
 def test_shape_depends_only_on_shards_and_iterations():
-    from mop_airflow.dag_factory import build_mop_dag
+    from mop_airflow.airflow.dag import build_mop_dag
 
     a = build_mop_dag(spec_dict(), dag_id="a")
     other = spec_dict()
@@ -53,27 +103,35 @@ def test_shape_depends_only_on_shards_and_iterations():
 
 
 @pytest.mark.parametrize("shards, iterations", [(1, 1), (3, 2), (4, 3)])
-def test_each_hop_waits_only_for_the_models_it_receives(shards, iterations):
-    from mop_airflow.dag_factory import build_mop_dag
+def test_a_hop_waits_only_for_the_same_configurations_previous_hop(shards, iterations):
+    from mop_airflow.airflow.dag import build_mop_dag
 
-    spec = spec_dict(schedule__shards=shards, schedule__iterations=iterations)
-    dag = build_mop_dag(spec, dag_id="shape")
-    train = [t for t in dag.tasks if ".shard_" in t.task_id]
-    assert len(train) == shards * shards * iterations
-    for i in range(iterations):
-        for k in range(shards):
-            t = i * shards + k
-            for s in range(shards):
-                task = dag.get_task(f"iteration_{i}.hop_{k}.shard_{s}")
-                if t == 0:
-                    expected = {f"stage_shard_{s}"}
-                else:
-                    pi, pk = divmod(t - 1, shards)
-                    expected = {f"iteration_{pi}.hop_{pk}.shard_{upstream_shard(s, shards)}"}
-                assert task.upstream_task_ids == expected  # no barrier: one upstream task, not the whole hop
-    last = {f"iteration_{iterations - 1}.hop_{shards - 1}.shard_{s}" for s in range(shards)}
+    dag = build_mop_dag(spec_dict(schedule__shards=shards, schedule__iterations=iterations), dag_id="shape")
+    end = shards * iterations
+    assert len(hops(dag)) == shards * end  # one task per offset class and hop; configurations are mapped
+    width = len(str(end - 1))
+    for o in range(shards):
+        for t in range(end):
+            s = shard_at(o, t, shards)
+            task = dag.get_task(f"class_{o}.hop_{t:0{width}d}_shard_{s}")
+            assert task.pool == task.queue == shard_pool(s)
+            if t == 0:  # the class's list comes from its stage task; every shard is staged first
+                assert task.upstream_task_ids == {f"stage_shard_{k}" for k in range(shards)}
+            else:  # no barrier: one upstream task, the same class's previous hop
+                prev = shard_at(o, t - 1, shards)
+                assert task.upstream_task_ids == {f"class_{o}.hop_{t - 1:0{width}d}_shard_{prev}"}
+            assert task.priority_weight == end - t  # most remaining hops first (chosen by simulation)
+    last = {f"class_{o}.hop_{end - 1:0{width}d}_shard_{shard_at(o, end - 1, shards)}" for o in range(shards)}
     assert dag.get_task("report").upstream_task_ids == last
     assert dag.get_task("preflight").downstream_task_ids == {"validate"}
+    assert dag.max_active_tasks >= shards  # never fewer running tasks than shard slots
+
+
+def test_max_active_tasks_leaves_room_for_every_shard_slot():
+    from mop_airflow.airflow.dag import build_mop_dag
+
+    dag = build_mop_dag(spec_dict(schedule__shards=16, schedule__slots_per_shard=2), dag_id="wide")
+    assert dag.max_active_tasks >= 32
 
 
 def adaptive_spec(adaptive, shards=2):
@@ -85,8 +143,8 @@ def adaptive_spec(adaptive, shards=2):
     return spec
 
 
-def test_hyperband_dag_has_a_branching_promote_task_between_rungs():
-    from mop_airflow.dag_factory import build_mop_dag
+def test_hyperband_dag_has_a_promote_task_between_rungs():
+    from mop_airflow.airflow.dag import build_mop_dag
     from mop_airflow.operators.promote import MopPromoteOperator
 
     dag = build_mop_dag(adaptive_spec({"method": "hyperband", "R": 9, "eta": 3}), dag_id="hb")
@@ -94,24 +152,25 @@ def test_hyperband_dag_has_a_branching_promote_task_between_rungs():
     # R=9, eta=3: bracket 2 has 3 rungs (2 promotions), bracket 1 has 2 (1), bracket 0 has 1 (0)
     assert promotes == ["bracket_1.rung_0.promote", "bracket_2.rung_0.promote", "bracket_2.rung_1.promote"]
     promote = dag.get_task("bracket_2.rung_1.promote")
-    # rung 1 of bracket 2 trains from 1 to 3 iterations: its last hop is iteration 2, hop 1
-    assert promote.upstream_task_ids == {f"bracket_2.rung_1.iteration_2.hop_1.shard_{s}" for s in range(2)}
-    assert promote.downstream_task_ids == {f"bracket_2.rung_2.stage_shard_{s}" for s in range(2)}
-    assert promote.next_stage_ids == sorted(promote.downstream_task_ids)
+    # rung 1 of bracket 2 trains from 1 to 3 iterations: its classes' last hop is global hop 5
+    assert promote.upstream_task_ids == {f"bracket_2.rung_1.class_{o}.hop_05_shard_{shard_at(o, 5, 2)}"
+                                         for o in range(2)}
+    assert promote.downstream_task_ids == {f"bracket_2.rung_2.deal_{o}" for o in range(2)}
     # a promoted configuration resumes: rung 2 starts at global hop 6 (3 iterations x 2 shards)
-    first = dag.get_task("bracket_2.rung_2.iteration_3.hop_0.shard_0")
-    assert first.partial_kwargs["t"] == 6 and first.upstream_task_ids == {"bracket_2.rung_2.stage_shard_0"}
+    deal = dag.get_task("bracket_2.rung_2.deal_0")
+    assert deal.start == 6
+    first = dag.get_task("bracket_2.rung_2.class_0.hop_06_shard_0")
+    assert first.upstream_task_ids == {"bracket_2.rung_2.deal_0"}
     assert dag.get_task("report").upstream_task_ids == {
-        f"bracket_{b}.rung_{r}.iteration_8.hop_1.shard_{s}" for b, r in ((2, 2), (1, 1), (0, 0)) for s in range(2)}
-    # every bracket's stage and hop tasks use the shared shard pools
-    for task in dag.tasks:
-        if ".shard_" in task.task_id:
-            shard = int(task.task_id.rsplit("_", 1)[1])
-            assert task.pool == task.queue == shard_pool(shard)
+        f"bracket_{b}.rung_{r}.class_{o}.hop_17_shard_{shard_at(o, 17, 2)}" for b, r in ((2, 2), (1, 1), (0, 0))
+        for o in range(2)}
+    # rung 0 of every bracket waits for the shards to be staged, then deals its classes
+    assert dag.get_task("bracket_0.rung_0.deal_1").upstream_task_ids == {"stage_shard_0", "stage_shard_1"}
+    assert "Hyperband" not in dag.description and "3 bracket(s), 17 configurations" in dag.description
 
 
 def test_successive_halving_is_one_bracket_on_the_same_machinery():
-    from mop_airflow.dag_factory import build_mop_dag
+    from mop_airflow.airflow.dag import build_mop_dag
 
     dag = build_mop_dag(adaptive_spec({"method": "successive_halving", "n": 8, "r": 1, "eta": 2}), dag_id="sh")
     groups = {t.task_id.split(".")[0] for t in dag.tasks if t.task_id.startswith("bracket_")}
@@ -129,3 +188,15 @@ def test_adaptive_plan_cannot_change_per_run():
         spec.with_overrides({"search": {"adaptive": {"method": "hyperband", "R": 27, "eta": 3}}})
     assert info.value.field == "conf.search.adaptive"
     assert len(spec.configurations()) == 17  # the plan decides how many configurations are drawn
+
+
+def test_the_plan_record_round_trips_and_every_class_visits_every_shard_once_per_iteration():
+    from mop_airflow.records import Plan
+    from mop_airflow.resolve import make_plan, resolve_run
+
+    run = resolve_run(spec_dict(schedule__shards=3, schedule__iterations=2), None, dag_id="d", run_id="r")
+    plan = make_plan(run)
+    assert Plan.from_dict(json.loads(json.dumps(plan.to_dict()))) == plan
+    assert sorted(c for members in plan.classes for c in members) == sorted(c["config_id"] for c in run.configs)
+    for shards in plan.visit_order.values():
+        assert sorted(shards[:3]) == sorted(shards[3:]) == [0, 1, 2]

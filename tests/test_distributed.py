@@ -16,7 +16,8 @@ import uuid
 import pytest
 
 from mop_airflow.layout import RunLayout
-from mop_airflow.local_airflow import CeleryWorker, LocalAirflow
+from mop_airflow.records import HopRecord, Manifest, StageRecord
+from mop_airflow.airflow.local import CeleryWorker, LocalAirflow
 from mop_airflow.store import Store
 from tests.conftest import make_bucket, write_dag_file
 from tests.test_end_to_end import tiny_spec, write_digits
@@ -99,7 +100,7 @@ def test_mop_on_celery_workers_per_shard(postgres_db, redis_broker, s3_endpoint,
         tis = af.task_instances(DAG_ID, run_id)
         assert state == "success", [(ti["task_id"], ti["state"]) for ti in tis if ti["state"] != "success"]
         hosts = {name: f"{socket.getfqdn()}-{name}" for name in ("shard0", "shard1", "control")}
-        train = [ti for ti in tis if ".shard_" in ti["task_id"] or ti["task_id"].startswith("stage_shard_")]
+        train = [ti for ti in tis if ".hop_" in ti["task_id"] or ti["task_id"].startswith("stage_shard_")]
         assert len(train) == 2 + 3 * 2 * 2  # two staging tasks, 3 configurations x 2 iterations x 2 hops
         for ti in train:
             shard = int(ti["task_id"].rsplit("_", 1)[1])
@@ -113,22 +114,21 @@ def test_mop_on_celery_workers_per_shard(postgres_db, redis_broker, s3_endpoint,
 
     store = Store("s3://mop-dist/runs", {"key": "test", "secret": "test", "client_kwargs": {"endpoint_url": s3_endpoint}})
     layout = RunLayout(store, DAG_ID, run_id)
-    plan = store.read_json(layout.plan_uri)
-    manifest = store.read_json(plan["manifest_uri"])
-    records = [store.read_json(u) for u in store.glob(layout.hops_glob)]
+    manifest = Manifest.read(store, layout.manifest_pointer_uri)
+    records = [HopRecord.read(store, u) for u in store.glob(layout.hops_glob)]
     assert len(records) == 12
     for shard in (0, 1):
         worker_home = tmp_path / "airflow" / "workers" / f"shard{shard}"
         cached = sorted(p.name for p in (worker_home / "cache").iterdir())
-        expected = sorted(f"{e['sha256']}.parquet" for e in (manifest["shards"][shard], manifest["validation"]))
+        expected = sorted(f"{e.sha256}.parquet" for e in (manifest.shards[shard], manifest.validation))
         assert cached == expected  # its own shard and the validation set, never the other shard
-        stage = store.read_json(layout.stage_record_uri(shard))
-        assert stage["data_bytes_read"] == manifest["shards"][shard]["bytes"] + manifest["validation"]["bytes"]
-        mine = [r for r in records if r["shard"] == shard]
-        assert all(r["bytes_read"]["data"] == 0 for r in mine)  # every hop read its shard from the local cache
-        loaded = sum(r["bytes_read"]["checkpoint"] for r in mine)
-        sizes = {(r["config_id"], r["t"]): r["checkpoint_bytes"] for r in records}
-        assert loaded == sum(sizes[(r["config_id"], r["t"] - 1)] for r in mine if r["t"] > 0)
+        stage = StageRecord.read(store, layout.stage_record_uri(shard))
+        assert stage.data_bytes_read == manifest.shards[shard].bytes + manifest.validation.bytes
+        mine = [r for r in records if r.shard == shard]
+        assert all(r.bytes_read["data"] == 0 for r in mine)  # every hop read its shard from the local cache
+        loaded = sum(r.bytes_read["checkpoint"] for r in mine)
+        sizes = {(r.config_id, r.t): r.checkpoint_bytes for r in records}
+        assert loaded == sum(sizes[(r.config_id, r.t - 1)] for r in mine if r.t > 0)
 
     # The same DAG with the same seed, in-process on the embedded default, gives the same metrics.
     monkeypatch.setenv("AIRFLOW_CONN_AWS_DEFAULT", conn)

@@ -82,7 +82,7 @@ def test_tiny_dag_end_to_end(airflow_db, tmp_path):
 
     plan = store.read_json(layout.plan_uri)
     summary = store.read_json(layout.report_uri("summary.json"))
-    assert summary["visit_order"] == plan["plan"]["visit_order"]
+    assert summary["visit_order"] == plan["visit_order"]  # each configuration ran exactly the planned chain
     assert summary["model_hops"] == 3 * 2 * 2
     png = store.read_bytes(layout.report_uri("learning_curves.png"))
     assert png[:8] == b"\x89PNG\r\n\x1a\n"

@@ -70,11 +70,23 @@ def test_hyperband_promotes_exactly_the_best_and_skips_the_rest(airflow_db, tmp_
         assert int(state["optimizer/00000"]) == sum(steps)  # Keras keeps the iteration counter first
     assert not store.exists(layout.hop_record_uri(loser, 2))  # the pruned one trained no further
 
-    # pruned configurations show as skipped at the next rung; the broken hop is skipped, not failed
+    # the next rung expands over the promoted configuration only; the broken one's hops are
+    # skipped (its own chain), never failed, and its group-mates' chains went on
     states = {(ti.task_id, ti.rendered_map_index): ti.state for ti in run.get_task_instances()}
-    rung1 = {idx: state for (task, idx), state in states.items() if task.startswith("bracket_1.rung_1.iteration_1.hop_0")}
-    assert rung1[best["config_id"]] == "success"
-    assert rung1[loser] == "skipped" and rung1[broken] == "skipped"
+    rung1 = {(task, idx): state for (task, idx), state in states.items() if task.startswith("bracket_1.rung_1.")
+             and ".hop_" in task}
+    trained = {key: state for key, state in rung1.items() if key[1] is not None}
+    assert {idx for _, idx in trained} == {best["config_id"]} and set(trained.values()) == {"success"}
+    assert len(trained) == 4  # from 1 to 3 iterations: 2 more iterations x 2 shards
+    # the other offset class of rung 1 is empty: its hop tasks expand to nothing and are skipped
+    assert {state for key, state in rung1.items() if key[1] is None} == {"skipped"}
+    rung0 = {(task, idx): state for (task, idx), state in states.items() if task.startswith("bracket_1.rung_0.")
+             and ".hop_" in task}
+    # rung 0 is 1 iteration = 2 hops: the broken chain's 2 instances are skipped (its first one,
+    # named after it, where the builder raised), the two good chains' 4 instances succeeded; a
+    # skipped instance downstream of a skip is never rendered, so it keeps its map index as name
+    assert rung0[next(k for k in rung0 if k[1] == broken)] == "skipped"
+    assert sorted(rung0.values()) == ["skipped"] * 2 + ["success"] * 4
     assert "failed" not in set(states.values())
 
     board = store.read_json(layout.report_uri("leaderboard.json"))

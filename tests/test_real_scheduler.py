@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from mop_airflow.layout import RunLayout
-from mop_airflow.local_airflow import LocalAirflow
+from mop_airflow.airflow.local import LocalAirflow
 from mop_airflow.store import Store
 from tests.test_end_to_end import tiny_spec, write_digits
 
@@ -60,7 +60,7 @@ def test_run_with_pools_succeeds_on_shard_pools_and_queues(airflow):
     run_id = airflow.trigger(DAG_ID)
     assert airflow.wait_for_run(DAG_ID, run_id, timeout=420) == "success"
     tis = airflow.task_instances(DAG_ID, run_id)
-    train = [ti for ti in tis if ".shard_" in ti["task_id"]]
+    train = [ti for ti in tis if ".hop_" in ti["task_id"]]
     # 2 configurations x 2 hops, each configuration its own mapped task instance, named by its id
     assert len(train) == 4 and all(ti["state"] == "success" for ti in train)
     for ti in train:

@@ -1,89 +1,234 @@
-"""Invariants of the hop plan over many shapes, including fewer configurations than shards."""
+"""The offset-class schedule and its replay: invariants over many shapes, and hand-checked timelines."""
 
 import itertools
 from collections import Counter, defaultdict
 
 import pytest
 
-from mop_airflow.schedule import build_plan, group_on, hop_key, shard_of, simulate, upstream_shard
+from benchmarks.schedule_sim import make_workload, run_group_rotation, run_mop
+from mop_airflow.schedule import PRIORITY_RULES, deal_classes, priority_weight, shard_at, visit_order
+from mop_airflow.simulation import lower_bound, simulate
+from mop_airflow.search.adaptive import adaptive_plan, split_by_bracket
+from mop_airflow.task_plan import build_task_plan
 
-SHAPES = [(n, p, it) for n, p, it in itertools.product([1, 2, 3, 5, 8, 13], [1, 2, 3, 4, 7], [1, 2, 3])]
+SHAPES = list(itertools.product([1, 2, 3, 5, 8, 13], [1, 2, 3, 4, 7], [1, 2, 3]))
 
+
+def uneven(ids):
+    """Three distinct hop durations, so hops end at different times and overlaps are real."""
+    return {cid: 1.0 + (i % 3) * 0.7 for i, cid in enumerate(ids)}
+
+
+def run(classes, cost, *, shards, iterations, slots=1, priority="remaining"):
+    plan = build_task_plan(shards, iterations, priority=priority)
+    return simulate(plan, lambda group, expanded: classes[group.offset], lambda cid, t, shard: cost[cid], slots=slots)
+
+
+def by_config(events):
+    out = defaultdict(list)
+    for e in events:
+        out[e.config_id].append(e)
+    return {cid: sorted(hops, key=lambda e: e.t) for cid, hops in out.items()}
+
+
+# -- invariants over shapes ---------------------------------------------------------------------
 
 @pytest.mark.parametrize("n,p,iterations", SHAPES)
 def test_each_configuration_visits_each_shard_once_per_iteration(n, p, iterations):
     ids = [f"c{i}" for i in range(n)]
-    plan = build_plan(ids, shards=p, iterations=iterations, seed=7)
-    order = plan.visit_order()
+    classes = deal_classes(ids, shards=p, seed=7)
+    hops = iterations * p
+    order = visit_order(classes, start=0, end=hops, shards=p)
     assert sorted(order) == sorted(ids)
+    sim = run(classes, uneven(ids), shards=p, iterations=iterations)
+    assert len(sim.events) == n * hops
+    simulated = by_config(sim.events)
     for cid, shards in order.items():
-        assert len(shards) == p * iterations
+        assert [e.t for e in simulated[cid]] == list(range(hops))
+        assert [e.shard for e in simulated[cid]] == shards  # the replay follows the plan
         for i in range(iterations):
             assert sorted(shards[i * p:(i + 1) * p]) == list(range(p)), (cid, i, shards)
 
 
 @pytest.mark.parametrize("n,p,iterations", SHAPES)
-def test_a_model_is_on_one_shard_per_hop_and_groups_are_balanced(n, p, iterations):
-    plan = build_plan([f"c{i}" for i in range(n)], shards=p, iterations=iterations, seed=1)
-    sizes = [len(g) for g in plan.groups]
-    assert sum(sizes) == n and max(sizes) - min(sizes) <= 1
-    for t in range(plan.total_hops):
-        on_shards = [cid for s in range(p) for cid in plan.configs_at(t, s)]
-        assert len(on_shards) == len(set(on_shards)) == n
+@pytest.mark.parametrize("slots", [1, 2])
+def test_no_shard_pool_runs_more_hops_than_its_slots(n, p, iterations, slots):
+    ids = [f"c{i}" for i in range(n)]
+    sim = run(deal_classes(ids, shards=p, seed=3), uneven(ids), shards=p, iterations=iterations, slots=slots)
+    by_shard = defaultdict(list)
+    for e in sim.events:
+        assert 0 <= e.slot < slots
+        by_shard[e.shard].append(e)
+    for events in by_shard.values():
+        for e in events:  # the most hops at once is reached at some hop's start
+            assert sum(1 for o in events if o.start <= e.start < o.end) <= slots
+        per_slot = defaultdict(list)
+        for e in events:
+            per_slot[e.slot].append(e)
+        for hops in per_slot.values():  # and one slot never runs two hops at once
+            hops.sort(key=lambda e: e.start)
+            assert all(b.start >= a.end for a, b in zip(hops, hops[1:]))
 
 
 @pytest.mark.parametrize("n,p,iterations", SHAPES)
-@pytest.mark.parametrize("slots", [1, 2])
-def test_no_shard_runs_more_models_than_its_slots(n, p, iterations, slots):
-    plan = build_plan([f"c{i}" for i in range(n)], shards=p, iterations=iterations, seed=3)
-    costs = {f"c{i}": 1.0 + (i % 3) * 0.7 for i in range(n)}  # uneven so the overlaps are real
-    events = simulate(plan, slots=slots, seconds_per_hop=costs)
-    assert len(events) == n * p * iterations
-    by_shard = defaultdict(list)
-    for e in events:
-        by_shard[e["shard"]].append(e)
-    for shard_events in by_shard.values():
-        for e in shard_events:
-            concurrent = sum(1 for o in shard_events if o["start"] <= e["start"] < o["end"])
-            assert concurrent <= slots
-    # A model never runs two hops at once and visits hops in order.
-    per_model = defaultdict(list)
-    for e in events:
-        per_model[e["config_id"]].append(e)
-    for hops in per_model.values():
-        hops.sort(key=lambda e: e["t"])
+def test_a_configurations_hops_run_one_after_another_in_order(n, p, iterations):
+    ids = [f"c{i}" for i in range(n)]
+    sim = run(deal_classes(ids, shards=p, seed=5), uneven(ids), shards=p, iterations=iterations, slots=2)
+    for hops in by_config(sim.events).values():
         for a, b in zip(hops, hops[1:]):
-            assert b["start"] >= a["end"]
+            assert b.t == a.t + 1 and b.start >= a.end
 
 
-def test_same_seed_same_plan_and_other_seed_other_plan():
+def test_two_slots_are_really_used_at_once():
+    # 4 configurations in 2 classes on 2 shards: both members of a class start at once.
+    sim = run((("a", "b"), ("c", "d")), dict.fromkeys("abcd", 1.0), shards=2, iterations=1, slots=2)
+    assert sorted((e.config_id, e.shard, e.slot, e.start) for e in sim.events if e.t == 0) == [
+        ("a", 0, 0, 0.0), ("b", 0, 1, 0.0), ("c", 1, 0, 0.0), ("d", 1, 1, 0.0)]
+    assert sim.makespan == 2.0 and sim.busy_fraction == 1.0
+
+
+# -- dealing --------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("n,p", [(n, p) for n, p, _ in SHAPES if _ == 1])
+def test_deal_classes_is_balanced_and_complete(n, p):
+    ids = [f"c{i}" for i in range(n)]
+    classes = deal_classes(ids, shards=p, seed=1)
+    sizes = [len(c) for c in classes]
+    assert len(classes) == p and sum(sizes) == n and max(sizes) - min(sizes) <= 1
+    assert sorted(cid for c in classes for cid in c) == sorted(ids)
+
+
+def test_same_seed_same_classes_other_seed_other_classes():
     ids = [f"c{i}" for i in range(12)]
-    a = build_plan(ids, shards=4, iterations=3, seed=5)
-    assert a == build_plan(ids, shards=4, iterations=3, seed=5)
-    assert a.visit_order() == build_plan(ids, shards=4, iterations=3, seed=5).visit_order()
-    assert a.groups != build_plan(ids, shards=4, iterations=3, seed=6).groups
+    a = deal_classes(ids, shards=4, seed=5)
+    assert a == deal_classes(ids, shards=4, seed=5)
+    assert a != deal_classes(ids, shards=4, seed=6)
+    assert [len(c) for c in a] == [3, 3, 3, 3]
 
 
-def test_rotation_follows_the_single_upstream_shard():
-    p = 5
-    for t in range(1, 3 * p):
-        for s in range(p):
-            # the group on s at t is exactly the one on upstream_shard(s) at t - 1
-            assert group_on(s, t, p) == group_on(upstream_shard(s, p), t - 1, p)
-            assert shard_of(group_on(s, t, p), t, p) == s
+def test_duplicate_ids_are_rejected():
+    with pytest.raises(ValueError, match="unique"):
+        deal_classes(["a", "b", "a"], shards=2, seed=0)
 
 
-def test_no_global_barrier_in_the_simulated_timeline():
-    # A slow model delays nobody who has a free slot: with a barrier after every hop the fast
-    # models would end after 4 x 10 s, here they end after 4 x 1 s.
-    plan = build_plan(["slow", "a", "b", "c"], shards=4, iterations=1, seed=0)
-    costs = {"slow": 10.0, "a": 1.0, "b": 1.0, "c": 1.0}
-    events = simulate(plan, slots=2, seconds_per_hop=costs)
-    fast_ends = [e["end"] for e in events if e["config_id"] != "slow"]
-    assert max(fast_ends) == pytest.approx(4.0)  # fast models never wait for the slow one
+def test_fewer_configurations_than_shards_leaves_classes_empty():
+    classes = deal_classes(["only", "other"], shards=5, seed=0)
+    assert Counter(len(c) for c in classes) == Counter({0: 3, 1: 2})
+    sim = run(classes, {"only": 2.0, "other": 3.0}, shards=5, iterations=2)
+    # Neither configuration ever waits for the other: each trains its 10 hops back to back.
+    assert len(sim.events) == 20
+    assert sim.makespan == 30.0
+    assert max(e.end for e in sim.events if e.config_id == "only") == 20.0
 
 
-def test_empty_groups_when_fewer_configurations_than_shards():
-    plan = build_plan(["only"], shards=3, iterations=2, seed=0)
-    assert Counter(len(g) for g in plan.groups) == Counter({0: 2, 1: 1})
-    assert hop_key(5, 2) == "t005_s02"
+def test_shard_at_rotates_one_shard_per_hop():
+    assert [shard_at(2, t, 3) for t in range(6)] == [2, 0, 1, 2, 0, 1]
+    assert visit_order((("x",), (), ("y",)), start=1, end=4, shards=3) == {"x": [1, 2, 0], "y": [0, 1, 2]}
+
+
+# -- no barrier -----------------------------------------------------------------------------------
+
+def test_a_slow_configuration_never_delays_fast_ones_with_free_slots():
+    # One configuration per class, 2 slots per shard: a fast configuration always finds a free slot.
+    # With a barrier after every hop (MADlib) each of its 8 hops would end with the slow one's
+    # (every 10 s); here the fast ones end after 8 x 1 s and the slow one after 8 x 10 s.
+    classes = (("slow",), ("a",), ("b",), ("c",))
+    cost = {"slow": 10.0, "a": 1.0, "b": 1.0, "c": 1.0}
+    sim = run(classes, cost, shards=4, iterations=2, slots=2)
+    ends = {cid: hops[-1].end for cid, hops in by_config(sim.events).items()}
+    assert ends == {"slow": 80.0, "a": 8.0, "b": 8.0, "c": 8.0}
+    for e in sim.events:  # and no hop ever waits: each starts when its previous hop ended
+        assert e.start == e.t * cost[e.config_id]
+
+
+# -- priority -------------------------------------------------------------------------------------
+
+def test_priority_weight_values_and_unknown_rules():
+    assert [priority_weight("remaining", t, 6) for t in range(6)] == [6, 5, 4, 3, 2, 1]
+    assert [priority_weight("done", t, 6) for t in range(6)] == [1, 2, 3, 4, 5, 6]
+    assert [priority_weight("none", t, 6) for t in range(6)] == [1] * 6
+    assert PRIORITY_RULES == ("remaining", "done", "none")
+    with pytest.raises(ValueError, match="fastest"):
+        priority_weight("fastest", 0, 6)
+    with pytest.raises(ValueError):
+        build_task_plan(2, 1, priority="fastest")
+
+
+def test_hop_tasks_carry_the_rules_weights():
+    plan = build_task_plan(3, 2)
+    hops = [spec for spec in plan.tasks if spec.kind == "hop" and spec.group == "class_1"]
+    assert [(spec.args["t"], spec.args["shard"], spec.priority_weight) for spec in hops] == [
+        (0, 1, 6), (1, 2, 5), (2, 0, 4), (3, 1, 3), (4, 2, 2), (5, 0, 1)]
+    assert {spec.priority_weight for spec in build_task_plan(3, 2, priority="none").tasks if spec.kind == "hop"} == {1}
+
+
+@pytest.mark.parametrize("rule,first,makespan", [
+    ("remaining", "b", 5.0),  # b's hop 0 (weight 2) beats c's hop 1 (weight 1)
+    ("done", "c", 5.5),       # c's hop 1 (weight 2) beats b's hop 0 (weight 1)
+    ("none", "c", 5.5),       # equal weights: the lower map index (c is 0 in its class, b is 1)
+])
+def test_a_free_slot_takes_the_highest_weight_first(rule, first, makespan):
+    # p=2 shards, 1 iteration, 1 slot; class 0 = (a, b) starts on shard 0, class 1 = (c,) on shard 1.
+    #   0.0: a hop 0 on shard 0 (a before b: equal weights, lower map index); c hop 0 on shard 1
+    #   0.5: c hop 0 ends; c hop 1 waits for shard 0, where b hop 0 has waited since 0.0
+    #   1.0: a hop 0 ends: shard 0's one slot has two ready hops, and the rule picks one
+    cost = {"a": 1.0, "b": 2.0, "c": 0.5}
+    sim = run((("a", "b"), ("c",)), cost, shards=2, iterations=1, priority=rule)
+    at_one = [(e.config_id, e.t) for e in sim.events if e.shard == 0 and e.start == 1.0]
+    assert at_one == [("b", 0)] if first == "b" else [("c", 1)]
+    starts = {(e.config_id, e.t): e.start for e in sim.events}
+    if first == "b":
+        assert starts == {("a", 0): 0.0, ("c", 0): 0.0, ("a", 1): 1.0, ("b", 0): 1.0, ("c", 1): 3.0, ("b", 1): 3.0}
+    else:
+        assert starts == {("a", 0): 0.0, ("c", 0): 0.0, ("a", 1): 1.0, ("c", 1): 1.0, ("b", 0): 1.5, ("b", 1): 3.5}
+    assert sim.makespan == makespan
+
+
+def test_remaining_is_close_to_the_lower_bound_and_beats_group_rotation_on_spread_durations():
+    # 256 configurations on 8 shards, 2 slots each, hop durations spread over 60x (seeded).
+    for seed in range(3):
+        w = make_workload(256, 8, iterations=3, slots=2, durations="spread", seed=seed)
+        mop, groups = run_mop(w, "remaining").makespan, run_group_rotation(w).makespan
+        assert w.lower_bound / mop >= 0.99, seed
+        assert mop < 0.9 * groups, seed  # the lockstep groups lose more than 10 %
+        assert mop < run_mop(w, "none").makespan and mop < run_mop(w, "done").makespan, seed
+
+
+def test_lower_bound_is_work_or_longest_chain():
+    cost, hops = {"a": 1.0, "b": 3.0}, {"a": 4, "b": 4}
+    assert lower_bound(cost, hops, shards=2, slots=1) == 12.0  # b alone: 4 x 3 s > 16 s / 2
+    assert lower_bound({"a": 1.0, "b": 1.0}, hops, shards=1, slots=1) == 8.0  # the work: 8 s on 1 slot
+
+
+# -- adaptive plans -------------------------------------------------------------------------------
+
+def test_an_adaptive_plan_simulates_every_model_hop():
+    p, seed = 4, 11
+    hyperband = adaptive_plan({"method": "hyperband", "R": 9, "eta": 3}, p)
+    # s=2: 9 configurations x 4 hops, 3 x 8 more, 1 x 24 more; s=1: 5 x 12, 1 x 24 more; s=0: 3 x 36
+    assert hyperband.total_hops == 36 + 24 + 24 + 60 + 24 + 108 == 276
+    plan = build_task_plan(p, 0, hyperband)
+    ids = [f"c{i:02d}" for i in range(hyperband.total_configurations)]
+    bracket_ids = split_by_bracket(ids, hyperband)
+    keep = {(spec.args["bracket"], spec.args["rung"]): spec.args["keep"] for spec in plan.tasks
+            if spec.kind == "promote"}
+    assert keep == {(2, 0): 3, (2, 1): 1, (1, 0): 1}
+
+    def members(group, expanded):
+        if group.rung == 0:
+            candidates = bracket_ids[group.bracket]
+        else:  # the survivors: the first `keep` (by id) of the previous rung, dealt again
+            previous = sorted(cid for g in plan.groups if g.bracket == group.bracket and g.rung == group.rung - 1
+                              for cid in expanded[g.group_id])
+            candidates = previous[:keep[(group.bracket, group.rung - 1)]]
+        return deal_classes(candidates, shards=p, seed=seed)[group.offset]
+
+    sim = simulate(plan, members, lambda cid, t, shard: 1.0 + int(cid[1:]) % 3, slots=1)
+    assert len(sim.events) == hyperband.total_hops
+    chains = by_config(sim.events)
+    assert sorted(len(h) for h in chains.values()) == sorted([4] * 6 + [12] * 2 + [36] + [12] * 4 + [36] + [36] * 3)
+    for hops in chains.values():  # each resumes where it stopped and sees every shard once per iteration
+        assert [e.t for e in hops] == list(range(len(hops)))
+        assert all(b.start >= a.end for a, b in zip(hops, hops[1:]))
+        for i in range(len(hops) // p):
+            assert sorted(e.shard for e in hops[i * p:(i + 1) * p]) == list(range(p))

@@ -14,29 +14,30 @@ import uuid
 import numpy as np
 
 from mop_airflow.errors import DataValidationError, StoreError
+from mop_airflow.records import ShardEntry
 from mop_airflow.store import Store
 
 _HASH_CHUNK = 1 << 20
 
 
-def cached_shard(store: Store, entry: dict, cache_dir: str) -> str:
+def cached_shard(store: Store, entry: ShardEntry, cache_dir: str) -> str:
     """Local path of the shard (or validation set) described by manifest ``entry``.
 
     The first call copies it from the store and checks its sha256; later calls only check the
     cached file's size and read nothing from the store.
     """
-    path = os.path.join(cache_dir, f"{entry['sha256']}.parquet")
-    if os.path.exists(path) and os.path.getsize(path) == entry["bytes"]:
+    path = os.path.join(cache_dir, f"{entry.sha256}.parquet")
+    if os.path.exists(path) and os.path.getsize(path) == entry.bytes:
         return path
     # A private temp name per copy, checked before it is renamed into place: readers of ``path``
     # only ever see a complete, verified file, whichever process renames last.
     tmp = f"{path}.part-{uuid.uuid4().hex}"
     try:
-        store.get_file(entry["uri"], tmp)
+        store.get_file(entry.uri, tmp)
         found = _file_sha256(tmp)
-        if found != entry["sha256"]:
+        if found != entry.sha256:
             raise StoreError(
-                f"shard {entry['uri']} is corrupt: its sha256 is {found}, the manifest says {entry['sha256']}; "
+                f"shard {entry.uri} is corrupt: its sha256 is {found}, the manifest says {entry.sha256}; "
                 "delete the shard folder in the store and rerun the sharding task")
         os.replace(tmp, path)
     finally:

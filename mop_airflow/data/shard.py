@@ -8,29 +8,29 @@ last, so a manifest always points at complete shards.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import io
 import json
 from datetime import datetime, timezone
-from typing import Any
-
 import numpy as np
 import pyarrow as pa
 
 from mop_airflow.data.table import column_names, holdout_rows, parse_table, read_source_bytes, sha256_hex
 from mop_airflow.data.validate import resolve_features
 from mop_airflow.errors import DataValidationError
+from mop_airflow.records import Manifest, ShardEntry
 from mop_airflow.spec import DataSpec
 from mop_airflow.store import Store, safe_segment
 
 MANIFEST = "manifest.json"
 
 
-def shard_dataset(data: DataSpec, store: Store, dag_id: str, shards: int, seed: int) -> dict:
+def shard_dataset(data: DataSpec, store: Store, dag_id: str, shards: int, seed: int) -> Manifest:
     """Shard ``data.source`` into ``shards`` Parquet files (or reuse them) and return the manifest.
 
     Expects data that passed :func:`~mop_airflow.data.validate.validate_source`. The returned
-    manifest has ``"reused": True`` when an identical sharding was already complete in the store.
+    manifest has ``reused=True`` when an identical sharding was already complete in the store.
     """
     raw = read_source_bytes(data.source, data.storage_options, data.conn_id)
     separate = isinstance(data.validation, str)
@@ -48,7 +48,7 @@ def shard_dataset(data: DataSpec, store: Store, dag_id: str, shards: int, seed: 
 
     existing = _complete_manifest(store, store.uri(*folder, MANIFEST))
     if existing is not None:
-        return {**existing, "reused": True}
+        return dataclasses.replace(existing, reused=True)
 
     table = _training_columns(parse_table(raw, data.source), data.source, features, data.label)
     order = np.random.default_rng(seed).permutation(table.num_rows)
@@ -69,21 +69,13 @@ def shard_dataset(data: DataSpec, store: Store, dag_id: str, shards: int, seed: 
         for index, rows in enumerate(np.array_split(train_rows, shards))
     ]
     validation_entry = _write_parquet(store, store.uri(*folder, "validation.parquet"), validation)
-    manifest = {
-        "fingerprint": fingerprint,
-        "source": data.source,
-        "features": features,
-        "label": data.label,
-        "classes": classes,
-        "seed": seed,
-        "schema": {f.name: str(f.type) for f in table.schema},
-        "shards": shard_entries,
-        "validation": validation_entry,
-        "total_rows": sum(entry["rows"] for entry in shard_entries),
-        "created_at": datetime.now(timezone.utc).isoformat(),
-        "reused": False,
-    }
-    store.write_json(store.uri(*folder, MANIFEST), manifest)
+    manifest = Manifest(
+        fingerprint=fingerprint, source=data.source, features=features, label=data.label, classes=classes,
+        seed=seed, schema={f.name: str(f.type) for f in table.schema}, shards=shard_entries,
+        validation=validation_entry, total_rows=sum(entry.rows for entry in shard_entries),
+        created_at=datetime.now(timezone.utc).isoformat(),
+    )
+    manifest.write(store, store.uri(*folder, MANIFEST))
     return manifest
 
 
@@ -104,13 +96,13 @@ def shard_fingerprint(*, source_sha256: str, validation: float | str, validation
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def _complete_manifest(store: Store, manifest_uri: str) -> dict | None:
+def _complete_manifest(store: Store, manifest_uri: str) -> Manifest | None:
     """The stored manifest when it and every file it lists exist, else None (reshard)."""
     if not store.exists(manifest_uri):
         return None
-    manifest = store.read_json(manifest_uri)
-    entries = [*manifest["shards"], manifest["validation"]]
-    return manifest if all(store.exists(entry["uri"]) for entry in entries) else None
+    manifest = Manifest.read(store, manifest_uri)
+    entries = [*manifest.shards, manifest.validation]
+    return manifest if all(store.exists(entry.uri) for entry in entries) else None
 
 
 def _training_columns(table: pa.Table, uri: str, features: list[str], label: str) -> pa.Table:
@@ -125,11 +117,11 @@ def _training_columns(table: pa.Table, uri: str, features: list[str], label: str
     return pa.Table.from_arrays(columns, names=[*features, label])
 
 
-def _write_parquet(store: Store, uri: str, table: pa.Table, **extra: Any) -> dict:
+def _write_parquet(store: Store, uri: str, table: pa.Table, index: int | None = None) -> ShardEntry:
     import pyarrow.parquet as pq  # noqa: PLC0415
 
     buffer = io.BytesIO()
     pq.write_table(table, buffer)
     payload = buffer.getvalue()
     store.write_bytes(uri, payload)
-    return {**extra, "uri": uri, "rows": table.num_rows, "sha256": sha256_hex(payload), "bytes": len(payload)}
+    return ShardEntry(uri=uri, rows=table.num_rows, sha256=sha256_hex(payload), bytes=len(payload), index=index)

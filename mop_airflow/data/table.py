@@ -28,7 +28,7 @@ def read_source_bytes(uri: str, storage_options: Mapping[str, Any] | None = None
 
     options = dict(storage_options or {})
     if conn_id and uri.startswith("s3://"):
-        from mop_airflow.store import s3_options_from_connection  # noqa: PLC0415
+        from mop_airflow.airflow.connections import s3_options_from_connection  # noqa: PLC0415
 
         options = {**s3_options_from_connection(conn_id), **options}
     with fsspec.open(uri, "rb", **options) as handle:

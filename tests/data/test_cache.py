@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import numpy as np
@@ -25,31 +26,31 @@ def manifest(tmp_path, store):
 
 
 def test_first_call_copies_second_call_reads_nothing(tmp_path, store, manifest):
-    entry = manifest["shards"][1]
+    entry = manifest.shards[1]
     cache_dir = str(tmp_path / "cache")
     worker = Store(store.root)  # a worker process has its own store and counters
 
     path = cached_shard(worker, entry, cache_dir)
-    assert path == os.path.join(cache_dir, f"{entry['sha256']}.parquet")
-    assert worker.bytes_read == entry["bytes"] == os.path.getsize(path)
+    assert path == os.path.join(cache_dir, f"{entry.sha256}.parquet")
+    assert worker.bytes_read == entry.bytes == os.path.getsize(path)
 
     assert cached_shard(worker, entry, cache_dir) == path
-    assert worker.bytes_read == entry["bytes"]
+    assert worker.bytes_read == entry.bytes
     assert tree(cache_dir) == [os.path.basename(path)]  # no temp files left behind
 
 
 def test_a_truncated_cache_file_is_copied_again(tmp_path, store, manifest):
-    entry = manifest["validation"]
+    entry = manifest.validation
     path = cached_shard(store, entry, str(tmp_path / "cache"))
     with open(path, "r+b") as handle:
         handle.truncate(10)
     store.bytes_read = 0
     assert cached_shard(store, entry, str(tmp_path / "cache")) == path
-    assert store.bytes_read == entry["bytes"] == os.path.getsize(path)
+    assert store.bytes_read == entry.bytes == os.path.getsize(path)
 
 
 def test_checksum_mismatch_raises_and_caches_nothing(tmp_path, store, manifest):
-    entry = {**manifest["shards"][0], "sha256": "0" * 64}
+    entry = dataclasses.replace(manifest.shards[0], sha256="0" * 64)
     with pytest.raises(StoreError, match=r"is corrupt: its sha256 is [0-9a-f]{64}, the manifest says 0{64}"):
         cached_shard(store, entry, str(tmp_path / "cache"))
     assert tree(tmp_path / "cache") == []
@@ -78,8 +79,8 @@ def test_load_xy_string_labels_and_unknown_labels(tmp_path):
 
 
 def test_load_xy_from_a_cached_shard(tmp_path, store, manifest):
-    path = cached_shard(store, manifest["shards"][0], str(tmp_path / "cache"))
-    x, y = load_xy(path, manifest["features"], manifest["label"], manifest["classes"])
-    assert x.shape == (manifest["shards"][0]["rows"], 3)
+    path = cached_shard(store, manifest.shards[0], str(tmp_path / "cache"))
+    x, y = load_xy(path, manifest.features, manifest.label, manifest.classes)
+    assert x.shape == (manifest.shards[0].rows, 3)
     # make_columns labels row i with class i % 3, and x0 holds i
     np.testing.assert_array_equal(y, x[:, 0].astype(np.int64) % 3)

@@ -11,17 +11,9 @@ from __future__ import annotations
 from typing import Iterable
 
 from mop_airflow.errors import MopError, PoolsMissingError
+from mop_airflow.task_plan import shard_pool
 
-POOL_PREFIX = "mop_shard_"
 API_CONN_ID = "mop_airflow_api"
-
-
-def shard_pool(shard: int) -> str:
-    return f"{POOL_PREFIX}{shard}"
-
-
-def shard_queue(shard: int) -> str:
-    return f"{POOL_PREFIX}{shard}"
 
 
 def required_pools(shards: int) -> list[str]:

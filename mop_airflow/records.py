@@ -1,0 +1,221 @@
+"""Typed run records: written once to the store, read by every later step. One schema, one place.
+
+A run is resolved once: the first task freezes the effective spec (the DAG's spec with the trigger
+conf applied) and the configurations into a :class:`RunRecord`; the plan task adds the hop plan
+(:class:`Plan`); the shard task the data :class:`Manifest`. Later tasks read these records and
+never re-expand the search space or re-derive the plan. Every hop leaves a :class:`HopRecord`,
+every rung a :class:`RungDecision`, every shard's staging a :class:`StageRecord`. Each record is a
+dataclass with a JSON round trip (``to_dict`` / ``from_dict``, ``write`` / ``read``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Mapping, TypeVar
+
+if TYPE_CHECKING:
+    from mop_airflow.spec import DataSpec, ScheduleSpec, StoreSpec
+    from mop_airflow.store import Store
+
+R = TypeVar("R", bound="Record")
+
+
+class Record:
+    """JSON round trip for the dataclasses below; unknown keys in stored JSON are ignored."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)  # type: ignore[call-overload]
+
+    @classmethod
+    def from_dict(cls: type[R], data: Mapping[str, Any]) -> R:
+        return cls(**_known(cls, data))
+
+    def write(self, store: Store, uri: str) -> str:
+        return store.write_json(uri, self.to_dict())
+
+    @classmethod
+    def read(cls: type[R], store: Store, uri: str) -> R:
+        return cls.from_dict(store.read_json(uri))
+
+
+def _known(cls: type, data: Mapping[str, Any]) -> dict[str, Any]:
+    names = {f.name for f in dataclasses.fields(cls)}
+    return {k: v for k, v in data.items() if k in names}
+
+
+@dataclass(frozen=True)
+class RunRecord(Record):
+    """The run as resolved by its first task: effective spec and every configuration."""
+
+    dag_id: str
+    run_id: str
+    created_at: str
+    spec: dict[str, Any]          # MopSpec.to_dict() with the trigger conf applied
+    configs: list[dict[str, Any]]  # the expanded search space, each with its config_id
+
+    @property
+    def metric(self) -> str:
+        return self.spec["search"]["metric"]
+
+    @property
+    def direction(self) -> str:
+        return self.spec["search"]["direction"]
+
+    @property
+    def schedule(self) -> ScheduleSpec:
+        from mop_airflow.spec import ScheduleSpec  # noqa: PLC0415
+
+        return ScheduleSpec(**self.spec["schedule"])
+
+    @property
+    def data(self) -> DataSpec:
+        from mop_airflow.spec import DataSpec  # noqa: PLC0415
+
+        return DataSpec(**self.spec["data"])
+
+    @property
+    def store(self) -> StoreSpec:
+        from mop_airflow.spec import StoreSpec  # noqa: PLC0415
+
+        return StoreSpec(**self.spec["store"])
+
+    @property
+    def adaptive(self) -> dict[str, Any] | None:
+        return self.spec["search"].get("adaptive")
+
+    @property
+    def max_batch_size(self) -> int:
+        return max(c["batch_size"] for c in self.configs)
+
+    def config(self, config_id: str) -> dict[str, Any]:
+        for config in self.configs:
+            if config["config_id"] == config_id:
+                return config
+        raise KeyError(f"configuration {config_id!r} is not in run {self.run_id}")
+
+
+@dataclass(frozen=True)
+class Plan(Record):
+    """The hop plan: offset classes (plain search) or each bracket's configurations (adaptive).
+
+    A configuration of class ``o`` trains on shard ``(o + t) mod shards`` at global hop ``t``.
+    In an adaptive search, rung 0 of bracket ``s`` trains ``rung0_classes[s]`` and every later
+    rung the classes its :class:`RungDecision` dealt.
+    """
+
+    shards: int
+    iterations: int
+    seed: int
+    priority: str
+    model_hops_total: int
+    classes: list[list[str]] = field(default_factory=list)
+    brackets: dict[str, list[str]] = field(default_factory=dict)
+    rung0_classes: dict[str, list[list[str]]] = field(default_factory=dict)
+    adaptive: dict[str, Any] | None = None
+    visit_order: dict[str, list[int]] = field(default_factory=dict)
+
+    def classes_of(self, bracket: int | None) -> list[list[str]]:
+        return self.classes if bracket is None else self.rung0_classes[str(bracket)]
+
+
+@dataclass(frozen=True)
+class Assignment(Record):
+    """What travels through XCom from one hop of a configuration to its next: ids and a URI only."""
+
+    config_id: str
+    t: int                 # the last global hop done; -1 before the first
+    checkpoint: str | None  # state after hop t, or None to start from the builder's initial weights
+
+
+@dataclass(frozen=True)
+class ShardEntry(Record):
+    uri: str
+    rows: int
+    sha256: str
+    bytes: int
+    index: int | None = None
+
+
+@dataclass(frozen=True)
+class Manifest(Record):
+    """The sharded data set: where each shard is, its size and checksum; reused for the same input."""
+
+    fingerprint: str
+    source: str
+    features: list[str]
+    label: str
+    classes: list[Any]
+    seed: int
+    schema: dict[str, str]
+    shards: list[ShardEntry]
+    validation: ShardEntry
+    total_rows: int
+    created_at: str
+    reused: bool = False
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "Manifest":
+        fields = _known(cls, data)
+        fields["shards"] = [ShardEntry.from_dict(s) for s in data["shards"]]
+        fields["validation"] = ShardEntry.from_dict(data["validation"])
+        return cls(**fields)
+
+
+@dataclass(frozen=True)
+class HopRecord(Record):
+    """One model-hop: where and when it ran, its metrics, and what it read and wrote."""
+
+    config_id: str
+    t: int
+    iteration: int
+    hop: int
+    shard: int
+    status: str = "ok"  # "ok", or "failed" / "diverged" (adaptive search prunes such a configuration)
+    task_id: str | None = None
+    error: str | None = None
+    host: str | None = None
+    pid: int | None = None
+    queue: str | None = None
+    pool: str | None = None
+    map_index: int = -1
+    try_number: int = 1
+    started_at: float | None = None
+    execute_at: float | None = None
+    train_begin: float | None = None
+    train_end: float | None = None
+    saved_at: float | None = None
+    timings: dict[str, float] = field(default_factory=dict)
+    train_metrics: dict[str, float] = field(default_factory=dict)
+    val_metrics: dict[str, float] | None = None
+    checkpoint: str | None = None
+    checkpoint_bytes: int = 0
+    bytes_read: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RungDecision(Record):
+    """The ranking at the end of a rung: who was promoted, who was pruned and why, and the next
+    rung's offset classes."""
+
+    bracket: int
+    rung: int
+    metric: str
+    direction: str
+    keep: int
+    iterations_done: int
+    results: list[dict[str, Any]]
+    promoted: list[str]
+    pruned: list[dict[str, Any]]
+    next_classes: list[list[str]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class StageRecord(Record):
+    """A shard's worker copied its shard (and the validation set) into its local cache."""
+
+    shard: int
+    host: str
+    queue: str | None
+    cache_dir: str
+    data_bytes_read: int

@@ -1,0 +1,77 @@
+"""Resolve a run once: the effective spec, its configurations, and the hop plan, as typed records.
+
+The first task of a run calls :func:`resolve_run` (trigger conf applied, search space expanded,
+every model builder's module found); the plan task calls :func:`make_plan`. Nothing later expands
+the search space or re-derives the plan: it reads :class:`~mop_airflow.records.RunRecord` and
+:class:`~mop_airflow.records.Plan` from the store.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import importlib.util
+from typing import Any, Mapping
+
+from mop_airflow.errors import SpecError
+from mop_airflow.records import Plan, RunRecord
+from mop_airflow.schedule import DEFAULT_PRIORITY, deal_classes, hash_seed, visit_order
+from mop_airflow.spec import MopSpec
+
+SPEC_SECTIONS = ("data", "search", "schedule", "store")
+
+
+def resolve_run(spec: MopSpec | Mapping[str, Any], params: Mapping[str, Any] | None, *, dag_id: str,
+                run_id: str) -> RunRecord:
+    """The run's effective spec (``params`` sections override the DAG's spec) and configurations.
+
+    Fails with a :class:`SpecError` before anything trains: bad overrides, an empty search space, a
+    model builder whose module cannot be found on this worker (found without importing it, which
+    would import TensorFlow here).
+    """
+    spec = spec if isinstance(spec, MopSpec) else MopSpec.from_dict(spec)
+    overrides = {k: v for k, v in (params or {}).items() if k in SPEC_SECTIONS and isinstance(v, Mapping)}
+    effective = spec.with_overrides(overrides)
+    configs = effective.configurations()
+    if not configs:
+        raise SpecError("search.space", effective.search.space.to_dict(), "expands to no configuration",
+                        "list at least one value for every searched parameter")
+    for path in sorted({c["model"] for c in configs}):
+        module = path.split(":", 1)[0]
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except ModuleNotFoundError:
+            found = False
+        if not found:
+            raise SpecError("search.space.params.model", path, f"module {module!r} is not importable on this worker",
+                            "install the module on every worker (or put it next to the DAG file) and check the spelling")
+    return RunRecord(dag_id=dag_id, run_id=run_id, created_at=dt.datetime.now(dt.timezone.utc).isoformat(),
+                     spec=effective.to_dict(), configs=configs)
+
+
+def make_plan(run: RunRecord, priority: str = DEFAULT_PRIORITY) -> Plan:
+    """Deal the configurations into offset classes (a plain search) or brackets (an adaptive one)."""
+    schedule = run.schedule
+    p, seed = schedule.shards, schedule.seed
+    ids = [c["config_id"] for c in run.configs]
+    if run.adaptive is None:
+        classes = [list(c) for c in deal_classes(ids, shards=p, seed=seed)]
+        end = schedule.iterations * p
+        return Plan(shards=p, iterations=schedule.iterations, seed=seed, priority=priority,
+                    model_hops_total=len(ids) * end, classes=classes,
+                    visit_order=visit_order(classes, start=0, end=end, shards=p))
+    from mop_airflow.search.adaptive import adaptive_plan, brackets_of, split_by_bracket  # noqa: PLC0415
+
+    adaptive = adaptive_plan(run.adaptive, p)
+    brackets = split_by_bracket(ids, adaptive)
+    longest = max(b.rungs[-1].hops_i for b in brackets_of(adaptive))
+    return Plan(shards=p, iterations=-(-longest // p), seed=seed, priority=priority,
+                model_hops_total=adaptive.total_hops, brackets={str(s): m for s, m in brackets.items()},
+                rung0_classes={str(s): rung_classes(m, shards=p, seed=seed, bracket=s, rung=0)
+                               for s, m in brackets.items()},
+                adaptive=adaptive.to_dict())
+
+
+def rung_classes(config_ids: list[str], *, shards: int, seed: int, bracket: int, rung: int) -> list[list[str]]:
+    """The offset classes of one rung of an adaptive search (survivors are dealt again at every rung,
+    so a rung of few configurations still spreads over the shards)."""
+    return [list(c) for c in deal_classes(config_ids, shards=shards, seed=hash_seed(seed, bracket, rung))]

@@ -1,0 +1,172 @@
+"""The DAG as plain data: every task's id, kind, pool, queue, upstreams and priority weight.
+
+Built from what fixes the DAG's shape (shards, iterations, the adaptive plan), never from the
+search space, which changes per run. :mod:`mop_airflow.airflow.dag` renders it into Airflow
+operators and :func:`mop_airflow.simulation.simulate` replays it, so both see the same plan.
+Imports no Airflow.
+
+Shape of a plain search (``p`` shards, ``T = iterations * p`` hops)::
+
+    preflight >> validate >> shard >> plan >> stage_shard_<s>            (s = 0..p-1)
+    class_<o>   a mapped task group over the configurations of offset class o, whose list
+                stage_shard_<o> returns; its hop t is task hop_<t>_shard_<(o+t) mod p> on that
+                shard's pool and queue; a hop waits only for the same configuration's previous hop
+    every class's last hop >> report
+
+An adaptive search (Hyperband, successive halving) puts brackets side by side; rung ``i`` of
+bracket ``b`` has ``deal_<o>`` tasks that list offset class o's configurations (from the plan at
+rung 0, from the previous rung's promote task later), the class groups of the rung's hops, and a
+``promote`` task that ranks the rung (none after a bracket's last rung).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from mop_airflow.schedule import DEFAULT_PRIORITY, priority_weight, shard_at
+
+KINDS = ("preflight", "validate", "shard", "plan", "stage", "deal", "hop", "promote", "report")
+# Past the failed configuration of a chain, its group-mates' chains go on; a report or a promote
+# step runs as long as nothing failed (a skipped, i.e. pruned, configuration is not a failure).
+JOIN = "none_failed_min_one_success"
+
+
+def shard_pool(shard: int) -> str:
+    """The Airflow pool (concurrency: one slot per GPU) and queue (placement) of shard ``shard``."""
+    return f"mop_shard_{shard}"
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """One task: ``task_id`` is the full id, group prefixes included (``bracket_1.rung_0.promote``).
+
+    ``group`` names the mapped class group a hop belongs to: one instance per configuration, and
+    inside the group instance ``i`` of a task waits only for instance ``i`` of its upstream.
+    """
+
+    task_id: str
+    kind: str
+    upstream: tuple[str, ...] = ()
+    group: str | None = None
+    pool: str | None = None
+    queue: str | None = None
+    priority_weight: int = 1
+    trigger_rule: str = "all_success"
+    args: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ClassGroup:
+    """A mapped task group over offset class ``offset``: its hops ``start``..``end - 1``."""
+
+    group_id: str
+    source: str  # the task whose return value lists the group's assignments
+    offset: int
+    start: int
+    end: int
+    bracket: int | None = None
+    rung: int = 0
+
+
+@dataclass(frozen=True)
+class TaskPlan:
+    shards: int
+    tasks: tuple[TaskSpec, ...]
+    groups: tuple[ClassGroup, ...]
+    priority: str = DEFAULT_PRIORITY
+
+    def task(self, task_id: str) -> TaskSpec:
+        for spec in self.tasks:
+            if spec.task_id == task_id:
+                return spec
+        raise KeyError(task_id)
+
+    def group_tasks(self, group_id: str) -> list[TaskSpec]:
+        return [spec for spec in self.tasks if spec.group == group_id]
+
+    @property
+    def hop_tasks(self) -> int:
+        return sum(1 for spec in self.tasks if spec.kind == "hop")
+
+
+def build_task_plan(shards: int, iterations: int, adaptive: Any = None, *,
+                    priority: str = DEFAULT_PRIORITY) -> TaskPlan:
+    """The task plan for ``shards`` shards and ``iterations`` iterations, or an adaptive plan's rungs.
+
+    ``adaptive`` is a :class:`~mop_airflow.search.hyperband.HyperbandPlan` or ``Bracket``.
+    """
+    builder = _Builder(shards, priority)
+    builder.add("preflight", "preflight")
+    builder.add("validate", "validate", ("preflight",))
+    builder.add("shard", "shard", ("validate",))
+    builder.add("plan", "plan", ("shard",))
+    stages = [builder.add(f"stage_shard_{s}", "stage", ("plan",), pool=shard_pool(s), queue=shard_pool(s),
+                          args={"shard": s, "deals": adaptive is None}) for s in range(shards)]
+    if adaptive is None:
+        end = iterations * shards
+        finals = [builder.chain(f"class_{o}", source=stages[o], offset=o, start=0, end=end, chain_end=end,
+                                wait_for=stages) for o in range(shards)]
+    else:
+        finals = _adaptive(builder, adaptive, stages)
+    builder.add("report", "report", tuple(finals), trigger_rule=JOIN)
+    return TaskPlan(shards=shards, tasks=tuple(builder.tasks), groups=tuple(builder.groups), priority=priority)
+
+
+def _adaptive(builder: "_Builder", adaptive: Any, stages: list[str]) -> list[str]:
+    from mop_airflow.search.adaptive import brackets_of, rung_spans  # noqa: PLC0415
+
+    p, finals = builder.shards, []
+    for bracket in brackets_of(adaptive):
+        spans = rung_spans(bracket)
+        chain_end = spans[-1].end  # a configuration that is promoted all the way trains this far
+        gate: tuple[str, ...] = tuple(stages)
+        for span in spans:
+            prefix = f"bracket_{bracket.s}.rung_{span.i}"
+            lasts = []
+            for o in range(p):
+                deal = builder.add(f"{prefix}.deal_{o}", "deal", gate,
+                                   args={"bracket": bracket.s, "rung": span.i, "offset": o, "start": span.start})
+                lasts.append(builder.chain(f"{prefix}.class_{o}", source=deal, offset=o, start=span.start,
+                                           end=span.end, chain_end=chain_end, bracket=bracket.s, rung=span.i,
+                                           rung_end=True, prune_failures=True))
+            if span.last:
+                finals += lasts
+            else:
+                gate = (builder.add(f"{prefix}.promote", "promote", tuple(lasts), trigger_rule=JOIN, args={
+                    "bracket": bracket.s, "rung": span.i, "start": span.start, "end": span.end,
+                    "keep": span.keep}),)
+    return finals
+
+
+class _Builder:
+    def __init__(self, shards: int, priority: str) -> None:
+        self.shards = shards
+        self.priority = priority
+        priority_weight(priority, 0, 1)  # reject an unknown rule before building anything
+        self.tasks: list[TaskSpec] = []
+        self.groups: list[ClassGroup] = []
+
+    def add(self, task_id: str, kind: str, upstream: tuple[str, ...] = (), **fields: Any) -> str:
+        # Control tasks outrank every hop: a promote or deal step gates whole chains.
+        self.tasks.append(TaskSpec(task_id, kind, tuple(upstream), priority_weight=fields.pop("weight", 10**6),
+                                   **fields))
+        return task_id
+
+    def chain(self, group_id: str, *, source: str, offset: int, start: int, end: int, chain_end: int,
+              bracket: int | None = None, rung: int = 0, rung_end: bool = False, prune_failures: bool = False,
+              wait_for: list[str] | tuple[str, ...] = ()) -> str:
+        """The hops ``start``..``end - 1`` of one offset class; returns the last hop's task id."""
+        self.groups.append(ClassGroup(group_id, source, offset, start, end, bracket, rung))
+        width = len(str(max(chain_end - 1, 0)))
+        previous: tuple[str, ...] = (source, *[w for w in wait_for if w != source])
+        last = source
+        for t in range(start, end):
+            s = shard_at(offset, t, self.shards)
+            last = self.add(f"{group_id}.hop_{t:0{width}d}_shard_{s}", "hop", previous, group=group_id,
+                            pool=shard_pool(s), queue=shard_pool(s),
+                            weight=priority_weight(self.priority, t, chain_end),
+                            args={"t": t, "shard": s, "rung_end": rung_end and t == end - 1,
+                                  "prune_failures": prune_failures})
+            previous = (last,)
+        return last

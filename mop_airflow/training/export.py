@@ -1,0 +1,43 @@
+"""Export the winner: rebuild it, load its final checkpoint, save it as ``.keras``, prove it predicts."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+
+from mop_airflow.layout import RunLayout
+from mop_airflow.records import Manifest, RunRecord
+from mop_airflow.schedule import config_seed
+
+
+def export_best(layout: RunLayout, run: RunRecord, manifest: Manifest, config_id: str, last_t: int, *,
+                cache_dir: str) -> str:
+    """Write ``report/best_model.keras`` (and ``best_model.json``) for ``config_id`` after hop ``last_t``."""
+    import keras  # noqa: PLC0415
+    import numpy as np  # noqa: PLC0415
+
+    from mop_airflow.data.cache import cached_shard, load_xy  # noqa: PLC0415
+    from mop_airflow.training.builder import build_model  # noqa: PLC0415
+    from mop_airflow.training.checkpoint import restore_state  # noqa: PLC0415
+    from mop_airflow.training.hop import export_keras  # noqa: PLC0415
+
+    store = layout.store
+    config = run.config(config_id)
+    xv, _ = load_xy(cached_shard(store, manifest.validation, cache_dir), manifest.features, manifest.label,
+                    manifest.classes)
+    model = build_model(config, input_dim=xv.shape[1], num_classes=len(manifest.classes),
+                        seed=config_seed(run.schedule.seed, config_id))
+    restore_state(model, store.read_bytes(layout.checkpoint_uri(config_id, last_t)))
+    with tempfile.TemporaryDirectory() as tmp:
+        path = export_keras(model, os.path.join(tmp, "best_model.keras"))
+        reloaded = keras.models.load_model(path)
+        sample = xv[: min(len(xv), 64)]
+        if not np.allclose(reloaded.predict(sample, verbose=0), model.predict(sample, verbose=0), atol=1e-5):
+            raise RuntimeError("the exported best model predicts differently from the trained one")
+        uri = layout.report_uri("best_model.keras")
+        store.put_file(path, uri)
+    store.write_bytes(layout.report_uri("best_model.json"),
+                      json.dumps({"config": config, "features": manifest.features, "label": manifest.label,
+                                  "classes": manifest.classes}, indent=2).encode())
+    return uri

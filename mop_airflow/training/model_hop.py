@@ -1,0 +1,112 @@
+"""The body of one model-hop: load the state, train on the local shard, evaluate, save, record.
+
+Runs and is tested without Airflow; the hop operator only adapts Airflow's context to it. A hop
+reads the configuration from the run record, its shard from the worker's local cache, the
+checkpoint (weights and optimizer state) named by its :class:`~mop_airflow.records.Assignment`,
+writes the new checkpoint atomically, then its :class:`~mop_airflow.records.HopRecord`, and hands
+the next hop an assignment that holds only ids and the checkpoint URI.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from mop_airflow.errors import TrainingError
+from mop_airflow.layout import RunLayout
+from mop_airflow.records import Assignment, HopRecord, Manifest, RunRecord
+from mop_airflow.schedule import config_seed
+
+
+@dataclass(frozen=True)
+class Where:
+    """Where the hop runs: for the record only (Airflow fills it in; tests may leave it empty)."""
+
+    task_id: str | None = None
+    host: str | None = None
+    queue: str | None = None
+    pool: str | None = None
+    map_index: int = -1
+    try_number: int = 1
+    started_at: float | None = None  # when the task instance started, before the process set up
+
+
+def run_hop(layout: RunLayout, run: RunRecord, manifest: Manifest, assignment: Assignment, *, t: int, shard: int,
+            rung_end: bool = False, cache_dir: str, where: Where = Where()) -> tuple[HopRecord, Assignment]:
+    """Train ``assignment``'s configuration for its global hop ``t`` on ``shard``."""
+    entered = time.time()
+    started = where.started_at or entered
+    cid = assignment.config_id
+    if assignment.t != t - 1:
+        raise TrainingError(f"{cid} arrives from hop {assignment.t} but this is hop {t}: the DAG and the plan "
+                            "disagree. Fix: re-parse the DAG file and clear the run")
+    config = run.config(cid)
+    schedule = run.schedule
+    iteration, hop = divmod(t, schedule.shards)
+    store = layout.store
+
+    from mop_airflow.data.cache import cached_shard, load_xy  # noqa: PLC0415
+
+    def load(entry: Any) -> tuple[Any, Any]:
+        return load_xy(cached_shard(store, entry, cache_dir), manifest.features, manifest.label, manifest.classes)
+
+    metadata_bytes = store.bytes_read
+    x, y = load(manifest.shards[shard])
+    shard_bytes = store.bytes_read - metadata_bytes  # 0 once the shard is in this worker's cache
+    shard_read = time.time()
+
+    from mop_airflow.training.builder import build_model  # noqa: PLC0415 - TensorFlow loads here
+    from mop_airflow.training.checkpoint import restore_state, state_to_bytes  # noqa: PLC0415
+    from mop_airflow.training.hop import evaluate, train_on_shard  # noqa: PLC0415
+
+    imported = time.time()
+    seed = config_seed(schedule.seed, cid)
+    model = build_model(config, input_dim=x.shape[1], num_classes=len(manifest.classes), seed=seed)
+    built = time.time()
+    checkpoint_bytes = 0
+    if assignment.checkpoint:
+        state_in = store.read_bytes(assignment.checkpoint)
+        checkpoint_bytes = len(state_in)
+        restore_state(model, state_in)
+    loaded = time.time()
+    train = train_on_shard(model, x, y, batch_size=config["batch_size"], epochs=config["epochs_per_hop"],
+                           seed=seed, iteration=iteration, shard=shard)
+    trained = time.time()
+    val = None
+    if rung_end or (hop == schedule.shards - 1 and schedule.evaluates_after(iteration)):
+        before = store.bytes_read
+        xv, yv = load(manifest.validation)
+        shard_bytes += store.bytes_read - before
+        val = evaluate(model, xv, yv, batch_size=max(config["batch_size"], 256))
+    evaluated = time.time()
+    out_uri = layout.checkpoint_uri(cid, t)
+    state = state_to_bytes(model, {"config_id": cid, "t": t, "iteration": iteration, "hop": hop, "shard": shard})
+    store.write_bytes(out_uri, state)
+    saved = time.time()
+    record = HopRecord(
+        config_id=cid, t=t, iteration=iteration, hop=hop, shard=shard, task_id=where.task_id,
+        host=where.host or socket.getfqdn(), pid=os.getpid(), queue=where.queue, pool=where.pool,
+        map_index=where.map_index, try_number=where.try_number,
+        started_at=started, execute_at=entered, train_begin=loaded, train_end=trained, saved_at=saved,
+        timings={"startup": entered - started, "shard_read": shard_read - entered, "imports": imported - shard_read,
+                 "build": built - imported, "checkpoint_load": loaded - built, "train": trained - loaded,
+                 "evaluate": evaluated - trained, "save": saved - evaluated},
+        train_metrics=train, val_metrics=val, checkpoint=out_uri, checkpoint_bytes=len(state),
+        bytes_read={"metadata": metadata_bytes, "data": shard_bytes, "checkpoint": checkpoint_bytes},
+    )
+    record.write(store, layout.hop_record_uri(cid, t))
+    return record, Assignment(config_id=cid, t=t, checkpoint=out_uri)
+
+
+def record_failure(layout: RunLayout, assignment: Assignment, *, t: int, shard: int, shards: int,
+                   error: BaseException, where: Where = Where()) -> HopRecord:
+    """Record why a configuration's hop failed (an adaptive search then prunes it with that reason)."""
+    iteration, hop = divmod(t, shards)
+    status = "diverged" if "diverged" in str(error) else "failed"
+    record = HopRecord(config_id=assignment.config_id, t=t, iteration=iteration, hop=hop, shard=shard, status=status,
+                       task_id=where.task_id, error=f"{type(error).__name__}: {error}"[:1000])
+    record.write(layout.store, layout.hop_record_uri(assignment.config_id, t))
+    return record

@@ -1,0 +1,100 @@
+"""The policies of benchmarks/schedule_sim.py: the same invariants for every one, and hand-checked timelines."""
+
+import itertools
+from collections import defaultdict
+
+import pytest
+
+from benchmarks.schedule_sim import (Workload, main, make_workload, policies, run_cerebro, run_group_rotation,
+                                     run_madlib, run_mop)
+
+POLICIES = dict(policies())
+SHAPES = list(itertools.product([1, 3, 8], [1, 2, 3], [1, 2], ["equal", "spread"]))
+
+
+def workload(cost, *, shards, iterations=1, slots=1, seed=0):
+    return Workload(tuple(cost), dict(cost), shards, iterations, slots, seed)
+
+
+@pytest.mark.parametrize("label", list(POLICIES))
+@pytest.mark.parametrize("n,p,slots,durations", SHAPES)
+def test_every_policy_trains_every_hop_within_the_slots(label, n, p, slots, durations):
+    w = make_workload(n, p, iterations=2, slots=slots, durations=durations, seed=n + p)
+    result = POLICIES[label](w)
+    assert len(result.events) == n * p * 2
+    chains = defaultdict(list)
+    per_slot = defaultdict(list)
+    for e in result.events:
+        assert 0 <= e.slot < slots and e.end - e.start == pytest.approx(w.cost[e.config_id])
+        chains[e.config_id].append(e)
+        per_slot[e.shard, e.slot].append(e)
+    for hops in chains.values():
+        hops.sort(key=lambda e: e.start)
+        assert [e.t for e in hops] == list(range(2 * p))
+        assert all(b.start >= a.end - 1e-9 for a, b in zip(hops, hops[1:]))
+        for i in range(2):  # every shard once per iteration
+            assert sorted(e.shard for e in hops[i * p:(i + 1) * p]) == list(range(p))
+    for hops in per_slot.values():
+        hops.sort(key=lambda e: e.start)
+        assert all(b.start >= a.end - 1e-9 for a, b in zip(hops, hops[1:]))
+    assert result.makespan >= w.lower_bound - 1e-9
+    assert result.makespan == pytest.approx(max(e.end for e in result.events)) or "Cerebro" in label
+
+
+def test_workloads_are_seeded_and_spread_over_60x():
+    a = make_workload(64, 4, durations="spread", seed=3)
+    assert a == make_workload(64, 4, durations="spread", seed=3)
+    assert a.cost != make_workload(64, 4, durations="spread", seed=4).cost
+    assert all(1.0 <= c <= 60.0 for c in a.cost.values()) and max(a.cost.values()) / min(a.cost.values()) > 20
+    assert set(make_workload(8, 4, durations="equal").cost.values()) == {1.0}
+    with pytest.raises(ValueError):
+        make_workload(8, 4, durations="bimodal")
+
+
+def test_madlib_waits_for_the_slowest_model_after_every_hop():
+    # Two models on two segments of 2 slots: every hop ends when the 3 s model ends, so the 1 s
+    # model's hops start at 0 and 3; without the barrier (mop_airflow) it ends at 2. (With 1 slot it
+    # would wait for the 3 s model to leave its next shard anyway, barrier or not.)
+    w = workload({"a": 1.0, "b": 3.0}, shards=2, slots=2)
+    starts = sorted((e.config_id, e.t, e.start) for e in run_madlib(w).events)
+    assert starts == [("a", 0, 0.0), ("a", 1, 3.0), ("b", 0, 0.0), ("b", 1, 3.0)]
+    assert run_madlib(w).makespan == 6.0
+    assert max(e.end for e in run_mop(w).events if e.config_id == "a") == 2.0
+
+
+def test_group_rotation_waits_for_the_whole_group_ahead():
+    # 3 configurations of 1 s on 2 shards, 1 slot: groups of 2 and 1. At hop 1 the group of 2 may
+    # enter shard 1 only when it finished hop 0 on shard 0 (at 2 s): 2 + 2 = 4 s. mop_airflow's
+    # chains reach the lower bound, 3 configurations x 2 hops / 2 slots = 3 s.
+    w = workload({"a": 1.0, "b": 1.0, "c": 1.0}, shards=2)
+    assert sorted(len(c) for c in w.classes) == [1, 2]
+    assert run_group_rotation(w).makespan == 4.0
+    assert run_mop(w).makespan == w.lower_bound == 3.0
+
+
+def test_cerebro_polls_every_two_seconds_and_sleeps_once_after_an_epoch():
+    # One model, one worker, two epochs of one 1 s sub-epoch. Polling every 2 s: it starts at 0,
+    # is seen done at 2, the loop sleeps to 4, starts the next epoch's sub-epoch at 4, seen done at 6.
+    w = workload({"m": 1.0}, shards=1, iterations=2)
+    polled = run_cerebro(w, poll=2.0)
+    assert [(e.t, e.start, e.end) for e in polled.events] == [(0, 0.0, 1.0), (1, 4.0, 5.0)]
+    assert polled.makespan == 6.0
+    assert run_cerebro(w, poll=0.0).makespan == 2.0
+
+
+def test_cerebro_has_a_barrier_per_epoch():
+    # Two models, two workers; the 4 s model makes every epoch last 8 s, and the 1 s model cannot
+    # start its second epoch before the first one ends.
+    w = workload({"fast": 1.0, "slow": 4.0}, shards=2, iterations=2)
+    result = run_cerebro(w)
+    second = min(e.start for e in result.events if e.config_id == "fast" and e.t == 2)
+    assert second == 8.0 and result.makespan == 16.0
+
+
+def test_the_table_prints_every_policy(capsys):
+    assert main(["--quick", "--seeds", "1", "--iterations", "1"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("schedule_sim: 1 iterations, 1 seeds per cell")
+    assert "machine:" in out and "date:" in out
+    for label in POLICIES:
+        assert out.count(label) >= 8  # 2 scales x 2 slot counts x 2 duration kinds

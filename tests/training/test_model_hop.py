@@ -1,0 +1,100 @@
+"""The hop body and the rung decision run without Airflow: resolve a run, shard, plan, hop, rank."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from mop_airflow.data.shard import shard_dataset
+from mop_airflow.errors import TrainingError
+from mop_airflow.layout import RunLayout
+from mop_airflow.records import Assignment, HopRecord, RungDecision
+from mop_airflow.resolve import make_plan, resolve_run
+from mop_airflow.rungs import decide_rung, rung_members
+from mop_airflow.store import Store
+from mop_airflow.training.model_hop import record_failure, run_hop
+
+from .toys import TOY_MODEL
+
+
+@pytest.fixture
+def run_setup(tmp_path, toy_data):
+    x, y = toy_data
+    source = tmp_path / "toy.parquet"
+    pq.write_table(pa.table({**{f"f{i}": x[:, i] for i in range(x.shape[1])}, "y": y}), source)
+    spec = {
+        "data": {"source": str(source), "label": "y", "features": "f*", "classes": [0, 1, 2], "validation": 0.2},
+        "search": {"space": {"method": "grid", "params": {"model": [TOY_MODEL], "learning_rate": [1e-2, 3e-2],
+                                                          "batch_size": [8]}}},
+        "schedule": {"shards": 2, "iterations": 2, "seed": 3},
+        "store": {"root": f"file://{tmp_path / 'store'}", "cache_dir": str(tmp_path / "cache")},
+    }
+    run = resolve_run(spec, {"schedule": {"seed": 5}}, dag_id="d", run_id="r")
+    layout = RunLayout(Store(run.store.root), "d", "r")
+    manifest = shard_dataset(run.data, layout.store, "d", 2, run.schedule.seed)
+    return run, layout, manifest
+
+
+def test_resolve_applies_the_conf_once_and_rejects_a_missing_builder_module():
+    from tests.test_spec import spec_dict
+
+    run = resolve_run(spec_dict(), {"schedule": {"seed": 9}, "unrelated": 1}, dag_id="d", run_id="r")
+    assert run.schedule.seed == 9 and len(run.configs) == 2
+    bad = spec_dict()
+    bad["search"]["space"]["params"]["model"] = ["no_such_module_here:build"]
+    with pytest.raises(Exception, match=r"search.space.params.model.*not importable"):
+        resolve_run(bad, None, dag_id="d", run_id="r")
+
+
+def test_a_configuration_chain_hops_and_resumes_its_optimizer(run_setup):
+    run, layout, manifest = run_setup
+    cid = run.configs[0]["config_id"]
+    cache = run.store.local_cache
+    record0, out0 = run_hop(layout, run, manifest, Assignment(cid, -1, None), t=0, shard=1, cache_dir=cache)
+    assert (out0.t, out0.checkpoint) == (0, layout.checkpoint_uri(cid, 0))
+    assert record0.status == "ok" and record0.val_metrics is None  # not the iteration's last hop
+    record1, out1 = run_hop(layout, run, manifest, out0, t=1, shard=0, cache_dir=cache)
+    assert set(record1.val_metrics) == {"val_loss", "val_accuracy"}  # the end of iteration 0
+    stored = HopRecord.read(layout.store, layout.hop_record_uri(cid, 1))
+    assert stored == record1 and stored.bytes_read["checkpoint"] == record0.checkpoint_bytes
+    # the optimizer's step counter carried across the hop: steps of hop 0 + steps of hop 1
+    import io
+
+    with np.load(io.BytesIO(layout.store.read_bytes(out1.checkpoint))) as state:
+        assert int(state["optimizer/00000"]) == record0.train_metrics["steps"] + record1.train_metrics["steps"]
+    assert record1.train_metrics["steps"] == -(-manifest.shards[0].rows // 8)
+    with pytest.raises(TrainingError, match="arrives from hop 1 but this is hop 3"):
+        run_hop(layout, run, manifest, out1, t=3, shard=1, cache_dir=cache)
+
+
+def test_a_rung_decision_promotes_the_best_and_records_the_failure(run_setup, tmp_path):
+    run, layout, manifest = run_setup
+    spec = dict(run.spec)
+    spec["search"] = {**spec["search"], "space": {"method": "random", "params": {"model": [TOY_MODEL],
+                      "learning_rate": [1e-2, 3e-2, 1e-1], "batch_size": [8]}, "num_samples": None, "seed": 0},
+                      "adaptive": {"method": "successive_halving", "n": 3, "r": 1, "eta": 3}}
+    adaptive_run = resolve_run(spec, None, dag_id="d", run_id="hb")
+    layout = RunLayout(layout.store, "d", "hb")
+    plan = make_plan(adaptive_run)
+    classes = rung_members(layout, plan, 1, 0)
+    members = [c for group in classes for c in group]
+    assert sorted(members) == sorted(c["config_id"] for c in adaptive_run.configs)
+    failing, *trained = sorted(members)
+    for cid in trained:  # one iteration = hops 0 and 1; the class decides which shard comes first
+        offset = next(o for o, group in enumerate(classes) if cid in group)
+        assignment = Assignment(cid, -1, None)
+        for t in range(2):
+            _, assignment = run_hop(layout, adaptive_run, manifest, assignment, t=t, shard=(offset + t) % 2,
+                                    rung_end=t == 1, cache_dir=adaptive_run.store.local_cache)
+    record_failure(layout, Assignment(failing, -1, None), t=0, shard=0, shards=2, error=TrainingError("boom"))
+    decision = decide_rung(layout, adaptive_run, plan, bracket=1, rung=0, start=0, end=2, keep=1)
+    metrics = {r["config_id"]: r["metric"] for r in decision.results if r["status"] == "ok"}
+    assert len(metrics) == 2  # the two trained configurations were ranked; ties go to the lower id
+    assert decision.promoted == [min(metrics, key=lambda c: (-metrics[c], c))]
+    reasons = {e["config_id"]: e["reason"] for e in decision.pruned}
+    assert reasons[failing] == "failed: TrainingError: boom"
+    assert [c for group in decision.next_classes for c in group] == decision.promoted
+    assert RungDecision.read(layout.store, layout.rung_decision_uri(1, 0)) == decision
+    assert rung_members(layout, plan, 1, 1) == decision.next_classes
