@@ -39,6 +39,16 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         print(exc, file=sys.stderr)
         return 2
     print(format_plan(plan, seconds_per_hop=args.seconds_per_hop, slots_per_shard=args.slots))
+    if args.seconds_per_hop is not None:
+        from mop_airflow.simulation import estimate_seconds  # noqa: PLC0415
+        from mop_airflow.task_plan import build_task_plan  # noqa: PLC0415
+
+        sim = estimate_seconds(build_task_plan(args.shards, 0, plan), plan.total_configurations,
+                               seconds_per_hop=args.seconds_per_hop, slots=args.slots, adaptive=plan,
+                               task_seconds=args.task_seconds)
+        print(f"simulated wall time: {sim.makespan:,.0f} s: the DAG's own task plan replayed with Airflow's pool "
+              f"and priority rules, rung barriers and {args.task_seconds:g} s of fixed cost per task included; "
+              f"shard slots busy {sim.busy_fraction:.0%}")
     return 0
 
 
@@ -77,6 +87,9 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--allow-partial-iterations", action="store_true")
     plan.add_argument("--seconds-per-hop", type=float, default=None,
                       help="measured seconds per model hop, for the wall-time estimate (see benchmarks/)")
+    plan.add_argument("--task-seconds", type=float, default=0.0,
+                      help="Airflow's fixed cost per task (start-up, imports), added to every hop in the "
+                           "simulated wall time; benchmarks/hop_overhead.py measures it")
     plan.set_defaults(func=_cmd_plan)
 
     demo = sub.add_parser("demo", help="run the MNIST-1D demo on a local Airflow and print the leaderboard")

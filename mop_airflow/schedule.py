@@ -1,4 +1,4 @@
-"""Which configuration trains on which shard at which hop, and a replay of it. Pure and seeded.
+"""Which configuration trains on which shard at which hop, and in which order. Pure and seeded.
 
 Configurations are dealt (in a seeded order) into ``p`` **offset classes**. A configuration of class
 ``o`` trains on shard ``(o + t) mod p`` at its global hop ``t``: in every iteration (``p`` hops) it

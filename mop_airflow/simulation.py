@@ -11,8 +11,9 @@ from __future__ import annotations
 import heapq
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
+from mop_airflow.schedule import deal_classes, hash_seed
 from mop_airflow.task_plan import ClassGroup, TaskPlan
 
 @dataclass(frozen=True)
@@ -64,7 +65,6 @@ def simulate(plan: TaskPlan, members: Members, seconds: Seconds, *, slots: int,
     """
     tasks = {spec.task_id: spec for spec in plan.tasks}
     order = {spec.task_id: k for k, spec in enumerate(plan.tasks)}
-    groups = {g.group_id: g for g in plan.groups}
     downstream: dict[str, list[str]] = defaultdict(list)
     for spec in plan.tasks:
         for up in spec.upstream:
@@ -181,3 +181,36 @@ def lower_bound(hop_seconds: Mapping[str, float], hops: Mapping[str, int], *, sh
     """No schedule beats max(total work / slots, the longest configuration's own chain)."""
     total = sum(hop_seconds[c] * hops[c] for c in hops)
     return max(total / (shards * slots), max((hop_seconds[c] * hops[c] for c in hops), default=0.0))
+
+
+def stand_in_members(plan: TaskPlan, config_ids: Sequence[str], *, adaptive: Any = None, seed: int = 0) -> Members:
+    """Who each class group expands over when nobody has trained yet: the configurations dealt as the
+    plan task deals them; at a later rung the first ``keep`` of the previous rung (by id) stand in
+    for the ones the ranking will promote (with equal hop times, which ones does not matter)."""
+    if adaptive is None:
+        classes = deal_classes(config_ids, shards=plan.shards, seed=seed)
+        return lambda group, expanded: classes[group.offset]
+    from mop_airflow.search.adaptive import split_by_bracket  # noqa: PLC0415
+
+    by_bracket = split_by_bracket(list(config_ids), adaptive)
+    keep = {(s.args["bracket"], s.args["rung"]): s.args["keep"] for s in plan.tasks if s.kind == "promote"}
+
+    def members(group: ClassGroup, expanded: Mapping[str, Sequence[str]]) -> Sequence[str]:
+        if group.rung == 0:
+            candidates = by_bracket[group.bracket]
+        else:
+            previous = sorted(cid for g in plan.groups if (g.bracket, g.rung) == (group.bracket, group.rung - 1)
+                              for cid in expanded[g.group_id])
+            candidates = previous[:keep[(group.bracket, group.rung - 1)]]
+        return deal_classes(candidates, shards=plan.shards, seed=hash_seed(seed, group.bracket, group.rung))[
+            group.offset]
+
+    return members
+
+
+def estimate_seconds(plan: TaskPlan, configurations: int, *, seconds_per_hop: float, slots: int,
+                     adaptive: Any = None, task_seconds: float = 0.0) -> Simulation:
+    """The plan replayed with every hop taking ``seconds_per_hop`` (plus ``task_seconds`` per task)."""
+    ids = [f"c{i:04d}" for i in range(configurations)]
+    return simulate(plan, stand_in_members(plan, ids, adaptive=adaptive), lambda cid, t, shard: seconds_per_hop,
+                    slots=slots, task_seconds=task_seconds)

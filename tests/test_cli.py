@@ -12,7 +12,9 @@ def test_plan_prints_brackets_totals_and_estimate(capsys):
                     ["1", "0", "5", "3", "12", "1"], ["1", "1", "1", "9", "36", "-"], ["0", "0", "3", "9", "36", "-"]]
     assert "total configurations: 17" in out
     assert "69 iterations = 276 model-hops" in out
-    assert "estimated wall time" in out
+    assert "estimated wall time: at least 138 s" in out  # 276 hops x 2 s / 4 shards
+    # the replay of the DAG's task plan: just above the bound (rung barriers), never below it
+    assert "simulated wall time: 140 s" in out
 
 
 def test_successive_halving_plan(capsys):

@@ -7,7 +7,7 @@ import pytest
 
 from benchmarks.schedule_sim import make_workload, run_group_rotation, run_mop
 from mop_airflow.schedule import PRIORITY_RULES, deal_classes, priority_weight, shard_at, visit_order
-from mop_airflow.simulation import lower_bound, simulate
+from mop_airflow.simulation import estimate_seconds, lower_bound, simulate, stand_in_members
 from mop_airflow.search.adaptive import adaptive_plan, split_by_bracket
 from mop_airflow.task_plan import build_task_plan
 
@@ -214,14 +214,7 @@ def test_an_adaptive_plan_simulates_every_model_hop():
             if spec.kind == "promote"}
     assert keep == {(2, 0): 3, (2, 1): 1, (1, 0): 1}
 
-    def members(group, expanded):
-        if group.rung == 0:
-            candidates = bracket_ids[group.bracket]
-        else:  # the survivors: the first `keep` (by id) of the previous rung, dealt again
-            previous = sorted(cid for g in plan.groups if g.bracket == group.bracket and g.rung == group.rung - 1
-                              for cid in expanded[g.group_id])
-            candidates = previous[:keep[(group.bracket, group.rung - 1)]]
-        return deal_classes(candidates, shards=p, seed=seed)[group.offset]
+    members = stand_in_members(plan, ids, adaptive=hyperband, seed=seed)
 
     sim = simulate(plan, members, lambda cid, t, shard: 1.0 + int(cid[1:]) % 3, slots=1)
     assert len(sim.events) == hyperband.total_hops
@@ -232,3 +225,17 @@ def test_an_adaptive_plan_simulates_every_model_hop():
         assert all(b.start >= a.end for a, b in zip(hops, hops[1:]))
         for i in range(len(hops) // p):
             assert sorted(e.shard for e in hops[i * p:(i + 1) * p]) == list(range(p))
+
+
+def test_the_estimate_of_a_plan_with_equal_hops_reaches_the_lower_bound_when_slots_stay_full():
+    # 8 configurations, 4 shards, 2 iterations, 1 slot: 2 per class, 8 hops each. The two of a class
+    # alternate on each shard and no shard ever idles: 8 x 8 hops / 4 shards = 16 hop times, the
+    # lower bound (a chain alone is only 8 hop times)
+    sim = estimate_seconds(build_task_plan(4, 2), 8, seconds_per_hop=2.0, slots=1)
+    assert len(sim.events) == 8 * 8 and sim.makespan == pytest.approx(2.0 * 16)
+    assert sim.busy_fraction == pytest.approx(1.0)
+    hb = adaptive_plan({"method": "hyperband", "R": 9, "eta": 3}, 4)
+    sim = estimate_seconds(build_task_plan(4, 0, hb), hb.total_configurations, seconds_per_hop=1.0, slots=1,
+                           adaptive=hb)
+    assert len(sim.events) == hb.total_hops == 276
+    assert sim.makespan >= 276 / 4  # never better than the work spread over the 4 shards
