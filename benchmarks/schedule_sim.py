@@ -41,7 +41,7 @@ All policies deal the configurations with the same :func:`~mop_airflow.schedule.
 (group rotation's groups, MADlib's initial segments and mop_airflow's offset classes coincide).
 
 Efficiency = lower bound / makespan, with lower bound = max(total work / (shards * slots), the
-longest configuration's own chain) (:func:`mop_airflow.schedule.lower_bound`); 1.0 is optimal.
+longest configuration's own chain) (:func:`mop_airflow.simulation.lower_bound`); 1.0 is optimal.
 
     python benchmarks/schedule_sim.py [--seeds 10] [--iterations 3] [--quick]
 """
