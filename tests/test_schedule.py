@@ -8,7 +8,7 @@ import pytest
 from benchmarks.schedule_sim import make_workload, run_group_rotation, run_mop
 from mop_airflow.schedule import PRIORITY_RULES, deal_classes, priority_weight, shard_at, visit_order
 from mop_airflow.simulation import estimate_seconds, lower_bound, simulate, stand_in_members
-from mop_airflow.search.adaptive import adaptive_plan, split_by_bracket
+from mop_airflow.search.adaptive import adaptive_plan
 from mop_airflow.task_plan import build_task_plan
 
 SHAPES = list(itertools.product([1, 2, 3, 5, 8, 13], [1, 2, 3, 4, 7], [1, 2, 3]))
@@ -209,7 +209,6 @@ def test_an_adaptive_plan_simulates_every_model_hop():
     assert hyperband.total_hops == 36 + 24 + 24 + 60 + 24 + 108 == 276
     plan = build_task_plan(p, 0, hyperband)
     ids = [f"c{i:02d}" for i in range(hyperband.total_configurations)]
-    bracket_ids = split_by_bracket(ids, hyperband)
     keep = {(spec.args["bracket"], spec.args["rung"]): spec.args["keep"] for spec in plan.tasks
             if spec.kind == "promote"}
     assert keep == {(2, 0): 3, (2, 1): 1, (1, 0): 1}
