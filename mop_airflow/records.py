@@ -115,9 +115,6 @@ class Plan(Record):
     adaptive: dict[str, Any] | None = None
     visit_order: dict[str, list[int]] = field(default_factory=dict)
 
-    def classes_of(self, bracket: int | None) -> list[list[str]]:
-        return self.classes if bracket is None else self.rung0_classes[str(bracket)]
-
 
 @dataclass(frozen=True)
 class Assignment(Record):

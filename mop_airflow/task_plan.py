@@ -26,7 +26,6 @@ from typing import Any, Mapping
 
 from mop_airflow.schedule import DEFAULT_PRIORITY, priority_weight, shard_at
 
-KINDS = ("preflight", "validate", "shard", "plan", "stage", "deal", "hop", "promote", "report")
 # Past the failed configuration of a chain, its group-mates' chains go on; a report or a promote
 # step runs as long as nothing failed (a skipped, i.e. pruned, configuration is not a failure).
 JOIN = "none_failed_min_one_success"
@@ -46,7 +45,7 @@ class TaskSpec:
     """
 
     task_id: str
-    kind: str
+    kind: str  # preflight, validate, shard, plan, stage, deal, hop, promote or report
     upstream: tuple[str, ...] = ()
     group: str | None = None
     pool: str | None = None
@@ -75,12 +74,6 @@ class TaskPlan:
     tasks: tuple[TaskSpec, ...]
     groups: tuple[ClassGroup, ...]
     priority: str = DEFAULT_PRIORITY
-
-    def task(self, task_id: str) -> TaskSpec:
-        for spec in self.tasks:
-            if spec.task_id == task_id:
-                return spec
-        raise KeyError(task_id)
 
     def group_tasks(self, group_id: str) -> list[TaskSpec]:
         return [spec for spec in self.tasks if spec.group == group_id]
