@@ -117,7 +117,10 @@ def _adaptive(builder: "_Builder", adaptive: Any, stages: list[str]) -> list[str
         for span in spans:
             prefix = f"bracket_{bracket.s}.rung_{span.i}"
             lasts = []
-            for o in range(p):
+            # A rung holds at most n_i configurations and the deal fills classes 0, 1, ... first,
+            # so a rung of fewer configurations than shards needs only n_i classes: the long late
+            # rungs of a bracket (1-3 configurations) would otherwise render p chains each.
+            for o in range(min(p, span.n_i)):
                 deal = builder.add(f"{prefix}.deal_{o}", "deal", gate,
                                    args={"bracket": bracket.s, "rung": span.i, "offset": o, "start": span.start})
                 lasts.append(builder.chain(f"{prefix}.class_{o}", source=deal, offset=o, start=span.start,

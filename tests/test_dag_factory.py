@@ -155,15 +155,17 @@ def test_hyperband_dag_has_a_promote_task_between_rungs():
     # rung 1 of bracket 2 trains from 1 to 3 iterations: its classes' last hop is global hop 5
     assert promote.upstream_task_ids == {f"bracket_2.rung_1.class_{o}.hop_05_shard_{shard_at(o, 5, 2)}"
                                          for o in range(2)}
-    assert promote.downstream_task_ids == {f"bracket_2.rung_2.deal_{o}" for o in range(2)}
+    assert promote.downstream_task_ids == {"bracket_2.rung_2.deal_0"}  # rung 2 holds 1 configuration
     # a promoted configuration resumes: rung 2 starts at global hop 6 (3 iterations x 2 shards)
     deal = dag.get_task("bracket_2.rung_2.deal_0")
     assert deal.start == 6
     first = dag.get_task("bracket_2.rung_2.class_0.hop_06_shard_0")
     assert first.upstream_task_ids == {"bracket_2.rung_2.deal_0"}
+    # a rung renders one class per configuration it can hold, at most one per shard: the last
+    # rungs of brackets 2 and 1 hold 1 configuration, bracket 0 holds 3 (on 2 shards: 2 classes)
     assert dag.get_task("report").upstream_task_ids == {
-        f"bracket_{b}.rung_{r}.class_{o}.hop_17_shard_{shard_at(o, 17, 2)}" for b, r in ((2, 2), (1, 1), (0, 0))
-        for o in range(2)}
+        f"bracket_{b}.rung_{r}.class_{o}.hop_17_shard_{shard_at(o, 17, 2)}" for b, r, n in ((2, 2, 1), (1, 1, 1), (0, 0, 2))
+        for o in range(n)}
     # rung 0 of every bracket waits for the shards to be staged, then deals its classes
     assert dag.get_task("bracket_0.rung_0.deal_1").upstream_task_ids == {"stage_shard_0", "stage_shard_1"}
     assert "Hyperband" not in dag.description and "3 bracket(s), 17 configurations" in dag.description
@@ -200,3 +202,21 @@ def test_the_plan_record_round_trips_and_every_class_visits_every_shard_once_per
     assert sorted(c for members in plan.classes for c in members) == sorted(c["config_id"] for c in run.configs)
     for shards in plan.visit_order.values():
         assert sorted(shards[:3]) == sorted(shards[3:]) == [0, 1, 2]
+
+
+@pytest.mark.parametrize("adaptive", [{"method": "hyperband", "R": 81, "eta": 3},
+                                      {"method": "hyperband", "R": 81, "eta": 3, "rounding": "madlib"},
+                                      {"method": "hyperband", "R": 27, "eta": 3, "skip_last": 1},
+                                      {"method": "successive_halving", "n": 20, "r": 1, "eta": 2}])
+def test_a_rung_never_holds_more_configurations_than_it_renders_classes_for(adaptive):
+    from mop_airflow.search.adaptive import adaptive_plan, brackets_of
+
+    p = 4
+    plan = adaptive_plan(adaptive, p)
+    groups = build_task_plan(p, 0, plan).groups
+    for bracket in brackets_of(plan):
+        for before, rung in zip(bracket.rungs, bracket.rungs[1:]):
+            assert before.keep == rung.n_i  # what a promote can pass on is what the next rung holds
+        for rung in bracket.rungs:
+            classes = [g for g in groups if (g.bracket, g.rung) == (bracket.s, rung.i)]
+            assert len(classes) == min(p, rung.n_i)

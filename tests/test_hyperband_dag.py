@@ -75,11 +75,8 @@ def test_hyperband_promotes_exactly_the_best_and_skips_the_rest(airflow_db, tmp_
     states = {(ti.task_id, ti.rendered_map_index): ti.state for ti in run.get_task_instances()}
     rung1 = {(task, idx): state for (task, idx), state in states.items() if task.startswith("bracket_1.rung_1.")
              and ".hop_" in task}
-    trained = {key: state for key, state in rung1.items() if key[1] is not None}
-    assert {idx for _, idx in trained} == {best["config_id"]} and set(trained.values()) == {"success"}
-    assert len(trained) == 4  # from 1 to 3 iterations: 2 more iterations x 2 shards
-    # the other offset class of rung 1 is empty: its hop tasks expand to nothing and are skipped
-    assert {state for key, state in rung1.items() if key[1] is None} == {"skipped"}
+    assert {idx for _, idx in rung1} == {best["config_id"]} and set(rung1.values()) == {"success"}
+    assert len(rung1) == 4  # from 1 to 3 iterations: 2 more iterations x 2 shards, one class (n_1 = 1)
     rung0 = {(task, idx): state for (task, idx), state in states.items() if task.startswith("bracket_1.rung_0.")
              and ".hop_" in task}
     # rung 0 is 1 iteration = 2 hops: the broken chain's 2 instances are skipped (its first one,
