@@ -46,9 +46,10 @@ LocalExecutor so a small machine stays usable; the scheduler still examines ever
 instance of the run in each loop.
 
 Shapes: demo (4 shards x 3 iterations), 8x10, 16x20, hb81-p4 and hb81-p16 (Hyperband R=81,
-eta=3 on 4 and 16 shards; see ``mop-airflow plan --R 81 --eta 3 --shards 16``). A shape whose file
-cannot be parsed and serialized within the dag-processor's timeout never reaches the scheduler
-and is not run.
+eta=3 on 4 and 16 shards; see ``mop-airflow plan --R 81 --eta 3 --shards 16``), plus 16x40 and
+16x80, parsed and serialized only, so the fit has measured points near the timeouts. A shape
+whose file cannot be parsed and serialized within the dag-processor's timeout never reaches the
+scheduler and is not run.
 
     python benchmarks/dag_scale.py [--shapes demo,16x20] [--window 240] [--skip-scheduler]
                                    [--skip-ui] [--skip-browser] [--parallelism 4]
@@ -60,6 +61,7 @@ wait is bounded and every Airflow started here is stopped.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import json
 import math
@@ -100,6 +102,7 @@ class Shape:
     shards: int
     iterations: int = 1
     adaptive: dict | None = None
+    parse_only: bool = False  # measured for the parse / serialize fit; too big to schedule here
 
     @property
     def label(self) -> str:
@@ -116,6 +119,8 @@ SHAPES = {s.name: s for s in (
     Shape("demo", 4, 3),
     Shape("8x10", 8, 10),
     Shape("16x20", 16, 20),
+    Shape("16x40", 16, 40, parse_only=True),
+    Shape("16x80", 16, 80, parse_only=True),
     Shape("hb81-p4", 4, adaptive=HYPERBAND),
     Shape("hb81-p16", 16, adaptive=HYPERBAND),
 )}
@@ -172,7 +177,10 @@ def expected_instances(shape: Shape, configs: int | None = None) -> dict[str, in
     else:
         n = adaptive.total_configurations
         model_hops = adaptive.total_hops
-        empty = sum(max(0, p - span.n_i) * (span.end - span.start)
+        classes: dict[tuple[int | None, int], int] = {}
+        for group in plan.groups:
+            classes[(group.bracket, group.rung)] = classes.get((group.bracket, group.rung), 0) + 1
+        empty = sum(max(0, classes.get((bracket.s, span.i), 0) - span.n_i) * (span.end - span.start)
                     for bracket in brackets_of(adaptive) for span in rung_spans(bracket))
     return {"configs": n, "control": control, "model_hops": model_hops, "empty": empty,
             "total": control + model_hops + empty}
@@ -495,6 +503,7 @@ class Browser:
              f"--remote-debugging-port={self.port}", "--window-size=1600,1000", "about:blank"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         self.ws = None
+        self.stack = contextlib.ExitStack()
         self.next_id = 0
         import httpx  # noqa: PLC0415
 
@@ -511,7 +520,7 @@ class Browser:
             raise RuntimeError("headless Chromium did not start within 30 s")
         from websockets.sync.client import connect  # noqa: PLC0415
 
-        self.ws = connect(page["webSocketDebuggerUrl"], max_size=None, open_timeout=10)
+        self.ws = self.stack.enter_context(connect(page["webSocketDebuggerUrl"], max_size=None, open_timeout=10))
         self.call("Page.enable")
         self.call("Runtime.enable")
         self.call("Performance.enable")
@@ -538,8 +547,7 @@ class Browser:
 
     def close(self) -> None:
         try:
-            if self.ws is not None:
-                self.ws.close()
+            self.stack.close()
         except Exception:  # noqa: BLE001, S110 - the browser is killed next anyway
             pass
         try:
@@ -776,8 +784,9 @@ def print_size(shape: Shape, configs: list[int]) -> dict[str, Any]:
         e = expected_instances(shape)
         say(f"  the plan draws {e['configs']} configurations and trains {e['model_hops']} model hops "
             f"(promoted configurations resume)")
+        empty = f" + {e['empty']} skipped hop instances of classes a rung leaves empty" if e["empty"] else ""
         say(f"  task instances of a run: {e['total']}  (= {e['control']} unmapped + {e['model_hops']} model hops"
-            f" + {e['empty']} skipped hop instances of classes a rung leaves empty)")
+            f"{empty}; a rung has one class group per shard, at most one per configuration)")
     return {"tasks": len(plan.tasks), "hop_tasks": plan.hop_tasks, "plan_seconds_inproc": plan_seconds}
 
 
@@ -904,15 +913,22 @@ def print_run(shape: Shape, result: RunResult, args: argparse.Namespace) -> None
 
 
 def fit_quadratic(points: list[tuple[float, float]]) -> tuple[float, float, float] | None:
-    """Least squares y = a + b n + c n^2 (c >= 0 not enforced) through (n, y) points."""
+    """Non-negative least squares y = a + b n + c n^2 through (n, y) points (relative errors weighted
+    equally, so the small shapes count as much as the big ones)."""
     if len(points) < 3:
         return None
     import numpy as np  # noqa: PLC0415
+    from scipy.optimize import nnls  # noqa: PLC0415
 
     n = np.array([x for x, _ in points], dtype=float)
     y = np.array([v for _, v in points], dtype=float)
-    coeffs, *_ = np.linalg.lstsq(np.vstack([np.ones_like(n), n, n * n]).T, y, rcond=None)
+    design = np.vstack([np.ones_like(n), n, n * n]).T / y[:, None]
+    coeffs, _ = nnls(design, np.ones_like(y))
     return tuple(float(c) for c in coeffs)
+
+
+def predict(fit: tuple[float, float, float], n: float) -> float:
+    return fit[0] + fit[1] * n + fit[2] * n * n
 
 
 def solve(fit: tuple[float, float, float], target: float) -> float | None:
@@ -943,19 +959,30 @@ def print_limits(results: dict[str, dict[str, Any]], args: argparse.Namespace) -
         both = [(t, p["parse"]["seconds"] + p["serialize"]["seconds"]) for t, p in parsed if p.get("serialize")]
         fit, fit2 = fit_quadratic(pts), fit_quadratic(both)
         if fit:
+            say(f"  fit (non-negative least squares over the measured shapes): parse ~ {fit[0]:.2f}s + "
+                f"{fit[1] * 1000:.3f} ms x n + {fit[2] * 1e6:.4f} us x n^2 (n = tasks; the n^2 term is the SDK hashing the "
+                f"whole DAG for every dependency, see the hash figures above)")
+            for name, r in over:
+                say(f"  the fit says {predict(fit, r['tasks']):.0f}s for {name} ({r['tasks']} tasks); measured: more than "
+                    f"{r['parse']['timeout']:.0f}s at load {r.get('load', '?')}")
             n30 = solve(fit, IMPORT_TIMEOUT)
-            say(f"  fit through the measured shapes: parse ~ {fit[1] * 1000:.3f} ms x n + {fit[2] * 1e6:.4f} us x n^2 "
-                f"(n = tasks; the n^2 term is Airflow's DAG hash over all task ids, recomputed on every edge)")
             if n30:
                 say(f"  -> parse reaches dagbag_import_timeout ({IMPORT_TIMEOUT:.0f}s) near {n30:,.0f} tasks on this machine")
         if fit2:
+            say(f"  fit: parse + serialize ~ {fit2[0]:.2f}s + {fit2[1] * 1000:.3f} ms x n + {fit2[2] * 1e6:.4f} us x n^2")
             n50 = solve(fit2, PROCESSOR_TIMEOUT)
             if n50:
                 say(f"  -> parse + serialize reaches dag_file_processor_timeout ({PROCESSOR_TIMEOUT:.0f}s) near {n50:,.0f} tasks")
-            n_half = solve(fit2, REPARSE_INTERVAL / 2)
+            n_half = solve(fit2, REPARSE_INTERVAL)
             if n_half:
-                say(f"  -> above ~{n_half:,.0f} tasks the dag-processor spends over half a core re-parsing the file every "
-                    f"{REPARSE_INTERVAL:.0f}s")
+                say(f"  -> above ~{n_half:,.0f} tasks parse + serialize takes longer than min_file_process_interval "
+                    f"({REPARSE_INTERVAL:.0f}s): the dag-processor spends over half a core on this one file")
+        seen = [(name, r["run"].figures["processor_rows"]) for name, r in results.items()
+                if r.get("run") and r["run"].figures.get("processor_rows")]
+        if seen:
+            say("  inside the running Airflow (CPU shared with the scheduler and tasks), the dag-processor's own stats: "
+                + "; ".join(f"{name} max {max(rows):.1f}s" for name, rows in seen)
+                + f" (dag_file_processor_timeout {PROCESSOR_TIMEOUT:.0f}s)")
     sizes = [(r["tasks"], r["parse"]["serialize"]) for r in results.values() if r.get("parse", {}).get("serialize")]
     if sizes:
         per_task = statistics.median(s["bytes"] / t for t, s in sizes)
@@ -1040,8 +1067,7 @@ def print_limits(results: dict[str, dict[str, Any]], args: argparse.Namespace) -
         plan = build_task_plan(p, iterations, adaptive_plan(adaptive, p) if adaptive else None)
         guess = ""
         if fit:
-            n = len(plan.tasks)
-            guess = f"; parse+serialize ~{fit[0] + fit[1] * n + fit[2] * n * n:.0f}s by the fit"
+            guess = f"; parse+serialize ~{predict(fit, len(plan.tasks)):.0f}s by the fit"
         say(f"  {label:<78} {len(plan.tasks):>7} tasks{guess}")
     say("  what to do: keep a DAG file within the measured budget above; fewer, larger shards (tasks grow with "
         "shards^2 x iterations); epochs_per_hop > 1 with proportionally fewer iterations (same passes over the "
@@ -1071,7 +1097,7 @@ def main() -> int:
     parser.add_argument("--window", type=float, default=240.0, help="seconds of steady-state scheduler measurement")
     parser.add_argument("--baseline", type=float, default=30.0, help="seconds of idle measurement before the trigger")
     parser.add_argument("--setup-timeout", type=float, default=600.0, help="bound on trigger -> every shard staged")
-    parser.add_argument("--parse-timeout", type=float, default=180.0, help="bound on parse + serialize per shape")
+    parser.add_argument("--parse-timeout", type=float, default=300.0, help="bound on parse + serialize per shape")
     parser.add_argument("--parallelism", type=int, default=4, help="LocalExecutor slots ([core] parallelism)")
     parser.add_argument("--configs", default="16,64,256", help="configuration counts for the task-instance table")
     parser.add_argument("--page-budget", type=float, default=120.0, help="bound on rendering one UI page")
@@ -1104,11 +1130,15 @@ def main() -> int:
             say(f"\n== {name}: {shape.label} ==  ({load()})")
             entry: dict[str, Any] = print_size(shape, configs)
             entry["parse"] = parse = measure_parse(dag_file, args.parse_timeout)
+            entry["load"] = f"{os.getloadavg()[0]:.1f}"
             print_parse(parse)
             results[name] = entry
             if args.skip_scheduler:
                 continue
-            if not parse.get("serialize"):
+            if shape.parse_only:
+                entry["run"] = RunResult(skipped="a parse-only shape, for the parse / serialize fit (16x20 already "
+                                                 "shows the scheduler's limit)")
+            elif not parse.get("serialize"):
                 entry["run"] = RunResult(skipped="the file is not parsed and serialized within the budget, so the "
                                                  "dag-processor would time out and the scheduler would never see it")
             elif parse["parse"]["seconds"] + parse["serialize"]["seconds"] > PROCESSOR_TIMEOUT:
