@@ -507,7 +507,7 @@ class Browser:
         self.next_id = 0
         import httpx  # noqa: PLC0415
 
-        deadline = time.time() + 30
+        deadline = time.time() + 90
         while time.time() < deadline:
             try:
                 targets = httpx.get(f"http://127.0.0.1:{self.port}/json/list", timeout=2).json()
@@ -517,7 +517,7 @@ class Browser:
                 time.sleep(0.3)
         else:
             self.close()
-            raise RuntimeError("headless Chromium did not start within 30 s")
+            raise RuntimeError("headless Chromium did not start within 90 s")
         from websockets.sync.client import connect  # noqa: PLC0415
 
         self.ws = self.stack.enter_context(connect(page["webSocketDebuggerUrl"], max_size=None, open_timeout=10))
@@ -623,7 +623,11 @@ def measure_pages(base_url: str, dag_id: str, run_id: str, profile: Path, budget
     rows = []
     for view in ("grid", "graph"):
         # A fresh browser per view: one view's heap or a hung main thread must not spill into the other.
-        browser = Browser(binary, profile / view)
+        try:
+            browser = Browser(binary, profile / view)
+        except Exception as exc:  # noqa: BLE001 - report and go on
+            rows.append({"view": view, "error": f"{type(exc).__name__}: {exc}"[:200]})
+            continue
         try:
             browser.call("Page.navigate", url=f"{base_url}/")
             time.sleep(3)
@@ -748,7 +752,11 @@ def run_on_airflow(shape: Shape, home: Path, dag_file: Path, args: argparse.Name
                     pass
             if not args.skip_ui:
                 ui_started = time.time()
-                fig["endpoints"] = measure_endpoints(af, shape.dag_id, run_id)
+                try:
+                    fig["endpoints"] = measure_endpoints(af, shape.dag_id, run_id)
+                except Exception as exc:  # noqa: BLE001 - the scheduler figures above still count
+                    fig["endpoints"] = []
+                    notes.append(f"UI endpoints failed: {type(exc).__name__}: {str(exc)[:200]}")
                 if args.skip_browser:
                     fig["pages_note"] = "skipped (--skip-browser)"
                 elif find_chromium() is None:
