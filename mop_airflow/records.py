@@ -135,6 +135,46 @@ class ShardEntry(Record):
 
 
 @dataclass(frozen=True)
+class SourceFile(Record):
+    """One file of a source: its size and version (ETag or mtime) stand in for its bytes' hash."""
+
+    uri: str
+    rows: int
+    bytes: int
+    version: str = ""
+
+
+@dataclass(frozen=True)
+class SourceListing(Record):
+    """A source resolved into files (a file, folder, glob or prefix) with the schema they share."""
+
+    uri: str
+    format: str  # "parquet" or "csv"
+    files: list[SourceFile]
+    schema: dict[str, str]
+    partitions: list[str] = field(default_factory=list)  # hive keys, e.g. ["year"]
+    base: str | None = None  # the folder hive partitions are read below
+
+    @property
+    def total_rows(self) -> int:
+        return sum(f.rows for f in self.files)
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(f.bytes for f in self.files)
+
+    @property
+    def columns(self) -> list[str]:
+        return [*self.schema, *[k for k in self.partitions if k not in self.schema]]
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "SourceListing":
+        fields = _known(cls, data)
+        fields["files"] = [SourceFile.from_dict(f) for f in data["files"]]
+        return cls(**fields)
+
+
+@dataclass(frozen=True)
 class Manifest(Record):
     """The sharded data set: where each shard is, its size and checksum; reused for the same input."""
 
@@ -150,6 +190,11 @@ class Manifest(Record):
     total_rows: int
     created_at: str
     reused: bool = False
+    task: str = "classification"  # or "regression": then ``classes`` is empty
+    # One entry per model input (see mop_airflow.data.inputs.InputSpec); empty in manifests written
+    # before inputs existed, which read as one input of the scalar ``features`` columns.
+    inputs: list[dict[str, Any]] = field(default_factory=list)
+    shuffle: str = "rows"
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "Manifest":

@@ -51,50 +51,51 @@ def _positive_int(name: str, value: Any, minimum: int = 1) -> None:
 class DataSpec:
     """Where the training data is and what its columns mean.
 
-    ``source`` is a Parquet or CSV file (path or URI). ``features`` lists numeric columns, or is one
-    glob pattern such as ``"x*"``. ``validation`` is a fraction of ``source`` held out (seeded) or
-    the path/URI of a separate validation file with the same columns. For ``s3://`` sources,
-    ``conn_id`` names an Airflow AWS connection (credentials, ``endpoint_url``); credentials never
-    go into the spec itself, which is written to the store with the results.
+    ``source`` is a Parquet or CSV file, a folder of them (hive partitions allowed), a glob or an
+    ``s3://`` prefix. ``features`` lists numeric columns, is one glob pattern such as ``"x*"``, or
+    maps model inputs to columns: ``{"image": {"shape": [32, 32, 3]}}`` (a list column, reshaped),
+    ``{"photo": {"shape": [32, 32, 3], "decode": "image"}}`` (PNG/JPEG bytes, decoded on the worker)
+    or ``{"tabular": {"columns": "x*"}}`` (scalar columns stacked). ``task`` is ``classification``
+    (``classes`` declared, or found by validation when left empty) or ``regression`` (a numeric
+    ``label``). ``validation`` is a fraction of ``source`` held out (seeded) or a separate source of
+    any of the same forms. ``shuffle`` is ``rows`` (each shard a seeded row-level random sample) or
+    ``files`` (files kept whole and dealt to shards, for data already shuffled). ``batch_mb`` bounds
+    the record batch a validating or sharding task holds. For ``s3://`` sources, ``conn_id`` names an
+    Airflow AWS connection (credentials, ``endpoint_url``); credentials never go into the spec itself,
+    which is written to the store with the results.
     """
 
     source: str
     label: str
-    features: tuple[str, ...] | str
-    classes: tuple[Any, ...]
+    features: tuple[str, ...] | str | Mapping[str, Any]
+    classes: tuple[Any, ...] = ()
     validation: float | str = 0.2
     storage_options: Mapping[str, Any] = field(default_factory=dict)
     conn_id: str | None = None
+    task: str = "classification"
+    shuffle: str = "rows"
+    batch_mb: float = 128.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.source, str) or not self.source.strip():
             raise SpecError("data.source", self.source, "must be a non-empty path or URI",
-                            "point data.source at a .parquet or .csv file, e.g. 's3://bucket/train.parquet'")
-        lower = self.source.lower().split("?")[0]
-        if not (lower.endswith(".parquet") or lower.endswith(".csv") or lower.endswith(".pq")):
-            raise SpecError("data.source", self.source, "must name a .parquet, .pq or .csv file",
-                            "convert the data to Parquet or CSV, or rename the file with its format's extension")
+                            "point data.source at a Parquet or CSV file, a folder or glob of them, or an "
+                            "s3:// prefix, e.g. 's3://bucket/train/'")
+        _check_source_form("data.source", self.source)
         if not isinstance(self.label, str) or not self.label:
             raise SpecError("data.label", self.label, "must be a column name",
                             "set data.label to the name of the label column")
-        features = self.features
-        if isinstance(features, str):
-            if not features:
-                raise SpecError("data.features", features, "must not be empty",
-                                "list the feature columns or give a glob such as 'x*'")
-        else:
-            features = tuple(features)
-            if not features or not all(isinstance(c, str) and c for c in features):
-                raise SpecError("data.features", self.features, "must be a non-empty list of column names",
-                                "list the numeric feature columns, e.g. ['x0', 'x1'] or the glob 'x*'")
-            if self.label in features:
-                raise SpecError("data.features", self.features, f"must not contain the label column {self.label!r}",
-                                "remove the label from data.features")
-            object.__setattr__(self, "features", features)
-        classes = tuple(self.classes)
-        if len(classes) < 2:
+        object.__setattr__(self, "features", _check_features(self.features, self.label))
+        if self.task not in ("classification", "regression"):
+            raise SpecError("data.task", self.task, "must be 'classification' or 'regression'",
+                            "use 'regression' for a numeric target, 'classification' for labels")
+        classes = tuple(self.classes or ())
+        if self.task == "regression" and classes:
+            raise SpecError("data.classes", self.classes, "a regression target has no classes",
+                            "remove data.classes, or set data.task to 'classification'")
+        if classes and len(classes) < 2:
             raise SpecError("data.classes", self.classes, "must declare at least two classes",
-                            "list every label value, e.g. list(range(10))")
+                            "list every label value, e.g. list(range(10)), or leave it out to find them in the data")
         if len(set(classes)) != len(classes):
             raise SpecError("data.classes", self.classes, "must not repeat a class",
                             "list each label value once")
@@ -103,11 +104,98 @@ class DataSpec:
             if not self.validation.strip():
                 raise SpecError("data.validation", self.validation, "must be a fraction or a path/URI",
                                 "use e.g. 0.2 or 'data/valid.parquet'")
+            _check_source_form("data.validation", self.validation)
         elif isinstance(self.validation, bool) or not isinstance(self.validation, (int, float)) \
                 or not 0.0 < float(self.validation) < 1.0:
             raise SpecError("data.validation", self.validation, "a fraction must be between 0 and 1 (exclusive)",
                             "use e.g. 0.2 to hold out 20% of the rows, or the path of a separate validation file")
+        if self.shuffle not in ("rows", "files"):
+            raise SpecError("data.shuffle", self.shuffle, "must be 'rows' or 'files'",
+                            "use 'rows' (a seeded random sample of rows per shard) or 'files' (whole files "
+                            "dealt to shards, for data that is already shuffled)")
+        if isinstance(self.batch_mb, bool) or not isinstance(self.batch_mb, (int, float)) \
+                or not 1 <= self.batch_mb <= 16384:
+            raise SpecError("data.batch_mb", self.batch_mb, "must be a number of MB between 1 and 16384",
+                            "use e.g. 128; a task holds a few batches of this size at once")
         object.__setattr__(self, "storage_options", dict(self.storage_options))
+
+
+_KNOWN_SUFFIXES = (".parquet", ".pq", ".csv")
+_FEATURE_KEYS = {"column", "columns", "shape", "decode", "dtype"}
+
+
+def _check_source_form(name: str, uri: str) -> None:
+    """Reject a path whose last part is a file of another format; folders, globs and prefixes pass."""
+    last = uri.lower().split("?")[0].rstrip("/").rsplit("/", 1)[-1]
+    if "." in last and not any(ch in last for ch in "*?[") and not last.endswith(_KNOWN_SUFFIXES) \
+            and last.rsplit(".", 1)[-1].isalpha() and not uri.endswith("/"):
+        raise SpecError(name, uri, "must be a .parquet, .pq or .csv file, a folder or glob of them, or a prefix",
+                        "convert the data to Parquet or CSV, or rename the file with its format's extension")
+
+
+def _check_features(features: Any, label: str) -> Any:
+    """Features as a glob string, a tuple of column names, or a dict of named model inputs."""
+    if isinstance(features, str):
+        if not features:
+            raise SpecError("data.features", features, "must not be empty",
+                            "list the feature columns or give a glob such as 'x*'")
+        return features
+    if isinstance(features, Mapping):
+        if not features:
+            raise SpecError("data.features", dict(features), "must name at least one input",
+                            "e.g. {'image': {'shape': [32, 32, 3]}}")
+        out = {}
+        for name, column_spec in features.items():
+            field_name = f"data.features.{name}"
+            column_spec = {} if column_spec is None else column_spec
+            if not isinstance(name, str) or not name or not isinstance(column_spec, Mapping):
+                raise SpecError(field_name, column_spec, "must map an input name to a dict",
+                                "e.g. {'image': {'shape': [32, 32, 3]}} or {'tabular': {'columns': 'x*'}}")
+            unknown = sorted(set(column_spec) - _FEATURE_KEYS)
+            if unknown:
+                raise SpecError(f"{field_name}.{unknown[0]}", column_spec[unknown[0]], "is not a known key",
+                                f"use only {sorted(_FEATURE_KEYS)}")
+            column_spec = dict(column_spec)
+            if "columns" in column_spec:
+                if set(column_spec) - {"columns"}:
+                    raise SpecError(field_name, column_spec, "an input of scalar columns takes only 'columns'",
+                                    "give tensor and image columns their own input with 'shape'")
+                column_spec["columns"] = _check_features(column_spec["columns"], label)
+                if not isinstance(column_spec["columns"], str):
+                    column_spec["columns"] = list(column_spec["columns"])
+            else:
+                shape = column_spec.get("shape")
+                if not isinstance(shape, (list, tuple)) or not shape or not all(
+                        isinstance(d, int) and not isinstance(d, bool) and d >= 1 for d in shape):
+                    raise SpecError(f"{field_name}.shape", shape, "must be a list of positive integers",
+                                    "declare the tensor's shape per row, e.g. [32, 32, 3] or [8, 8, 1]")
+                column_spec["shape"] = list(shape)
+                if column_spec.get("decode", None) not in (None, "image"):
+                    raise SpecError(f"{field_name}.decode", column_spec["decode"], "must be 'image'",
+                                    "use decode='image' for PNG/JPEG bytes, or leave it out for a list column")
+                if column_spec.get("decode") == "image" and len(shape) != 3:
+                    raise SpecError(f"{field_name}.shape", shape, "an image's shape is [height, width, channels]",
+                                    "e.g. [32, 32, 3] for RGB or [28, 28, 1] for grey images")
+                if column_spec.get("dtype", "float32") not in ("float32", "float16", "uint8", "int32"):
+                    raise SpecError(f"{field_name}.dtype", column_spec["dtype"],
+                                    "must be float32, float16, uint8 or int32", "leave it out for float32")
+                column = column_spec.get("column", name)
+                if not isinstance(column, str) or not column:
+                    raise SpecError(f"{field_name}.column", column, "must be a column name",
+                                    "leave it out when the column is named like the input")
+                if column == label:
+                    raise SpecError(f"{field_name}.column", column, f"must not be the label column {label!r}",
+                                    "use another column")
+            out[name] = column_spec
+        return out
+    features = tuple(features)
+    if not features or not all(isinstance(c, str) and c for c in features):
+        raise SpecError("data.features", features, "must be a non-empty list of column names",
+                        "list the numeric feature columns, e.g. ['x0', 'x1'] or the glob 'x*'")
+    if label in features:
+        raise SpecError("data.features", features, f"must not contain the label column {label!r}",
+                        "remove the label from data.features")
+    return features
 
 
 @dataclass(frozen=True)
@@ -232,6 +320,16 @@ class MopSpec:
                 raise SpecError(name, value, f"must be a {cls.__name__} or a dict",
                                 f"pass {cls.__name__}(...) or a dict of its fields")
         self.adaptive_plan()  # validate brackets against the shard count now, at parse time
+        self._check_loss_fits_task()
+
+    def _check_loss_fits_task(self) -> None:
+        """A class loss on a regression target (or the reverse) would fail at the first training step."""
+        losses = self.search.space.choices("loss")
+        if self.data.task == "regression":
+            wrong = [loss for loss in losses if "crossentropy" in str(loss) or "hinge" in str(loss)]
+            if wrong:
+                raise SpecError("search.space.params.loss", wrong[0], "is a classification loss but data.task is "
+                                "'regression'", "use 'mse', 'mae' or 'huber' (and metrics such as ['mae'])")
 
     def adaptive_plan(self) -> Any:
         """The Hyperband / successive-halving plan, or None for a plain MOP search."""
@@ -251,8 +349,10 @@ class MopSpec:
         out = {name: asdict(getattr(self, name)) for name in ("data", "schedule", "store")}
         out["search"] = {"space": self.search.space.to_dict(), "metric": self.search.metric,
                          "direction": self.search.direction, "adaptive": self.search.adaptive}
-        out["data"]["features"] = (self.data.features if isinstance(self.data.features, str)
-                                   else list(self.data.features))
+        features = self.data.features
+        out["data"]["features"] = (features if isinstance(features, str) else
+                                   {k: dict(v) for k, v in features.items()} if isinstance(features, Mapping)
+                                   else list(features))
         out["data"]["classes"] = list(self.data.classes)
         return out
 

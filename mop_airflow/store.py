@@ -8,14 +8,44 @@ same input and seed. Writes are atomic: temp file + rename on local disk, a sing
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import io
 import json
 import os
 import posixpath
 import tempfile
 import uuid
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 from mop_airflow.errors import StoreError
+
+
+class _CountingWriter(io.RawIOBase):
+    """A write-only file that hashes (sha256) and counts what passes through it to ``handle``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.handle: Any = None
+        self.digest = hashlib.sha256()
+        self.bytes = 0
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data)
+        self.handle.write(view)
+        self.digest.update(view)
+        self.bytes += view.nbytes
+        return view.nbytes
+
+    def tell(self) -> int:
+        return self.bytes
+
+    @property
+    def sha256(self) -> str:
+        return self.digest.hexdigest()
 
 
 def safe_segment(value: str) -> str:
@@ -120,6 +150,40 @@ class Store:
 
     def write_json(self, uri: str, obj: Any) -> str:
         return self.write_bytes(uri, json.dumps(obj, indent=2, sort_keys=True, default=str).encode())
+
+    @contextlib.contextmanager
+    def open_write(self, uri: str) -> Iterator[Any]:
+        """A binary handle whose object appears at ``uri`` only when the block ends without error.
+
+        For large objects written piece by piece (shards): a temp file renamed into place on local
+        disk; on S3 a multipart upload completed on close and aborted on error.
+        """
+        path = self._path(uri)
+        counter = _CountingWriter()
+        if self.protocol == "file":
+            directory = os.path.dirname(path)
+            os.makedirs(directory, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=os.path.basename(path))
+            try:
+                with os.fdopen(fd, "wb") as handle:
+                    counter.handle = handle
+                    yield counter
+                os.replace(tmp, path)
+            finally:
+                if os.path.exists(tmp):
+                    os.unlink(tmp)
+        else:
+            handle = self.fs.open(path, "wb")
+            counter.handle = handle
+            try:
+                yield counter
+            except BaseException:
+                discard = getattr(handle, "discard", None)
+                if discard is not None:
+                    discard()  # s3fs: abort the multipart upload, so no partial object appears
+                raise
+            handle.close()
+        self.bytes_written += counter.bytes
 
     def put_file(self, local_path: str, uri: str) -> str:
         with open(local_path, "rb") as handle:

@@ -26,7 +26,7 @@ def hops(dag):
 
 def test_example_dags_import_without_errors(dagbag):
     assert dagbag.import_errors == {}
-    assert {"mop_mnist1d", "mop_mnist1d_hyperband"} <= set(dagbag.dag_ids)
+    assert {"mop_mnist1d", "mop_mnist1d_hyperband", "mop_digits", "mop_friedman"} <= set(dagbag.dag_ids)
 
 
 def test_every_hop_task_has_its_shards_pool_and_queue(dagbag):
@@ -51,6 +51,8 @@ def test_the_core_imports_no_airflow():
                "mop_airflow.search.promotion", "mop_airflow.schedule", "mop_airflow.task_plan", "mop_airflow.records",
                "mop_airflow.resolve", "mop_airflow.rungs", "mop_airflow.report", "mop_airflow.store",
                "mop_airflow.layout", "mop_airflow.data.shard", "mop_airflow.data.validate", "mop_airflow.data.cache",
+               "mop_airflow.data.source", "mop_airflow.data.inputs", "mop_airflow.data.permutation",
+               "mop_airflow.training.stream",
                "mop_airflow.training.builder", "mop_airflow.training.checkpoint", "mop_airflow.training.hop",
                "mop_airflow.training.model_hop", "mop_airflow.training.export"]
     code = (f"import sys, importlib\nfor m in {modules!r}: importlib.import_module(m)\n"

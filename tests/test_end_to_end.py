@@ -129,3 +129,55 @@ def test_tiny_dag_with_the_store_on_s3(airflow_db, tmp_path, s3_endpoint, monkey
     assert len(checkpoints) == 3  # every configuration's state after hop 1 is in the bucket
     cached = sorted(p.name for p in (tmp_path / "cache").iterdir())
     assert len(cached) == 3  # two shards and the validation set, copied to local disk once
+
+
+def _example_spec(dag_file: str, data: dict, store_root: str) -> dict:
+    """The example DAG file's spec with its data in a temp folder, 1 iteration and the store under tmp."""
+    import importlib.util
+
+    from mop_airflow.spec import MopSpec
+
+    module_spec = importlib.util.spec_from_file_location(f"example_{dag_file}", f"dags/{dag_file}.py")
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    spec = MopSpec.from_dict(module.spec).to_dict()
+    return {**spec, "data": data, "schedule": {**spec["schedule"], "iterations": 1},
+            "store": {"root": store_root}}
+
+
+def test_the_image_example_trains_a_cnn_on_a_tensor_column_with_classes_found(airflow_db, tmp_path):
+    from mop_airflow.examples.sklearn_data import digits_data_spec, write_digits as write_digit_images
+
+    write_digit_images(str(tmp_path))
+    root = f"file://{tmp_path / 'store'}"
+    dag_run = run_dag(_example_spec("mop_digits", digits_data_spec(str(tmp_path)), root), "mop_e2e_digits")
+    assert dag_run.state == "success"
+    store = Store(root)
+    layout = RunLayout(store, "mop_e2e_digits", dag_run.run_id)
+    manifest = store.read_json(layout.manifest_pointer_uri)
+    assert manifest["classes"] == list(range(10)) and manifest["inputs"][0]["shape"] == [8, 8, 1]
+    board = store.read_json(layout.report_uri("leaderboard.json"))["leaderboard"]
+    assert len(board) == 4 and board[0]["val_accuracy"] > 0.7  # one pass over 8x8 digits; chance is 0.1
+
+    import keras
+
+    model = keras.models.load_model(store.local_path(store.read_json(layout.report_uri("summary.json"))
+                                                     ["best_model_uri"]))
+    assert model.input_shape == (None, 8, 8, 1)
+
+
+def test_the_regression_example_ranks_by_validation_mae(airflow_db, tmp_path):
+    from mop_airflow.examples.sklearn_data import friedman_data_spec, write_friedman
+
+    write_friedman(str(tmp_path))
+    root = f"file://{tmp_path / 'store'}"
+    dag_run = run_dag(_example_spec("mop_friedman", friedman_data_spec(str(tmp_path)), root), "mop_e2e_friedman")
+    assert dag_run.state == "success"
+    store = Store(root)
+    layout = RunLayout(store, "mop_e2e_friedman", dag_run.run_id)
+    board = store.read_json(layout.report_uri("leaderboard.json"))
+    assert board["metric"] == "val_mae" and board["direction"] == "min"
+    values = [row["val_mae"] for row in board["leaderboard"]]
+    assert values == sorted(values) and len(values) == 4
+    # Friedman #1's target has a standard deviation near 5; predicting its mean gives an MAE near 4
+    assert values[0] < 3.5

@@ -50,7 +50,7 @@ def sleeps(monkeypatch) -> list[float]:
 def test_a_hop_sleeps_once_per_training_batch_and_gives_finite_losses(sleeps):
     seconds, batches = 0.05, 10
     x, y = data(batches * BATCH)
-    model = build_model(config(seconds), input_dim=8, num_classes=2, seed=3)
+    model = build_model(config(seconds), input_shapes={"features": (8,)}, num_classes=2, seed=3)
     started = time.perf_counter()
     result = train_on_shard(model, x, y, batch_size=BATCH, epochs=1, seed=3, iteration=0, shard=0)
     elapsed = time.perf_counter() - started
@@ -64,7 +64,7 @@ def test_a_hop_sleeps_once_per_training_batch_and_gives_finite_losses(sleeps):
 def test_evaluation_and_prediction_do_not_sleep(sleeps):
     seconds, batches = 30.0, 20  # 600 s if evaluation slept
     x, y = data(batches * BATCH)
-    model = build_model(config(seconds), input_dim=8, num_classes=2, seed=3)
+    model = build_model(config(seconds), input_shapes={"features": (8,)}, num_classes=2, seed=3)
     started = time.perf_counter()
     val = evaluate(model, x, y, batch_size=BATCH)
     model.predict(x, batch_size=BATCH, verbose=0)
@@ -75,7 +75,7 @@ def test_evaluation_and_prediction_do_not_sleep(sleeps):
 
 def test_it_learns_and_its_state_hops(tmp_path):
     x, y = data(256)
-    model = build_model(config(0.0), input_dim=8, num_classes=2, seed=5)
+    model = build_model(config(0.0), input_shapes={"features": (8,)}, num_classes=2, seed=5)
     before = evaluate(model, x, y, batch_size=64)["val_loss"]
     for iteration in range(3):
         train_on_shard(model, x, y, batch_size=BATCH, epochs=1, seed=5, iteration=iteration, shard=0)
@@ -84,7 +84,7 @@ def test_it_learns_and_its_state_hops(tmp_path):
     assert after["val_accuracy"] > 0.8
 
     # A fresh build of the same configuration takes the state by position and predicts the same.
-    again = build_model(config(0.0), input_dim=8, num_classes=2, seed=99)
+    again = build_model(config(0.0), input_shapes={"features": (8,)}, num_classes=2, seed=99)
     restore_state(again, state_to_bytes(model, {"t": 0}))
     np.testing.assert_allclose(again.predict(x[:32], verbose=0), model.predict(x[:32], verbose=0), atol=1e-6)
 

@@ -13,8 +13,11 @@ import uuid
 
 import numpy as np
 
+from typing import Any
+
+from mop_airflow.data.inputs import SCALAR_INPUT, InputSpec, input_columns, to_arrays
 from mop_airflow.errors import DataValidationError, StoreError
-from mop_airflow.records import ShardEntry
+from mop_airflow.records import Manifest, ShardEntry
 from mop_airflow.store import Store
 
 _HASH_CHUNK = 1 << 20
@@ -46,31 +49,55 @@ def cached_shard(store: Store, entry: ShardEntry, cache_dir: str) -> str:
     return path
 
 
-def load_xy(path: str, features: list[str], label: str, classes: list) -> tuple[np.ndarray, np.ndarray]:
-    """``x`` float32 ``[n, len(features)]`` in ``features`` order; ``y`` int32 index into ``classes``."""
-    import pyarrow as pa  # noqa: PLC0415
-    import pyarrow.compute as pc  # noqa: PLC0415
+def manifest_inputs(manifest: Manifest) -> list[InputSpec]:
+    """The model inputs a manifest records (one input of its scalar features for older manifests)."""
+    if manifest.inputs:
+        return [InputSpec.from_dict(d) for d in manifest.inputs]
+    return [InputSpec(SCALAR_INPUT, "columns", tuple(manifest.features), (len(manifest.features),))]
+
+
+def load_shard(path: str, manifest: Manifest) -> tuple[Any, np.ndarray]:
+    """A cached shard as the model's input (an array, or a dict per input) and its targets."""
+    return load_xy(path, manifest_inputs(manifest), manifest.label, manifest.classes, manifest.task)
+
+
+def load_xy(path: str, inputs: list[InputSpec], label: str, classes: list,
+            task: str = "classification") -> tuple[Any, np.ndarray]:
+    """``x`` per :func:`~mop_airflow.data.inputs.to_arrays`; ``y`` int32 index into ``classes``, or float32
+    values for regression."""
     import pyarrow.parquet as pq  # noqa: PLC0415
 
-    table = pq.read_table(path, columns=[*features, label])
-    x = np.empty((table.num_rows, len(features)), dtype=np.float32)
-    for j, name in enumerate(features):
-        x[:, j] = table[name].to_numpy()
-    labels = table[label]
+    table = pq.read_table(path, columns=[*input_columns(inputs), label])
+    return to_arrays(table, inputs, where=path), targets(table[label], label, classes, task, path)
+
+
+def load_table(table: Any, manifest: Manifest) -> tuple[Any, np.ndarray]:
+    """Rows of a shard already read (a streamed window) as the model's input and targets."""
+    return (to_arrays(table, manifest_inputs(manifest), where=manifest.source),
+            targets(table[manifest.label], manifest.label, manifest.classes, manifest.task, manifest.source))
+
+
+def targets(labels: Any, label: str, classes: list, task: str, where: str) -> np.ndarray:
+    """Class indices (classification) or float32 values (regression) of a label column."""
+    import pyarrow as pa  # noqa: PLC0415
+    import pyarrow.compute as pc  # noqa: PLC0415
+
+    if task == "regression":
+        return labels.to_numpy().astype(np.float32)
     try:
         value_set = pa.array(list(classes)).cast(labels.type)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-        raise DataValidationError(path, [
+        raise DataValidationError(where, [
             f"label column {label!r} has type {labels.type}, but classes {list(classes)} cannot be cast to it; "
             "make data.classes the same type as the label column"]) from exc
     index = pc.index_in(labels, value_set=value_set)
     unknown = index.null_count
     if unknown:
         examples = pc.unique(pc.filter(labels, pc.is_null(index))).to_pylist()[:5]
-        raise DataValidationError(path, [
+        raise DataValidationError(where, [
             f"label column {label!r}: {unknown} values are not in classes {list(classes)} (e.g. {examples}); "
             "add them to data.classes or rerun validation and sharding"])
-    return x, index.to_numpy().astype(np.int32)
+    return index.to_numpy().astype(np.int32)
 
 
 def _file_sha256(path: str) -> str:

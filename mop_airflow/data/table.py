@@ -1,64 +1,35 @@
-"""Reading the source table (Parquet or CSV, local path or fsspec URI) and the size of its split.
+"""Rules validation and sharding share: the size of the validation hold-out and the labels found.
 
-Validation and sharding both read the source through here, so they agree on how a file is parsed
-and on how many rows the validation hold-out takes.
+Both read the source through these, so they agree on how many rows the hold-out takes and on the
+classes a source without declared classes has.
 """
 
 from __future__ import annotations
 
-import hashlib
-import io
 import math
-from typing import Any, Mapping
-
-import pyarrow as pa
+from typing import Any
 
 
-def is_csv(uri: str) -> bool:
-    return uri.lower().split("?")[0].endswith(".csv")
+MAX_FOUND_CLASSES = 1000
 
 
-def read_source_bytes(uri: str, storage_options: Mapping[str, Any] | None = None,
-                      conn_id: str | None = None) -> bytes:
-    """The raw bytes of ``uri``; read once so the same bytes are hashed and parsed.
+def count_labels(labels: Any, counts: dict) -> None:
+    """Add a batch's label counts to ``counts`` (nulls left out).
 
-    ``conn_id`` names an Airflow AWS connection whose credentials and endpoint are used for s3://.
+    Stops adding new values after ``MAX_FOUND_CLASSES + 1`` of them, so a float target read as
+    classes cannot grow the dict with the data.
     """
-    import fsspec  # noqa: PLC0415 - keep DAG parsing light
+    import pyarrow.compute as pc  # noqa: PLC0415
 
-    options = dict(storage_options or {})
-    if conn_id and uri.startswith("s3://"):
-        from mop_airflow.airflow.connections import s3_options_from_connection  # noqa: PLC0415
-
-        options = {**s3_options_from_connection(conn_id), **options}
-    with fsspec.open(uri, "rb", **options) as handle:
-        return handle.read()
+    for entry in pc.value_counts(labels):
+        value = entry["values"].as_py()
+        if value is not None and (value in counts or len(counts) <= MAX_FOUND_CLASSES):
+            counts[value] = counts.get(value, 0) + entry["counts"].as_py()
 
 
-def sha256_hex(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
-def parse_table(raw: bytes, uri: str) -> pa.Table:
-    """A pyarrow Table from the bytes of a Parquet or CSV file (format told by ``uri``'s extension)."""
-    if is_csv(uri):
-        import pyarrow.csv as pa_csv  # noqa: PLC0415
-
-        return pa_csv.read_csv(io.BytesIO(raw))
-    import pyarrow.parquet as pq  # noqa: PLC0415
-
-    return pq.read_table(io.BytesIO(raw))
-
-
-def column_names(raw: bytes, uri: str) -> list[str]:
-    """Column names without parsing the whole file (Parquet footer, or the CSV's first block)."""
-    if is_csv(uri):
-        import pyarrow.csv as pa_csv  # noqa: PLC0415
-
-        return list(pa_csv.open_csv(io.BytesIO(raw)).schema.names)
-    import pyarrow.parquet as pq  # noqa: PLC0415
-
-    return list(pq.read_schema(io.BytesIO(raw)).names)
+def sorted_labels(counts: dict) -> list:
+    """Found labels in a stable order: by type name, then value (ints and strings never compare)."""
+    return sorted(counts, key=lambda v: (type(v).__name__, v))
 
 
 def holdout_rows(rows: int, fraction: float) -> int:

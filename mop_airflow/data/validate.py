@@ -8,12 +8,14 @@ The Great Expectations context is ephemeral and in memory: validation writes not
 from __future__ import annotations
 
 import difflib
-import fnmatch
 from dataclasses import dataclass, field
 from typing import Any
 
-from mop_airflow.data.table import holdout_rows, min_rows_for, parse_table, read_source_bytes
+from mop_airflow.data.inputs import InputSpec, decode_images, input_columns, resolve_inputs, tensor_values
+from mop_airflow.data.source import iter_batches, list_source, rows_per_batch
+from mop_airflow.data.table import MAX_FOUND_CLASSES, count_labels, holdout_rows, min_rows_for, sorted_labels
 from mop_airflow.errors import DataValidationError
+from mop_airflow.records import SourceListing
 from mop_airflow.spec import DataSpec
 
 # pandas dtypes a feature may have: every feature is cast to float32 for training. bool is left
@@ -23,76 +25,96 @@ NUMERIC_DTYPES = ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32"
 _EXAMPLES = 5  # offending rows / values quoted per failure
 
 
-def resolve_features(columns: list[str], features: tuple[str, ...] | str) -> list[str]:
-    """The feature columns: a glob (fnmatch) keeps ``columns``' order; a tuple is taken as is.
-
-    Pass ``columns`` without the label column, so that a glob such as ``"*"`` does not select it.
-    """
-    if not isinstance(features, str):
-        return list(features)
-    matched = [column for column in columns if fnmatch.fnmatchcase(column, features)]
-    if not matched:
-        raise DataValidationError(f"data.features={features!r}", [
-            f"the glob {features!r} matches none of the columns ({_preview(columns)}); "
-            "fix the pattern in data.features or list the feature columns by name"])
-    return matched
-
-
 def validate_source(data: DataSpec, *, shards: int, max_batch_size: int) -> dict:
-    """Validate ``data.source`` (and a separate validation file) with Great Expectations.
+    """Validate ``data.source`` (and a separate validation source) with Great Expectations.
 
-    Each of the ``shards`` training shards must hold at least ``max_batch_size`` rows after the
-    validation split. Raises :class:`DataValidationError` listing every failure; returns a summary.
+    The source is read one record batch of about ``data.batch_mb`` MB at a time, file by file, so
+    memory does not grow with its size. Each of the ``shards`` training shards must hold at least
+    ``max_batch_size`` rows after the validation split. Raises :class:`DataValidationError` listing
+    every failure, merged over all batches; returns a summary with the classes found.
     """
-    source = _read(data.source, data.storage_options, data.conn_id)
-    columns = list(source.column_names)
     failures: list[str] = []
+    listing = list_source(data.source, data.storage_options, data.conn_id)
     try:
-        features = resolve_features([c for c in columns if c != data.label], data.features)
+        inputs = resolve_inputs(listing.columns, data.features, data.label)
     except DataValidationError as exc:  # keep going: the label and row checks still say something
         failures.extend(exc.failures)
-        features = []
+        inputs = []
 
     min_train_rows = shards * max_batch_size
     rows_rule = f"{shards} shard(s) x max_batch_size {max_batch_size} = {min_train_rows} training rows"
     rows_fix = "add rows, use fewer shards or a smaller maximum batch size"
+    roles: list[_Role] = []
     if isinstance(data.validation, str):
-        batches = [_Batch("source", data.source, source, min_train_rows, rows_rule, rows_fix)]
+        roles.append(_Role("source", listing, min_train_rows, rows_rule, rows_fix))
         try:
-            validation = _read(data.validation, data.storage_options, data.conn_id)
+            held = list_source(data.validation, data.storage_options, data.conn_id, role="data.validation")
         except DataValidationError as exc:  # still report what is wrong with the source
             failures += [f"validation file {data.validation}: {f}" for f in exc.failures]
             validation_rows = 0
         else:
-            batches.append(_Batch("validation", data.validation, validation, 1, "a validation set",
-                                  "point data.validation at a non-empty file or use a fraction such as 0.2"))
-            validation_rows = validation.num_rows
+            roles.append(_Role("validation", held, 1, "a validation set",
+                               "point data.validation at a non-empty file or use a fraction such as 0.2"))
+            validation_rows = held.total_rows
     else:
         rows_rule += f" after holding out {data.validation:g} of the rows for validation"
-        batches = [_Batch("source", data.source, source, min_rows_for(min_train_rows, data.validation),
-                          rows_rule, rows_fix)]
-        validation_rows = holdout_rows(source.num_rows, data.validation)
+        roles.append(_Role("source", listing, min_rows_for(min_train_rows, data.validation), rows_rule, rows_fix))
+        validation_rows = holdout_rows(listing.total_rows, data.validation)
 
     checks_run: list[str] = []
-    for batch in batches:
-        batch.plan(features, data.label, data.classes)
-    for batch, check, result in _run_expectations(batches):
+    for role in roles:
+        role.plan(inputs, data)
+    for role, check, result in _run_expectations(roles, inputs, data):
         if check.expectation not in checks_run:
             checks_run.append(check.expectation)
         if not result["success"]:
-            failures.append(batch.describe(check, result, data))
+            failures.append(role.describe(check, result, data))
+    for role in roles:
+        failures += role.tensor_failures()
+    classes = list(data.classes)
+    if data.task == "classification" and not classes:
+        classes, found_failures = _found_classes(roles, data.label)
+        failures += found_failures
     if failures:
         raise DataValidationError(data.source, failures)
 
+    source = roles[0]
     return {
-        "rows": source.num_rows,
-        "columns": columns,
-        "features": features,
+        "rows": listing.total_rows,
+        "files": len(listing.files),
+        "bytes": listing.total_bytes,
+        "columns": listing.columns,
+        "features": input_columns(inputs),
+        "inputs": [spec.to_dict() for spec in inputs],
         "label": data.label,
-        "class_counts": _class_counts(source, data.label, data.classes),
+        "task": data.task,
+        "classes": classes,
+        "class_counts": {str(c): int(source.label_counts.get(c, 0)) for c in classes},
         "validation_rows": validation_rows,
+        "batches": sum(role.batches for role in roles),
         "checks": checks_run,
     }
+
+
+def _found_classes(roles: list["_Role"], label: str) -> tuple[list, list[str]]:
+    """The training labels, sorted, when ``data.classes`` was left out; validation labels must be among them."""
+    source = roles[0]
+    found = sorted_labels(source.label_counts)
+    failures = []
+    if len(found) > MAX_FOUND_CLASSES:
+        failures.append(f"label column {label!r} has more than {MAX_FOUND_CLASSES} distinct values; "
+                        "if it is a numeric target set data.task to 'regression', else declare data.classes")
+    elif len(found) < 2:
+        failures.append(f"label column {label!r} holds {len(found)} distinct value(s) {found}; classification needs "
+                        "at least two classes: add rows of the other classes or declare data.classes")
+    for role in roles[1:]:
+        unknown = sorted(set(role.label_counts) - set(found), key=str)
+        if unknown:
+            count = sum(role.label_counts[v] for v in unknown)
+            failures.append(f"validation file {role.listing.uri}: label column {label!r}: {_values(count)} not among "
+                            f"the training labels {found[:20]} (values {', '.join(map(repr, unknown[:5]))}); the "
+                            "model cannot predict a class it never trained on: declare data.classes or fix the rows")
+    return found, failures
 
 
 @dataclass(frozen=True)
@@ -101,40 +123,67 @@ class _Check:
     rule: str         # our name for the rule; picks the failure sentence
     column: str | None
     kwargs: dict = field(default_factory=dict)
+    per_batch: bool = True  # False: a check of the schema or the totals, run once
 
 
 @dataclass
-class _Batch:
-    """One file to validate and the expectations planned for it."""
+class _Role:
+    """One source to validate (training or validation), the checks planned for it and what they found."""
 
     role: str  # "source" or "validation"
-    uri: str
-    table: Any  # pyarrow.Table
+    listing: SourceListing
     min_rows: int
     rows_rule: str  # why it needs min_rows
     rows_fix: str
     checks: list[_Check] = field(default_factory=list)
+    tensor_inputs: list[InputSpec] = field(default_factory=list)
+    tensor_problems: dict = field(default_factory=dict)  # (column, rule) -> [count, examples, first Problem]
+    label_counts: dict = field(default_factory=dict)
+    batches: int = 0
+    totals: dict = field(default_factory=dict)  # id(check) -> merged result over batches
 
-    def plan(self, features: list[str], label: str, classes: tuple) -> None:
-        present = set(self.table.column_names)
-        for column in [*features, label]:
-            self.checks.append(_Check("expect_column_to_exist", "exists", column))
+    @property
+    def uri(self) -> str:
+        return self.listing.uri
+
+    def plan(self, inputs: list[InputSpec], data: DataSpec) -> None:
+        present = set(self.listing.columns)
+        scalars = [c for spec in inputs if spec.kind == "columns" for c in spec.columns]
+        tensors = [spec for spec in inputs if spec.kind != "columns"]
+        for column in [*scalars, *[spec.columns[0] for spec in tensors], data.label]:
+            self.checks.append(_Check("expect_column_to_exist", "exists", column, per_batch=False))
         # Column checks only on present columns: a missing column is already one failure above.
-        for column in (c for c in features if c in present):
+        for column in (c for c in scalars if c in present):
             self.checks += [
                 _Check("expect_column_values_to_be_in_type_list", "numeric", column,
-                       {"type_list": list(NUMERIC_DTYPES)}),
+                       {"type_list": list(NUMERIC_DTYPES)}, per_batch=False),
                 _Check("expect_column_values_to_not_be_null", "feature_not_null", column),
                 _Check("expect_column_values_to_not_be_in_set", "finite", column,
                        {"value_set": [float("inf"), float("-inf")]}),
             ]
-        if label in present:
-            self.checks += [
-                _Check("expect_column_values_to_not_be_null", "label_not_null", label),
-                _Check("expect_column_values_to_be_in_set", "in_classes", label, {"value_set": list(classes)}),
-            ]
+        self.tensor_inputs = [spec for spec in tensors if spec.columns[0] in present]
+        if data.label in present:
+            self.checks.append(_Check("expect_column_values_to_not_be_null", "label_not_null", data.label))
+            if data.task == "regression":
+                self.checks += [
+                    _Check("expect_column_values_to_be_in_type_list", "target_numeric", data.label,
+                           {"type_list": list(NUMERIC_DTYPES)}, per_batch=False),
+                    _Check("expect_column_values_to_not_be_in_set", "target_finite", data.label,
+                           {"value_set": [float("inf"), float("-inf")]}),
+                ]
+            elif data.classes:
+                self.checks.append(_Check("expect_column_values_to_be_in_set", "in_classes", data.label,
+                                          {"value_set": list(data.classes)}))
         self.checks.append(_Check("expect_table_row_count_to_be_between", "rows", None,
-                                  {"min_value": self.min_rows}))
+                                  {"min_value": self.min_rows}, per_batch=False))
+
+    def where_rows(self, examples: list[tuple[int, int]], count: int) -> str:
+        """Row numbers as a user finds them: in the file, named when the source has several."""
+        several = len(self.listing.files) > 1
+        shown = [f"{_file_name(self.listing.files[f].uri)}:{r}" if several else str(r) for f, r in examples]
+        more = ", ..." if count > len(shown) else ""
+        label = "row" if count == 1 else "rows"
+        return f"{label} {', '.join(shown)}{more}, counted from 0" + (" in each file" if several else "")
 
     def describe(self, check: _Check, result: dict, data: DataSpec) -> str:
         """One sentence: which column, which rule, what was found, how to fix it."""
@@ -145,13 +194,16 @@ class _Batch:
             return (f"{where}check {check.expectation}{target} could not run ({result['exception']}); "
                     "this is a bug or an unsupported column type: report it with the column's type")
         if check.rule == "exists":
-            close = difflib.get_close_matches(column, self.table.column_names, n=1)
+            close = difflib.get_close_matches(column, self.listing.columns, n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             what = "data.label" if column == data.label else "data.features"
-            return (f"{where}column {column!r} is missing{hint}; the file has {_preview(self.table.column_names)}; "
+            return (f"{where}column {column!r} is missing{hint}; the file has {_preview(self.listing.columns)}; "
                     f"add the column or fix {what}")
-        if check.rule == "numeric":
-            arrow_type = self.table.schema.field(column).type
+        if check.rule in ("numeric", "target_numeric"):
+            arrow_type = self.listing.schema.get(column, "?")
+            if check.rule == "target_numeric":
+                return (f"{where}label column {column!r}: type {arrow_type} is not numeric, but data.task is "
+                        "'regression'; convert the target to numbers, or use task 'classification'")
             return (f"{where}column {column!r}: type {arrow_type} is not numeric (features must be integers or "
                     "floats); convert the column to numbers or remove it from data.features")
         if check.rule == "rows":
@@ -159,12 +211,12 @@ class _Batch:
             return (f"{subject} has {result['observed_value']} row(s) but needs at least {self.min_rows} "
                     f"({self.rows_rule}); {self.rows_fix}")
         count = result["unexpected_count"]
-        rows = _rows(result)
+        rows = self.where_rows(result["examples"], count)
         if check.rule == "feature_not_null":
             return f"{where}column {column!r}: {_values(count)} null or NaN ({rows}); remove or impute them"
-        if check.rule == "finite":
-            return (f"{where}column {column!r}: {_values(count)} +/-inf ({rows}); "
-                    "remove these rows or clip the values to a finite range")
+        if check.rule in ("finite", "target_finite"):
+            return (f"{where}{'label ' if check.rule == 'target_finite' else ''}column {column!r}: "
+                    f"{_values(count)} +/-inf ({rows}); remove these rows or clip the values to a finite range")
         if check.rule == "label_not_null":
             return f"{where}label column {column!r}: {_values(count)} null ({rows}); label these rows or remove them"
         # in_classes
@@ -173,11 +225,96 @@ class _Batch:
                 f"({rows}; values {', '.join(found)}); add the missing classes to data.classes, drop these rows, "
                 "or fix the type of data.classes to match the column")
 
+    def schema_result(self, check: _Check) -> dict:
+        """The result of a check on the schema or the totals, as Great Expectations would word it."""
+        if check.rule == "exists":
+            return {"success": check.column in self.listing.columns}
+        if check.rule in ("numeric", "target_numeric"):
+            return {"success": _is_numeric(self.listing.schema.get(check.column, ""))}
+        return {"success": self.listing.total_rows >= self.min_rows, "observed_value": self.listing.total_rows}
 
-def _run_expectations(batches: list[_Batch]):
-    """Yield (batch, check, result) for every planned check, in plan order."""
+    def check_tensors(self, batch: Any) -> None:
+        """Tensor lengths and values, image decoding and sizes, merged over batches by column and rule."""
+        for spec in self.tensor_inputs:
+            column = batch.table[spec.columns[0]]
+            if spec.kind == "tensor":
+                _, problems = tensor_values(column, spec, first_row=batch.first_row)
+            else:
+                _, problems = decode_images(column, spec, first_row=batch.first_row)
+            for problem in problems:
+                merged = self.tensor_problems.setdefault((problem.column, problem.rule), [0, [], problem])
+                merged[0] += problem.count
+                merged[1] += [(batch.file_index, r) for r in problem.rows][:_EXAMPLES - len(merged[1])]
+
+    def tensor_failures(self) -> list[str]:
+        where = "" if self.role == "source" else f"validation file {self.uri}: "
+        return [where + problem.sentence(rows=self.where_rows(examples, count), count=count)
+                for count, examples, problem in self.tensor_problems.values()]
+
+    def merge(self, check: _Check, result: dict, file_index: int) -> None:
+        """Add one batch's result of ``check`` to the totals kept in ``self.totals``."""
+        total = self.totals.setdefault(id(check), {"success": True, "unexpected_count": 0, "examples": [],
+                                                  "partial_unexpected_list": []})
+        if "exception" in result:
+            total.update(success=False, exception=result["exception"])
+            return
+        if result["success"]:
+            return
+        total["success"] = False
+        total["unexpected_count"] += int(result.get("unexpected_count") or 0)
+        rows = [(file_index, int(r)) for r in result.get("partial_unexpected_index_list") or []]
+        total["examples"] += rows[:_EXAMPLES - len(total["examples"])]
+        values = [v for v in result.get("partial_unexpected_list") or [] if v not in total["partial_unexpected_list"]]
+        total["partial_unexpected_list"] += values[:_EXAMPLES]
+
+
+def _run_expectations(roles: list[_Role], inputs: list[InputSpec], data: DataSpec):
+    """Yield (role, check, merged result) for every planned check, in plan order.
+
+    Value checks run in Great Expectations on one record batch at a time (scalar columns and the
+    label only; tensor and image columns are checked by :meth:`_Role.check_tensors` on the same
+    batch); schema and row-count checks run once on the listing.
+    """
+    import pandas as pd  # noqa: PLC0415
+
+    scalar = [c for spec in inputs if spec.kind == "columns" for c in spec.columns]
+    context = None
+    for role in roles:
+        present = set(role.listing.columns)
+        failed_schema = {check.column for check in role.checks if not check.per_batch
+                         and check.column and not role.schema_result(check)["success"]}
+        batch_checks = [c for c in role.checks if c.per_batch and c.column not in failed_schema]
+        read = [c for c in dict.fromkeys([*scalar, data.label]) if c in present and c not in failed_schema]
+        tensor_columns = [spec.columns[0] for spec in role.tensor_inputs]
+        columns = list(dict.fromkeys([*read, *tensor_columns]))
+        if columns:
+            if batch_checks and context is None:
+                context = _gx_context()
+            suite = _suite(batch_checks) if batch_checks else None
+            batch_rows = rows_per_batch(role.listing, data.batch_mb)
+            for batch in iter_batches(role.listing, columns, batch_rows=batch_rows,
+                                      storage_options=data.storage_options, conn_id=data.conn_id):
+                role.batches += 1
+                if data.label in read and data.task == "classification":
+                    count_labels(batch.table[data.label], role.label_counts)
+                role.check_tensors(batch)
+                if suite is None:
+                    continue
+                frame = batch.table.select(read).to_pandas()
+                # Row numbers in the file, so a failure names rows the user can find.
+                frame.index = pd.RangeIndex(batch.first_row, batch.first_row + len(frame))
+                for check, result in _validate_batch(context, frame, suite, batch_checks):
+                    role.merge(check, result, batch.file_index)
+        for check in role.checks:
+            if not check.per_batch:
+                yield role, check, role.schema_result(check)
+            elif check.column not in failed_schema:
+                yield role, check, role.totals.get(id(check), {"success": True})
+
+
+def _gx_context():
+    """An ephemeral, in-memory Great Expectations context with one pandas data source."""
     import great_expectations as gx  # noqa: PLC0415 - ~3 s to import; only tasks that validate pay it
-    import great_expectations.expectations as gxe  # noqa: PLC0415
     from great_expectations.data_context.types.base import (  # noqa: PLC0415
         DataContextConfig,
         InMemoryStoreBackendDefaults,
@@ -191,21 +328,28 @@ def _run_expectations(batches: list[_Batch]):
         progress_bars=ProgressBarsConfig(globally=False),
         analytics_enabled=False,
     ))
-    data_source = context.data_sources.add_pandas("mop_airflow")
-    for batch in batches:
-        asset = data_source.add_dataframe_asset(batch.role)
-        gx_batch = asset.add_batch_definition_whole_dataframe("all").get_batch(
-            batch_parameters={"dataframe": batch.table.to_pandas()})
-        suite = gx.ExpectationSuite(name=f"mop_airflow_{batch.role}")
-        for index, check in enumerate(batch.checks):
-            expectation_class = getattr(gxe, _class_name(check.expectation))
-            column = {} if check.column is None else {"column": check.column}
-            suite.add_expectation(expectation_class(**column, **check.kwargs, meta={"check": index}))
-        outcome = gx_batch.validate(suite, result_format={"result_format": "SUMMARY",
-                                                          "partial_unexpected_count": _EXAMPLES})
-        by_index = {r.expectation_config.meta["check"]: r for r in outcome.results}
-        for index, check in enumerate(batch.checks):
-            yield batch, check, _as_dict(by_index[index])
+    asset = context.data_sources.add_pandas("mop_airflow").add_dataframe_asset("batch")
+    return asset.add_batch_definition_whole_dataframe("all")
+
+
+def _suite(checks: list[_Check]):
+    import great_expectations as gx  # noqa: PLC0415
+    import great_expectations.expectations as gxe  # noqa: PLC0415
+
+    suite = gx.ExpectationSuite(name="mop_airflow")
+    for index, check in enumerate(checks):
+        expectation_class = getattr(gxe, _class_name(check.expectation))
+        column = {} if check.column is None else {"column": check.column}
+        suite.add_expectation(expectation_class(**column, **check.kwargs, meta={"check": index}))
+    return suite
+
+
+def _validate_batch(batch_definition: Any, frame: Any, suite: Any, checks: list[_Check]):
+    outcome = batch_definition.get_batch(batch_parameters={"dataframe": frame}).validate(
+        suite, result_format={"result_format": "SUMMARY", "partial_unexpected_count": _EXAMPLES})
+    by_index = {r.expectation_config.meta["check"]: r for r in outcome.results}
+    for index, check in enumerate(checks):
+        yield check, _as_dict(by_index[index])
 
 
 def _as_dict(result: Any) -> dict:
@@ -221,31 +365,16 @@ def _class_name(expectation: str) -> str:
     return "".join(part.capitalize() for part in expectation.split("_"))
 
 
-def _read(uri: str, storage_options: Any, conn_id: str | None = None):
-    try:
-        return parse_table(read_source_bytes(uri, storage_options, conn_id), uri)
-    except Exception as exc:  # noqa: BLE001 - any read or parse failure is reported as a data problem
-        raise DataValidationError(uri, [
-            f"the file cannot be read ({type(exc).__name__}: {exc}); check the path, data.storage_options "
-            "and that the file is valid Parquet or CSV matching its extension"]) from exc
+def _is_numeric(arrow_type: str) -> bool:
+    return arrow_type.startswith(("int", "uint", "float", "double", "halffloat", "decimal"))
 
 
-def _class_counts(table: Any, label: str, classes: tuple) -> dict[str, int]:
-    import pyarrow.compute as pc  # noqa: PLC0415
-
-    counts = {entry["values"].as_py(): entry["counts"].as_py() for entry in pc.value_counts(table[label])}
-    return {str(c): int(counts.get(c, 0)) for c in classes}
+def _file_name(uri: str) -> str:
+    return uri.rstrip("/").rsplit("/", 1)[-1]
 
 
 def _values(count: int) -> str:
     return f"{count} value is" if count == 1 else f"{count} values are"
-
-
-def _rows(result: dict) -> str:
-    rows = [str(i) for i in result.get("partial_unexpected_index_list") or []]
-    more = ", ..." if result["unexpected_count"] > len(rows) else ""
-    label = "row" if result["unexpected_count"] == 1 else "rows"
-    return f"{label} {', '.join(rows)}{more}, counted from 0"
 
 
 def _preview(columns: list[str], limit: int = 12) -> str:

@@ -133,6 +133,11 @@ class SearchSpace:
     def metric_names(self) -> list[str]:
         return list(self._dims["metrics"])
 
+    def choices(self, name: str) -> list[Any]:
+        """The listed values of dimension ``name`` ([] for a distribution or a missing dimension)."""
+        values = self._dims.get(name)
+        return list(values) if isinstance(values, list) else []
+
     def to_dict(self) -> dict[str, Any]:
         return {"method": self.method, "params": json.loads(json.dumps(dict(self.params))),
                 "num_samples": self.num_samples, "seed": self.seed}

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import math
 from typing import Any, Callable, Mapping
 
 import keras
@@ -97,7 +98,21 @@ def _check_loss_and_metrics(loss: Any, metrics: list[Any]) -> None:
             raise TrainingError(f"metric {metric!r} is not a Keras metric. Fix: use e.g. 'accuracy'") from exc
 
 
-def build_model(config: Mapping[str, Any], *, input_dim: int, num_classes: int, seed: int) -> keras.Model:
+def data_hparams(input_shapes: Mapping[str, tuple[int, ...]], num_classes: int, task: str) -> dict[str, Any]:
+    """The keys a builder gets from the data (see the module docstring)."""
+    shapes = {name: tuple(int(d) for d in shape) for name, shape in input_shapes.items()}
+    out: dict[str, Any] = {"input_shapes": shapes, "task": task,
+                           "num_outputs": int(num_classes) if task == "classification" else 1}
+    if len(shapes) == 1:
+        (shape,) = shapes.values()
+        out.update(input_shape=shape, input_dim=math.prod(shape))
+    if task == "classification":
+        out["num_classes"] = int(num_classes)
+    return out
+
+
+def build_model(config: Mapping[str, Any], *, input_shapes: Mapping[str, tuple[int, ...]], num_classes: int,
+                seed: int, task: str = "classification") -> keras.Model:
     """Build, compile and materialise the optimizer of one configuration, reproducibly from ``seed``.
 
     The optimizer variables are created up front so that a checkpoint can be restored into them
@@ -106,7 +121,7 @@ def build_model(config: Mapping[str, Any], *, input_dim: int, num_classes: int, 
     # Seeds Python, NumPy and the backend: initial weights and dropout seed states follow from `seed`.
     keras.utils.set_random_seed(seed)
     builder = load_builder(config["model"])
-    hparams = {**dict(config.get("hparams") or {}), "input_dim": int(input_dim), "num_classes": int(num_classes)}
+    hparams = {**dict(config.get("hparams") or {}), **data_hparams(input_shapes, num_classes, task)}
     try:
         model = builder(hparams)
     except Exception as exc:
@@ -118,12 +133,14 @@ def build_model(config: Mapping[str, Any], *, input_dim: int, num_classes: int, 
     if not model.built:
         # Subclassed models create their weights on first call (Model.build() does not call them);
         # an inference call on one zero row creates them without touching any state.
+        shapes = hparams["input_shapes"]
+        zeros = {name: keras.ops.zeros((1, *shape)) for name, shape in shapes.items()}
         try:
-            model(keras.ops.zeros((1, int(input_dim))))
+            model(zeros[next(iter(shapes))] if len(shapes) == 1 else zeros)
         except Exception as exc:
             raise TrainingError(f"model builder {config['model']!r} returned an unbuilt model that cannot be "
-                                f"built for input shape (None, {input_dim}): {exc}. Fix: start the model with "
-                                "keras.Input((hparams['input_dim'],))") from exc
+                                f"built for input shapes {shapes}: {exc}. Fix: start the model with "
+                                "keras.Input(hparams['input_shape'])") from exc
     loss, metrics = config["loss"], list(config.get("metrics") or [])
     _check_loss_and_metrics(loss, metrics)
     # Keras's defaults (one step per call, no XLA) measured fastest for a fresh model per hop on

@@ -17,27 +17,29 @@ def export_best(layout: RunLayout, run: RunRecord, manifest: Manifest, config_id
     import keras  # noqa: PLC0415
     import numpy as np  # noqa: PLC0415
 
-    from mop_airflow.data.cache import cached_shard, load_xy  # noqa: PLC0415
+    from mop_airflow.data.cache import cached_shard, load_shard, manifest_inputs  # noqa: PLC0415
+    from mop_airflow.data.inputs import input_shapes  # noqa: PLC0415
     from mop_airflow.training.builder import build_model  # noqa: PLC0415
     from mop_airflow.training.checkpoint import restore_state  # noqa: PLC0415
     from mop_airflow.training.hop import export_keras  # noqa: PLC0415
 
     store = layout.store
     config = run.config(config_id)
-    xv, _ = load_xy(cached_shard(store, manifest.validation, cache_dir), manifest.features, manifest.label,
-                    manifest.classes)
-    model = build_model(config, input_dim=xv.shape[1], num_classes=len(manifest.classes),
-                        seed=config_seed(run.schedule.seed, config_id))
+    xv, _ = load_shard(cached_shard(store, manifest.validation, cache_dir), manifest)
+    model = build_model(config, input_shapes=input_shapes(manifest_inputs(manifest)),
+                        num_classes=len(manifest.classes), seed=config_seed(run.schedule.seed, config_id),
+                        task=manifest.task)
     restore_state(model, store.read_bytes(layout.checkpoint_uri(config_id, last_t)))
     with tempfile.TemporaryDirectory() as tmp:
         path = export_keras(model, os.path.join(tmp, "best_model.keras"))
         reloaded = keras.models.load_model(path)
-        sample = xv[: min(len(xv), 64)]
+        sample = {k: v[:64] for k, v in xv.items()} if isinstance(xv, dict) else xv[:64]
         if not np.allclose(reloaded.predict(sample, verbose=0), model.predict(sample, verbose=0), atol=1e-5):
             raise RuntimeError("the exported best model predicts differently from the trained one")
         uri = layout.report_uri("best_model.keras")
         store.put_file(path, uri)
     store.write_bytes(layout.report_uri("best_model.json"),
-                      json.dumps({"config": config, "features": manifest.features, "label": manifest.label,
-                                  "classes": manifest.classes}, indent=2).encode())
+                      json.dumps({"config": config, "features": manifest.features, "inputs": manifest.inputs,
+                                  "label": manifest.label, "task": manifest.task, "classes": manifest.classes},
+                                 indent=2).encode())
     return uri

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import os
 import time
+from typing import Any
 
 import keras
 import numpy as np
@@ -22,19 +23,48 @@ def batch_order(n_rows: int, *, seed: int, iteration: int, shard: int, epoch: in
     return rng.permutation(n_rows)
 
 
-def train_on_shard(model: keras.Model, x: np.ndarray, y: np.ndarray, *, batch_size: int, epochs: int,
+def train_on_shard(model: keras.Model, x: Any, y: np.ndarray, *, batch_size: int, epochs: int,
                    seed: int, iteration: int, shard: int) -> dict[str, float | int]:
     """Train ``epochs`` passes over the shard, each in the order :func:`batch_order` gives.
 
-    ``model.fit(shuffle=False)`` on the permuted arrays runs exactly the optimizer steps that
-    ``train_on_batch`` would run on the same batches (tested), with far less per-batch overhead.
+    ``x`` is an array, or a dict of arrays for a model with several inputs. ``model.fit(shuffle=False)``
+    on the permuted arrays runs exactly the optimizer steps that ``train_on_batch`` would run on the
+    same batches (tested), with far less per-batch overhead.
     Returns the hop's mean training loss and compiled metrics (Keras epoch means, averaged over the
     passes, which all have the same number of batches), optimizer ``steps``, ``samples`` and
     ``train_seconds``: the fit calls only, not building or restoring the model, but including
     Keras's tracing of the train step, which a fresh model pays once per hop (~0.5 s on CPU for
     the MNIST-1D demo models).
     """
-    n_rows = len(x)
+    def one_pass(epoch: int, callbacks: list) -> Any:
+        order = batch_order(len(y), seed=seed, iteration=iteration, shard=shard, epoch=epoch)
+        return model.fit(_take(x, order), y[order], batch_size=batch_size, epochs=1, shuffle=False, verbose=0,
+                         callbacks=callbacks)
+
+    return _train(model, len(y), epochs, one_pass, iteration=iteration, shard=shard)
+
+
+def train_streamed(model: keras.Model, path: str, load: Any, *, batch_size: int, epochs: int, seed: int,
+                   iteration: int, shard: int, window_rows: int) -> dict[str, float | int]:
+    """Like :func:`train_on_shard`, streaming the shard file a window of row groups at a time.
+
+    ``load(table) -> (x, y)`` decodes Parquet rows; the order is :func:`~mop_airflow.training.stream.stream_order`.
+    """
+    from mop_airflow.training.stream import count_rows, stream_batches  # noqa: PLC0415
+
+    n_rows = count_rows(path)
+
+    def one_pass(epoch: int, callbacks: list) -> Any:
+        batches = stream_batches(path, load, batch_size=batch_size, window_rows=window_rows, seed=seed,
+                                 iteration=iteration, shard=shard, epoch=epoch)
+        return model.fit(batches, steps_per_epoch=math.ceil(n_rows / batch_size), epochs=1, shuffle=False, verbose=0,
+                         callbacks=callbacks)
+
+    return _train(model, n_rows, epochs, one_pass, iteration=iteration, shard=shard)
+
+
+def _train(model: keras.Model, n_rows: int, epochs: int, one_pass: Any, *, iteration: int,
+           shard: int) -> dict[str, float | int]:
     if n_rows == 0:
         raise TrainingError(f"shard {shard} is empty at iteration {iteration}. Fix: use fewer shards than rows")
     if epochs < 1:
@@ -45,9 +75,7 @@ def train_on_shard(model: keras.Model, x: np.ndarray, y: np.ndarray, *, batch_si
     per_epoch: list[dict[str, float]] = []
     started = time.perf_counter()
     for epoch in range(epochs):
-        order = batch_order(n_rows, seed=seed, iteration=iteration, shard=shard, epoch=epoch)
-        history = model.fit(x[order], y[order], batch_size=batch_size, epochs=1, shuffle=False, verbose=0,
-                            callbacks=[stop_on_nan])
+        history = one_pass(epoch, [stop_on_nan])
         logs = {name: float(values[-1]) for name, values in history.history.items()}
         if not math.isfinite(logs.get("loss", math.nan)):
             raise TrainingError(f"diverged: loss={logs.get('loss')} at iteration {iteration} on shard {shard} "
@@ -60,6 +88,10 @@ def train_on_shard(model: keras.Model, x: np.ndarray, y: np.ndarray, *, batch_si
     summary.update(steps=int(model.optimizer.iterations.numpy()) - steps_before, samples=n_rows * epochs,
                    train_seconds=train_seconds)
     return summary
+
+
+def _take(x: Any, rows: np.ndarray) -> Any:
+    return {name: values[rows] for name, values in x.items()} if isinstance(x, dict) else x[rows]
 
 
 def evaluate(model: keras.Model, x: np.ndarray, y: np.ndarray, *, batch_size: int) -> dict[str, float]:

@@ -21,6 +21,10 @@ from mop_airflow.records import Assignment, HopRecord, Manifest, RunRecord
 from mop_airflow.schedule import config_seed
 
 
+# A shard file larger than this many data.batch_mb budgets streams through the hop in windows.
+STREAM_ABOVE_BATCHES = 4
+
+
 @dataclass(frozen=True)
 class Where:
     """Where the hop runs: for the record only (Airflow fills it in; tests may leave it empty)."""
@@ -48,23 +52,29 @@ def run_hop(layout: RunLayout, run: RunRecord, manifest: Manifest, assignment: A
     iteration, hop = divmod(t, schedule.shards)
     store = layout.store
 
-    from mop_airflow.data.cache import cached_shard, load_xy  # noqa: PLC0415
+    from mop_airflow.data.cache import cached_shard, load_shard, load_table, manifest_inputs  # noqa: PLC0415
+    from mop_airflow.data.inputs import input_shapes  # noqa: PLC0415
 
     def load(entry: Any) -> tuple[Any, Any]:
-        return load_xy(cached_shard(store, entry, cache_dir), manifest.features, manifest.label, manifest.classes)
+        return load_shard(cached_shard(store, entry, cache_dir), manifest)
 
     metadata_bytes = store.bytes_read
-    x, y = load(manifest.shards[shard])
+    entry = manifest.shards[shard]
+    path = cached_shard(store, entry, cache_dir)
+    # A shard larger than a few batch budgets is streamed; a small one is read whole (faster).
+    streamed = entry.bytes > STREAM_ABOVE_BATCHES * run.data.batch_mb * 1e6
+    x, y = (None, None) if streamed else load_shard(path, manifest)
     shard_bytes = store.bytes_read - metadata_bytes  # 0 once the shard is in this worker's cache
     shard_read = time.time()
 
     from mop_airflow.training.builder import build_model  # noqa: PLC0415 - TensorFlow loads here
     from mop_airflow.training.checkpoint import restore_state, state_to_bytes  # noqa: PLC0415
-    from mop_airflow.training.hop import evaluate, train_on_shard  # noqa: PLC0415
+    from mop_airflow.training.hop import evaluate, train_on_shard, train_streamed  # noqa: PLC0415
 
     imported = time.time()
     seed = config_seed(schedule.seed, cid)
-    model = build_model(config, input_dim=x.shape[1], num_classes=len(manifest.classes), seed=seed)
+    model = build_model(config, input_shapes=input_shapes(manifest_inputs(manifest)),
+                        num_classes=len(manifest.classes), seed=seed, task=manifest.task)
     built = time.time()
     checkpoint_bytes = 0
     if assignment.checkpoint:
@@ -72,8 +82,14 @@ def run_hop(layout: RunLayout, run: RunRecord, manifest: Manifest, assignment: A
         checkpoint_bytes = len(state_in)
         restore_state(model, state_in)
     loaded = time.time()
-    train = train_on_shard(model, x, y, batch_size=config["batch_size"], epochs=config["epochs_per_hop"],
-                           seed=seed, iteration=iteration, shard=shard)
+    if streamed:
+        window_rows = max(config["batch_size"], int(entry.rows * run.data.batch_mb * 1e6 / max(1, entry.bytes)))
+        train = train_streamed(model, path, lambda table: load_table(table, manifest),
+                               batch_size=config["batch_size"], epochs=config["epochs_per_hop"], seed=seed,
+                               iteration=iteration, shard=shard, window_rows=window_rows)
+    else:
+        train = train_on_shard(model, x, y, batch_size=config["batch_size"], epochs=config["epochs_per_hop"],
+                               seed=seed, iteration=iteration, shard=shard)
     trained = time.time()
     val = None
     if rung_end or (hop == schedule.shards - 1 and schedule.evaluates_after(iteration)):

@@ -9,13 +9,18 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from mop_airflow.data.cache import cached_shard, load_xy
+from mop_airflow.data.cache import cached_shard, load_shard, load_xy
+from mop_airflow.data.inputs import SCALAR_INPUT, InputSpec
 from mop_airflow.data.shard import shard_dataset
 from mop_airflow.errors import DataValidationError, StoreError
 from mop_airflow.spec import DataSpec
 from mop_airflow.store import Store
 
 from .tables import make_columns, tree, write_parquet
+
+
+def scalar_inputs(columns: list[str]) -> list[InputSpec]:
+    return [InputSpec(SCALAR_INPUT, "columns", tuple(columns), (len(columns),))]
 
 
 @pytest.fixture
@@ -62,7 +67,7 @@ def test_load_xy_maps_labels_to_class_indices(tmp_path):
         "b": np.array([0.5, 1.5, 2.5], dtype=np.float64),
         "label": np.array([7, 3, 7]),
     })
-    x, y = load_xy(path, ["b", "a"], "label", [3, 7])
+    x, y = load_xy(path, scalar_inputs(["b", "a"]), "label", [3, 7])
     assert x.dtype == np.float32 and x.shape == (3, 2)
     np.testing.assert_array_equal(x, [[0.5, 1], [1.5, 2], [2.5, 3]])
     assert y.dtype == np.int32
@@ -72,15 +77,15 @@ def test_load_xy_maps_labels_to_class_indices(tmp_path):
 def test_load_xy_string_labels_and_unknown_labels(tmp_path):
     path = write_parquet(tmp_path / "shard.parquet", {"x": pa.array([0.0, 1.0, 2.0], pa.float32()),
                                                       "label": ["cat", "dog", "cow"]})
-    _, y = load_xy(path, ["x"], "label", ["dog", "cat", "cow"])
+    _, y = load_xy(path, scalar_inputs(["x"]), "label", ["dog", "cat", "cow"])
     np.testing.assert_array_equal(y, [1, 0, 2])
     with pytest.raises(DataValidationError, match=r"1 values are not in classes \['dog', 'cat'\] \(e.g. \['cow'\]\)"):
-        load_xy(path, ["x"], "label", ["dog", "cat"])
+        load_xy(path, scalar_inputs(["x"]), "label", ["dog", "cat"])
 
 
 def test_load_xy_from_a_cached_shard(tmp_path, store, manifest):
     path = cached_shard(store, manifest.shards[0], str(tmp_path / "cache"))
-    x, y = load_xy(path, manifest.features, manifest.label, manifest.classes)
+    x, y = load_shard(path, manifest)
     assert x.shape == (manifest.shards[0].rows, 3)
     # make_columns labels row i with class i % 3, and x0 holds i
     np.testing.assert_array_equal(y, x[:, 0].astype(np.int64) % 3)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mop_airflow.data.validate import resolve_features, validate_source
+from mop_airflow.data.inputs import resolve_columns
+from mop_airflow.data.validate import validate_source
 from mop_airflow.errors import DataValidationError
 from mop_airflow.spec import DataSpec
 
@@ -25,10 +26,10 @@ def spec(source, **overrides) -> DataSpec:
 
 def test_resolve_features_glob_keeps_file_order_and_tuple_is_taken_as_is():
     columns = ["b2", "a1", "label", "b1"]
-    assert resolve_features(columns, "b*") == ["b2", "b1"]
-    assert resolve_features(columns, ("b1", "zz")) == ["b1", "zz"]
+    assert resolve_columns(columns, "b*", "data.features") == ["b2", "b1"]
+    assert resolve_columns(columns, ("b1", "zz"), "data.features") == ["b1", "zz"]
     with pytest.raises(DataValidationError, match="matches none of the columns"):
-        resolve_features(columns, "x*")
+        resolve_columns(columns, "x*", "data.features")
 
 
 def test_success_summary_counts_rows_classes_and_holdout(tmp_path, store_dir):
@@ -181,9 +182,12 @@ def test_csv_source(tmp_path):
     assert summary["rows"] == 60 and summary["class_counts"] == {"0": 20, "1": 20, "2": 20}
 
 
-def test_unreadable_source_is_a_data_error(tmp_path):
-    with pytest.raises(DataValidationError, match="cannot be read"):
+def test_missing_or_unreadable_source_is_a_data_error(tmp_path):
+    with pytest.raises(DataValidationError, match="no .parquet, .pq or .csv files at .*absent.parquet"):
         validate_source(spec(tmp_path / "absent.parquet"), shards=2, max_batch_size=8)
+    (tmp_path / "broken.parquet").write_bytes(b"not parquet")
+    with pytest.raises(DataValidationError, match="broken.parquet cannot be read as parquet"):
+        validate_source(spec(tmp_path / "broken.parquet"), shards=2, max_batch_size=8)
 
 
 def test_empty_or_unreadable_validation_file_is_reported_with_source_failures(tmp_path):

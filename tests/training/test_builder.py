@@ -50,14 +50,15 @@ def test_an_unknown_optimizer_parameter_is_named():
 
 def test_builders_get_input_dim_and_num_classes_injected_over_their_hparams():
     config = make_config("tests.training.toys:remember_hparams", hparams={"units": 7, "num_classes": 99})
-    model = build_model(config, input_dim=6, num_classes=3, seed=0)
-    assert toys.LAST_HPARAMS == {"units": 7, "input_dim": 6, "num_classes": 3}
+    model = build_model(config, input_shapes={"features": (6,)}, num_classes=3, seed=0)
+    assert toys.LAST_HPARAMS == {"units": 7, "input_dim": 6, "num_classes": 3, "input_shape": (6,),
+                                 "input_shapes": {"features": (6,)}, "num_outputs": 3, "task": "classification"}
     assert model.output_shape == (None, 3)
 
 
 def test_initial_weights_follow_from_the_seed():
     def weights(seed: int) -> list[np.ndarray]:
-        return [v.numpy() for v in build_model(make_config(), input_dim=6, num_classes=3, seed=seed).weights]
+        return [v.numpy() for v in build_model(make_config(), input_shapes={"features": (6,)}, num_classes=3, seed=seed).weights]
 
     first, again, other = weights(1), weights(1), weights(2)
     assert all(np.array_equal(a, b) for a, b in zip(first, again))
@@ -65,7 +66,7 @@ def test_initial_weights_follow_from_the_seed():
 
 
 def test_the_model_is_compiled_and_its_optimizer_variables_exist_before_any_step():
-    model = build_model(make_config(), input_dim=6, num_classes=3, seed=0)
+    model = build_model(make_config(), input_shapes={"features": (6,)}, num_classes=3, seed=0)
     assert model.compiled and isinstance(model.optimizer, keras.optimizers.Adam)
     assert int(model.optimizer.iterations.numpy()) == 0
     # iteration counter and learning rate, then a momentum and a velocity per trainable variable
@@ -78,29 +79,29 @@ def test_the_model_is_compiled_and_its_optimizer_variables_exist_before_any_step
 ])
 def test_a_builder_that_misbehaves_is_reported_with_its_path(builder, message):
     with pytest.raises(TrainingError, match=message) as caught:
-        build_model(make_config(builder), input_dim=6, num_classes=3, seed=0)
+        build_model(make_config(builder), input_shapes={"features": (6,)}, num_classes=3, seed=0)
     assert builder in str(caught.value)
 
 
 def test_an_unknown_loss_is_reported():
     with pytest.raises(TrainingError, match="not_a_loss"):
-        build_model(make_config(loss="not_a_loss"), input_dim=6, num_classes=3, seed=0)
+        build_model(make_config(loss="not_a_loss"), input_shapes={"features": (6,)}, num_classes=3, seed=0)
 
 
 def test_an_unknown_metric_is_reported_but_compile_aliases_are_kept():
     with pytest.raises(TrainingError, match="metric 'no_such_metric'"):
-        build_model(make_config(metrics=["acc", "no_such_metric"]), input_dim=6, num_classes=3, seed=0)
-    model = build_model(make_config(metrics=["acc", "sparse_top_k_categorical_accuracy"]), input_dim=6, num_classes=3,
+        build_model(make_config(metrics=["acc", "no_such_metric"]), input_shapes={"features": (6,)}, num_classes=3, seed=0)
+    model = build_model(make_config(metrics=["acc", "sparse_top_k_categorical_accuracy"]), input_shapes={"features": (6,)}, num_classes=3,
                         seed=0)
     assert model.compiled
 
 
 def test_an_unbuilt_subclassed_model_is_built_for_flat_rows():
-    model = build_model(make_config("tests.training.toys:subclassed"), input_dim=6, num_classes=3, seed=0)
+    model = build_model(make_config("tests.training.toys:subclassed"), input_shapes={"features": (6,)}, num_classes=3, seed=0)
     assert model.built and [tuple(v.shape) for v in model.trainable_variables] == [(6, 4), (4,), (4, 3), (3,)]
     assert len(model.optimizer.variables) == 2 + 2 * 4
 
 
 def test_an_unbuilt_model_that_cannot_take_flat_rows_is_reported():
-    with pytest.raises(TrainingError, match=r"(?s)cannot be built for input shape \(None, 6\).*keras.Input"):
-        build_model(make_config("tests.training.toys:subclassed_for_sequences"), input_dim=6, num_classes=3, seed=0)
+    with pytest.raises(TrainingError, match=r"(?s)cannot be built for input shapes \{'features': \(6,\)\}.*keras.Input"):
+        build_model(make_config("tests.training.toys:subclassed_for_sequences"), input_shapes={"features": (6,)}, num_classes=3, seed=0)

@@ -18,14 +18,14 @@ from tests.training.toys import make_config
 def trained(toy_data):
     """A toy model after one hop of 13 Adam steps, and its state bytes."""
     x, y = toy_data
-    model = build_model(make_config(), input_dim=6, num_classes=3, seed=3)
+    model = build_model(make_config(), input_shapes={"features": (6,)}, num_classes=3, seed=3)
     train_on_shard(model, x, y, batch_size=8, epochs=1, seed=3, iteration=0, shard=0)
     return model, state_to_bytes(model, {"config_id": "c000-test00", "t": 0})
 
 
 def test_optimizer_state_survives_a_hop_exactly(trained):
     model, data = trained
-    fresh = build_model(make_config(), input_dim=6, num_classes=3, seed=99)
+    fresh = build_model(make_config(), input_shapes={"features": (6,)}, num_classes=3, seed=99)
     assert int(fresh.optimizer.iterations.numpy()) == 0
 
     meta = restore_state(fresh, data)
@@ -40,7 +40,7 @@ def test_optimizer_state_survives_a_hop_exactly(trained):
 
 def test_every_model_variable_survives_including_batchnorm_statistics_and_dropout_seed(trained):
     model, data = trained
-    fresh = build_model(make_config(), input_dim=6, num_classes=3, seed=99)
+    fresh = build_model(make_config(), input_shapes={"features": (6,)}, num_classes=3, seed=99)
     restore_state(fresh, data)
     for saved, restored in zip(model.variables, fresh.variables, strict=True):
         assert np.array_equal(saved.numpy(), restored.numpy()), saved.path
@@ -55,7 +55,7 @@ def test_the_bytes_are_a_plain_npz_without_pickle(trained):
 
 def test_a_shape_mismatch_names_the_variable_and_both_shapes(trained):
     _, data = trained
-    wider = build_model(make_config(hparams={"units": 16}), input_dim=6, num_classes=3, seed=0)
+    wider = build_model(make_config(hparams={"units": 16}), input_shapes={"features": (6,)}, num_classes=3, seed=0)
     before = [v.numpy() for v in wider.variables]
     with pytest.raises(TrainingError) as caught:
         restore_state(wider, data)
@@ -69,7 +69,7 @@ def test_a_shape_mismatch_names_the_variable_and_both_shapes(trained):
 def test_a_variable_count_mismatch_is_refused(trained):
     _, data = trained
     other = build_model(make_config("mop_airflow.examples.mnist1d_models:mlp", hparams={"units": [12]}),
-                        input_dim=6, num_classes=3, seed=0)
+                        input_shapes={"features": (6,)}, num_classes=3, seed=0)
     with pytest.raises(TrainingError, match=r"checkpoint holds 9 model variables but the model has 4"):
         restore_state(other, data)
 

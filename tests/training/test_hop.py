@@ -28,7 +28,7 @@ def mop(config: dict, shards: list, *, iterations: int = 1, keep_optimizer_state
     state = None
     for iteration in range(iterations):
         for shard, (x, y) in enumerate(shards):
-            model = build_model(config, input_dim=x.shape[1], num_classes=3, seed=SEED)
+            model = build_model(config, input_shapes={"features": (x.shape[1],)}, num_classes=3, seed=SEED)
             just_built = [v.numpy() for v in model.optimizer.variables]
             if state is not None:
                 restore_state(model, state)
@@ -38,14 +38,14 @@ def mop(config: dict, shards: list, *, iterations: int = 1, keep_optimizer_state
             train_on_shard(model, x, y, batch_size=BATCH, epochs=config["epochs_per_hop"], seed=SEED,
                            iteration=iteration, shard=shard)
             state = state_to_bytes(model, {"iteration": iteration, "shard": shard})
-    final = build_model(config, input_dim=shards[0][0].shape[1], num_classes=3, seed=SEED)
+    final = build_model(config, input_shapes={"features": (shards[0][0].shape[1],)}, num_classes=3, seed=SEED)
     restore_state(final, state)
     return final
 
 
 def plain_keras(config: dict, shards: list, *, iterations: int = 1) -> keras.Model:
     """The reference: one model, train_on_batch on the same batches in the same order."""
-    model = build_model(config, input_dim=shards[0][0].shape[1], num_classes=3, seed=SEED)
+    model = build_model(config, input_shapes={"features": (shards[0][0].shape[1],)}, num_classes=3, seed=SEED)
     for iteration in range(iterations):
         for shard, (x, y) in enumerate(shards):
             for epoch in range(config["epochs_per_hop"]):
@@ -95,7 +95,7 @@ def test_one_shard_two_iterations_of_two_passes_equal_plain_keras(toy_data):
 
 def test_a_hop_reports_its_mean_loss_metrics_steps_and_time(toy_data):
     x, y = toy_data
-    model = build_model(make_config(), input_dim=6, num_classes=3, seed=SEED)
+    model = build_model(make_config(), input_shapes={"features": (6,)}, num_classes=3, seed=SEED)
 
     summary = train_on_shard(model, x, y, batch_size=BATCH, epochs=2, seed=SEED, iteration=0, shard=0)
 
@@ -109,7 +109,7 @@ def test_a_non_finite_loss_stops_the_hop_as_diverged(toy_data):
     x, y = toy_data
     x = x.copy()
     x[5, 0] = np.inf
-    model = build_model(make_config(), input_dim=6, num_classes=3, seed=SEED)
+    model = build_model(make_config(), input_shapes={"features": (6,)}, num_classes=3, seed=SEED)
     with pytest.raises(TrainingError, match=r"diverged: loss=nan at iteration 2 on shard 1 .*Fix: lower the learning"):
         train_on_shard(model, x, y, batch_size=BATCH, epochs=3, seed=SEED, iteration=2, shard=1)
     # stopped within the first pass instead of running all three
@@ -118,7 +118,7 @@ def test_a_non_finite_loss_stops_the_hop_as_diverged(toy_data):
 
 def test_evaluate_reports_every_compiled_metric_with_a_val_prefix(toy_data):
     x, y = toy_data
-    model = build_model(make_config(metrics=["accuracy", "sparse_top_k_categorical_accuracy"]), input_dim=6,
+    model = build_model(make_config(metrics=["accuracy", "sparse_top_k_categorical_accuracy"]), input_shapes={"features": (6,)},
                         num_classes=3, seed=SEED)
     result = evaluate(model, x, y, batch_size=32)
     assert set(result) == {"val_loss", "val_accuracy", "val_sparse_top_k_categorical_accuracy"}
@@ -129,7 +129,7 @@ def test_evaluate_reports_every_compiled_metric_with_a_val_prefix(toy_data):
 
 def test_the_exported_model_loads_and_predicts_like_the_trained_one(toy_data, tmp_path):
     x, y = toy_data
-    model = build_model(make_config(), input_dim=6, num_classes=3, seed=SEED)
+    model = build_model(make_config(), input_shapes={"features": (6,)}, num_classes=3, seed=SEED)
     train_on_shard(model, x, y, batch_size=BATCH, epochs=1, seed=SEED, iteration=0, shard=0)
 
     path = export_keras(model, str(tmp_path / "best" / "model.keras"))

@@ -47,7 +47,7 @@ def test_the_demo_best_configuration_reaches_85_percent_in_three_mop_iterations(
     config = {"config_id": "demo-best", "model": "mop_airflow.examples.mnist1d_models:cnn", "hparams": {},
               "optimizer": "adam", "optimizer_params": {"learning_rate": 0.01},
               "loss": "sparse_categorical_crossentropy", "metrics": ["accuracy"], "batch_size": 32, "epochs_per_hop": 1}
-    model = build_model(config, input_dim=40, num_classes=10, seed=0)
+    model = build_model(config, input_shapes={"features": (40,)}, num_classes=10, seed=0)
     for iteration in range(3):
         for shard, rows in enumerate(np.array_split(np.arange(len(x)), 4)):
             train_on_shard(model, x[rows], y[rows], batch_size=32, epochs=1, seed=0, iteration=iteration, shard=shard)

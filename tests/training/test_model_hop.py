@@ -69,6 +69,28 @@ def test_a_configuration_chain_hops_and_resumes_its_optimizer(run_setup):
         run_hop(layout, run, manifest, out1, t=3, shard=1, cache_dir=cache)
 
 
+def test_a_shard_larger_than_the_stream_threshold_is_streamed(run_setup, monkeypatch):
+    from mop_airflow.training import hop as hop_module
+    from mop_airflow.training import model_hop
+
+    run, layout, manifest = run_setup
+    calls = []
+    real = hop_module.train_streamed
+
+    def spy(*args, **kwargs):
+        calls.append(kwargs["window_rows"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(hop_module, "train_streamed", spy)
+    monkeypatch.setattr(model_hop, "STREAM_ABOVE_BATCHES", 0)  # every shard is "large"
+    cid = run.configs[0]["config_id"]
+    record, _ = run_hop(layout, run, manifest, Assignment(cid, -1, None), t=0, shard=0,
+                        cache_dir=run.store.local_cache)
+    assert len(calls) == 1 and calls[0] >= 8  # at least one batch per window
+    assert record.status == "ok" and record.train_metrics["samples"] == manifest.shards[0].rows
+    assert record.train_metrics["steps"] == -(-manifest.shards[0].rows // 8)
+
+
 def test_a_rung_decision_promotes_the_best_and_records_the_failure(run_setup, tmp_path):
     run, layout, manifest = run_setup
     spec = dict(run.spec)

@@ -1,0 +1,207 @@
+"""Validate, shard and one hop on synthetic sources of growing size: wall time, MB/s and peak RSS per step.
+
+    python benchmarks/data_scale.py                       # 0.5 and 2 GB, tabular + tensor images + PNG images
+    python benchmarks/data_scale.py --sizes 0.5 2 8       # add 8 GB (about 20 minutes on 2 cores)
+    python benchmarks/data_scale.py --kinds tabular --sizes 1
+
+Every source is a folder of ~128 MB Parquet files generated into a temporary folder (deleted at the
+end, with the store and the shard cache):
+
+- ``tabular``: 64 float32 feature columns and an integer label;
+- ``tensor``: 32x32x3 uint8 images as a fixed-size list column;
+- ``png``: the same kind of images as PNG bytes (decoded on the worker).
+
+Each step runs in its own process, so its peak RSS (``ru_maxrss``) is the step's alone. Beside
+them, one process reads the whole source with ``pyarrow.parquet.read_table``, the way the data path
+read it before it streamed: the memory a whole-source reader needs, measured on the same files.
+The hop trains one small Keras model for one pass over shard 0 (4 shards), by the hop's own rule:
+streamed in windows when the shard file is larger than 4 batch budgets (512 MB), else read whole.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import platform
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+FILE_MB = 128
+SHARDS = 4
+
+
+def generate(kind: str, folder: str, gigabytes: float, seed: int = 0) -> tuple[int, int]:
+    """Write ``gigabytes`` of ``kind`` into ``folder`` as ~128 MB files; return (rows, bytes on disk)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    os.makedirs(folder, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    row_bytes = {"tabular": 64 * 4 + 8, "tensor": 3072 + 8, "png": 3200}[kind]
+    rows_per_file = max(1000, FILE_MB * 1_000_000 // row_bytes)
+    target = gigabytes * 1e9
+    written = rows = index = 0
+    while written < target:
+        n = rows_per_file
+        label = rng.integers(0, 10, n)
+        if kind == "tabular":
+            x = rng.standard_normal((n, 64), dtype=np.float32) + label[:, None].astype(np.float32) * 0.1
+            table = pa.table({**{f"x{i:02d}": x[:, i] for i in range(64)}, "label": label})
+        else:
+            images = rng.integers(0, 256, (n, 32, 32, 3), dtype=np.uint8)
+            if kind == "tensor":
+                column = pa.FixedSizeListArray.from_arrays(pa.array(images.reshape(-1)), 3072)
+            else:
+                column = pa.array([_png(image) for image in images], type=pa.binary())
+            table = pa.table({"image": column, "label": label})
+        path = os.path.join(folder, f"part-{index:05d}.parquet")
+        # Uncompressed: random data does not compress, and the byte count is then the data's size.
+        pq.write_table(table, path, compression="none")
+        written += os.path.getsize(path)
+        rows += n
+        index += 1
+    return rows, written
+
+
+def _png(image: np.ndarray) -> bytes:
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.fromarray(image).save(buffer, format="PNG", compress_level=1)
+    return buffer.getvalue()
+
+
+def data_spec(kind: str, source: str) -> dict:
+    features = {"tabular": "x*", "tensor": {"image": {"shape": [32, 32, 3]}},
+                "png": {"image": {"shape": [32, 32, 3], "decode": "image"}}}[kind]
+    return {"source": source, "label": "label", "features": features, "classes": list(range(10)),
+            "validation": 0.1}
+
+
+# -- the steps, each run in a child process -------------------------------------------------------------
+def step(name: str, kind: str, source: str, store_root: str, cache: str) -> dict:
+    from mop_airflow.spec import DataSpec
+    from mop_airflow.store import Store
+
+    data = DataSpec(**data_spec(kind, source))
+    started = time.perf_counter()
+    out: dict = {}
+    if name == "whole-file read":
+        import pyarrow.parquet as pq
+
+        out["rows"] = pq.read_table(source).num_rows
+    elif name == "validate":
+        from mop_airflow.data.validate import validate_source
+
+        out["rows"] = validate_source(data, shards=SHARDS, max_batch_size=256)["rows"]
+    elif name == "shard":
+        from mop_airflow.data.shard import shard_dataset
+
+        manifest = shard_dataset(data, Store(store_root), "bench", SHARDS, 0)
+        manifest.write(Store(store_root), Store(store_root).uri("bench", "manifest.json"))
+        out["rows"] = manifest.total_rows + manifest.validation.rows
+    elif name == "hop":
+        import keras
+
+        from mop_airflow.data.cache import cached_shard, load_shard, load_table, manifest_inputs
+        from mop_airflow.data.inputs import input_shapes
+        from mop_airflow.records import Manifest
+        from mop_airflow.training.hop import train_on_shard, train_streamed
+        from mop_airflow.training.model_hop import STREAM_ABOVE_BATCHES
+
+        store = Store(store_root)
+        manifest = Manifest.read(store, store.uri("bench", "manifest.json"))
+        entry = manifest.shards[0]
+        path = cached_shard(store, entry, cache)
+        (shape,) = input_shapes(manifest_inputs(manifest)).values()
+        model = keras.Sequential([keras.Input(shape), keras.layers.Flatten(),
+                                  keras.layers.Rescaling(1 / 255.0) if kind != "tabular" else keras.layers.Identity(),
+                                  keras.layers.Dense(32, activation="relu"), keras.layers.Dense(10)])
+        model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        # The hop's own rule: a shard above a few batch budgets streams, a smaller one is read whole.
+        out["streamed"] = entry.bytes > STREAM_ABOVE_BATCHES * data.batch_mb * 1e6
+        if out["streamed"]:
+            window = max(512, int(entry.rows * data.batch_mb * 1e6 / entry.bytes))
+            summary = train_streamed(model, path, lambda table: load_table(table, manifest), batch_size=512,
+                                     epochs=1, seed=0, iteration=0, shard=0, window_rows=window)
+        else:
+            x, y = load_shard(path, manifest)
+            summary = train_on_shard(model, x, y, batch_size=512, epochs=1, seed=0, iteration=0, shard=0)
+        out["rows"] = summary["samples"]
+    out["seconds"] = time.perf_counter() - started
+    return out
+
+
+def run_step(name: str, kind: str, source: str, store_root: str, cache: str) -> dict:
+    """Run one step in a fresh process, which reports its own peak RSS (ru_maxrss)."""
+    args = [sys.executable, __file__, "--step", name, "--kind", kind, "--source", source, "--store", store_root,
+            "--cache", cache]
+    started = time.perf_counter()
+    process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    stdout, stderr = process.communicate()
+    wall = time.perf_counter() - started
+    if process.returncode != 0:
+        return {"error": (stderr.strip().splitlines() or ["?"])[-1][:200], "wall": wall}
+    result = json.loads(stdout.strip().splitlines()[-1])
+    return {**result, "wall": wall}
+
+
+def _peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", type=float, nargs="+", default=[0.5, 2.0], help="source sizes in GB")
+    parser.add_argument("--kinds", nargs="+", default=["tabular", "tensor", "png"])
+    parser.add_argument("--tmp", default=None, help="where to generate (default: the system temp folder)")
+    parser.add_argument("--step", help=argparse.SUPPRESS)
+    parser.add_argument("--kind", help=argparse.SUPPRESS)
+    parser.add_argument("--source", help=argparse.SUPPRESS)
+    parser.add_argument("--store", help=argparse.SUPPRESS)
+    parser.add_argument("--cache", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.step:
+        os.chdir(tempfile.gettempdir())  # Great Expectations must not scaffold into the working folder
+        out = step(args.step, args.kind, args.source, args.store, args.cache)
+        out["peak_rss_mb"] = _peak_rss_mb()
+        print(json.dumps(out))
+        return
+
+    print(f"machine: {platform.machine()}, {os.cpu_count()} cores, "
+          f"{os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB RAM, "
+          f"Python {platform.python_version()}; batch budget data.batch_mb=128 (default); {SHARDS} shards")
+    print(f"{'kind':8} {'GB':>5} {'files':>5} {'rows':>10}  {'step':16} {'wall s':>7} {'MB/s':>7} {'peak RSS MB':>11}")
+    for kind in args.kinds:
+        for size in args.sizes:
+            root = tempfile.mkdtemp(prefix="mop-data-scale-", dir=args.tmp)
+            try:
+                source = os.path.join(root, "source")
+                rows, nbytes = generate(kind, source, size)
+                files = len(os.listdir(source))
+                store_root = "file://" + os.path.join(root, "store")
+                cache = os.path.join(root, "cache")
+                for name in ("whole-file read", "validate", "shard", "hop"):
+                    result = run_step(name, kind, source, store_root, cache)
+                    if "error" in result:
+                        print(f"{kind:8} {nbytes / 1e9:5.2f} {files:5} {rows:10}  {name:16} failed: {result['error']}")
+                        continue
+                    step_bytes = nbytes / SHARDS if name == "hop" else nbytes
+                    label = f"{name} (streamed)" if result.get("streamed") else name
+                    print(f"{kind:8} {nbytes / 1e9:5.2f} {files:5} {rows:10}  {label:16} {result['seconds']:7.1f} "
+                          f"{step_bytes / 1e6 / result['seconds']:7.0f} {result['peak_rss_mb']:11.0f}", flush=True)
+            finally:
+                shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

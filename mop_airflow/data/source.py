@@ -1,0 +1,267 @@
+"""Where the data is: a file, a folder, a glob or an ``s3://`` prefix of Parquet or CSV files.
+
+A source is resolved once into a :class:`~mop_airflow.records.SourceListing`: every file with its
+size, its version (ETag or mtime) and its row count, and the schema all files share. The listing,
+not the bytes, decides whether existing shards are reused, so no process ever hashes the data set.
+Reading goes through ``pyarrow.dataset`` one record batch at a time, so memory is bounded by the
+batch, never by the source.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import posixpath
+from dataclasses import dataclass
+from typing import Any, Iterator, Mapping
+
+from mop_airflow.errors import DataValidationError
+from mop_airflow.records import SourceFile, SourceListing
+
+PARQUET_SUFFIXES = (".parquet", ".pq")
+CSV_SUFFIXES = (".csv",)
+_GLOB_CHARS = "*?["
+
+
+def file_format(path: str) -> str | None:
+    lower = path.lower().split("?")[0]
+    if lower.endswith(PARQUET_SUFFIXES):
+        return "parquet"
+    if lower.endswith(CSV_SUFFIXES):
+        return "csv"
+    return None
+
+
+def filesystem(uri: str, storage_options: Mapping[str, Any] | None = None, conn_id: str | None = None):
+    """The fsspec filesystem of ``uri`` and the path inside it; ``conn_id`` adds an AWS connection's keys."""
+    import fsspec  # noqa: PLC0415 - keep DAG parsing light
+
+    options = dict(storage_options or {})
+    if conn_id and uri.startswith("s3://"):
+        from mop_airflow.airflow.connections import s3_options_from_connection  # noqa: PLC0415
+
+        options = {**s3_options_from_connection(conn_id), **options}
+    return fsspec.core.url_to_fs(uri, **options)
+
+
+def list_source(uri: str, storage_options: Mapping[str, Any] | None = None, conn_id: str | None = None, *,
+                role: str = "data.source") -> SourceListing:
+    """Resolve ``uri`` into its files, their row counts and their common schema.
+
+    Reads only the Parquet footers (and, for CSV, streams each file once to count its rows).
+    Raises :class:`DataValidationError` for a path that matches nothing, mixed formats, unreadable
+    files or files whose schemas disagree, naming the files.
+    """
+    fs, root = _fs_or_error(uri, storage_options, conn_id, role)
+    try:
+        paths, base = _expand(fs, root)
+    except Exception as exc:  # noqa: BLE001 - permissions, network, bad bucket: all a data problem here
+        raise DataValidationError(uri, [f"{role}: the path cannot be listed ({type(exc).__name__}: {exc}); "
+                                        "check the path, data.storage_options and data.conn_id"]) from exc
+    if not paths:
+        raise DataValidationError(uri, [
+            f"{role}: no .parquet, .pq or .csv files at {uri}; point it at a file, a folder holding such files, "
+            "a glob such as 'data/part-*.parquet' or an s3:// prefix"])
+    formats = {file_format(p) for p in paths}
+    if len(formats) > 1:
+        examples = {f: next(p for p in paths if file_format(p) == f) for f in formats}
+        raise DataValidationError(uri, [
+            f"{role}: mixes Parquet and CSV files (e.g. {examples['parquet']} and {examples['csv']}); "
+            "keep one format per source"])
+    fmt = formats.pop()
+    protocol = _protocol(fs)
+    files, failures, schemas = [], [], {}
+    for path in paths:
+        info = fs.info(path)
+        try:
+            schema, rows = _schema_and_rows(fs, path, fmt)
+        except Exception as exc:  # noqa: BLE001 - a corrupt or unreadable file is a data problem
+            failures.append(f"file {_uri(protocol, path)} cannot be read as {fmt} ({type(exc).__name__}: "
+                            f"{str(exc)[:200]}); replace or remove it")
+            continue
+        schemas[path] = schema
+        files.append(SourceFile(uri=_uri(protocol, path), rows=rows, bytes=int(info.get("size") or 0),
+                                version=_version(info)))
+    if failures:
+        raise DataValidationError(uri, failures)
+    failures = _schema_disagreements(schemas, protocol)
+    if failures:
+        raise DataValidationError(uri, failures)
+    partitions = _hive_partitions(paths, base)
+    listing = SourceListing(uri=uri, format=fmt, files=files, schema={f.name: str(f.type) for f in schemas[paths[0]]},
+                            partitions=partitions, base=_uri(protocol, base) if partitions else None)
+    if partitions:  # the partition columns' types, as pyarrow infers them from the folder names
+        schema = open_dataset(listing, storage_options, conn_id).schema
+        listing = dataclasses.replace(listing, schema={f.name: str(f.type) for f in schema})
+    return listing
+
+
+def open_dataset(listing: SourceListing, storage_options: Mapping[str, Any] | None = None,
+                 conn_id: str | None = None, files: list[SourceFile] | None = None):
+    """A ``pyarrow.dataset.Dataset`` over ``files`` (default: all) of the listing, with hive partitions."""
+    import pyarrow.dataset as ds  # noqa: PLC0415
+
+    fs, _ = filesystem(listing.uri, storage_options, conn_id)
+    paths = [_strip(f.uri) for f in (files if files is not None else listing.files)]
+    partitioning = None
+    if listing.partitions:
+        partitioning = ds.partitioning(flavor="hive")
+    fmt = "parquet" if listing.format == "parquet" else ds.CsvFileFormat()
+    return ds.dataset(paths, filesystem=fs, format=fmt, partitioning=partitioning,
+                      partition_base_dir=_strip(listing.base) if listing.base else None)
+
+
+@dataclass(frozen=True)
+class Batch:
+    """One record batch and where it came from: the file and the row number of its first row in it."""
+
+    table: Any  # pyarrow.Table
+    file: SourceFile
+    file_index: int
+    first_row: int
+
+
+def iter_batches(listing: SourceListing, columns: list[str] | None, *, batch_rows: int,
+                 storage_options: Mapping[str, Any] | None = None, conn_id: str | None = None,
+                 files: list[int] | None = None) -> Iterator[Batch]:
+    """Record batches of at most ``batch_rows`` rows, file by file in listing order.
+
+    One batch is read ahead at most, so memory stays near two batches whatever the source's size.
+    ``files`` restricts the read to those indices of ``listing.files`` (a slice of a scatter task).
+    """
+    import pyarrow as pa  # noqa: PLC0415
+    import pyarrow.dataset as ds  # noqa: PLC0415
+
+    indices = list(range(len(listing.files))) if files is None else list(files)
+    dataset = open_dataset(listing, storage_options, conn_id, [listing.files[i] for i in indices])
+    for index, fragment in zip(indices, dataset.get_fragments()):
+        first_row = 0
+        # Scanning the fragment with the dataset's schema fills in hive partition columns.
+        scanner = ds.Scanner.from_fragment(fragment, schema=dataset.schema, columns=columns, batch_size=batch_rows,
+                                           batch_readahead=0, fragment_readahead=0, use_threads=True)
+        for record_batch in scanner.to_batches():
+            if record_batch.num_rows == 0:
+                continue
+            table = pa.Table.from_batches([record_batch])
+            yield Batch(table=table, file=listing.files[index], file_index=index, first_row=first_row)
+            first_row += record_batch.num_rows
+
+
+def rows_per_batch(listing: SourceListing, batch_mb: float) -> int:
+    """Rows in a batch of about ``batch_mb`` MB, from the source's bytes per row (at least 1,024 rows).
+
+    On disk Parquet is compressed; in memory a row takes more, so the estimate is halved.
+    """
+    rows = max(1, listing.total_rows)
+    bytes_per_row = max(1.0, listing.total_bytes / rows) * 2
+    return max(1024, int(batch_mb * 1e6 / bytes_per_row))
+
+
+# -- internals ---------------------------------------------------------------------------------
+def _fs_or_error(uri: str, storage_options: Any, conn_id: str | None, role: str):
+    try:
+        return filesystem(uri, storage_options, conn_id)
+    except Exception as exc:  # noqa: BLE001 - unknown protocol, missing package, bad options
+        raise DataValidationError(uri, [f"{role}: {uri!r} cannot be opened ({type(exc).__name__}: {exc}); use a "
+                                        "local path, file://, or s3:// URI"]) from exc
+
+
+def _expand(fs: Any, root: str) -> tuple[list[str], str]:
+    """The data files under ``root`` (a file, a folder or a glob), sorted, and the folder they sit in."""
+    if any(ch in root for ch in _GLOB_CHARS):
+        base = root.split("*")[0].split("?")[0].split("[")[0].rsplit("/", 1)[0]
+        matched = sorted(p for p in fs.glob(root) if not fs.isdir(p))
+        return [p for p in matched if file_format(p) and not _hidden(p, base)], base
+    if fs.isdir(root):
+        found = sorted(fs.find(root))
+        return [p for p in found if file_format(p) and not _hidden(p, root)], root
+    if fs.exists(root):
+        if not file_format(root):
+            raise ValueError(f"{root} is neither a .parquet/.pq nor a .csv file")
+        return [root], posixpath.dirname(root)
+    return [], root
+
+
+def _hidden(path: str, base: str) -> bool:
+    """Files Spark and Hive leave beside the data (_SUCCESS, .crc, _temporary/...) are not data."""
+    rel = path[len(base):].lstrip("/") if path.startswith(base) else posixpath.basename(path)
+    return any(part.startswith(("_", ".")) for part in rel.split("/"))
+
+
+def _hive_partitions(paths: list[str], base: str) -> list[str]:
+    """Partition keys when every file sits under ``key=value`` folders below ``base``."""
+    keys: list[str] | None = None
+    for path in paths:
+        rel = path[len(base):].lstrip("/").split("/")[:-1]
+        these = [part.split("=", 1)[0] for part in rel if "=" in part]
+        if len(these) != len(rel):
+            return []
+        if keys is None:
+            keys = these
+        elif keys != these:
+            return []
+    return keys or []
+
+
+def _schema_and_rows(fs: Any, path: str, fmt: str):
+    if fmt == "parquet":
+        import pyarrow.parquet as pq  # noqa: PLC0415
+
+        with fs.open(path, "rb") as handle:
+            metadata = pq.ParquetFile(handle).metadata
+            return metadata.schema.to_arrow_schema(), metadata.num_rows
+    import pyarrow.csv as pa_csv  # noqa: PLC0415
+
+    rows = 0
+    with fs.open(path, "rb") as handle:
+        reader = pa_csv.open_csv(handle)
+        schema = reader.schema
+        for batch in reader:
+            rows += batch.num_rows
+    return schema, rows
+
+
+def _schema_disagreements(schemas: Mapping[str, Any], protocol: str) -> list[str]:
+    """One sentence per column whose presence or type differs between files."""
+    paths = list(schemas)
+    first = schemas[paths[0]]
+    failures = []
+    for path in paths[1:]:
+        schema = schemas[path]
+        if schema.equals(first):
+            continue
+        for name in sorted(set(first.names) | set(schema.names)):
+            a = first.field(name).type if name in first.names else None
+            b = schema.field(name).type if name in schema.names else None
+            if a != b:
+                failures.append(
+                    f"files disagree on column {name!r}: {_uri(protocol, paths[0])} has "
+                    f"{a if a is not None else 'no such column'}, {_uri(protocol, path)} has "
+                    f"{b if b is not None else 'no such column'}; rewrite the files with one schema")
+        if len(failures) >= 10:
+            break
+    return failures
+
+
+def _version(info: Mapping[str, Any]) -> str:
+    for key in ("ETag", "etag", "mtime", "LastModified", "last_modified", "created"):
+        if info.get(key) is not None:
+            return str(info[key]).strip('"')
+    return ""
+
+
+def _protocol(fs: Any) -> str:
+    protocol = fs.protocol
+    protocol = protocol[0] if isinstance(protocol, (tuple, list)) else protocol
+    return "file" if protocol in ("file", "local") else protocol
+
+
+def _uri(protocol: str, path: str) -> str:
+    if protocol == "file":
+        return "file://" + path if path.startswith("/") else "file:///" + path
+    return f"{protocol}://{path.lstrip('/')}"
+
+
+def _strip(uri: str) -> str:
+    """The filesystem path of one of our URIs (what pyarrow wants beside an fsspec filesystem)."""
+    scheme, rest = uri.split("://", 1)
+    return "/" + rest.lstrip("/") if scheme == "file" else rest

@@ -1,0 +1,85 @@
+"""Training on a shard larger than memory: stream its row groups, shuffled in windows.
+
+A shard is one Parquet file on the worker's disk, written in row groups (one per record batch
+that sharding wrote). One pass reads the row groups in a seeded random order, a window of about
+``window_rows`` rows at a time; inside a window the rows are shuffled, and the batches run on
+across windows. Row-level sharding already made every row group a random sample of the data, so
+this shuffle is as good as a full one for SGD. Memory holds one window (plus its decoded arrays),
+whatever the shard's size. The order is a pure function of (seed, iteration, shard, epoch) and
+of the file's row groups: :func:`stream_order` gives it, so tests can feed plain Keras the very
+same batches.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+import numpy as np
+
+
+def stream_windows(row_group_rows: list[int], window_rows: int, *, seed: int, iteration: int, shard: int,
+                   epoch: int) -> list[tuple[list[int], np.ndarray]]:
+    """Per window: the row groups it reads and the permutation of the window's rows."""
+    rng = np.random.default_rng(np.random.SeedSequence([seed, iteration, shard, epoch, 0x5742]))
+    groups = rng.permutation(len(row_group_rows)).tolist()
+    windows, current, rows = [], [], 0
+    for group in groups:
+        current.append(group)
+        rows += row_group_rows[group]
+        if rows >= window_rows:
+            windows.append(current)
+            current, rows = [], 0
+    if current:
+        windows.append(current)
+    return [(window, rng.permutation(sum(row_group_rows[g] for g in window))) for window in windows]
+
+
+def stream_order(row_group_rows: list[int], window_rows: int, **seeds: int) -> np.ndarray:
+    """The whole pass as row numbers of the file (for tests and small shards; the stream never builds it)."""
+    starts = np.cumsum([0, *row_group_rows])
+    parts = []
+    for groups, permutation in stream_windows(row_group_rows, window_rows, **seeds):
+        rows = np.concatenate([np.arange(starts[g], starts[g + 1]) for g in groups])
+        parts.append(rows[permutation])
+    return np.concatenate(parts)
+
+
+def stream_batches(path: str, load: Any, *, batch_size: int, window_rows: int, seed: int, iteration: int,
+                   shard: int, epoch: int) -> Iterator[tuple[Any, np.ndarray]]:
+    """(x, y) batches of one pass; ``load(table) -> (x, y)`` turns Parquet rows into arrays.
+
+    Rows left over at the end of a window wait for the next one, so every batch but the last has
+    ``batch_size`` rows, as in memory.
+    """
+    import pyarrow as pa  # noqa: PLC0415
+    import pyarrow.parquet as pq  # noqa: PLC0415
+
+    parquet = pq.ParquetFile(path)
+    sizes = [parquet.metadata.row_group(i).num_rows for i in range(parquet.num_row_groups)]
+    carry: tuple[Any, np.ndarray] | None = None
+    for groups, permutation in stream_windows(sizes, window_rows, seed=seed, iteration=iteration, shard=shard,
+                                              epoch=epoch):
+        table = pa.concat_tables([parquet.read_row_group(g) for g in groups])
+        x, y = load(table.take(pa.array(permutation)))
+        if carry is not None:
+            x, y = _concat(carry[0], x), np.concatenate([carry[1], y])
+        usable = len(y) - len(y) % batch_size
+        for start in range(0, usable, batch_size):
+            yield _slice(x, start, start + batch_size), y[start:start + batch_size]
+        carry = (_slice(x, usable, len(y)), y[usable:]) if usable < len(y) else None
+    if carry is not None:
+        yield carry
+
+
+def count_rows(path: str) -> int:
+    import pyarrow.parquet as pq  # noqa: PLC0415
+
+    return pq.ParquetFile(path).metadata.num_rows
+
+
+def _slice(x: Any, start: int, stop: int) -> Any:
+    return {k: v[start:stop] for k, v in x.items()} if isinstance(x, dict) else x[start:stop]
+
+
+def _concat(a: Any, b: Any) -> Any:
+    return {k: np.concatenate([a[k], b[k]]) for k in a} if isinstance(a, dict) else np.concatenate([a, b])
