@@ -130,22 +130,12 @@ class Store:
 
     # -- writes ------------------------------------------------------------------------------
     def write_bytes(self, uri: str, data: bytes) -> str:
-        path = self._path(uri)
         if self.protocol == "file":
-            directory = os.path.dirname(path)
-            os.makedirs(directory, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=os.path.basename(path))
-            try:
-                with os.fdopen(fd, "wb") as handle:
-                    handle.write(data)
-                os.replace(tmp, path)  # readers see the old file or the new one, never a partial one
-            except BaseException:
-                if os.path.exists(tmp):
-                    os.unlink(tmp)
-                raise
+            with self.open_write(uri) as handle:  # readers see the old file or the new one, never a partial one
+                handle.write(data)
         else:
-            self.fs.pipe_file(path, data)  # one PUT: an object store never shows a partial object
-        self.bytes_written += len(data)
+            self.fs.pipe_file(self._path(uri), data)  # one PUT: an object store never shows a partial object
+            self.bytes_written += len(data)
         return uri
 
     def write_json(self, uri: str, obj: Any) -> str:

@@ -100,6 +100,18 @@ def evaluate(model: keras.Model, x: np.ndarray, y: np.ndarray, *, batch_size: in
     return {f"val_{name}": float(value) for name, value in results.items()}
 
 
+def evaluate_streamed(model: keras.Model, path: str, load: Any, *, batch_size: int,
+                      window_rows: int) -> dict[str, float]:
+    """:func:`evaluate` over a validation file larger than memory, a window of row groups at a time."""
+    from mop_airflow.training.stream import count_rows, stream_batches  # noqa: PLC0415
+
+    # Any fixed order will do: the metrics are means over every row.
+    batches = stream_batches(path, load, batch_size=batch_size, window_rows=window_rows, seed=0, iteration=0,
+                             shard=0, epoch=0)
+    results = model.evaluate(batches, steps=math.ceil(count_rows(path) / batch_size), verbose=0, return_dict=True)
+    return {f"val_{name}": float(value) for name, value in results.items()}
+
+
 def export_keras(model: keras.Model, path: str) -> str:
     """Save the model as a native ``.keras`` file that ``keras.models.load_model`` can serve from."""
     if not str(path).endswith(".keras"):

@@ -55,21 +55,29 @@ def run_hop(layout: RunLayout, run: RunRecord, manifest: Manifest, assignment: A
     from mop_airflow.data.cache import cached_shard, load_shard, load_table, manifest_inputs  # noqa: PLC0415
     from mop_airflow.data.inputs import input_shapes  # noqa: PLC0415
 
-    def load(entry: Any) -> tuple[Any, Any]:
-        return load_shard(cached_shard(store, entry, cache_dir), manifest)
+    def streams(entry: Any) -> bool:
+        """A file larger than a few batch budgets is streamed; a small one is read whole (faster)."""
+        return entry.bytes > STREAM_ABOVE_BATCHES * run.data.batch_mb * 1e6
+
+    def window_rows(entry: Any) -> int:
+        return max(config["batch_size"], int(entry.rows * run.data.batch_mb * 1e6 / max(1, entry.bytes)))
 
     metadata_bytes = store.bytes_read
     entry = manifest.shards[shard]
     path = cached_shard(store, entry, cache_dir)
-    # A shard larger than a few batch budgets is streamed; a small one is read whole (faster).
-    streamed = entry.bytes > STREAM_ABOVE_BATCHES * run.data.batch_mb * 1e6
+    streamed = streams(entry)
     x, y = (None, None) if streamed else load_shard(path, manifest)
     shard_bytes = store.bytes_read - metadata_bytes  # 0 once the shard is in this worker's cache
     shard_read = time.time()
 
     from mop_airflow.training.builder import build_model  # noqa: PLC0415 - TensorFlow loads here
     from mop_airflow.training.checkpoint import restore_state, state_to_bytes  # noqa: PLC0415
-    from mop_airflow.training.hop import evaluate, train_on_shard, train_streamed  # noqa: PLC0415
+    from mop_airflow.training.hop import (  # noqa: PLC0415
+        evaluate,
+        evaluate_streamed,
+        train_on_shard,
+        train_streamed,
+    )
 
     imported = time.time()
     seed = config_seed(schedule.seed, cid)
@@ -83,10 +91,9 @@ def run_hop(layout: RunLayout, run: RunRecord, manifest: Manifest, assignment: A
         restore_state(model, state_in)
     loaded = time.time()
     if streamed:
-        window_rows = max(config["batch_size"], int(entry.rows * run.data.batch_mb * 1e6 / max(1, entry.bytes)))
         train = train_streamed(model, path, lambda table: load_table(table, manifest),
                                batch_size=config["batch_size"], epochs=config["epochs_per_hop"], seed=seed,
-                               iteration=iteration, shard=shard, window_rows=window_rows)
+                               iteration=iteration, shard=shard, window_rows=window_rows(entry))
     else:
         train = train_on_shard(model, x, y, batch_size=config["batch_size"], epochs=config["epochs_per_hop"],
                                seed=seed, iteration=iteration, shard=shard)
@@ -94,9 +101,15 @@ def run_hop(layout: RunLayout, run: RunRecord, manifest: Manifest, assignment: A
     val = None
     if rung_end or (hop == schedule.shards - 1 and schedule.evaluates_after(iteration)):
         before = store.bytes_read
-        xv, yv = load(manifest.validation)
+        held = cached_shard(store, manifest.validation, cache_dir)
         shard_bytes += store.bytes_read - before
-        val = evaluate(model, xv, yv, batch_size=max(config["batch_size"], 256))
+        eval_batch = max(config["batch_size"], 256)
+        if streams(manifest.validation):
+            val = evaluate_streamed(model, held, lambda table: load_table(table, manifest), batch_size=eval_batch,
+                                    window_rows=window_rows(manifest.validation))
+        else:
+            xv, yv = load_shard(held, manifest)
+            val = evaluate(model, xv, yv, batch_size=eval_batch)
     evaluated = time.time()
     out_uri = layout.checkpoint_uri(cid, t)
     state = state_to_bytes(model, {"config_id": cid, "t": t, "iteration": iteration, "hop": hop, "shard": shard})

@@ -241,3 +241,21 @@ def test_a_csv_folder(tmp_path, store):
     manifest = shard_dataset(spec(tmp_path / "csv"), store, "dag", 2, 0)
     assert [e.rows for e in manifest.shards] == [24, 24]
     assert sorted(i for e in [*manifest.shards, manifest.validation] for i in row_ids(store, e)) == list(range(60))
+
+
+@pytest.mark.parametrize(("column", "value", "expected"), [
+    ("x1", float("nan"), "column 'x1': 1 value is null or NaN (row part-002.parquet:4"),
+    ("x2", float("-inf"), "column 'x2': 1 value is +/-inf (row part-002.parquet:4"),
+    ("label", 7, "label column 'label': 1 value is not in data.classes [0, 1, 2] (row part-002.parquet:4"),
+    ("label", None, "label column 'label': 1 value is null (row part-002.parquet:4"),
+], ids=["nan", "inf", "label-outside-classes", "null-label"])
+def test_a_bad_value_in_a_later_batch_is_found(tmp_path, column, value, expected):
+    """The first batch runs every expectation; later ones only where the pre-check suspects a column."""
+    paths = write_parts(tmp_path / "data", [20, 20, 20])
+    table = pq.read_table(paths[2]).to_pydict()
+    table[column][4] = value
+    pq.write_table(pa.table(table), paths[2])
+    with pytest.raises(DataValidationError) as caught:
+        validate_source(spec(tmp_path / "data"), shards=2, max_batch_size=4)
+    (failure,) = caught.value.failures
+    assert failure.startswith(expected), failure

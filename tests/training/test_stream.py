@@ -71,3 +71,16 @@ def test_a_streamed_hop_gives_the_weights_of_keras_fed_the_same_batches(tmp_path
             rows = order[start:start + BATCH]
             reference.train_on_batch(x[rows], y[rows])
     assert same_variables(streamed, reference)
+
+
+def test_streamed_evaluation_equals_evaluation_in_memory(tmp_path, toy_data):
+    from mop_airflow.training.hop import evaluate, evaluate_streamed
+
+    x, y = toy_data
+    path = write_shard(tmp_path / "validation.parquet", x, y)
+    model = build_model(make_config(), input_shapes={"features": (6,)}, num_classes=3, seed=SEED)
+    in_memory = evaluate(model, x, y, batch_size=16)
+    streamed = evaluate_streamed(model, path, loader, batch_size=16, window_rows=WINDOW)
+    assert set(streamed) == {"val_loss", "val_accuracy"}
+    for name, value in in_memory.items():
+        assert abs(streamed[name] - value) < 1e-5, name
