@@ -11,11 +11,12 @@ end, with the store and the shard cache):
 - ``tensor``: 32x32x3 uint8 images as a fixed-size list column;
 - ``png``: the same kind of images as PNG bytes (decoded on the worker).
 
-Each step runs in its own process, so its peak RSS (``ru_maxrss``) is the step's alone. Beside
+Each step runs in its own process, so its peak RSS (``VmHWM``) is the step's alone. Beside
 them, one process reads the whole source with ``pyarrow.parquet.read_table``, the way the data path
 read it before it streamed: the memory a whole-source reader needs, measured on the same files.
 The hop trains one small Keras model for one pass over shard 0 (4 shards), by the hop's own rule:
-streamed in windows when the shard file is larger than 4 batch budgets (512 MB), else read whole.
+streamed in windows of a quarter batch budget (32 MB) when the shard file is larger than one
+window, else read whole.
 """
 
 from __future__ import annotations
@@ -115,7 +116,7 @@ def step(name: str, kind: str, source: str, store_root: str, cache: str) -> dict
         from mop_airflow.data.inputs import input_shapes
         from mop_airflow.records import Manifest
         from mop_airflow.training.hop import train_on_shard, train_streamed
-        from mop_airflow.training.model_hop import STREAM_ABOVE_BATCHES
+        from mop_airflow.training.model_hop import STREAM_ABOVE_BATCHES, WINDOW_SHARE
 
         store = Store(store_root)
         manifest = Manifest.read(store, store.uri("bench", "manifest.json"))
@@ -129,7 +130,7 @@ def step(name: str, kind: str, source: str, store_root: str, cache: str) -> dict
         # The hop's own rule: a shard above a few batch budgets streams, a smaller one is read whole.
         out["streamed"] = entry.bytes > STREAM_ABOVE_BATCHES * data.batch_mb * 1e6
         if out["streamed"]:
-            window = max(512, int(entry.rows * data.batch_mb * 1e6 / entry.bytes))
+            window = max(512, int(entry.rows * WINDOW_SHARE * data.batch_mb * 1e6 / entry.bytes))
             summary = train_streamed(model, path, lambda table: load_table(table, manifest), batch_size=512,
                                      epochs=1, seed=0, iteration=0, shard=0, window_rows=window)
         else:
@@ -156,6 +157,11 @@ def run_step(name: str, kind: str, source: str, store_root: str, cache: str) -> 
 
 
 def _peak_rss_mb() -> float:
+    """This process's peak RSS since exec (VmHWM); ru_maxrss would include the forking parent's RSS."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 

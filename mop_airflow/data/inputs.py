@@ -54,6 +54,9 @@ class InputSpec:
     columns: tuple[str, ...]
     shape: tuple[int, ...]
     dtype: str = "float32"
+    # How shards store a tensor column: None = as the source's list; else the element dtype of a
+    # fixed-size binary column holding each row's values back to back (fast to write and read).
+    stored: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "columns": list(self.columns), "shape": list(self.shape)}
@@ -61,7 +64,8 @@ class InputSpec:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "InputSpec":
         return cls(name=data["name"], kind=data["kind"], columns=tuple(data["columns"]),
-                   shape=tuple(int(d) for d in data["shape"]), dtype=data.get("dtype", "float32"))
+                   shape=tuple(int(d) for d in data["shape"]), dtype=data.get("dtype", "float32"),
+                   stored=data.get("stored"))
 
     @property
     def size(self) -> int:
@@ -122,6 +126,8 @@ def _input_array(table: Any, spec: InputSpec, where: str) -> np.ndarray:
             x[:, j] = table[name].to_numpy()
         return x
     column = table[spec.columns[0]]
+    if spec.kind == "tensor" and spec.stored:
+        return packed_values(column, spec).reshape((table.num_rows, *spec.shape)).astype(dtype, copy=False)
     if spec.kind == "tensor":
         flat, problems = tensor_values(column, spec)
         if problems:
@@ -175,6 +181,34 @@ def tensor_values(column: Any, spec: InputSpec, first_row: int = 0) -> tuple[np.
                                  f"column {name!r}: {{count}} row(s) hold NaN, inf or null values inside the "
                                  "tensor ({rows}); remove or impute them")]
     return values, []
+
+
+def pack_tensor(column: Any, dtype: str | None = None) -> tuple[Any, str]:
+    """A validated list column as fixed-size binary rows of its values (cast to ``dtype`` if given),
+    and the values' dtype.
+
+    Nested lists are slow to write and read in Parquet (levels per value); flat binary rows are not.
+    """
+    import pyarrow as pa  # noqa: PLC0415
+    import pyarrow.compute as pc  # noqa: PLC0415
+
+    column = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    values = pc.list_flatten(column).to_numpy(zero_copy_only=False)
+    values = np.ascontiguousarray(values if dtype is None else values.astype(dtype, copy=False))
+    rows = len(column)
+    width = values.nbytes // max(1, rows)
+    packed = pa.FixedSizeBinaryArray.from_buffers(pa.binary(max(1, width)), rows, [None, pa.py_buffer(values)])
+    return packed, values.dtype.name
+
+
+def packed_values(column: Any, spec: InputSpec) -> np.ndarray:
+    """The values of a column written by :func:`pack_tensor`, flat, in ``spec.stored`` dtype."""
+    import pyarrow as pa  # noqa: PLC0415
+
+    column = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    width = column.type.byte_width
+    raw = np.frombuffer(column.buffers()[1], dtype=np.uint8)[column.offset * width:(column.offset + len(column)) * width]
+    return raw.view(np.dtype(spec.stored))
 
 
 # -- images ------------------------------------------------------------------------------------

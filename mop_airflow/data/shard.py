@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from mop_airflow.data.inputs import InputSpec, input_columns, resolve_inputs
+from mop_airflow.data.inputs import InputSpec, input_columns, pack_tensor, resolve_inputs
 from mop_airflow.data.permutation import permuted_positions, split_of
 from mop_airflow.data.source import iter_batches, list_source, rows_per_batch
 from mop_airflow.data.table import count_labels, holdout_rows, sorted_labels
@@ -72,7 +72,8 @@ def shard_dataset(data: DataSpec, store: Store, dag_id: str, shards: int, seed: 
         classes=classes, seed=seed, schema=writer.schema_dict(), shards=shard_entries,
         validation=validation_entry, total_rows=sum(entry.rows for entry in shard_entries),
         created_at=datetime.now(timezone.utc).isoformat(), task=data.task,
-        inputs=[spec.to_dict() for spec in inputs], shuffle=data.shuffle,
+        inputs=[dataclasses.replace(spec, stored=writer.stored.get(spec.columns[0])).to_dict() for spec in inputs],
+        shuffle=data.shuffle,
     )
     manifest.write(store, store.uri(*folder, MANIFEST))
     return manifest
@@ -135,6 +136,8 @@ class _ShardWriters:
         self.uris.append(store.uri(*folder, "validation.parquet"))
         self.columns = columns
         self.scalars = {c for spec in inputs if spec.kind == "columns" for c in spec.columns}
+        self.tensors = {spec.columns[0] for spec in inputs if spec.kind == "tensor"}
+        self.stored: dict[str, str] = {}  # tensor column -> element dtype of its packed rows
         self.rows = [0] * (shards + 1)
         self.stack = ExitStack()
         self.handles: list[Any] = []
@@ -153,11 +156,22 @@ class _ShardWriters:
             self.stack.__exit__(*exc)
 
     def _training_columns(self, table: Any) -> Any:
-        """Scalar features as float32 (what the model reads); lists, images and the label as they are."""
+        """Scalar features as float32 (what the model reads), tensors packed (:func:`pack_tensor`),
+        images and the label as they are."""
         import pyarrow as pa  # noqa: PLC0415
 
-        # safe=False: large integers lose precision in float32 by design, instead of raising.
-        arrays = [table[c].cast(pa.float32(), safe=False) if c in self.scalars else table[c] for c in self.columns]
+        arrays = []
+        for c in self.columns:
+            if c in self.scalars:
+                # safe=False: large integers lose precision in float32 by design, instead of raising.
+                arrays.append(table[c].cast(pa.float32(), safe=False))
+            elif c in self.tensors:
+                # The first batch decides the element type; a separate validation source follows it.
+                packed, dtype = pack_tensor(table[c], self.stored.get(c))
+                self.stored.setdefault(c, dtype)
+                arrays.append(packed)
+            else:
+                arrays.append(table[c])
         out = pa.Table.from_arrays(arrays, names=self.columns)
         if self.schema is None:
             import pyarrow.parquet as pq  # noqa: PLC0415

@@ -21,8 +21,11 @@ from mop_airflow.records import Assignment, HopRecord, Manifest, RunRecord
 from mop_airflow.schedule import config_seed
 
 
-# A shard file larger than this many data.batch_mb budgets streams through the hop in windows.
-STREAM_ABOVE_BATCHES = 4
+# A shard file larger than a window (a quarter of data.batch_mb) streams through the hop a window
+# at a time: read whole, a shard takes ~6x its file size in memory (table, arrays, the shuffled
+# copy, Keras's own); a window about as much per window (measured with benchmarks/data_scale.py).
+WINDOW_SHARE = 0.25
+STREAM_ABOVE_BATCHES = WINDOW_SHARE
 
 
 @dataclass(frozen=True)
@@ -60,7 +63,8 @@ def run_hop(layout: RunLayout, run: RunRecord, manifest: Manifest, assignment: A
         return entry.bytes > STREAM_ABOVE_BATCHES * run.data.batch_mb * 1e6
 
     def window_rows(entry: Any) -> int:
-        return max(config["batch_size"], int(entry.rows * run.data.batch_mb * 1e6 / max(1, entry.bytes)))
+        window_bytes = WINDOW_SHARE * run.data.batch_mb * 1e6
+        return max(config["batch_size"], int(entry.rows * window_bytes / max(1, entry.bytes)))
 
     metadata_bytes = store.bytes_read
     entry = manifest.shards[shard]

@@ -63,7 +63,9 @@ def test_tensor_and_image_columns_round_trip_through_shards(tmp_path, store):
     summary = validate_source(data, shards=2, max_batch_size=4)
     assert [i["name"] for i in summary["inputs"]] == ["pixels", "photo", "meta"]
     manifest = shard_dataset(data, store, "dag", 2, 0)
-    assert manifest.schema["photo"] == "binary" and manifest.schema["pixels"].startswith("fixed_size_list")
+    # images stay encoded; a tensor is packed into fixed-size binary rows of its values (float32 here)
+    assert manifest.schema["photo"] == "binary" and manifest.schema["pixels"] == "fixed_size_binary[256]"
+    assert [i.get("stored") for i in manifest.inputs] == ["float32", None, None]
     x, y = load_shard(store.local_path(manifest.shards[0].uri), manifest)
     assert set(x) == {"pixels", "photo", "meta"}
     assert x["pixels"].shape == (manifest.shards[0].rows, 8, 8, 1) and x["pixels"].dtype == np.float32
@@ -191,3 +193,19 @@ def test_a_classification_loss_on_a_regression_target_is_refused():
     MopSpec.from_dict({"data": {"source": "/d/", "label": "y", "features": "x*", "task": "regression"},
                        "search": {"space": {**space, "params": {**space["params"], "loss": "mse",
                                                                 "metrics": ["mae"]}}, "metric": "val_mae"}})
+
+
+def test_a_separate_validation_source_with_another_tensor_type_is_packed_like_the_shards(tmp_path, store):
+    rng = np.random.default_rng(3)
+    train = rng.integers(0, 256, (40, 64)).astype(np.uint8)
+    held = rng.integers(0, 256, (12, 64)).astype(np.float64)
+    source = write(tmp_path / "train.parquet", {"pixels": pa.FixedSizeListArray.from_arrays(pa.array(train.reshape(-1)), 64),
+                                                "label": np.arange(40) % 3})
+    valid = write(tmp_path / "valid.parquet", {"pixels": pa.array(held.tolist(), type=pa.list_(pa.float64())),
+                                               "label": np.arange(12) % 3})
+    manifest = shard_dataset(spec(source, validation=valid), store, "dag", 2, 0)
+    assert manifest.inputs[0]["stored"] == "uint8" and manifest.schema["pixels"] == "fixed_size_binary[64]"
+    x, y = load_shard(store.local_path(manifest.validation.uri), manifest)
+    assert np.array_equal(x.reshape(12, 64), held) and x.dtype == np.float32 and list(y) == list(np.arange(12) % 3)
+    shards = [load_shard(store.local_path(e.uri), manifest)[0].reshape(-1, 64) for e in manifest.shards]
+    assert sorted(map(bytes, np.concatenate(shards).astype(np.uint8))) == sorted(map(bytes, train))
