@@ -96,12 +96,12 @@ def list_source(uri: str, storage_options: Mapping[str, Any] | None = None, conn
 
 
 def open_dataset(listing: SourceListing, storage_options: Mapping[str, Any] | None = None,
-                 conn_id: str | None = None, files: list[SourceFile] | None = None):
-    """A ``pyarrow.dataset.Dataset`` over ``files`` (default: all) of the listing, with hive partitions."""
+                 conn_id: str | None = None):
+    """A ``pyarrow.dataset.Dataset`` over the listing's files, with hive partitions."""
     import pyarrow.dataset as ds  # noqa: PLC0415
 
     fs, _ = filesystem(listing.uri, storage_options, conn_id)
-    paths = [_strip(f.uri) for f in (files if files is not None else listing.files)]
+    paths = [_strip(f.uri) for f in listing.files]
     partitioning = None
     if listing.partitions:
         partitioning = ds.partitioning(flavor="hive")
@@ -121,19 +121,17 @@ class Batch:
 
 
 def iter_batches(listing: SourceListing, columns: list[str] | None, *, batch_rows: int,
-                 storage_options: Mapping[str, Any] | None = None, conn_id: str | None = None,
-                 files: list[int] | None = None) -> Iterator[Batch]:
+                 storage_options: Mapping[str, Any] | None = None,
+                 conn_id: str | None = None) -> Iterator[Batch]:
     """Record batches of at most ``batch_rows`` rows, file by file in listing order.
 
-    One batch is read ahead at most, so memory stays near two batches whatever the source's size.
-    ``files`` restricts the read to those indices of ``listing.files`` (a slice of a scatter task).
+    Nothing is read ahead, so memory stays near one batch whatever the source's size.
     """
     import pyarrow as pa  # noqa: PLC0415
     import pyarrow.dataset as ds  # noqa: PLC0415
 
-    indices = list(range(len(listing.files))) if files is None else list(files)
-    dataset = open_dataset(listing, storage_options, conn_id, [listing.files[i] for i in indices])
-    for index, fragment in zip(indices, dataset.get_fragments()):
+    dataset = open_dataset(listing, storage_options, conn_id)
+    for index, fragment in enumerate(dataset.get_fragments()):
         first_row = 0
         # Scanning the fragment with the dataset's schema fills in hive partition columns.
         scanner = ds.Scanner.from_fragment(fragment, schema=dataset.schema, columns=columns, batch_size=batch_rows,
