@@ -1,8 +1,8 @@
-"""Validate, shard and one hop on synthetic sources of growing size: wall time, MB/s and peak RSS per step.
+"""The data path's tasks on synthetic sources of growing size: wall time, MB/s and peak RSS per step.
 
     python benchmarks/data_scale.py                       # 0.5 and 2 GB, tabular + tensor images + PNG images
     python benchmarks/data_scale.py --sizes 0.5 2 8       # add 8 GB (about 20 minutes on 2 cores)
-    python benchmarks/data_scale.py --kinds tabular --sizes 1
+    python benchmarks/data_scale.py --kinds tabular --sizes 1 --workers 1 2
 
 Every source is a folder of ~128 MB Parquet files generated into a temporary folder (deleted at the
 end, with the store and the shard cache):
@@ -11,12 +11,19 @@ end, with the store and the shard cache):
 - ``tensor``: 32x32x3 uint8 images as a fixed-size list column;
 - ``png``: the same kind of images as PNG bytes (decoded on the worker).
 
-Each step runs in its own process, so its peak RSS (``VmHWM``) is the step's alone. Beside
-them, one process reads the whole source with ``pyarrow.parquet.read_table``, the way the data path
-read it before it streamed: the memory a whole-source reader needs, measured on the same files.
-The hop trains one small Keras model for one pass over shard 0 (4 shards), by the hop's own rule:
-streamed in windows of a quarter batch budget (32 MB) when the shard file is larger than one
-window, else read whole.
+The steps are the DAG's tasks, each in its own process, so its peak RSS (``VmHWM``) is the
+step's alone:
+
+- ``whole-file read``: ``pyarrow.parquet.read_table`` of the whole source, the way the data path
+  read it before it streamed: the memory a whole-source reader needs, on the same files;
+- ``list_data``: list the files, fingerprint, cut slices of ``--slice-mb`` MB (default 256);
+- ``scatter xN``: N worker processes at once, each validating (Great Expectations) and scattering
+  every N-th slice, as N Airflow workers would run the mapped ``scatter`` task; wall time is the
+  slowest worker's, RSS the largest;
+- ``shard``: merge the slices' findings and write the manifest;
+- ``stage``: gather shard 0's parts into the worker's cache;
+- ``hop``: one small Keras model, one pass over shard 0 (4 shards), by the hop's own rule: streamed
+  in windows of a quarter batch budget (32 MB) when the shard is larger than one window.
 """
 
 from __future__ import annotations
@@ -88,38 +95,58 @@ def data_spec(kind: str, source: str) -> dict:
 
 
 # -- the steps, each run in a child process -------------------------------------------------------------
-def step(name: str, kind: str, source: str, store_root: str, cache: str) -> dict:
+def step(name: str, kind: str, source: str, store_root: str, cache: str, slice_mb: float,
+         slices: list[int] | None = None) -> dict:
+    from mop_airflow.records import Manifest, ShardingPlan, SliceResult
     from mop_airflow.spec import DataSpec
     from mop_airflow.store import Store
 
-    data = DataSpec(**data_spec(kind, source))
+    data = DataSpec(**data_spec(kind, source), slice_mb=slice_mb)
+    store = Store(store_root)
+    plan_uri, manifest_uri = store.uri("bench", "sharding.json"), store.uri("bench", "manifest.json")
     started = time.perf_counter()
     out: dict = {}
     if name == "whole-file read":
         import pyarrow.parquet as pq
 
         out["rows"] = pq.read_table(source).num_rows
-    elif name == "validate":
-        from mop_airflow.data.validate import validate_source
+    elif name == "list_data":
+        from mop_airflow.data.shard import plan_sharding
 
-        out["rows"] = validate_source(data, shards=SHARDS, max_batch_size=256)["rows"]
+        plan = plan_sharding(data, store, "bench", SHARDS, 0)
+        plan.write(store, plan_uri)
+        out["slices"] = len(plan.slices)
+    elif name == "scatter":
+        from mop_airflow.data.shard import scatter_slice
+        from mop_airflow.data.validate import DataChecks
+
+        plan = ShardingPlan.read(store, plan_uri)
+        for index in slices or []:
+            checks = DataChecks.plan(data, plan.listing, plan.held, shards=SHARDS, max_batch_size=256)
+            scatter_slice(plan, data, store, index, checks).write(store, store.uri("bench", f"slice-{index}.json"))
     elif name == "shard":
-        from mop_airflow.data.shard import shard_dataset
+        from mop_airflow.data.shard import collect_shards
+        from mop_airflow.data.validate import DataChecks
 
-        manifest = shard_dataset(data, Store(store_root), "bench", SHARDS, 0)
-        manifest.write(Store(store_root), Store(store_root).uri("bench", "manifest.json"))
+        plan = ShardingPlan.read(store, plan_uri)
+        results = [SliceResult.read(store, store.uri("bench", f"slice-{k}.json")) for k in range(len(plan.slices))]
+        checks = DataChecks.plan(data, plan.listing, plan.held, shards=SHARDS, max_batch_size=256)
+        manifest = collect_shards(plan, data, store, results, checks)
+        manifest.write(store, manifest_uri)
         out["rows"] = manifest.total_rows + manifest.validation.rows
+    elif name == "stage":
+        from mop_airflow.data.cache import cached_shard
+
+        cached_shard(store, Manifest.read(store, manifest_uri).shards[0], cache)
     elif name == "hop":
         import keras
 
         from mop_airflow.data.cache import cached_shard, load_shard, load_table, manifest_inputs
         from mop_airflow.data.inputs import input_shapes
-        from mop_airflow.records import Manifest
         from mop_airflow.training.hop import train_on_shard, train_streamed
         from mop_airflow.training.model_hop import STREAM_ABOVE_BATCHES, WINDOW_SHARE
 
-        store = Store(store_root)
-        manifest = Manifest.read(store, store.uri("bench", "manifest.json"))
+        manifest = Manifest.read(store, manifest_uri)
         entry = manifest.shards[0]
         path = cached_shard(store, entry, cache)
         (shape,) = input_shapes(manifest_inputs(manifest)).values()
@@ -141,19 +168,29 @@ def step(name: str, kind: str, source: str, store_root: str, cache: str) -> dict
     return out
 
 
-def run_step(name: str, kind: str, source: str, store_root: str, cache: str) -> dict:
-    """Run one step in a fresh process, which reports its own peak RSS (ru_maxrss)."""
-    args = [sys.executable, __file__, "--step", name, "--kind", kind, "--source", source, "--store", store_root,
-            "--cache", cache]
+def run_steps(name: str, kind: str, source: str, store_root: str, cache: str, slice_mb: float,
+              workers: list[list[int]] | None = None) -> dict:
+    """Run a step in fresh processes (one per worker, all at once); each reports its own peak RSS."""
     started = time.perf_counter()
-    process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
-    stdout, stderr = process.communicate()
+    processes = []
+    for slices in workers or [None]:
+        args = [sys.executable, __file__, "--step", name, "--kind", kind, "--source", source, "--store", store_root,
+                "--cache", cache, "--slice-mb", str(slice_mb)]
+        if slices is not None:
+            args += ["--slices", ",".join(map(str, slices)) or "none"]
+        processes.append(subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}))
+    results = []
+    for process in processes:
+        stdout, stderr = process.communicate()
+        if process.returncode != 0:
+            return {"error": (stderr.strip().splitlines() or ["?"])[-1][:200]}
+        results.append(json.loads(stdout.strip().splitlines()[-1]))
     wall = time.perf_counter() - started
-    if process.returncode != 0:
-        return {"error": (stderr.strip().splitlines() or ["?"])[-1][:200], "wall": wall}
-    result = json.loads(stdout.strip().splitlines()[-1])
-    return {**result, "wall": wall}
+    merged = {k: v for r in results for k, v in r.items()}
+    merged["seconds"] = max(r["seconds"] for r in results) if workers else results[0]["seconds"]
+    merged["peak_rss_mb"] = max(r["peak_rss_mb"] for r in results)
+    return {**merged, "wall": wall}
 
 
 def _peak_rss_mb() -> float:
@@ -169,24 +206,29 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", type=float, nargs="+", default=[0.5, 2.0], help="source sizes in GB")
     parser.add_argument("--kinds", nargs="+", default=["tabular", "tensor", "png"])
+    parser.add_argument("--workers", type=int, nargs="+", default=[1, 2], help="scatter worker counts to compare")
+    parser.add_argument("--slice-mb", type=float, default=256.0, help="data.slice_mb: MB of files per scatter task")
     parser.add_argument("--tmp", default=None, help="where to generate (default: the system temp folder)")
     parser.add_argument("--step", help=argparse.SUPPRESS)
     parser.add_argument("--kind", help=argparse.SUPPRESS)
     parser.add_argument("--source", help=argparse.SUPPRESS)
     parser.add_argument("--store", help=argparse.SUPPRESS)
     parser.add_argument("--cache", help=argparse.SUPPRESS)
+    parser.add_argument("--slices", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.step:
         os.chdir(tempfile.gettempdir())  # Great Expectations must not scaffold into the working folder
-        out = step(args.step, args.kind, args.source, args.store, args.cache)
+        slices = [int(k) for k in args.slices.split(",")] if args.slices not in (None, "none") else []
+        out = step(args.step, args.kind, args.source, args.store, args.cache, args.slice_mb, slices)
         out["peak_rss_mb"] = _peak_rss_mb()
         print(json.dumps(out))
         return
 
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, "
           f"{os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB RAM, "
-          f"Python {platform.python_version()}; batch budget data.batch_mb=128 (default); {SHARDS} shards")
-    print(f"{'kind':8} {'GB':>5} {'files':>5} {'rows':>10}  {'step':16} {'wall s':>7} {'MB/s':>7} {'peak RSS MB':>11}")
+          f"Python {platform.python_version()}; data.batch_mb=128 (default), data.slice_mb={args.slice_mb:g}; "
+          f"{SHARDS} shards")
+    print(f"{'kind':8} {'GB':>5} {'files':>5} {'rows':>10}  {'step':18} {'wall s':>7} {'MB/s':>7} {'peak RSS MB':>11}")
     for kind in args.kinds:
         for size in args.sizes:
             root = tempfile.mkdtemp(prefix="mop-data-scale-", dir=args.tmp)
@@ -195,15 +237,29 @@ def main() -> None:
                 rows, nbytes = generate(kind, source, size)
                 files = len(os.listdir(source))
                 store_root = "file://" + os.path.join(root, "store")
-                cache = os.path.join(root, "cache")
-                for name in ("whole-file read", "validate", "shard", "hop"):
-                    result = run_step(name, kind, source, store_root, cache)
+                steps: list[tuple[str, str, list[list[int]] | None]] = [("whole-file read", "whole-file read", None),
+                                                                         ("list_data", "list_data", None)]
+                for n in args.workers:
+                    steps.append((f"scatter x{n}", "scatter", n))
+                steps += [("shard", "shard", None), ("stage", "stage", None), ("hop", "hop", None)]
+                slices = 0
+                for label, name, n in steps:
+                    if name == "scatter":
+                        # a fresh store per worker count: the slices are written again, not reused
+                        shutil.rmtree(os.path.join(root, "store", "bench", "shards"), ignore_errors=True)
+                    workers = [list(range(w, slices, n)) for w in range(n)] if name == "scatter" else None
+                    result = run_steps(name, kind, source, store_root, os.path.join(root, "cache"), args.slice_mb,
+                                       workers)
                     if "error" in result:
-                        print(f"{kind:8} {nbytes / 1e9:5.2f} {files:5} {rows:10}  {name:16} failed: {result['error']}")
+                        print(f"{kind:8} {nbytes / 1e9:5.2f} {files:5} {rows:10}  {label:18} failed: {result['error']}")
                         continue
-                    step_bytes = nbytes / SHARDS if name == "hop" else nbytes
-                    label = f"{name} (streamed)" if result.get("streamed") else name
-                    print(f"{kind:8} {nbytes / 1e9:5.2f} {files:5} {rows:10}  {label:16} {result['seconds']:7.1f} "
+                    slices = result.get("slices", slices)
+                    step_bytes = nbytes / SHARDS if name in ("hop", "stage") else nbytes
+                    if name == "list_data":
+                        label = f"list_data ({slices} sl.)"
+                    elif result.get("streamed"):
+                        label = "hop (streamed)"
+                    print(f"{kind:8} {nbytes / 1e9:5.2f} {files:5} {rows:10}  {label:18} {result['seconds']:7.1f} "
                           f"{step_bytes / 1e6 / result['seconds']:7.0f} {result['peak_rss_mb']:11.0f}", flush=True)
             finally:
                 shutil.rmtree(root, ignore_errors=True)

@@ -38,6 +38,19 @@ class RunLayout:
         """The run's copy of the (shared, reusable) shard manifest it trains on."""
         return self._at("manifest.json")
 
+    @property
+    def data_records_uri(self) -> str:
+        """The folder of the records sharding leaves: the sharding plan and each slice's result."""
+        return self._at("data")
+
+    @property
+    def sharding_plan_uri(self) -> str:
+        """How the run's data is sliced and where its shards go (:class:`~mop_airflow.records.ShardingPlan`)."""
+        return self._at("data", "sharding.json")
+
+    def slice_result_uri(self, index: int) -> str:
+        return self._at("data", f"slice-{index:05d}.json")
+
     def checkpoint_uri(self, config_id: str, t: int) -> str:
         return self._at("checkpoints", config_id, f"t{t:03d}.npz")
 

@@ -127,11 +127,29 @@ class Assignment(Record):
 
 @dataclass(frozen=True)
 class ShardEntry(Record):
+    """One shard (or the validation set): a single file, or the parts its slices scattered.
+
+    For a shard of several parts, ``uri`` names the shard and ``sha256`` hashes the parts' hashes;
+    the stage task gathers the parts, in slice order, into one file in the worker's cache.
+    """
+
     uri: str
     rows: int
     sha256: str
     bytes: int
     index: int | None = None
+    parts: list["ShardEntry"] = field(default_factory=list)
+
+    @property
+    def files(self) -> list["ShardEntry"]:
+        """The stored files that make up this entry, in row order."""
+        return self.parts or [self]
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "ShardEntry":
+        fields = _known(cls, data)
+        fields["parts"] = [cls.from_dict(p) for p in data.get("parts") or []]
+        return cls(**fields)
 
 
 @dataclass(frozen=True)
@@ -171,6 +189,64 @@ class SourceListing(Record):
     def from_dict(cls, data: Mapping[str, Any]) -> "SourceListing":
         fields = _known(cls, data)
         fields["files"] = [SourceFile.from_dict(f) for f in data["files"]]
+        return cls(**fields)
+
+
+@dataclass(frozen=True)
+class DataSlice(Record):
+    """Files ``start``..``end - 1`` of one listing (the source's, or a separate validation source's),
+    validated and scattered by one task."""
+
+    index: int
+    role: str  # "source" or "validation"
+    start: int
+    end: int
+    rows: int
+    bytes: int
+
+
+@dataclass(frozen=True)
+class ShardingPlan(Record):
+    """How this run's data is split: the listings, the shard folder, and the slices that scatter it.
+
+    Written once by the ``list_data`` task; every ``scatter`` task and the ``shard`` task read it.
+    """
+
+    fingerprint: str
+    folder: str  # store URI of the shard folder (shared by every run with the same fingerprint)
+    listing: SourceListing
+    held: SourceListing | None  # the separate validation source, if any
+    slices: list[DataSlice]
+    inputs: list[dict[str, Any]]  # resolved InputSpec dicts; empty when the features do not resolve
+    classes: list[Any]  # declared classes (found ones are merged by the shard task)
+    shards: int
+    seed: int
+    reused: bool  # complete shards for this fingerprint exist: nothing is scattered
+    schema: str | None = None  # the stored rows' Arrow schema (base64 IPC); None when unresolvable
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "ShardingPlan":
+        fields = _known(cls, data)
+        fields["listing"] = SourceListing.from_dict(data["listing"])
+        fields["held"] = SourceListing.from_dict(data["held"]) if data.get("held") else None
+        fields["slices"] = [DataSlice.from_dict(s) for s in data["slices"]]
+        return cls(**fields)
+
+
+@dataclass(frozen=True)
+class SliceResult(Record):
+    """What one ``scatter`` task found and wrote: its validation state and its part of each shard."""
+
+    index: int
+    findings: dict[str, Any]  # mergeable validation state (see mop_airflow.data.validate)
+    parts: list[ShardEntry | None]  # per shard, then validation; None where the slice had no rows for it
+    wrote: bool  # False when shards were reused or the slice failed validation
+    labels: list[list[Any]] = field(default_factory=list)  # [label, count] of its source rows, for found classes
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "SliceResult":
+        fields = _known(cls, data)
+        fields["parts"] = [ShardEntry.from_dict(p) if p else None for p in data.get("parts") or []]
         return cls(**fields)
 
 

@@ -60,7 +60,8 @@ class DataSpec:
     ``label``). ``validation`` is a fraction of ``source`` held out (seeded) or a separate source of
     any of the same forms. ``shuffle`` is ``rows`` (each shard a seeded row-level random sample) or
     ``files`` (files kept whole and dealt to shards, for data already shuffled). ``batch_mb`` bounds
-    the record batch a validating or sharding task holds. For ``s3://`` sources, ``conn_id`` names an
+    the record batch a validating or sharding task holds; ``slice_mb`` is about how much of the source
+    one sharding task reads (whole files: more files, more tasks in parallel). For ``s3://`` sources, ``conn_id`` names an
     Airflow AWS connection (credentials, ``endpoint_url``); credentials never go into the spec itself,
     which is written to the store with the results.
     """
@@ -75,6 +76,7 @@ class DataSpec:
     task: str = "classification"
     shuffle: str = "rows"
     batch_mb: float = 128.0
+    slice_mb: float = 1024.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.source, str) or not self.source.strip():
@@ -117,6 +119,9 @@ class DataSpec:
                 or not 1 <= self.batch_mb <= 16384:
             raise SpecError("data.batch_mb", self.batch_mb, "must be a number of MB between 1 and 16384",
                             "use e.g. 128; a task holds a few batches of this size at once")
+        if isinstance(self.slice_mb, bool) or not isinstance(self.slice_mb, (int, float)) or self.slice_mb <= 0:
+            raise SpecError("data.slice_mb", self.slice_mb, "must be a positive number of MB",
+                            "use e.g. 1024: each sharding task reads about this much of the source")
         object.__setattr__(self, "storage_options", dict(self.storage_options))
 
 

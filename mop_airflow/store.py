@@ -175,6 +175,12 @@ class Store:
             handle.close()
         self.bytes_written += counter.bytes
 
+    def delete_tree(self, uri: str) -> None:
+        """Remove ``uri`` and everything below it; a missing ``uri`` is not an error."""
+        path = self._path(uri)
+        if self.fs.exists(path):
+            self.fs.rm(path, recursive=True)
+
     def put_file(self, local_path: str, uri: str) -> str:
         with open(local_path, "rb") as handle:
             return self.write_bytes(uri, handle.read())

@@ -7,7 +7,8 @@ Imports no Airflow.
 
 Shape of a plain search (``p`` shards, ``T = iterations * p`` hops)::
 
-    preflight >> validate >> shard >> plan >> stage_shard_<s>            (s = 0..p-1)
+    preflight >> list_data >> scatter[k] >> shard >> plan >> stage_shard_<s>     (s = 0..p-1)
+                scatter is mapped over the source's slices of files (validate + write parts)
     class_<o>   a mapped task group over the configurations of offset class o, whose list
                 stage_shard_<o> returns; its hop t is task hop_<t>_shard_<(o+t) mod p> on that
                 shard's pool and queue; a hop waits only for the same configuration's previous hop
@@ -45,7 +46,7 @@ class TaskSpec:
     """
 
     task_id: str
-    kind: str  # preflight, validate, shard, plan, stage, deal, hop, promote or report
+    kind: str  # preflight, list_data, scatter, shard, plan, stage, deal, hop, promote or report
     upstream: tuple[str, ...] = ()
     group: str | None = None
     pool: str | None = None
@@ -91,8 +92,9 @@ def build_task_plan(shards: int, iterations: int, adaptive: Any = None, *,
     """
     builder = _Builder(shards, priority)
     builder.add("preflight", "preflight")
-    builder.add("validate", "validate", ("preflight",))
-    builder.add("shard", "shard", ("validate",))
+    builder.add("list_data", "list_data", ("preflight",))
+    builder.add("scatter", "scatter", ("list_data",))  # mapped over the slices list_data returns
+    builder.add("shard", "shard", ("scatter",))
     builder.add("plan", "plan", ("shard",))
     stages = [builder.add(f"stage_shard_{s}", "stage", ("plan",), pool=shard_pool(s), queue=shard_pool(s),
                           args={"shard": s, "deals": adaptive is None}) for s in range(shards)]

@@ -1,40 +1,91 @@
-"""Validate the input with Great Expectations, then shard it once into the store."""
+"""Scatter/gather sharding: list the source, validate and scatter each slice of files, collect the shards.
+
+``list_data`` lists the source once and cuts it into slices of whole files; ``scatter`` is mapped
+over the slices, each instance validating its files with Great Expectations and writing their
+rows into the shards' parts; ``shard`` merges every slice's findings into one error (or writes the
+manifest). No task reads the whole source, and the scatter instances run on any free workers.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
 from mop_airflow.operators.base import MopBaseOperator
+from mop_airflow.records import ShardingPlan, SliceResult
 
 
-class MopValidateDataOperator(MopBaseOperator):
-    """Fails the run, listing every failed expectation, before anything is written or trained."""
-
-    ui_color = "#fdf2d0"
-
-    def execute(self, context: Any) -> dict[str, Any]:
-        from mop_airflow.data.validate import validate_source  # noqa: PLC0415 - GE import is slow
-
-        run = self.resolved_run(context)
-        summary = validate_source(run.data, shards=run.schedule.shards, max_batch_size=run.max_batch_size)
-        self.log.info("input valid: %s rows, classes %s", summary["rows"], summary["class_counts"])
-        return summary
-
-
-class MopShardOperator(MopBaseOperator):
-    """Splits the input into the schedule's shards plus a validation set (reused for the same input and seed)."""
+class MopListDataOperator(MopBaseOperator):
+    """Lists and fingerprints the source, cuts it into slices; returns the slice indexes to map over."""
 
     ui_color = "#fdf2d0"
 
-    def execute(self, context: Any) -> dict[str, Any]:
-        from mop_airflow.data.shard import shard_dataset  # noqa: PLC0415
+    def execute(self, context: Any) -> list[int]:
+        from mop_airflow.data.shard import plan_sharding  # noqa: PLC0415
 
         run = self.resolved_run(context)
         layout = self.layout(context)
-        manifest = shard_dataset(run.data, layout.store, run.dag_id, run.schedule.shards, run.schedule.seed)
+        plan = plan_sharding(run.data, layout.store, run.dag_id, run.schedule.shards, run.schedule.seed)
+        plan.write(layout.store, layout.sharding_plan_uri)
+        self.log.info("%d file(s), %d rows, %.1f MB in %d slice(s); shards %s (fingerprint %s)",
+                      len(plan.listing.files), plan.listing.total_rows, plan.listing.total_bytes / 1e6,
+                      len(plan.slices), "exist and are reused" if plan.reused else "will be written", plan.fingerprint)
+        return [piece.index for piece in plan.slices]
+
+
+class MopScatterOperator(MopBaseOperator):
+    """Validates one slice of files and writes its rows into the shards' parts (nothing if a rule breaks)."""
+
+    ui_color = "#fdf2d0"
+    template_fields = ("slice_index",)
+
+    def __init__(self, *, slice_index: int, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.slice_index = slice_index
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        from mop_airflow.data.shard import scatter_slice  # noqa: PLC0415
+        from mop_airflow.data.validate import DataChecks  # noqa: PLC0415 - GE import is slow
+
+        run = self.resolved_run(context)
+        layout = self.layout(context)
+        plan = ShardingPlan.read(layout.store, layout.sharding_plan_uri)
+        checks = DataChecks.plan(run.data, plan.listing, plan.held, shards=run.schedule.shards,
+                                 max_batch_size=run.max_batch_size)
+        result = scatter_slice(plan, run.data, layout.store, int(self.slice_index), checks)
+        result.write(layout.store, layout.slice_result_uri(result.index))
+        rows = [p.rows if p else 0 for p in result.parts]
+        piece = plan.slices[result.index]
+        self.log.info("slice %d (%s files %d-%d, %d rows): %s", piece.index, piece.role, piece.start,
+                      piece.end - 1, piece.rows, f"rows per part {rows}" if result.wrote else
+                      "validated; nothing written" + (" (shards reused)" if plan.reused else ""))
+        return {"slice": result.index, "rows": piece.rows, "wrote": result.wrote}
+
+
+class MopShardOperator(MopBaseOperator):
+    """Fails the run listing every failed expectation of every slice, else writes the shards' manifest."""
+
+    ui_color = "#fdf2d0"
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        from mop_airflow.data.shard import collect_shards  # noqa: PLC0415
+        from mop_airflow.data.validate import DataChecks  # noqa: PLC0415
+        from mop_airflow.errors import DataValidationError  # noqa: PLC0415
+
+        run = self.resolved_run(context)
+        layout = self.layout(context)
+        plan = ShardingPlan.read(layout.store, layout.sharding_plan_uri)
+        results = [SliceResult.read(layout.store, layout.slice_result_uri(piece.index)) for piece in plan.slices]
+        checks = DataChecks.plan(run.data, plan.listing, plan.held, shards=run.schedule.shards,
+                                 max_batch_size=run.max_batch_size)
+        try:
+            manifest = collect_shards(plan, run.data, layout.store, results, checks)
+        except DataValidationError:
+            layout.store.delete_tree(layout.data_records_uri)  # bad input leaves nothing in the store
+            raise
         manifest.write(layout.store, layout.manifest_pointer_uri)
-        self.log.info("%s %d shards (%s rows) + %d validation rows, fingerprint %s",
+        self.log.info("%s %d shards (%s rows) + %d validation rows, classes %s, fingerprint %s",
                       "reused" if manifest.reused else "wrote", len(manifest.shards),
-                      [s.rows for s in manifest.shards], manifest.validation.rows, manifest.fingerprint)
+                      [s.rows for s in manifest.shards], manifest.validation.rows, manifest.classes,
+                      manifest.fingerprint)
         return {"manifest_uri": layout.manifest_pointer_uri, "fingerprint": manifest.fingerprint,
                 "reused": manifest.reused}

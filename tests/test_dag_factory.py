@@ -125,7 +125,8 @@ def test_a_hop_waits_only_for_the_same_configurations_previous_hop(shards, itera
             assert task.priority_weight == end - t  # most remaining hops first (chosen by simulation)
     last = {f"class_{o}.hop_{end - 1:0{width}d}_shard_{shard_at(o, end - 1, shards)}" for o in range(shards)}
     assert dag.get_task("report").upstream_task_ids == last
-    assert dag.get_task("preflight").downstream_task_ids == {"validate"}
+    assert dag.get_task("preflight").downstream_task_ids == {"list_data"}
+    assert dag.get_task("shard").upstream_task_ids == {"scatter"}
     assert dag.max_active_tasks >= shards  # never fewer running tasks than shard slots
 
 

@@ -150,12 +150,16 @@ def test_the_image_example_trains_a_cnn_on_a_tensor_column_with_classes_found(ai
 
     write_digit_images(str(tmp_path))
     root = f"file://{tmp_path / 'store'}"
-    dag_run = run_dag(_example_spec("mop_digits", digits_data_spec(str(tmp_path)), root), "mop_e2e_digits")
+    data = {**digits_data_spec(str(tmp_path)), "slice_mb": 1e-6}  # one scatter task per file
+    dag_run = run_dag(_example_spec("mop_digits", data, root), "mop_e2e_digits")
     assert dag_run.state == "success"
     store = Store(root)
     layout = RunLayout(store, "mop_e2e_digits", dag_run.run_id)
     manifest = store.read_json(layout.manifest_pointer_uri)
     assert manifest["classes"] == list(range(10)) and manifest["inputs"][0]["shape"] == [8, 8, 1]
+    slices = store.read_json(layout.sharding_plan_uri)["slices"]
+    assert len(slices) > 1 and all(len(shard["parts"]) == len(slices) for shard in manifest["shards"])
+    assert sum(shard["rows"] for shard in manifest["shards"]) + manifest["validation"]["rows"] == 1797
     board = store.read_json(layout.report_uri("leaderboard.json"))["leaderboard"]
     assert len(board) == 4 and board[0]["val_accuracy"] > 0.7  # one pass over 8x8 digits; chance is 0.1
 

@@ -47,7 +47,7 @@ def test_missing_pools_fail_the_run_fast_with_the_fix(airflow):
     assert state == "failed"
     states = {ti["task_id"]: ti["state"] for ti in airflow.task_instances(DAG_ID, run_id)}
     assert states["preflight"] == "failed"
-    assert states["validate"] == "upstream_failed"
+    assert states["list_data"] == "upstream_failed"
     log = airflow.task_log(DAG_ID, run_id, "preflight")
     assert "mop_shard_0" in log and "mop_shard_1" in log
     assert "mop-airflow pools sync --shards 2 --slots 1" in log

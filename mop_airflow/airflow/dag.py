@@ -15,7 +15,7 @@ from typing import Any, Mapping
 
 from airflow.sdk import DAG, Param, TaskGroup, task_group
 
-from mop_airflow.operators.data import MopShardOperator, MopValidateDataOperator
+from mop_airflow.operators.data import MopListDataOperator, MopScatterOperator, MopShardOperator
 from mop_airflow.operators.plan import MopDealOperator, MopPlanOperator, MopStageShardOperator
 from mop_airflow.operators.preflight import MopPreflightOperator
 from mop_airflow.operators.promote import MopPromoteOperator
@@ -25,7 +25,7 @@ from mop_airflow.schedule import DEFAULT_PRIORITY
 from mop_airflow.spec import MopSpec
 from mop_airflow.task_plan import ClassGroup, TaskPlan, TaskSpec, build_task_plan
 
-OPERATORS = {"validate": MopValidateDataOperator, "shard": MopShardOperator, "stage": MopStageShardOperator,
+OPERATORS = {"list_data": MopListDataOperator, "shard": MopShardOperator, "stage": MopStageShardOperator,
              "deal": MopDealOperator, "promote": MopPromoteOperator, "report": MopReportOperator}
 
 
@@ -129,6 +129,9 @@ class _Renderer:
             op = MopPreflightOperator(spec=self.spec, check_pools=self.check_pools, **kwargs)
         elif spec.kind == "plan":
             op = MopPlanOperator(priority=self.plan.priority, **kwargs)
+        elif spec.kind == "scatter":  # one instance per slice of files that list_data returns
+            op = MopScatterOperator.partial(map_index_template="slice {{ task.slice_index }}", **kwargs).expand(
+                slice_index=self.ops[spec.upstream[0]].output)
         else:
             op = OPERATORS[spec.kind](**kwargs)
         for up in spec.upstream:

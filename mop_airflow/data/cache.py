@@ -26,12 +26,54 @@ _HASH_CHUNK = 1 << 20
 def cached_shard(store: Store, entry: ShardEntry, cache_dir: str) -> str:
     """Local path of the shard (or validation set) described by manifest ``entry``.
 
-    The first call copies it from the store and checks its sha256; later calls only check the
-    cached file's size and read nothing from the store.
+    The first call copies it from the store and checks its sha256 (every part's, for a shard the
+    slices scattered in parts, which are then gathered into one file); later calls only check the
+    cached file and read nothing from the store.
     """
+    if entry.parts:
+        return _gathered_shard(store, entry, cache_dir)
     path = os.path.join(cache_dir, f"{entry.sha256}.parquet")
     if os.path.exists(path) and os.path.getsize(path) == entry.bytes:
         return path
+    _copy_verified(store, entry, path)
+    return path
+
+
+def _gathered_shard(store: Store, entry: ShardEntry, cache_dir: str) -> str:
+    """The parts of ``entry``, in slice order, concatenated row group by row group into one file.
+
+    Memory holds one row group at a time. The file appears under its final name only when complete,
+    so its presence means it is whole.
+    """
+    import pyarrow.parquet as pq  # noqa: PLC0415
+
+    path = os.path.join(cache_dir, f"{entry.sha256}.parquet")
+    if os.path.exists(path):
+        return path
+    tmp = f"{path}.gather-{uuid.uuid4().hex}"
+    local_parts = [f"{tmp}.{i}" for i in range(len(entry.parts))]
+    try:
+        writer = None
+        for part, local in zip(entry.parts, local_parts):
+            _copy_verified(store, part, local)
+            source = pq.ParquetFile(local)
+            if writer is None:
+                writer = pq.ParquetWriter(tmp, source.schema_arrow, use_dictionary=[source.schema_arrow.names[-1]])
+            for group in range(source.num_row_groups):
+                writer.write_table(source.read_row_group(group))
+            os.unlink(local)
+        writer.close()
+        os.replace(tmp, path)
+    finally:
+        for leftover in (tmp, *local_parts):
+            if os.path.exists(leftover):
+                os.unlink(leftover)
+    return path
+
+
+def _copy_verified(store: Store, entry: ShardEntry, path: str) -> None:
+    """Copy ``entry``'s file to ``path``, checked against its sha256 before it appears there."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     # A private temp name per copy, checked before it is renamed into place: readers of ``path``
     # only ever see a complete, verified file, whichever process renames last.
     tmp = f"{path}.part-{uuid.uuid4().hex}"
@@ -46,7 +88,6 @@ def cached_shard(store: Store, entry: ShardEntry, cache_dir: str) -> str:
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
-    return path
 
 
 def manifest_inputs(manifest: Manifest) -> list[InputSpec]:

@@ -6,15 +6,27 @@ the validation split and the shuffle: the same input and seed find the same shar
 anything else gets a new folder. The manifest is written last, so a manifest always points at
 complete shards.
 
-The source streams through one record batch at a time and every shard is written as it goes, so
-memory is bounded by the batch, not the data. With ``shuffle="rows"`` (the default) each row's
-place is its position in a seeded random permutation of all rows (:mod:`.permutation`): the
-validation hold-out takes the first positions and the shards near-equal runs of the rest, so each
-shard is a uniform random sample. With ``shuffle="files"`` whole files are dealt to the shards.
+Sharding is scatter/gather, so no single task reads the whole source:
+
+1. :func:`plan_sharding` lists the source once, cuts it into slices of whole files (about
+   ``data.slice_mb`` each) and fixes the stored schema (:class:`~mop_airflow.records.ShardingPlan`).
+2. :func:`scatter_slice`, one task per slice, streams its files one record batch at a time and
+   writes each row into its shard's part ``parts/slice-<k>/part-<s>.parquet``, so memory is bounded
+   by the batch. In a DAG the same pass validates the slice; a slice that breaks a rule writes nothing.
+3. :func:`collect_shards` merges the slices' findings (one error listing every failure; the parts
+   already written are deleted) and writes the manifest: each shard is its parts in slice order.
+   Each shard's stage task then gathers its parts into its worker's cache (:mod:`.cache`).
+
+With ``shuffle="rows"`` (the default) each row's place is its position in a seeded random
+permutation of all rows, computed from its global row number (:mod:`.permutation`): the validation
+hold-out takes the first positions and the shards near-equal runs of the rest, so each shard is a
+uniform random sample, and the same rows land in the same shard however the files are sliced. With
+``shuffle="files"`` whole files are dealt to the shards.
 """
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import hashlib
 import json
@@ -28,85 +40,182 @@ from mop_airflow.data.inputs import InputSpec, input_columns, pack_tensor, resol
 from mop_airflow.data.permutation import permuted_positions, split_of
 from mop_airflow.data.source import iter_batches, list_source, rows_per_batch
 from mop_airflow.data.table import count_labels, holdout_rows, sorted_labels
-from mop_airflow.records import Manifest, ShardEntry, SourceListing
+from mop_airflow.errors import DataValidationError
+from mop_airflow.records import DataSlice, Manifest, ShardEntry, ShardingPlan, SliceResult, SourceListing
 from mop_airflow.spec import DataSpec
 from mop_airflow.store import Store, safe_segment
 
 MANIFEST = "manifest.json"
+MAX_SLICES = 512  # mapped tasks per run stay well below Airflow's max_map_length (1,024)
 
 
 def shard_dataset(data: DataSpec, store: Store, dag_id: str, shards: int, seed: int) -> Manifest:
-    """Shard ``data.source`` into ``shards`` Parquet files (or reuse them) and return the manifest.
+    """Shard ``data.source`` into ``shards`` Parquet files (or reuse them) in one process.
 
-    Expects data that passed :func:`~mop_airflow.data.validate.validate_source`. The returned
-    manifest has ``reused=True`` when an identical sharding was already complete in the store.
+    Plans, scatters every slice and collects, without validating (a DAG validates in its scatter
+    tasks): expects data that passed :func:`~mop_airflow.data.validate.validate_source`. The
+    returned manifest has ``reused=True`` when an identical sharding was already complete.
     """
+    plan = plan_sharding(data, store, dag_id, shards, seed)
+    results = [scatter_slice(plan, data, store, k) for k in range(len(plan.slices))]
+    return collect_shards(plan, data, store, results)
+
+
+def plan_sharding(data: DataSpec, store: Store, dag_id: str, shards: int, seed: int) -> ShardingPlan:
+    """List the source (and a separate validation source), fingerprint it and cut it into slices."""
     listing = list_source(data.source, data.storage_options, data.conn_id)
     held = (list_source(data.validation, data.storage_options, data.conn_id, role="data.validation")
             if isinstance(data.validation, str) else None)
-    inputs = resolve_inputs(listing.columns, data.features, data.label)
+    try:
+        inputs = resolve_inputs(listing.columns, data.features, data.label)
+    except DataValidationError:
+        inputs = []  # validation words the failure; nothing is written
     # numpy scalars (np.int64(3)) would hash and serialise differently from the same plain value
     classes = [c.item() if isinstance(c, np.generic) else c for c in data.classes]
     fingerprint = shard_fingerprint(listing=listing, validation=data.validation, held=held, inputs=inputs,
                                     label=data.label, task=data.task, classes=classes, shards=shards, seed=seed,
                                     shuffle=data.shuffle)
-    folder = (safe_segment(dag_id), "shards", fingerprint)
+    folder = store.uri(safe_segment(dag_id), "shards", fingerprint)
+    reused = _complete_manifest(store, f"{folder}/{MANIFEST}") is not None
+    schema, inputs = _stored_schema(data, listing, inputs) if inputs else (None, inputs)
+    return ShardingPlan(fingerprint=fingerprint, folder=folder, listing=listing, held=held,
+                        slices=make_slices(listing, held, data.slice_mb), inputs=[i.to_dict() for i in inputs],
+                        classes=classes, shards=shards, seed=seed, reused=reused, schema=schema)
 
-    existing = _complete_manifest(store, store.uri(*folder, MANIFEST))
-    if existing is not None:
-        return dataclasses.replace(existing, reused=True)
 
-    columns = [*input_columns(inputs), data.label]
-    writer = _ShardWriters(store, folder, shards, columns, inputs)
-    found: dict = {}
+def make_slices(listing: SourceListing, held: SourceListing | None, slice_mb: float) -> list[DataSlice]:
+    """Runs of whole files of about ``slice_mb`` MB each (a larger file is a slice of its own).
+
+    The source's slices come first, then the separate validation source's; slices grow when the
+    source would otherwise need more than :data:`MAX_SLICES` of them.
+    """
+    total = listing.total_bytes + (held.total_bytes if held is not None else 0)
+    budget = max(slice_mb * 1e6, total / MAX_SLICES)
+    out: list[DataSlice] = []
+    for role, source in (("source", listing), ("validation", held)):
+        if source is None:
+            continue
+        start, size = 0, 0
+        for i, f in enumerate(source.files):
+            size += f.bytes
+            if size >= budget or i == len(source.files) - 1:
+                files = source.files[start:i + 1]
+                out.append(DataSlice(len(out), role, start, i + 1, sum(f.rows for f in files), size))
+                start, size = i + 1, 0
+    return out
+
+
+def scatter_slice(plan: ShardingPlan, data: DataSpec, store: Store, index: int, checks: Any = None) -> SliceResult:
+    """Stream slice ``index`` once: validate it with ``checks`` (a fresh ``DataChecks``, optional) and
+    write each row to its shard's part, unless the shards are reused or the slice breaks a rule."""
+    part_of = _Placement(plan, data)
+    piece = plan.slices[index]
+    listing = plan.listing if piece.role == "source" else plan.held
+    files = dataclasses.replace(listing, files=listing.files[piece.start:piece.end])
+    checker = checks.checker(piece.role) if checks is not None else None
+    write = not plan.reused and plan.schema is not None and (checks is None or checks.schema_ok)
+    inputs = [InputSpec.from_dict(d) for d in plan.inputs]
+    stored = [*input_columns(inputs), data.label]
+    count = data.task == "classification" and not plan.classes and piece.role == "source"
+    read = list(dict.fromkeys([*(checker.columns if checker else []), *(stored if write or count else [])]))
+    labels: dict = {}
+    writer = _PartWriters(store, f"{plan.folder}/parts/slice-{index:05d}", plan, inputs)
     with writer:
-        for batch, part in _assigned_batches(data, listing, held, columns, shards, seed):
-            if data.task == "classification" and not classes and part is not None:
-                count_labels(batch.table[data.label], found)
-            writer.write(batch.table, part)
+        if read:
+            for batch in iter_batches(files, read, batch_rows=rows_per_batch(listing, data.batch_mb),
+                                      storage_options=data.storage_options, conn_id=data.conn_id):
+                batch = dataclasses.replace(batch, file_index=batch.file_index + piece.start)
+                if checker is not None:
+                    checker.observe(batch)
+                    if write and checker.role.failed:
+                        write = False  # this slice's rows will not be sharded: stop paying for them
+                        writer.abort()
+                if count:
+                    count_labels(batch.table[data.label], labels)
+                if write:
+                    writer.write(batch.table.select(stored), part_of(piece, batch))
+    parts = writer.entries()
+    return SliceResult(index=index, findings=checks.state() if checks is not None else {},
+                       parts=parts, wrote=write, labels=[[v, c] for v, c in labels.items()])
+
+
+def collect_shards(plan: ShardingPlan, data: DataSpec, store: Store, results: list[SliceResult],
+                   checks: Any = None) -> Manifest:
+    """Merge the slices' findings (raise every failure at once) and write the manifest of their parts."""
+    results = sorted(results, key=lambda r: r.index)
+    if checks is not None:
+        for result in results:
+            checks.absorb(result.findings)
+        try:
+            checks.conclude()
+        except DataValidationError:
+            if not plan.reused:
+                store.delete_tree(f"{plan.folder}/parts")  # a failed run leaves no rows behind
+            raise
+    manifest_uri = f"{plan.folder}/{MANIFEST}"
+    existing = _complete_manifest(store, manifest_uri)
+    if plan.reused and existing is not None:
+        return dataclasses.replace(existing, reused=True)
+    classes = list(plan.classes)
     if data.task == "classification" and not classes:
+        found: dict = {}
+        for result in results:
+            for value, count in result.labels:
+                found[value] = found.get(value, 0) + count
         classes = sorted_labels(found)
-    shard_entries, validation_entry = writer.entries()
+    entries = [_gathered(store, plan, [r.parts[s] for r in results if r.parts[s]], s) for s in range(plan.shards + 1)]
+    inputs = [InputSpec.from_dict(d) for d in plan.inputs]
     manifest = Manifest(
-        fingerprint=fingerprint, source=data.source, features=input_columns(inputs), label=data.label,
-        classes=classes, seed=seed, schema=writer.schema_dict(), shards=shard_entries,
-        validation=validation_entry, total_rows=sum(entry.rows for entry in shard_entries),
-        created_at=datetime.now(timezone.utc).isoformat(), task=data.task,
-        inputs=[dataclasses.replace(spec, stored=writer.stored.get(spec.columns[0])).to_dict() for spec in inputs],
-        shuffle=data.shuffle,
+        fingerprint=plan.fingerprint, source=data.source, features=input_columns(inputs), label=data.label,
+        classes=classes, seed=plan.seed, schema={f.name: str(f.type) for f in _schema(plan)},
+        shards=entries[:-1], validation=dataclasses.replace(entries[-1], index=None),
+        total_rows=sum(entry.rows for entry in entries[:-1]), created_at=datetime.now(timezone.utc).isoformat(),
+        task=data.task, inputs=plan.inputs, shuffle=data.shuffle,
     )
-    manifest.write(store, store.uri(*folder, MANIFEST))
+    manifest.write(store, manifest_uri)
     return manifest
 
 
-def _assigned_batches(data: DataSpec, listing: SourceListing, held: SourceListing | None, columns: list[str],
-                      shards: int, seed: int):
-    """(batch, part) pairs: ``part`` says per row which shard it goes to, ``shards`` meaning validation.
+def _gathered(store: Store, plan: ShardingPlan, parts: list[ShardEntry], index: int) -> ShardEntry:
+    """Shard ``index`` (``plan.shards``: the validation set) as one entry over its slices' parts."""
+    if len(parts) == 1:
+        return dataclasses.replace(parts[0], index=index)
+    name = "validation" if index == plan.shards else f"shard-{index:05d}"
+    if not parts:  # e.g. fewer files than shards with shuffle "files": an empty file keeps the layout
+        import pyarrow.parquet as pq  # noqa: PLC0415
 
-    A batch of the separate validation source comes with ``part=None`` (all of it is validation).
-    """
-    total = listing.total_rows
-    held_out = 0 if held is not None else holdout_rows(total, data.validation)
-    batch_rows = rows_per_batch(listing, data.batch_mb)
-    if data.shuffle == "files":
-        file_part = deal_files([f.rows for f in listing.files], shards=shards, seed=seed,
-                               validation_rows=held_out)
-    offsets = np.cumsum([0] + [f.rows for f in listing.files])
-    for batch in iter_batches(listing, columns, batch_rows=batch_rows, storage_options=data.storage_options,
-                              conn_id=data.conn_id):
-        n = batch.table.num_rows
+        uri = f"{plan.folder}/{name}.parquet"
+        with store.open_write(uri) as handle:
+            pq.ParquetWriter(handle, _schema(plan)).close()
+        return ShardEntry(uri=uri, rows=0, sha256=handle.sha256, bytes=handle.bytes, index=index)
+    digest = hashlib.sha256("".join(p.sha256 for p in parts).encode()).hexdigest()
+    return ShardEntry(uri=f"{plan.folder}/{name}", rows=sum(p.rows for p in parts), sha256=digest,
+                      bytes=sum(p.bytes for p in parts), index=index, parts=parts)
+
+
+class _Placement:
+    """Which part each row of a batch goes to: a shard ``0..p-1``, or ``p`` for validation."""
+
+    def __init__(self, plan: ShardingPlan, data: DataSpec) -> None:
+        listing = plan.listing
+        self.shards, self.seed, self.shuffle = plan.shards, plan.seed, data.shuffle
+        self.total = listing.total_rows
+        self.held_out = 0 if plan.held is not None else holdout_rows(self.total, data.validation)
+        self.offsets = np.cumsum([0] + [f.rows for f in listing.files])
         if data.shuffle == "files":
-            part = np.full(n, file_part[batch.file_index], dtype=np.int64)
-        else:
-            rows = offsets[batch.file_index] + batch.first_row + np.arange(n, dtype=np.int64)
-            positions = permuted_positions(rows, total, seed)
-            part = np.where(positions < held_out, shards,
-                            split_of(np.maximum(positions - held_out, 0), total - held_out, shards))
-        yield batch, part
-    if held is not None:
-        for batch in iter_batches(held, columns, batch_rows=rows_per_batch(held, data.batch_mb),
-                                  storage_options=data.storage_options, conn_id=data.conn_id):
-            yield batch, None
+            self.file_part = deal_files([f.rows for f in listing.files], shards=plan.shards, seed=plan.seed,
+                                        validation_rows=self.held_out)
+
+    def __call__(self, piece: DataSlice, batch: Any) -> np.ndarray:
+        n = batch.table.num_rows
+        if piece.role == "validation":
+            return np.full(n, self.shards, dtype=np.int64)
+        if self.shuffle == "files":
+            return np.full(n, self.file_part[batch.file_index], dtype=np.int64)
+        rows = self.offsets[batch.file_index] + batch.first_row + np.arange(n, dtype=np.int64)
+        positions = permuted_positions(rows, self.total, self.seed)
+        return np.where(positions < self.held_out, self.shards,
+                        split_of(np.maximum(positions - self.held_out, 0), self.total - self.held_out, self.shards))
 
 
 def deal_files(rows: list[int], *, shards: int, seed: int, validation_rows: int) -> list[int]:
@@ -126,87 +235,135 @@ def deal_files(rows: list[int], *, shards: int, seed: int, validation_rows: int)
     return parts
 
 
-class _ShardWriters:
-    """One streaming Parquet writer per shard plus one for validation, each hashed as it is written."""
+def _stored_schema(data: DataSpec, listing: SourceListing, inputs: list[InputSpec]) -> tuple[str | None, list[InputSpec]]:
+    """The schema every part is written with (base64 Arrow IPC), fixed from the source's first row,
+    and the inputs with the element dtype their tensors are stored in.
 
-    def __init__(self, store: Store, folder: tuple[str, ...], shards: int, columns: list[str],
-                 inputs: list[InputSpec]):
+    Fixed once so that all slices' parts concatenate, and a separate validation source of another
+    integer width is cast to the source's types. None when the first row cannot be stored (the
+    validation pass then says why).
+    """
+    import pyarrow as pa  # noqa: PLC0415
+
+    first = dataclasses.replace(listing, files=listing.files[:1])
+    columns = [*input_columns(inputs), data.label]
+    try:
+        batch = next(iter_batches(first, columns, batch_rows=1, storage_options=data.storage_options,
+                                  conn_id=data.conn_id))
+        table, stored = _training_columns(batch.table.slice(0, 1), inputs, columns, {})
+    except (StopIteration, KeyError, pa.ArrowException, ValueError, TypeError):
+        return None, inputs
+    fields = []
+    for f in table.schema:
+        spec = next((i for i in inputs if i.kind == "tensor" and i.columns[0] == f.name), None)
+        if spec is not None:  # the declared shape, not the first row's length, sets the width
+            f = f.with_type(pa.binary(max(1, spec.size * np.dtype(stored[f.name]).itemsize)))
+        fields.append(f)
+    schema = pa.schema(fields)
+    inputs = [dataclasses.replace(i, stored=stored.get(i.columns[0])) for i in inputs]
+    return base64.b64encode(schema.serialize().to_pybytes()).decode(), inputs
+
+
+def _schema(plan: ShardingPlan) -> Any:
+    import pyarrow as pa  # noqa: PLC0415
+
+    return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(plan.schema)))
+
+
+def _training_columns(table: Any, inputs: list[InputSpec], columns: list[str],
+                      stored: dict[str, str]) -> tuple[Any, dict[str, str]]:
+    """Scalar features as float32 (what the model reads), tensors packed (:func:`pack_tensor`) as
+    ``stored`` says (or as their values come), images and the label as they are."""
+    import pyarrow as pa  # noqa: PLC0415
+
+    scalars = {c for spec in inputs if spec.kind == "columns" for c in spec.columns}
+    tensors = {spec.columns[0] for spec in inputs if spec.kind == "tensor"}
+    stored = dict(stored)
+    arrays = []
+    for c in columns:
+        if c in scalars:
+            # safe=False: large integers lose precision in float32 by design, instead of raising.
+            arrays.append(table[c].cast(pa.float32(), safe=False))
+        elif c in tensors:
+            packed, dtype = pack_tensor(table[c], stored.get(c))
+            stored.setdefault(c, dtype)
+            arrays.append(packed)
+        else:
+            arrays.append(table[c])
+    return pa.Table.from_arrays(arrays, names=columns), stored
+
+
+class _PartWriters:
+    """A slice's streaming Parquet writer per shard plus one for validation, each opened at its first
+    row and hashed as it is written; nothing appears in the store unless the slice completes."""
+
+    def __init__(self, store: Store, folder: str, plan: ShardingPlan, inputs: list[InputSpec]):
         self.store = store
-        self.uris = [store.uri(*folder, f"shard-{i:05d}.parquet") for i in range(shards)]
-        self.uris.append(store.uri(*folder, "validation.parquet"))
-        self.columns = columns
-        self.scalars = {c for spec in inputs if spec.kind == "columns" for c in spec.columns}
-        self.tensors = {spec.columns[0] for spec in inputs if spec.kind == "tensor"}
-        self.stored: dict[str, str] = {}  # tensor column -> element dtype of its packed rows
-        self.rows = [0] * (shards + 1)
+        self.uris = [f"{folder}/part-{i:05d}.parquet" for i in range(plan.shards + 1)]
+        self.inputs = inputs
+        self.schema = _schema(plan) if plan.schema else None
+        self.columns = list(self.schema.names) if self.schema is not None else []
+        self.stored = {i.columns[0]: i.stored for i in inputs if i.stored}
+        self.rows = [0] * len(self.uris)
         self.stack = ExitStack()
-        self.handles: list[Any] = []
-        self.writers: list[Any] = []
-        self.schema = None
+        self.handles: dict[int, Any] = {}
+        self.writers: dict[int, Any] = {}
+        self.aborted = False
 
-    def __enter__(self) -> "_ShardWriters":
-        self.handles = [self.stack.enter_context(self.store.open_write(uri)) for uri in self.uris]
+    def __enter__(self) -> "_PartWriters":
+        self.stack.__enter__()
         return self
 
     def __exit__(self, *exc: Any) -> None:
         try:
-            for writer in self.writers:
+            for writer in self.writers.values():
                 writer.close()
         finally:
             self.stack.__exit__(*exc)
 
-    def _training_columns(self, table: Any) -> Any:
-        """Scalar features as float32 (what the model reads), tensors packed (:func:`pack_tensor`),
-        images and the label as they are."""
-        import pyarrow as pa  # noqa: PLC0415
+    def abort(self) -> None:
+        """Drop every part written so far (temp files removed, multipart uploads aborted)."""
+        for writer in self.writers.values():
+            writer.close()
+        self.writers = {}
+        self.aborted = True
+        error = _Aborted()
+        self.stack.__exit__(_Aborted, error, None)
+        self.stack = ExitStack()
+        self.handles = {}
 
-        arrays = []
-        for c in self.columns:
-            if c in self.scalars:
-                # safe=False: large integers lose precision in float32 by design, instead of raising.
-                arrays.append(table[c].cast(pa.float32(), safe=False))
-            elif c in self.tensors:
-                # The first batch decides the element type; a separate validation source follows it.
-                packed, dtype = pack_tensor(table[c], self.stored.get(c))
-                self.stored.setdefault(c, dtype)
-                arrays.append(packed)
-            else:
-                arrays.append(table[c])
-        out = pa.Table.from_arrays(arrays, names=self.columns)
-        if self.schema is None:
-            import pyarrow.parquet as pq  # noqa: PLC0415
-
-            self.schema = out.schema
-            # Dictionary encoding only for the label: on float features and image bytes pyarrow tries
-            # it, gives up, and has spent 14x the time of writing them plain (measured).
-            self.writers = [pq.ParquetWriter(handle, self.schema, use_dictionary=[self.columns[-1]])
-                            for handle in self.handles]
-        return out.cast(self.schema)  # a separate validation source may differ in integer width
-
-    def write(self, table: Any, part: np.ndarray | None) -> None:
-        table = self._training_columns(table)
-        if part is None:
-            self._append(len(self.uris) - 1, table)
-            return
+    def write(self, table: Any, part: np.ndarray) -> None:
+        table = _training_columns(table, self.inputs, self.columns, self.stored)[0].cast(self.schema)
         order = np.argsort(part, kind="stable")  # rows keep their source order within a part
         bounds = np.searchsorted(part[order], np.arange(len(self.uris) + 1))
         for index in range(len(self.uris)):
             rows = order[bounds[index]:bounds[index + 1]]
             if rows.size:
-                self._append(index, table.take(rows))
+                self._writer(index).write_table(table.take(rows))
+                self.rows[index] += int(rows.size)
 
-    def _append(self, index: int, table: Any) -> None:
-        self.writers[index].write_table(table)
-        self.rows[index] += table.num_rows
+    def _writer(self, index: int) -> Any:
+        if index not in self.writers:
+            import pyarrow.parquet as pq  # noqa: PLC0415
 
-    def entries(self) -> tuple[list[ShardEntry], ShardEntry]:
-        out = [ShardEntry(uri=uri, rows=rows, sha256=handle.sha256, bytes=handle.bytes,
-                          index=i if i < len(self.uris) - 1 else None)
-               for i, (uri, rows, handle) in enumerate(zip(self.uris, self.rows, self.handles))]
-        return out[:-1], out[-1]
+            self.handles[index] = self.stack.enter_context(self.store.open_write(self.uris[index]))
+            # Dictionary encoding only for the label: on float features and image bytes pyarrow tries
+            # it, gives up, and has spent 14x the time of writing them plain (measured).
+            self.writers[index] = pq.ParquetWriter(self.handles[index], self.schema,
+                                                   use_dictionary=[self.columns[-1]])
+        return self.writers[index]
 
-    def schema_dict(self) -> dict[str, str]:
-        return {f.name: str(f.type) for f in self.schema}
+    def entries(self) -> list[ShardEntry | None]:
+        """Call after the ``with`` block: one entry per part that received rows."""
+        if self.aborted:
+            return [None] * len(self.uris)
+        return [ShardEntry(uri=self.uris[i], rows=self.rows[i], sha256=self.handles[i].sha256,
+                           bytes=self.handles[i].bytes, index=i) if i in self.handles else None
+                for i in range(len(self.uris))]
+
+
+class _Aborted(Exception):
+    """Thrown into the part writers' contexts so that they discard what they hold."""
 
 
 def shard_fingerprint(*, listing: SourceListing, validation: float | str, held: SourceListing | None,
@@ -242,4 +399,4 @@ def _complete_manifest(store: Store, manifest_uri: str) -> Manifest | None:
         return None
     manifest = Manifest.read(store, manifest_uri)
     entries = [*manifest.shards, manifest.validation]
-    return manifest if all(store.exists(entry.uri) for entry in entries) else None
+    return manifest if all(store.exists(f.uri) for entry in entries for f in entry.files) else None

@@ -11,7 +11,7 @@ import difflib
 from dataclasses import dataclass, field
 from typing import Any
 
-from mop_airflow.data.inputs import InputSpec, decode_images, input_columns, resolve_inputs, tensor_values
+from mop_airflow.data.inputs import InputSpec, Problem, decode_images, input_columns, resolve_inputs, tensor_values
 from mop_airflow.data.source import iter_batches, list_source, rows_per_batch
 from mop_airflow.data.table import MAX_FOUND_CLASSES, count_labels, holdout_rows, min_rows_for, sorted_labels
 from mop_airflow.errors import DataValidationError
@@ -26,74 +26,132 @@ _EXAMPLES = 5  # offending rows / values quoted per failure
 
 
 def validate_source(data: DataSpec, *, shards: int, max_batch_size: int) -> dict:
-    """Validate ``data.source`` (and a separate validation source) with Great Expectations.
+    """Validate ``data.source`` (and a separate validation source) with Great Expectations, in one process.
 
     The source is read one record batch of about ``data.batch_mb`` MB at a time, file by file, so
     memory does not grow with its size. Each of the ``shards`` training shards must hold at least
     ``max_batch_size`` rows after the validation split. Raises :class:`DataValidationError` listing
-    every failure, merged over all batches; returns a summary with the classes found.
+    every failure, merged over all batches; returns a summary with the classes found. (A DAG runs
+    the same checks spread over its ``scatter`` tasks, one slice of files each, and merges them.)
     """
-    failures: list[str] = []
     listing = list_source(data.source, data.storage_options, data.conn_id)
-    try:
-        inputs = resolve_inputs(listing.columns, data.features, data.label)
-    except DataValidationError as exc:  # keep going: the label and row checks still say something
-        failures.extend(exc.failures)
-        inputs = []
-
-    min_train_rows = shards * max_batch_size
-    rows_rule = f"{shards} shard(s) x max_batch_size {max_batch_size} = {min_train_rows} training rows"
-    rows_fix = "add rows, use fewer shards or a smaller maximum batch size"
-    roles: list[_Role] = []
+    held, held_failures = None, []
     if isinstance(data.validation, str):
-        roles.append(_Role("source", listing, min_train_rows, rows_rule, rows_fix))
         try:
             held = list_source(data.validation, data.storage_options, data.conn_id, role="data.validation")
         except DataValidationError as exc:  # still report what is wrong with the source
-            failures += [f"validation file {data.validation}: {f}" for f in exc.failures]
+            held_failures = [f"validation file {data.validation}: {f}" for f in exc.failures]
+    checks = DataChecks.plan(data, listing, held, shards=shards, max_batch_size=max_batch_size,
+                             failures=held_failures)
+    for role in checks.roles:
+        checker = checks.checker(role.role)
+        if checker.columns:
+            for batch in iter_batches(role.listing, checker.columns, batch_rows=rows_per_batch(role.listing, data.batch_mb),
+                                      storage_options=data.storage_options, conn_id=data.conn_id):
+                checker.observe(batch)
+    return checks.conclude()
+
+
+@dataclass
+class DataChecks:
+    """Every check planned for a source (and a separate validation source), and what they found.
+
+    Planned from the listings alone, so each task that reads a slice of the files plans the same
+    checks; per-batch findings are kept as a JSON state (:meth:`state`) that merges across slices
+    (:meth:`absorb`) before :meth:`conclude` words every failure in one error.
+    """
+
+    data: DataSpec
+    roles: list["_Role"]
+    inputs: list[InputSpec]
+    failures: list[str]  # found before any row is read: inputs that do not resolve, an unreadable source
+    validation_rows: int
+
+    @classmethod
+    def plan(cls, data: DataSpec, listing: SourceListing, held: SourceListing | None, *, shards: int,
+             max_batch_size: int, failures: list[str] | tuple[str, ...] = ()) -> "DataChecks":
+        failures = list(failures)
+        try:
+            inputs = resolve_inputs(listing.columns, data.features, data.label)
+        except DataValidationError as exc:  # keep going: the label and row checks still say something
+            failures.extend(exc.failures)
+            inputs = []
+        min_train_rows = shards * max_batch_size
+        rows_rule = f"{shards} shard(s) x max_batch_size {max_batch_size} = {min_train_rows} training rows"
+        rows_fix = "add rows, use fewer shards or a smaller maximum batch size"
+        roles: list[_Role] = []
+        if isinstance(data.validation, str):
+            roles.append(_Role("source", listing, min_train_rows, rows_rule, rows_fix))
             validation_rows = 0
+            if held is not None:
+                roles.append(_Role("validation", held, 1, "a validation set",
+                                   "point data.validation at a non-empty file or use a fraction such as 0.2"))
+                validation_rows = held.total_rows
         else:
-            roles.append(_Role("validation", held, 1, "a validation set",
-                               "point data.validation at a non-empty file or use a fraction such as 0.2"))
-            validation_rows = held.total_rows
-    else:
-        rows_rule += f" after holding out {data.validation:g} of the rows for validation"
-        roles.append(_Role("source", listing, min_rows_for(min_train_rows, data.validation), rows_rule, rows_fix))
-        validation_rows = holdout_rows(listing.total_rows, data.validation)
+            rows_rule += f" after holding out {data.validation:g} of the rows for validation"
+            roles.append(_Role("source", listing, min_rows_for(min_train_rows, data.validation), rows_rule, rows_fix))
+            validation_rows = holdout_rows(listing.total_rows, data.validation)
+        for role in roles:
+            role.plan(inputs, data)
+        return cls(data, roles, inputs, failures, validation_rows)
 
-    checks_run: list[str] = []
-    for role in roles:
-        role.plan(inputs, data)
-    for role, check, result in _run_expectations(roles, inputs, data):
-        if check.expectation not in checks_run:
-            checks_run.append(check.expectation)
-        if not result["success"]:
-            failures.append(role.describe(check, result, data))
-    for role in roles:
-        failures += role.tensor_failures()
-    classes = list(data.classes)
-    if data.task == "classification" and not classes:
-        classes, found_failures = _found_classes(roles, data.label)
-        failures += found_failures
-    if failures:
-        raise DataValidationError(data.source, failures)
+    def role(self, name: str) -> "_Role":
+        return next(role for role in self.roles if role.role == name)
 
-    source = roles[0]
-    return {
-        "rows": listing.total_rows,
-        "files": len(listing.files),
-        "bytes": listing.total_bytes,
-        "columns": listing.columns,
-        "features": input_columns(inputs),
-        "inputs": [spec.to_dict() for spec in inputs],
-        "label": data.label,
-        "task": data.task,
-        "classes": classes,
-        "class_counts": {str(c): int(source.label_counts.get(c, 0)) for c in classes},
-        "validation_rows": validation_rows,
-        "batches": sum(role.batches for role in roles),
-        "checks": checks_run,
-    }
+    def checker(self, name: str) -> "_BatchChecker":
+        """Runs the per-batch checks of role ``name`` ("source" or "validation") on batches of its files."""
+        return _BatchChecker(self.role(name), self.inputs, self.data)
+
+    @property
+    def schema_ok(self) -> bool:
+        """No failure is known from the listings alone (missing or non-numeric columns, too few rows...)."""
+        return not self.failures and all(role.schema_result(check)["success"]
+                                         for role in self.roles for check in role.checks if not check.per_batch)
+
+    def state(self) -> dict[str, Any]:
+        return {role.role: role.state() for role in self.roles}
+
+    def absorb(self, state: dict[str, Any]) -> None:
+        for role in self.roles:
+            if role.role in state:
+                role.absorb(state[role.role])
+
+    def conclude(self) -> dict:
+        """The summary, or :class:`DataValidationError` listing every failure found."""
+        data = self.data
+        failures = list(self.failures)
+        checks_run: list[str] = []
+        for role in self.roles:
+            for check in role.checks:
+                if check.expectation not in checks_run:
+                    checks_run.append(check.expectation)
+                result = role.result(check)
+                if result is not None and not result["success"]:
+                    failures.append(role.describe(check, result, data))
+        for role in self.roles:
+            failures += role.tensor_failures()
+        classes = list(data.classes)
+        if data.task == "classification" and not classes:
+            classes, found_failures = _found_classes(self.roles, data.label)
+            failures += found_failures
+        if failures:
+            raise DataValidationError(data.source, failures)
+        source = self.roles[0]
+        return {
+            "rows": source.listing.total_rows,
+            "files": len(source.listing.files),
+            "bytes": source.listing.total_bytes,
+            "columns": source.listing.columns,
+            "features": input_columns(self.inputs),
+            "inputs": [spec.to_dict() for spec in self.inputs],
+            "label": data.label,
+            "task": data.task,
+            "classes": classes,
+            "class_counts": {str(c): int(source.label_counts.get(c, 0)) for c in classes},
+            "validation_rows": self.validation_rows,
+            "batches": sum(role.batches for role in self.roles),
+            "checks": checks_run,
+        }
 
 
 def _found_classes(roles: list["_Role"], label: str) -> tuple[list, list[str]]:
@@ -140,7 +198,7 @@ class _Role:
     tensor_problems: dict = field(default_factory=dict)  # (column, rule) -> [count, examples, first Problem]
     label_counts: dict = field(default_factory=dict)
     batches: int = 0
-    totals: dict = field(default_factory=dict)  # id(check) -> merged result over batches
+    totals: dict = field(default_factory=dict)  # index in checks -> merged result over batches
 
     @property
     def uri(self) -> str:
@@ -251,10 +309,65 @@ class _Role:
         return [where + problem.sentence(rows=self.where_rows(examples, count), count=count)
                 for count, examples, problem in self.tensor_problems.values()]
 
+    @property
+    def failed_schema(self) -> set[str]:
+        """Columns a schema check failed on: their value checks do not run."""
+        return {check.column for check in self.checks if not check.per_batch
+                and check.column and not self.schema_result(check)["success"]}
+
+    def result(self, check: _Check) -> dict | None:
+        """``check``'s result: on the listing, or merged over every batch read (None: it could not run)."""
+        if not check.per_batch:
+            return self.schema_result(check)
+        if check.column in self.failed_schema:
+            return None
+        return self.totals.get(self.checks.index(check), {"success": True})
+
+    @property
+    def failed(self) -> bool:
+        """Some row read so far broke a rule."""
+        return bool(self.tensor_problems) or any(not t["success"] for t in self.totals.values())
+
+    def state(self) -> dict[str, Any]:
+        """What the batches read so far found, as JSON, to merge with other slices' (:meth:`absorb`)."""
+        return {
+            "totals": {str(i): total for i, total in self.totals.items()},
+            "tensor": [[column, rule, count, examples, problem.text]
+                       for (column, rule), (count, examples, problem) in self.tensor_problems.items()],
+            "labels": [[value, count] for value, count in self.label_counts.items()],
+            "batches": self.batches,
+        }
+
+    def absorb(self, state: dict[str, Any]) -> None:
+        """Merge another slice's :meth:`state` into this one (slices absorbed in file order)."""
+        for key, other in state["totals"].items():
+            self._merge_total(int(key), {**other, "examples": [tuple(e) for e in other["examples"]]})
+        for column, rule, count, examples, text in state["tensor"]:
+            merged = self.tensor_problems.setdefault((column, rule), [0, [], Problem(column, rule, (), 0, text)])
+            merged[0] += count
+            merged[1] += [tuple(e) for e in examples][:_EXAMPLES - len(merged[1])]
+        for value, count in state["labels"]:
+            if value in self.label_counts or len(self.label_counts) <= MAX_FOUND_CLASSES:
+                self.label_counts[value] = self.label_counts.get(value, 0) + count
+        self.batches += state["batches"]
+
+    def _merge_total(self, index: int, other: dict) -> None:
+        total = self.totals.setdefault(index, {"success": True, "unexpected_count": 0, "examples": [],
+                                               "partial_unexpected_list": []})
+        if "exception" in other:
+            total.update(success=False, exception=other["exception"])
+        if other["success"]:
+            return
+        total["success"] = False
+        total["unexpected_count"] += other["unexpected_count"]
+        total["examples"] += other["examples"][:_EXAMPLES - len(total["examples"])]
+        values = [v for v in other["partial_unexpected_list"] if v not in total["partial_unexpected_list"]]
+        total["partial_unexpected_list"] += values[:_EXAMPLES]
+
     def merge(self, check: _Check, result: dict, file_index: int) -> None:
         """Add one batch's result of ``check`` to the totals kept in ``self.totals``."""
-        total = self.totals.setdefault(id(check), {"success": True, "unexpected_count": 0, "examples": [],
-                                                  "partial_unexpected_list": []})
+        total = self.totals.setdefault(self.checks.index(check), {"success": True, "unexpected_count": 0,
+                                                                  "examples": [], "partial_unexpected_list": []})
         if "exception" in result:
             total.update(success=False, exception=result["exception"])
             return
@@ -268,55 +381,52 @@ class _Role:
         total["partial_unexpected_list"] += values[:_EXAMPLES]
 
 
-def _run_expectations(roles: list[_Role], inputs: list[InputSpec], data: DataSpec):
-    """Yield (role, check, merged result) for every planned check, in plan order.
+class _BatchChecker:
+    """Runs one role's value checks on record batches, merging each batch's results into the role.
 
-    Value checks run in Great Expectations on one record batch at a time (scalar columns and the
-    label only; tensor and image columns are checked by :meth:`_Role.check_tensors` on the same
-    batch); schema and row-count checks run once on the listing.
+    Value checks run in Great Expectations (scalar columns and the label; tensor and image columns
+    are checked by :meth:`_Role.check_tensors` on the same batch); schema and row-count checks run
+    once on the listing, in :meth:`DataChecks.conclude`.
     """
-    import pandas as pd  # noqa: PLC0415
 
-    scalar = [c for spec in inputs if spec.kind == "columns" for c in spec.columns]
-    context = None
-    for role in roles:
-        present = set(role.listing.columns)
-        failed_schema = {check.column for check in role.checks if not check.per_batch
-                         and check.column and not role.schema_result(check)["success"]}
-        batch_checks = [c for c in role.checks if c.per_batch and c.column not in failed_schema]
-        read = [c for c in dict.fromkeys([*scalar, data.label]) if c in present and c not in failed_schema]
-        tensor_columns = [spec.columns[0] for spec in role.tensor_inputs]
-        columns = list(dict.fromkeys([*read, *tensor_columns]))
-        if columns:
-            if batch_checks and context is None:
-                context = _gx_context()
-            suites: dict[tuple[int, ...], Any] = {}
-            batch_rows = rows_per_batch(role.listing, data.batch_mb)
-            for batch in iter_batches(role.listing, columns, batch_rows=batch_rows,
-                                      storage_options=data.storage_options, conn_id=data.conn_id):
-                role.batches += 1
-                if data.label in read and data.task == "classification":
-                    count_labels(batch.table[data.label], role.label_counts)
-                role.check_tensors(batch)
-                # Great Expectations costs ~30 ms per expectation per call whatever the batch's
-                # size; a vectorised pre-check passes the clean columns of later batches on its own.
-                # The first batch runs every expectation, so every rule is Great Expectations' own.
-                todo = tuple(i for i, check in enumerate(batch_checks)
-                             if role.batches == 1 or _suspect(batch.table, check))
-                if not todo:
-                    continue
-                if todo not in suites:
-                    suites[todo] = _suite([batch_checks[i] for i in todo])
-                frame = batch.table.select(read).to_pandas()
-                # Row numbers in the file, so a failure names rows the user can find.
-                frame.index = pd.RangeIndex(batch.first_row, batch.first_row + len(frame))
-                for check, result in _validate_batch(context, frame, suites[todo], [batch_checks[i] for i in todo]):
-                    role.merge(check, result, batch.file_index)
-        for check in role.checks:
-            if not check.per_batch:
-                yield role, check, role.schema_result(check)
-            elif check.column not in failed_schema:
-                yield role, check, role.totals.get(id(check), {"success": True})
+    def __init__(self, role: _Role, inputs: list[InputSpec], data: DataSpec) -> None:
+        self.role = role
+        self.data = data
+        present, failed_schema = set(role.listing.columns), role.failed_schema
+        scalar = [c for spec in inputs if spec.kind == "columns" for c in spec.columns]
+        self.batch_checks = [c for c in role.checks if c.per_batch and c.column not in failed_schema]
+        self.read = [c for c in dict.fromkeys([*scalar, data.label]) if c in present and c not in failed_schema]
+        self.columns = list(dict.fromkeys([*self.read, *[spec.columns[0] for spec in role.tensor_inputs]]))
+        self.context: Any = None
+        self.suites: dict[tuple[int, ...], Any] = {}
+        self.seen = 0
+
+    def observe(self, batch: Any) -> None:
+        import pandas as pd  # noqa: PLC0415
+
+        role, data = self.role, self.data
+        role.batches += 1
+        self.seen += 1
+        if data.label in self.read and data.task == "classification":
+            count_labels(batch.table[data.label], role.label_counts)
+        role.check_tensors(batch)
+        # Great Expectations costs ~30 ms per expectation per call whatever the batch's size; a
+        # vectorised pre-check passes the clean columns of later batches on its own. The first
+        # batch a task reads runs every expectation, so every rule is Great Expectations' own.
+        todo = tuple(i for i, check in enumerate(self.batch_checks)
+                     if self.seen == 1 or _suspect(batch.table, check))
+        if not todo:
+            return
+        if self.context is None:
+            self.context = _gx_context()
+        if todo not in self.suites:
+            self.suites[todo] = _suite([self.batch_checks[i] for i in todo])
+        frame = batch.table.select(self.read).to_pandas()
+        # Row numbers in the file, so a failure names rows the user can find.
+        frame.index = pd.RangeIndex(batch.first_row, batch.first_row + len(frame))
+        for check, result in _validate_batch(self.context, frame, self.suites[todo],
+                                             [self.batch_checks[i] for i in todo]):
+            role.merge(check, result, batch.file_index)
 
 
 def _suspect(table: Any, check: _Check) -> bool:

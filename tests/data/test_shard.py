@@ -50,9 +50,9 @@ def test_shards_are_balanced_disjoint_and_cover_every_row(store, store_dir, sour
 
     location = f"mnist_dag/shards/{manifest.fingerprint}"
     assert len(manifest.fingerprint) == 16
+    # one slice: its part s is shard s, and part 4 the validation set
     assert tree(store_dir) == [f"{location}/{name}" for name in (
-        "manifest.json", "shard-00000.parquet", "shard-00001.parquet", "shard-00002.parquet",
-        "shard-00003.parquet", "validation.parquet")]
+        "manifest.json", *[f"parts/slice-00000/part-{s:05d}.parquet" for s in range(5)])]
     assert store.read_json(store.uri(location, "manifest.json")) == manifest.to_dict()
 
 
@@ -110,7 +110,7 @@ def test_a_crash_before_the_manifest_leaves_no_manifest(store, store_dir, source
     @contextlib.contextmanager
     def fail_on_validation(uri):
         with real_open_write(uri) as handle:
-            if uri.endswith("validation.parquet"):
+            if uri.endswith("part-00002.parquet"):  # the validation part of a 2-shard run
                 handle.write = lambda data: (_ for _ in ()).throw(OSError("disk full"))
             yield handle
 
