@@ -140,8 +140,13 @@ def _input_array(table: Any, spec: InputSpec, where: str) -> np.ndarray:
 
 
 # -- tensors -----------------------------------------------------------------------------------
-def tensor_values(column: Any, spec: InputSpec, first_row: int = 0) -> tuple[np.ndarray, list[Problem]]:
-    """The flat float values of a list column and the problems found (type, null, wrong length, NaN/inf)."""
+def tensor_values(column: Any, spec: InputSpec, first_row: int = 0, *,
+                  values: bool = True) -> tuple[np.ndarray, list[Problem]]:
+    """The flat float values of a list column and the problems found (type, null, wrong length, NaN/inf).
+
+    ``values=False`` only checks (validation): no float copy of the values is made, which for uint8
+    images would be four times the batch.
+    """
     import pyarrow as pa  # noqa: PLC0415
     import pyarrow.compute as pc  # noqa: PLC0415
 
@@ -173,14 +178,20 @@ def tensor_values(column: Any, spec: InputSpec, first_row: int = 0) -> tuple[np.
                                "the rows or the declared shape")]
     # Only the values rows reference: a sliced list array still carries its parent's values buffer.
     flat = pc.list_flatten(column)
-    values = flat.to_numpy(zero_copy_only=False).astype(np.float32, copy=False)
-    finite = np.isfinite(values)
+    if not values:
+        if pa.types.is_integer(flat.type) and not flat.null_count:
+            return none, []  # integers without nulls are always finite
+        ok = pc.fill_null(pc.is_finite(flat) if pa.types.is_floating(flat.type) else pc.is_valid(flat), False)
+        finite = ok.to_numpy(zero_copy_only=False)
+    else:
+        out = flat.to_numpy(zero_copy_only=False).astype(np.float32, copy=False)
+        finite = np.isfinite(out)
     if not finite.all():
         bad_rows = np.unique(np.flatnonzero(~finite) // spec.size)
-        return values, [_problem(name, "tensor_finite", bad_rows, first_row,
-                                 f"column {name!r}: {{count}} row(s) hold NaN, inf or null values inside the "
-                                 "tensor ({rows}); remove or impute them")]
-    return values, []
+        return (out if values else none), [_problem(
+            name, "tensor_finite", bad_rows, first_row, f"column {name!r}: {{count}} row(s) hold NaN, inf or null "
+            "values inside the tensor ({rows}); remove or impute them")]
+    return (out if values else none), []
 
 
 def pack_tensor(column: Any, dtype: str | None = None) -> tuple[Any, str]:

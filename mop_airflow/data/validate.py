@@ -11,6 +11,7 @@ import difflib
 from dataclasses import dataclass, field
 from typing import Any
 
+from mop_airflow.data.expectations import EXAMPLES, Check, gx_context, suite, suspect, validate_batch
 from mop_airflow.data.inputs import InputSpec, Problem, decode_images, input_columns, resolve_inputs, tensor_values
 from mop_airflow.data.source import iter_batches, list_source, rows_per_batch
 from mop_airflow.data.table import MAX_FOUND_CLASSES, count_labels, holdout_rows, min_rows_for, sorted_labels
@@ -22,7 +23,6 @@ from mop_airflow.spec import DataSpec
 # out on purpose: a bool column is more often a flag read with the wrong schema than a feature.
 NUMERIC_DTYPES = ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
                   "float16", "float32", "float64")
-_EXAMPLES = 5  # offending rows / values quoted per failure
 
 
 def validate_source(data: DataSpec, *, shards: int, max_batch_size: int) -> dict:
@@ -175,15 +175,6 @@ def _found_classes(roles: list["_Role"], label: str) -> tuple[list, list[str]]:
     return found, failures
 
 
-@dataclass(frozen=True)
-class _Check:
-    expectation: str  # Great Expectations' snake_case name, e.g. expect_column_to_exist
-    rule: str         # our name for the rule; picks the failure sentence
-    column: str | None
-    kwargs: dict = field(default_factory=dict)
-    per_batch: bool = True  # False: a check of the schema or the totals, run once
-
-
 @dataclass
 class _Role:
     """One source to validate (training or validation), the checks planned for it and what they found."""
@@ -193,7 +184,7 @@ class _Role:
     min_rows: int
     rows_rule: str  # why it needs min_rows
     rows_fix: str
-    checks: list[_Check] = field(default_factory=list)
+    checks: list[Check] = field(default_factory=list)
     tensor_inputs: list[InputSpec] = field(default_factory=list)
     tensor_problems: dict = field(default_factory=dict)  # (column, rule) -> [count, examples, first Problem]
     label_counts: dict = field(default_factory=dict)
@@ -209,30 +200,30 @@ class _Role:
         scalars = [c for spec in inputs if spec.kind == "columns" for c in spec.columns]
         tensors = [spec for spec in inputs if spec.kind != "columns"]
         for column in [*scalars, *[spec.columns[0] for spec in tensors], data.label]:
-            self.checks.append(_Check("expect_column_to_exist", "exists", column, per_batch=False))
+            self.checks.append(Check("expect_column_to_exist", "exists", column, per_batch=False))
         # Column checks only on present columns: a missing column is already one failure above.
         for column in (c for c in scalars if c in present):
             self.checks += [
-                _Check("expect_column_values_to_be_in_type_list", "numeric", column,
+                Check("expect_column_values_to_be_in_type_list", "numeric", column,
                        {"type_list": list(NUMERIC_DTYPES)}, per_batch=False),
-                _Check("expect_column_values_to_not_be_null", "feature_not_null", column),
-                _Check("expect_column_values_to_not_be_in_set", "finite", column,
+                Check("expect_column_values_to_not_be_null", "feature_not_null", column),
+                Check("expect_column_values_to_not_be_in_set", "finite", column,
                        {"value_set": [float("inf"), float("-inf")]}),
             ]
         self.tensor_inputs = [spec for spec in tensors if spec.columns[0] in present]
         if data.label in present:
-            self.checks.append(_Check("expect_column_values_to_not_be_null", "label_not_null", data.label))
+            self.checks.append(Check("expect_column_values_to_not_be_null", "label_not_null", data.label))
             if data.task == "regression":
                 self.checks += [
-                    _Check("expect_column_values_to_be_in_type_list", "target_numeric", data.label,
+                    Check("expect_column_values_to_be_in_type_list", "target_numeric", data.label,
                            {"type_list": list(NUMERIC_DTYPES)}, per_batch=False),
-                    _Check("expect_column_values_to_not_be_in_set", "target_finite", data.label,
+                    Check("expect_column_values_to_not_be_in_set", "target_finite", data.label,
                            {"value_set": [float("inf"), float("-inf")]}),
                 ]
             elif data.classes:
-                self.checks.append(_Check("expect_column_values_to_be_in_set", "in_classes", data.label,
+                self.checks.append(Check("expect_column_values_to_be_in_set", "in_classes", data.label,
                                           {"value_set": list(data.classes)}))
-        self.checks.append(_Check("expect_table_row_count_to_be_between", "rows", None,
+        self.checks.append(Check("expect_table_row_count_to_be_between", "rows", None,
                                   {"min_value": self.min_rows}, per_batch=False))
 
     def where_rows(self, examples: list[tuple[int, int]], count: int) -> str:
@@ -243,7 +234,7 @@ class _Role:
         label = "row" if count == 1 else "rows"
         return f"{label} {', '.join(shown)}{more}, counted from 0" + (" in each file" if several else "")
 
-    def describe(self, check: _Check, result: dict, data: DataSpec) -> str:
+    def describe(self, check: Check, result: dict, data: DataSpec) -> str:
         """One sentence: which column, which rule, what was found, how to fix it."""
         where = "" if self.role == "source" else f"validation file {self.uri}: "
         column = check.column
@@ -283,7 +274,7 @@ class _Role:
                 f"({rows}; values {', '.join(found)}); add the missing classes to data.classes, drop these rows, "
                 "or fix the type of data.classes to match the column")
 
-    def schema_result(self, check: _Check) -> dict:
+    def schema_result(self, check: Check) -> dict:
         """The result of a check on the schema or the totals, as Great Expectations would word it."""
         if check.rule == "exists":
             return {"success": check.column in self.listing.columns}
@@ -296,13 +287,13 @@ class _Role:
         for spec in self.tensor_inputs:
             column = batch.table[spec.columns[0]]
             if spec.kind == "tensor":
-                _, problems = tensor_values(column, spec, first_row=batch.first_row)
+                _, problems = tensor_values(column, spec, first_row=batch.first_row, values=False)
             else:
                 _, problems = decode_images(column, spec, first_row=batch.first_row)
             for problem in problems:
                 merged = self.tensor_problems.setdefault((problem.column, problem.rule), [0, [], problem])
                 merged[0] += problem.count
-                merged[1] += [(batch.file_index, r) for r in problem.rows][:_EXAMPLES - len(merged[1])]
+                merged[1] += [(batch.file_index, r) for r in problem.rows][:EXAMPLES - len(merged[1])]
 
     def tensor_failures(self) -> list[str]:
         where = "" if self.role == "source" else f"validation file {self.uri}: "
@@ -315,7 +306,7 @@ class _Role:
         return {check.column for check in self.checks if not check.per_batch
                 and check.column and not self.schema_result(check)["success"]}
 
-    def result(self, check: _Check) -> dict | None:
+    def result(self, check: Check) -> dict | None:
         """``check``'s result: on the listing, or merged over every batch read (None: it could not run)."""
         if not check.per_batch:
             return self.schema_result(check)
@@ -345,7 +336,7 @@ class _Role:
         for column, rule, count, examples, text in state["tensor"]:
             merged = self.tensor_problems.setdefault((column, rule), [0, [], Problem(column, rule, (), 0, text)])
             merged[0] += count
-            merged[1] += [tuple(e) for e in examples][:_EXAMPLES - len(merged[1])]
+            merged[1] += [tuple(e) for e in examples][:EXAMPLES - len(merged[1])]
         for value, count in state["labels"]:
             if value in self.label_counts or len(self.label_counts) <= MAX_FOUND_CLASSES:
                 self.label_counts[value] = self.label_counts.get(value, 0) + count
@@ -360,11 +351,11 @@ class _Role:
             return
         total["success"] = False
         total["unexpected_count"] += other["unexpected_count"]
-        total["examples"] += other["examples"][:_EXAMPLES - len(total["examples"])]
+        total["examples"] += other["examples"][:EXAMPLES - len(total["examples"])]
         values = [v for v in other["partial_unexpected_list"] if v not in total["partial_unexpected_list"]]
-        total["partial_unexpected_list"] += values[:_EXAMPLES]
+        total["partial_unexpected_list"] += values[:EXAMPLES]
 
-    def merge(self, check: _Check, result: dict, file_index: int) -> None:
+    def merge(self, check: Check, result: dict, file_index: int) -> None:
         """Add one batch's result of ``check`` to the totals kept in ``self.totals``."""
         total = self.totals.setdefault(self.checks.index(check), {"success": True, "unexpected_count": 0,
                                                                   "examples": [], "partial_unexpected_list": []})
@@ -376,9 +367,9 @@ class _Role:
         total["success"] = False
         total["unexpected_count"] += int(result.get("unexpected_count") or 0)
         rows = [(file_index, int(r)) for r in result.get("partial_unexpected_index_list") or []]
-        total["examples"] += rows[:_EXAMPLES - len(total["examples"])]
+        total["examples"] += rows[:EXAMPLES - len(total["examples"])]
         values = [v for v in result.get("partial_unexpected_list") or [] if v not in total["partial_unexpected_list"]]
-        total["partial_unexpected_list"] += values[:_EXAMPLES]
+        total["partial_unexpected_list"] += values[:EXAMPLES]
 
 
 class _BatchChecker:
@@ -414,95 +405,19 @@ class _BatchChecker:
         # vectorised pre-check passes the clean columns of later batches on its own. The first
         # batch a task reads runs every expectation, so every rule is Great Expectations' own.
         todo = tuple(i for i, check in enumerate(self.batch_checks)
-                     if self.seen == 1 or _suspect(batch.table, check))
+                     if self.seen == 1 or suspect(batch.table, check))
         if not todo:
             return
         if self.context is None:
-            self.context = _gx_context()
+            self.context = gx_context()
         if todo not in self.suites:
-            self.suites[todo] = _suite([self.batch_checks[i] for i in todo])
+            self.suites[todo] = suite([self.batch_checks[i] for i in todo])
         frame = batch.table.select(self.read).to_pandas()
         # Row numbers in the file, so a failure names rows the user can find.
         frame.index = pd.RangeIndex(batch.first_row, batch.first_row + len(frame))
-        for check, result in _validate_batch(self.context, frame, self.suites[todo],
+        for check, result in validate_batch(self.context, frame, self.suites[todo],
                                              [self.batch_checks[i] for i in todo]):
             role.merge(check, result, batch.file_index)
-
-
-def _suspect(table: Any, check: _Check) -> bool:
-    """Whether ``check`` might fail on ``table``: True unless pyarrow proves the column clean.
-
-    Errs towards True (an unknown rule or type runs in Great Expectations), never the other way.
-    """
-    import pyarrow as pa  # noqa: PLC0415
-    import pyarrow.compute as pc  # noqa: PLC0415
-
-    column = table[check.column]
-    floating = pa.types.is_floating(column.type)
-    try:
-        if check.rule in ("feature_not_null", "label_not_null"):
-            return column.null_count > 0 or (floating and pc.any(pc.is_nan(column)).as_py() is True)
-        if check.rule in ("finite", "target_finite"):
-            return floating and pc.any(pc.is_inf(column)).as_py() is True
-        if check.rule == "in_classes":
-            found = pc.is_in(column, value_set=pa.array(check.kwargs["value_set"]).cast(column.type))
-            return pc.all(pc.or_kleene(found, pc.is_null(column))).as_py() is not True
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
-        return True
-    return True
-
-
-def _gx_context():
-    """An ephemeral, in-memory Great Expectations context with one pandas data source."""
-    import great_expectations as gx  # noqa: PLC0415 - ~3 s to import; only tasks that validate pay it
-    from great_expectations.data_context.types.base import (  # noqa: PLC0415
-        DataContextConfig,
-        InMemoryStoreBackendDefaults,
-        ProgressBarsConfig,
-    )
-
-    # The default ephemeral config reserves a temporary docs-site folder; ours keeps everything in
-    # memory, prints no progress bars into task logs and sends no analytics.
-    context = gx.get_context(mode="ephemeral", project_config=DataContextConfig(
-        store_backend_defaults=InMemoryStoreBackendDefaults(init_temp_docs_sites=False),
-        progress_bars=ProgressBarsConfig(globally=False),
-        analytics_enabled=False,
-    ))
-    asset = context.data_sources.add_pandas("mop_airflow").add_dataframe_asset("batch")
-    return asset.add_batch_definition_whole_dataframe("all")
-
-
-def _suite(checks: list[_Check]):
-    import great_expectations as gx  # noqa: PLC0415
-    import great_expectations.expectations as gxe  # noqa: PLC0415
-
-    suite = gx.ExpectationSuite(name="mop_airflow")
-    for index, check in enumerate(checks):
-        expectation_class = getattr(gxe, _class_name(check.expectation))
-        column = {} if check.column is None else {"column": check.column}
-        suite.add_expectation(expectation_class(**column, **check.kwargs, meta={"check": index}))
-    return suite
-
-
-def _validate_batch(batch_definition: Any, frame: Any, suite: Any, checks: list[_Check]):
-    outcome = batch_definition.get_batch(batch_parameters={"dataframe": frame}).validate(
-        suite, result_format={"result_format": "SUMMARY", "partial_unexpected_count": _EXAMPLES})
-    by_index = {r.expectation_config.meta["check"]: r for r in outcome.results}
-    for index, check in enumerate(checks):
-        yield check, _as_dict(by_index[index])
-
-
-def _as_dict(result: Any) -> dict:
-    info = result.exception_info or {}
-    out = {"success": bool(result.success), **dict(result.result or {})}
-    if info.get("raised_exception"):
-        out["success"] = False
-        out["exception"] = info.get("exception_message")
-    return out
-
-
-def _class_name(expectation: str) -> str:
-    return "".join(part.capitalize() for part in expectation.split("_"))
 
 
 def _is_numeric(arrow_type: str) -> bool:

@@ -4,8 +4,8 @@ A shard is one Parquet file on the worker's disk, written in row groups (one per
 that sharding wrote). One pass reads the row groups in a seeded random order, a window of about
 ``window_rows`` rows at a time; inside a window the rows are shuffled, and the batches run on
 across windows. Row-level sharding already made every row group a random sample of the data, so
-this shuffle is as good as a full one for SGD. Memory holds one window (plus its decoded arrays),
-whatever the shard's size. The order is a pure function of (seed, iteration, shard, epoch) and
+this shuffle is as good as a full one for SGD. Memory holds one window of stored rows (plus one
+decoded batch), whatever the shard's size. The order is a pure function of (seed, iteration, shard, epoch) and
 of the file's row groups: :func:`stream_order` gives it, so tests can feed plain Keras the very
 same batches.
 """
@@ -48,27 +48,28 @@ def stream_batches(path: str, load: Any, *, batch_size: int, window_rows: int, s
                    shard: int, epoch: int) -> Iterator[tuple[Any, np.ndarray]]:
     """(x, y) batches of one pass; ``load(table) -> (x, y)`` turns Parquet rows into arrays.
 
-    Rows left over at the end of a window wait for the next one, so every batch but the last has
-    ``batch_size`` rows, as in memory.
+    A window stays in Arrow form (images as stored, e.g. uint8) and only each batch is decoded into
+    arrays, so memory holds a window of stored rows, not of float32 arrays. Rows left over at the
+    end of a window wait for the next one, so every batch but the last has ``batch_size`` rows, as
+    in memory.
     """
     import pyarrow as pa  # noqa: PLC0415
     import pyarrow.parquet as pq  # noqa: PLC0415
 
     parquet = pq.ParquetFile(path)
     sizes = [parquet.metadata.row_group(i).num_rows for i in range(parquet.num_row_groups)]
-    carry: tuple[Any, np.ndarray] | None = None
+    carry = None
     for groups, permutation in stream_windows(sizes, window_rows, seed=seed, iteration=iteration, shard=shard,
                                               epoch=epoch):
-        table = pa.concat_tables([parquet.read_row_group(g) for g in groups])
-        x, y = load(table.take(pa.array(permutation)))
+        window = pa.concat_tables([parquet.read_row_group(g) for g in groups]).take(pa.array(permutation))
         if carry is not None:
-            x, y = _concat(carry[0], x), np.concatenate([carry[1], y])
-        usable = len(y) - len(y) % batch_size
+            window = pa.concat_tables([carry, window])  # no copy: the carried rows become a chunk
+        usable = window.num_rows - window.num_rows % batch_size
         for start in range(0, usable, batch_size):
-            yield _slice(x, start, start + batch_size), y[start:start + batch_size]
-        carry = (_slice(x, usable, len(y)), y[usable:]) if usable < len(y) else None
+            yield load(window.slice(start, batch_size))
+        carry = window.slice(usable) if usable < window.num_rows else None
     if carry is not None:
-        yield carry
+        yield load(carry)
 
 
 def count_rows(path: str) -> int:
@@ -77,9 +78,3 @@ def count_rows(path: str) -> int:
     return pq.ParquetFile(path).metadata.num_rows
 
 
-def _slice(x: Any, start: int, stop: int) -> Any:
-    return {k: v[start:stop] for k, v in x.items()} if isinstance(x, dict) else x[start:stop]
-
-
-def _concat(a: Any, b: Any) -> Any:
-    return {k: np.concatenate([a[k], b[k]]) for k in a} if isinstance(a, dict) else np.concatenate([a, b])
