@@ -3,8 +3,7 @@
 A source is resolved once into a :class:`~mop_airflow.records.SourceListing`: every file with its
 size, its version (ETag or mtime) and its row count, and the schema all files share. The listing,
 not the bytes, decides whether existing shards are reused, so no process ever hashes the data set.
-Reading goes through ``pyarrow.dataset`` one record batch at a time, so memory is bounded by the
-batch, never by the source.
+Reading goes one record batch at a time, so memory is bounded by the batch, never by the source.
 """
 
 from __future__ import annotations
@@ -125,21 +124,40 @@ def iter_batches(listing: SourceListing, columns: list[str] | None, *, batch_row
                  conn_id: str | None = None) -> Iterator[Batch]:
     """Record batches of at most ``batch_rows`` rows, file by file in listing order.
 
-    Nothing is read ahead, so memory stays near one batch whatever the source's size.
+    Nothing is read ahead, so memory stays near one batch whatever the source's size. Parquet files
+    are read with ``ParquetFile.iter_batches``, which decodes a row group's pages a batch at a time:
+    the dataset scanner decodes a whole row group first, 1.6 GB for a 128 MB row group of image
+    tensors (measured). Hive partition values are added as the columns the dataset's schema says.
     """
     import pyarrow as pa  # noqa: PLC0415
     import pyarrow.dataset as ds  # noqa: PLC0415
+    import pyarrow.parquet as pq  # noqa: PLC0415
 
     dataset = open_dataset(listing, storage_options, conn_id)
+    wanted = dataset.schema if columns is None else pa.schema([dataset.schema.field(c) for c in columns])
     for index, fragment in enumerate(dataset.get_fragments()):
         first_row = 0
-        # Scanning the fragment with the dataset's schema fills in hive partition columns.
-        scanner = ds.Scanner.from_fragment(fragment, schema=dataset.schema, columns=columns, batch_size=batch_rows,
-                                           batch_readahead=0, fragment_readahead=0, use_threads=True)
-        for record_batch in scanner.to_batches():
+        if listing.format == "parquet":
+            keys = ds.get_partition_keys(fragment.partition_expression) if listing.partitions else {}
+            in_file = [c for c in wanted.names if c not in keys]
+            handle = fragment.filesystem.open_input_file(fragment.path)
+            batches = pq.ParquetFile(handle).iter_batches(batch_size=batch_rows, columns=in_file, use_threads=True)
+        else:
+            keys = {}
+            # Scanning the fragment with the dataset's schema fills in hive partition columns.
+            batches = ds.Scanner.from_fragment(fragment, schema=dataset.schema, columns=wanted.names,
+                                               batch_size=batch_rows, batch_readahead=0, fragment_readahead=0,
+                                               use_threads=True).to_batches()
+        for record_batch in batches:
             if record_batch.num_rows == 0:
                 continue
             table = pa.Table.from_batches([record_batch])
+            if keys:
+                table = pa.table({name: table[name] if name not in keys else
+                                  pa.array([keys[name]] * table.num_rows).cast(wanted.field(name).type)
+                                  for name in wanted.names})
+            if table.schema != wanted:
+                table = table.select(wanted.names).cast(wanted)
             yield Batch(table=table, file=listing.files[index], file_index=index, first_row=first_row)
             first_row += record_batch.num_rows
 
@@ -150,7 +168,9 @@ def rows_per_batch(listing: SourceListing, batch_mb: float) -> int:
     On disk Parquet is compressed; in memory a row takes more, so the estimate is halved.
     """
     rows = max(1, listing.total_rows)
-    bytes_per_row = max(1.0, listing.total_bytes / rows) * 2
+    # Nested lists decode with levels and offsets beside their values: about four times their bytes.
+    nested = any("list<" in str(t) for t in listing.schema.values())
+    bytes_per_row = max(1.0, listing.total_bytes / rows) * (8 if nested else 2)
     return max(1024, int(batch_mb * 1e6 / bytes_per_row))
 
 
