@@ -23,7 +23,7 @@ step's alone:
 - ``shard``: merge the slices' findings and write the manifest;
 - ``stage``: gather shard 0's parts into the worker's cache;
 - ``hop``: one small Keras model, one pass over shard 0 (4 shards), by the hop's own rule: streamed
-  in windows of a quarter batch budget (32 MB) when the shard is larger than one window.
+  in windows of an eighth of the batch budget (16 MB) when the shard is larger than a quarter (32 MB).
 """
 
 from __future__ import annotations

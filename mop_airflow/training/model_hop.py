@@ -21,11 +21,12 @@ from mop_airflow.records import Assignment, HopRecord, Manifest, RunRecord
 from mop_airflow.schedule import config_seed
 
 
-# A shard file larger than a window (a quarter of data.batch_mb) streams through the hop a window
-# at a time: read whole, a shard takes ~6x its file size in memory (table, arrays, the shuffled
-# copy, Keras's own); a window about as much per window (measured with benchmarks/data_scale.py).
-WINDOW_SHARE = 0.25
-STREAM_ABOVE_BATCHES = WINDOW_SHARE
+# A shard file larger than a quarter of data.batch_mb (32 MB) streams through the hop: read whole,
+# a shard takes ~6x its file size in memory (table, arrays, the shuffled copy, Keras's own). A
+# streamed hop holds a window of an eighth of data.batch_mb (16 MB) of stored rows and decodes one
+# batch at a time; TensorFlow itself takes ~0.74 GB (measured with benchmarks/data_scale.py).
+WINDOW_SHARE = 0.125
+STREAM_ABOVE_BATCHES = 0.25
 
 
 @dataclass(frozen=True)

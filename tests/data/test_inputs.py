@@ -11,8 +11,8 @@ import pytest
 from PIL import Image
 
 from mop_airflow.data.cache import load_shard
-from mop_airflow.data.shard import shard_dataset
-from mop_airflow.data.validate import validate_source
+from mop_airflow.data.shard import collect_shards, plan_sharding, scatter_slice, shard_dataset
+from mop_airflow.data.validate import DataChecks, validate_source
 from mop_airflow.errors import DataValidationError, SpecError
 from mop_airflow.spec import DataSpec, MopSpec
 
@@ -139,7 +139,7 @@ def _not_a_list(columns):
     (_text_target, ["label column 'label': type string is not numeric, but data.task is 'regression'"]),
     (_not_a_list, ["column 'row': type double is not a list of numbers, but input 'row' declares shape [1]"]),
 ], ids=["tensor-length", "nan-in-tensor", "undecodable-image", "image-size", "text-regression-target", "not-a-list"])
-def test_bad_tensors_images_and_targets_name_column_rows_and_rule(tmp_path, store_dir, mutate, expected):
+def test_bad_tensors_images_and_targets_name_column_rows_and_rule(tmp_path, store, store_dir, mutate, expected):
     columns = image_table(20)
     overrides = mutate(columns)
     source = write(tmp_path / "bad.parquet", columns)
@@ -148,6 +148,15 @@ def test_bad_tensors_images_and_targets_name_column_rows_and_rule(tmp_path, stor
     (failure,) = caught.value.failures
     for fragment in expected:
         assert fragment in failure, failure
+    # the DAG's path: the scatter task finds the same, writes nothing, and the shard task says it
+    data = spec(source, **overrides)
+    plan = plan_sharding(data, store, "dag", 2, 0)
+    checks = lambda: DataChecks.plan(data, plan.listing, plan.held, shards=2, max_batch_size=4)  # noqa: E731
+    results = [scatter_slice(plan, data, store, k, checks()) for k in range(len(plan.slices))]
+    assert not any(r.wrote for r in results)
+    with pytest.raises(DataValidationError) as scattered:
+        collect_shards(plan, data, store, results, checks())
+    assert scattered.value.failures == caught.value.failures
     assert tree(store_dir) == []
 
 
