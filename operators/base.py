@@ -1,8 +1,12 @@
-"""What every mop_airflow operator shares: the store it reads the run's records from.
+"""What every mop_airflow operator shares: the store it reads the run's records from, and which
+failures are worth a retry.
 
 Operators get resolved arguments computed once when the DAG is rendered (a task's hop, shard,
 bracket...), plus the store section of the spec. The run itself is resolved once by the first task
 (``preflight``) into a :class:`~mop_airflow.records.RunRecord`; later tasks read that record.
+
+Tasks retry by default (a preempted worker, a store that was briefly away), but a mistake in the
+input or the configuration fails at once: a retry would only repeat it.
 """
 
 from __future__ import annotations
@@ -10,11 +14,19 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from airflow.sdk import BaseOperator
+from airflow.sdk.exceptions import AirflowFailException
+
+from mop_airflow.errors import DataValidationError, PoolsMissingError, SpecError, TrainingError
 
 from mop_airflow.layout import RunLayout
 from mop_airflow.records import RunRecord
 from mop_airflow.spec import StoreSpec
 from mop_airflow.store import Store
+
+
+# Failures a retry cannot fix: the spec, the data, missing pools, a model that cannot train.
+# StoreError is left out on purpose: an unreachable store may be back on the next try.
+NOT_RETRIED = (SpecError, DataValidationError, PoolsMissingError, TrainingError)
 
 
 class MopBaseOperator(BaseOperator):
@@ -23,6 +35,15 @@ class MopBaseOperator(BaseOperator):
     def __init__(self, *, store: Mapping[str, Any], **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.store = dict(store)
+
+    def execute(self, context: Any) -> Any:
+        try:
+            return self.work(context)
+        except NOT_RETRIED as exc:
+            raise AirflowFailException(str(exc)) from exc
+
+    def work(self, context: Any) -> Any:
+        raise NotImplementedError
 
     def store_spec(self, context: Mapping[str, Any]) -> StoreSpec:
         """The DAG's store, or the one the trigger conf names (the run record is written there)."""

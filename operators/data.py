@@ -19,7 +19,7 @@ class MopListDataOperator(MopBaseOperator):
 
     ui_color = "#fdf2d0"
 
-    def execute(self, context: Any) -> list[int]:
+    def work(self, context: Any) -> list[int]:
         from mop_airflow.data.shard import plan_sharding  # noqa: PLC0415
 
         run = self.resolved_run(context)
@@ -42,7 +42,7 @@ class MopScatterOperator(MopBaseOperator):
         super().__init__(**kwargs)
         self.slice_index = slice_index
 
-    def execute(self, context: Any) -> dict[str, Any]:
+    def work(self, context: Any) -> dict[str, Any]:
         from mop_airflow.data.shard import scatter_slice  # noqa: PLC0415
         from mop_airflow.data.validate import DataChecks  # noqa: PLC0415 - GE import is slow
 
@@ -66,7 +66,7 @@ class MopShardOperator(MopBaseOperator):
 
     ui_color = "#fdf2d0"
 
-    def execute(self, context: Any) -> dict[str, Any]:
+    def work(self, context: Any) -> dict[str, Any]:
         from mop_airflow.data.shard import collect_shards  # noqa: PLC0415
         from mop_airflow.data.validate import DataChecks  # noqa: PLC0415
         from mop_airflow.errors import DataValidationError  # noqa: PLC0415

@@ -26,7 +26,7 @@ class MopPlanOperator(MopBaseOperator):
         super().__init__(**kwargs)
         self.priority = priority
 
-    def execute(self, context: Any) -> dict[str, Any]:
+    def work(self, context: Any) -> dict[str, Any]:
         from mop_airflow.search.hyperband import format_plan  # noqa: PLC0415
 
         run = self.resolved_run(context)
@@ -54,7 +54,7 @@ class MopStageShardOperator(MopBaseOperator):
         self.shard = shard
         self.deals = deals
 
-    def execute(self, context: Any) -> list[dict[str, Any]] | None:
+    def work(self, context: Any) -> list[dict[str, Any]] | None:
         from mop_airflow.data.cache import cached_shard  # noqa: PLC0415
 
         layout = self.layout(context)
@@ -85,7 +85,7 @@ class MopDealOperator(MopBaseOperator):
         self.offset = offset
         self.start = start
 
-    def execute(self, context: Any) -> list[dict[str, Any]]:
+    def work(self, context: Any) -> list[dict[str, Any]]:
         from mop_airflow.rungs import rung_members  # noqa: PLC0415
 
         layout = self.layout(context)

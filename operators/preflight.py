@@ -22,7 +22,7 @@ class MopPreflightOperator(MopBaseOperator):
         self.spec = dict(spec)
         self.check_pools = check_pools
 
-    def execute(self, context: Any) -> dict[str, Any]:
+    def work(self, context: Any) -> dict[str, Any]:
         run = resolve_run(self.spec, context.get("params"), dag_id=context["dag"].dag_id, run_id=context["run_id"])
         schedule = run.schedule
         pools = required_pools(schedule.shards)

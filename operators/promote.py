@@ -25,7 +25,7 @@ class MopPromoteOperator(MopBaseOperator):
         self.end = end
         self.keep = keep
 
-    def execute(self, context: Any) -> dict[str, Any]:
+    def work(self, context: Any) -> dict[str, Any]:
         from mop_airflow.rungs import decide_rung  # noqa: PLC0415
 
         layout = self.layout(context)

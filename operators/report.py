@@ -15,7 +15,7 @@ from mop_airflow.operators.base import MopBaseOperator
 class MopReportOperator(MopBaseOperator):
     ui_color = "#ece3f8"
 
-    def execute(self, context: Any) -> dict[str, Any]:
+    def work(self, context: Any) -> dict[str, Any]:
         layout = self.layout(context)
         run = self.run_record(layout)
         summary = write_report(layout, run, cache_dir=self.store_spec(context).local_cache)

@@ -30,7 +30,7 @@ class MopTrainHopOperator(MopBaseOperator):
         self.rung_end = rung_end  # an adaptive rung ends here: always evaluate, promotion needs the metric
         self.prune_failures = prune_failures  # adaptive search: a failing configuration is pruned, not fatal
 
-    def execute(self, context: Any) -> dict[str, Any]:
+    def work(self, context: Any) -> dict[str, Any]:
         from mop_airflow.training.model_hop import Where, record_failure, run_hop  # noqa: PLC0415
 
         layout = self.layout(context)

@@ -223,3 +223,15 @@ def test_a_rung_never_holds_more_configurations_than_it_renders_classes_for(adap
         for rung in bracket.rungs:
             classes = [g for g in groups if (g.bracket, g.rung) == (bracket.s, rung.i)]
             assert len(classes) == min(p, rung.n_i)
+
+
+def test_every_task_retries_twice_with_backoff_unless_the_dag_says_otherwise():
+    import datetime as dt
+
+    from mop_airflow.airflow.dag import build_mop_dag
+
+    dag = build_mop_dag(spec_dict(), dag_id="retrying")
+    assert {(t.retries, t.retry_delay, t.retry_exponential_backoff) for t in dag.tasks} == {
+        (2, dt.timedelta(seconds=10), 2.0)}
+    off = build_mop_dag(spec_dict(), dag_id="no_retries", default_args={"retries": 0})
+    assert {t.retries for t in off.tasks} == {0}

@@ -102,6 +102,8 @@ def test_bad_data_stops_the_run_before_anything_is_written(airflow_db, tmp_path)
     root = f"file://{tmp_path / 'store'}"
     dag_run = run_dag(tiny_spec(source, root), "mop_e2e_bad")
     assert dag_run.state == "failed"
+    shard = dag_run.get_task_instance("shard")
+    assert (shard.state, shard.try_number) == ("failed", 1)  # bad data is not retried: a retry would repeat it
     store_dir = tmp_path / "store"
     written = [p for p in store_dir.rglob("*") if p.is_file()] if store_dir.exists() else []
     assert written == []  # no shard, no plan, no checkpoint

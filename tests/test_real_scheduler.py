@@ -3,7 +3,8 @@
 Checks what dag.test() cannot: the pool check fails a run at once when the shard pools are missing
 (instead of leaving it in "scheduled" for ever), and with `mop-airflow pools sync` the same DAG
 runs to success with every training task on its shard's pool and queue, one mapped task instance
-per configuration.
+per configuration. A hop whose process is SIGKILLed half-way is retried by the scheduler and the
+run ends with the same metrics as an undisturbed one.
 """
 
 import json
@@ -20,6 +21,47 @@ from tests.test_end_to_end import tiny_spec, write_digits
 pytestmark = pytest.mark.integration
 
 DAG_ID = "mop_real_scheduler"
+KILLED, UNDISTURBED = "mop_killed_hop", "mop_undisturbed"
+
+# A builder whose training process SIGKILLs itself half-way through the first try of every hop 1
+# of the KILLED DAG (Airflow exports the task's ids into the environment); importable by the task
+# processes through PYTHONPATH, outside the DAG folder so the DAG processor never imports it.
+KILLER = '''
+import os
+import signal
+
+import keras
+
+_batches = 0
+
+
+def _count(x):
+    global _batches
+    _batches += 1
+    env = os.environ
+    if (_batches == 11 and env.get("AIRFLOW_CTX_DAG_ID") == "mop_killed_hop"
+            and ".hop_1_" in env.get("AIRFLOW_CTX_TASK_ID", "") and env.get("AIRFLOW_CTX_TRY_NUMBER") == "1"):
+        os.kill(os.getpid(), signal.SIGKILL)
+    return x
+
+
+@keras.saving.register_keras_serializable(package="killer")
+class DieHalfWay(keras.layers.Layer):
+    def call(self, inputs, training=None):
+        if not training:
+            return inputs
+        import tensorflow as tf
+
+        out = tf.numpy_function(_count, [inputs], inputs.dtype, stateful=True)
+        out.set_shape(inputs.shape)
+        return out
+
+
+def mlp(hparams):
+    return keras.Sequential([keras.Input((int(hparams["input_dim"]),)), DieHalfWay(),
+                             keras.layers.Dense(32, activation="relu"),
+                             keras.layers.Dense(int(hparams["num_classes"]), activation="softmax")])
+'''
 
 
 @pytest.fixture(scope="module")
@@ -34,8 +76,20 @@ def airflow(tmp_path_factory):
     (dags / f"{DAG_ID}.py").write_text(
         "import json\nfrom mop_airflow import build_mop_dag\n"
         f"dag = build_mop_dag(json.loads({json.dumps(json.dumps(spec))}), dag_id={DAG_ID!r})\n")
-    with LocalAirflow(root / "airflow", dags, extra_env={"MOP_AIRFLOW_HOME": str(root / "mop")}) as af:
-        af.wait_for_dag(DAG_ID)
+    lib = root / "lib"
+    lib.mkdir()
+    (lib / "killer.py").write_text(KILLER)
+    killer_spec = tiny_spec(root / "digits.parquet", f"file://{root / 'store'}", iterations=1)
+    killer_spec["search"]["space"]["params"].update(model=["killer:mlp"], learning_rate=[3e-3, 1e-2])
+    for dag_id in (KILLED, UNDISTURBED):
+        (dags / f"{dag_id}.py").write_text(
+            "import datetime, json\nfrom mop_airflow import build_mop_dag\n"
+            f"dag = build_mop_dag(json.loads({json.dumps(json.dumps(killer_spec))}), dag_id={dag_id!r},\n"
+            "                    default_args={'retry_delay': datetime.timedelta(seconds=2)})\n")
+    env = {"MOP_AIRFLOW_HOME": str(root / "mop"), "PYTHONPATH": str(lib)}
+    with LocalAirflow(root / "airflow", dags, extra_env=env) as af:
+        for dag_id in (DAG_ID, KILLED, UNDISTURBED):
+            af.wait_for_dag(dag_id)
         af.root = root
         yield af
     assert not any(af.alive().values())
@@ -70,3 +124,33 @@ def test_run_with_pools_succeeds_on_shard_pools_and_queues(airflow):
     store = Store(f"file://{airflow.root / 'store'}")
     board = store.read_json(RunLayout(store, DAG_ID, run_id).report_uri("leaderboard.json"))
     assert len(board["leaderboard"]) == 2 and board["leaderboard"][0]["val_accuracy"] > 0.5
+
+
+def test_a_hop_killed_half_way_is_retried_from_the_last_checkpoint(airflow):
+    """SIGKILL the process training hop 1 of each configuration half-way: the scheduler retries it,
+    the retry restores hop 0's checkpoint, and the run's metrics equal an undisturbed run's."""
+    sync = subprocess.run([sys.executable, "-m", "mop_airflow.cli", "pools", "sync", "--shards", "2"],
+                          env=airflow.env, capture_output=True, text=True)
+    assert sync.returncode == 0, sync.stderr
+    store = Store(f"file://{airflow.root / 'store'}")
+    boards, hops = {}, {}
+    for dag_id in (UNDISTURBED, KILLED):
+        run_id = airflow.trigger(dag_id)
+        assert airflow.wait_for_run(dag_id, run_id, timeout=420) == "success"
+        layout = RunLayout(store, dag_id, run_id)
+        boards[dag_id] = store.read_json(layout.report_uri("leaderboard.json"))["leaderboard"]
+        hops[dag_id] = [store.read_json(uri) for uri in store.glob(layout.hops_glob)]
+        tis = {(ti["task_id"], ti["map_index"]): ti for ti in airflow.task_instances(dag_id, run_id)}
+        retried = sorted(key for key, ti in tis.items() if ti["try_number"] > 1)
+        if dag_id == KILLED:  # both configurations' hop 1 died once and succeeded on the second try
+            assert sorted(task_id.split(".", 1)[1] for task_id, _ in retried) == ["hop_1_shard_0", "hop_1_shard_1"]
+            assert all(tis[key]["try_number"] == 2 and tis[key]["state"] == "success" for key in retried)
+        else:
+            assert retried == []
+    killed = {h["config_id"]: h for h in hops[KILLED] if h["t"] == 1}
+    assert len(killed) == 2 and all(h["try_number"] == 2 for h in killed.values())
+    assert all(h["bytes_read"]["checkpoint"] > 0 for h in killed.values())  # resumed from hop 0's state
+    assert [row["config_id"] for row in boards[KILLED]] == [row["config_id"] for row in boards[UNDISTURBED]]
+    for a, b in zip(boards[KILLED], boards[UNDISTURBED]):
+        assert a["val_accuracy"] == pytest.approx(b["val_accuracy"], abs=1e-6)
+        assert a["val_loss"] == pytest.approx(b["val_loss"], rel=1e-5)

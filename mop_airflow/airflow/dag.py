@@ -25,6 +25,12 @@ from mop_airflow.schedule import DEFAULT_PRIORITY
 from mop_airflow.spec import MopSpec
 from mop_airflow.task_plan import ClassGroup, TaskPlan, TaskSpec, build_task_plan
 
+# Every task retries twice, 10 s and then 20 s later: a hop that dies with its worker resumes from
+# its configuration's last checkpoint (the one its assignment names). Errors a retry cannot fix
+# fail at once (mop_airflow.operators.base.NOT_RETRIED). Override with default_args.
+RETRIES = {"retries": 2, "retry_delay": dt.timedelta(seconds=10), "retry_exponential_backoff": 2.0,
+           "max_retry_delay": dt.timedelta(minutes=5)}
+
 OPERATORS = {"list_data": MopListDataOperator, "shard": MopShardOperator, "stage": MopStageShardOperator,
              "deal": MopDealOperator, "promote": MopPromoteOperator, "report": MopReportOperator}
 
@@ -71,7 +77,8 @@ def build_mop_dag(
 ) -> DAG:
     """Build the MOP model-selection DAG for ``spec``.
 
-    ``check_pools=False`` skips the REST-API pool check of the first task (for ``dag.test()`` or
+    Tasks retry twice with backoff (:data:`RETRIES`); pass ``default_args={"retries": 0}`` to turn it
+    off. ``check_pools=False`` skips the REST-API pool check of the first task (for ``dag.test()`` or
     deployments whose pools are managed elsewhere). ``priority`` picks the rule by which a free
     shard slot chooses among waiting configurations (:data:`mop_airflow.schedule.PRIORITY_RULES`).
     """
@@ -84,7 +91,7 @@ def build_mop_dag(
         start_date=start_date or dt.datetime(2024, 1, 1, tzinfo=dt.timezone.utc),
         catchup=catchup,
         tags=list(tags or ["mop_airflow"]),
-        default_args={"retries": 0, **(default_args or {})},
+        default_args={**RETRIES, **(default_args or {})},
         params=_params(spec),
         description=description or _description(spec),
         max_active_runs=dag_kwargs.pop("max_active_runs", 1),
