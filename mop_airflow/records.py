@@ -123,6 +123,7 @@ class Assignment(Record):
     config_id: str
     t: int                 # the last global hop done; -1 before the first
     checkpoint: str | None  # state after hop t, or None to start from the builder's initial weights
+    checkpoint_sha256: str | None = None  # checked before the state is restored
 
 
 @dataclass(frozen=True)
@@ -309,6 +310,7 @@ class HopRecord(Record):
     checkpoint: str | None = None
     checkpoint_bytes: int = 0
     bytes_read: dict[str, int] = field(default_factory=dict)
+    checkpoint_sha256: str | None = None
 
 
 @dataclass(frozen=True)

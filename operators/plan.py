@@ -12,7 +12,7 @@ from __future__ import annotations
 import socket
 from typing import Any
 
-from mop_airflow.records import Assignment, Manifest, Plan, StageRecord
+from mop_airflow.records import Assignment, HopRecord, Manifest, Plan, StageRecord
 from mop_airflow.resolve import make_plan
 from mop_airflow.schedule import DEFAULT_PRIORITY
 
@@ -91,5 +91,13 @@ class MopDealOperator(MopBaseOperator):
         layout = self.layout(context)
         members = rung_members(layout, Plan.read(layout.store, layout.plan_uri), self.bracket, self.rung)[self.offset]
         last = self.start - 1
-        return [Assignment(config_id=cid, t=last, checkpoint=layout.checkpoint_uri(cid, last) if self.start else None
-                           ).to_dict() for cid in members]
+        return [self._resume(layout, cid, last).to_dict() for cid in members]
+
+    @staticmethod
+    def _resume(layout: Any, cid: str, last: int) -> Assignment:
+        """From the configuration's state after hop ``last``, with the checksum its hop recorded."""
+        if last < 0:
+            return Assignment(config_id=cid, t=last, checkpoint=None)
+        record = HopRecord.read(layout.store, layout.hop_record_uri(cid, last))
+        return Assignment(config_id=cid, t=last, checkpoint=layout.checkpoint_uri(cid, last),
+                          checkpoint_sha256=record.checkpoint_sha256)

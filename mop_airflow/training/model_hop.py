@@ -9,6 +9,7 @@ the next hop an assignment that holds only ids and the checkpoint URI.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import socket
 import time
@@ -93,6 +94,12 @@ def run_hop(layout: RunLayout, run: RunRecord, manifest: Manifest, assignment: A
     if assignment.checkpoint:
         state_in = store.read_bytes(assignment.checkpoint)
         checkpoint_bytes = len(state_in)
+        found = hashlib.sha256(state_in).hexdigest()
+        if assignment.checkpoint_sha256 and found != assignment.checkpoint_sha256:
+            raise TrainingError(
+                f"checkpoint {assignment.checkpoint} is corrupt: its sha256 is {found}, hop {assignment.t} wrote "
+                f"{assignment.checkpoint_sha256}. Fix: clear {cid}'s hop {assignment.t} (and the hops after it) "
+                "so it is trained and written again")
         restore_state(model, state_in)
     loaded = time.time()
     if streamed:
@@ -118,7 +125,8 @@ def run_hop(layout: RunLayout, run: RunRecord, manifest: Manifest, assignment: A
     evaluated = time.time()
     out_uri = layout.checkpoint_uri(cid, t)
     state = state_to_bytes(model, {"config_id": cid, "t": t, "iteration": iteration, "hop": hop, "shard": shard})
-    store.write_bytes(out_uri, state)
+    state_sha256 = hashlib.sha256(state).hexdigest()
+    store.write_bytes(out_uri, state)  # atomic: a reader sees the previous object or this one, never a part
     saved = time.time()
     record = HopRecord(
         config_id=cid, t=t, iteration=iteration, hop=hop, shard=shard, task_id=where.task_id,
@@ -130,9 +138,10 @@ def run_hop(layout: RunLayout, run: RunRecord, manifest: Manifest, assignment: A
                  "evaluate": evaluated - trained, "save": saved - evaluated},
         train_metrics=train, val_metrics=val, checkpoint=out_uri, checkpoint_bytes=len(state),
         bytes_read={"metadata": metadata_bytes, "data": shard_bytes, "checkpoint": checkpoint_bytes},
+        checkpoint_sha256=state_sha256,
     )
     record.write(store, layout.hop_record_uri(cid, t))
-    return record, Assignment(config_id=cid, t=t, checkpoint=out_uri)
+    return record, Assignment(config_id=cid, t=t, checkpoint=out_uri, checkpoint_sha256=state_sha256)
 
 
 def record_failure(layout: RunLayout, assignment: Assignment, *, t: int, shard: int, shards: int,

@@ -120,3 +120,21 @@ def test_a_rung_decision_promotes_the_best_and_records_the_failure(run_setup, tm
     assert [c for group in decision.next_classes for c in group] == decision.promoted
     assert RungDecision.read(layout.store, layout.rung_decision_uri(1, 0)) == decision
     assert rung_members(layout, plan, 1, 1) == decision.next_classes
+
+
+def test_a_corrupt_checkpoint_is_an_error_naming_it_never_a_silent_restart(run_setup):
+    run, layout, manifest = run_setup
+    cid = run.configs[0]["config_id"]
+    cache = run.store.local_cache
+    record0, out0 = run_hop(layout, run, manifest, Assignment(cid, -1, None), t=0, shard=1, cache_dir=cache)
+    import hashlib
+
+    assert out0.checkpoint_sha256 == record0.checkpoint_sha256 == hashlib.sha256(
+        layout.store.read_bytes(out0.checkpoint)).hexdigest()
+    path = layout.store.local_path(out0.checkpoint)
+    data = bytearray(open(path, "rb").read())
+    data[len(data) // 2] ^= 0xFF  # one flipped bit in the middle of the weights
+    open(path, "wb").write(bytes(data))
+    with pytest.raises(TrainingError, match=rf"checkpoint {out0.checkpoint} is corrupt: .* clear {cid}'s hop 0"):
+        run_hop(layout, run, manifest, out0, t=1, shard=0, cache_dir=cache)
+    assert not layout.store.exists(layout.checkpoint_uri(cid, 1))  # nothing trained on top of it
