@@ -40,7 +40,7 @@ from mop_airflow.data.inputs import InputSpec, input_columns, pack_tensor, resol
 from mop_airflow.data.permutation import permuted_positions, split_of
 from mop_airflow.data.source import iter_batches, list_source, rows_per_batch
 from mop_airflow.data.table import count_labels, holdout_rows, sorted_labels
-from mop_airflow.errors import DataValidationError
+from mop_airflow.errors import DataValidationError, StoreError
 from mop_airflow.records import DataSlice, Manifest, ShardEntry, ShardingPlan, SliceResult, SourceListing
 from mop_airflow.spec import DataSpec
 from mop_airflow.store import Store, safe_segment
@@ -153,8 +153,11 @@ def collect_shards(plan: ShardingPlan, data: DataSpec, store: Store, results: li
                 store.delete_tree(f"{plan.folder}/parts")  # a failed run leaves no rows behind
             raise
     manifest_uri = f"{plan.folder}/{MANIFEST}"
-    existing = _complete_manifest(store, manifest_uri)
-    if plan.reused and existing is not None:
+    if plan.reused:
+        existing = _complete_manifest(store, manifest_uri)
+        if existing is None:  # the scatter tasks wrote nothing, trusting these shards
+            raise StoreError(f"the shards at {plan.folder} were complete when the run listed its data but are not "
+                             "now (deleted meanwhile?); rerun the run's list_data task to write them again")
         return dataclasses.replace(existing, reused=True)
     classes = list(plan.classes)
     if data.task == "classification" and not classes:

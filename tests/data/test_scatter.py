@@ -196,3 +196,16 @@ def test_an_s3_prefix_is_scattered_and_gathered(tmp_path, s3_endpoint):
     every = sorted(i for e in [*manifest.shards, manifest.validation]
                    for i in gathered_ids(store, e, tmp_path / "cache"))
     assert every == list(range(240))
+
+
+def test_shards_deleted_after_listing_are_an_error_not_an_empty_manifest(tmp_path):
+    write_parts(tmp_path / "data", SIZES)
+    store = Store(f"file://{tmp_path}/store")
+    data = spec(tmp_path / "data")
+    shard_dataset(data, store, "dag", 2, 0)
+    plan = plan_sharding(data, store, "dag", 2, 0)
+    assert plan.reused
+    results = [scatter_slice(plan, data, store, k) for k in range(len(plan.slices))]
+    store.delete_tree(plan.folder)
+    with pytest.raises(StoreError, match="were complete when the run listed its data but are not now"):
+        collect_shards(plan, data, store, results)
