@@ -44,14 +44,11 @@ class MopScatterOperator(MopBaseOperator):
 
     def work(self, context: Any) -> dict[str, Any]:
         from mop_airflow.data.shard import scatter_slice  # noqa: PLC0415
-        from mop_airflow.data.validate import DataChecks  # noqa: PLC0415 - GE import is slow
 
         run = self.resolved_run(context)
         layout = self.layout(context)
         plan = ShardingPlan.read(layout.store, layout.sharding_plan_uri)
-        checks = DataChecks.plan(run.data, plan.listing, plan.held, shards=run.schedule.shards,
-                                 max_batch_size=run.max_batch_size)
-        result = scatter_slice(plan, run.data, layout.store, int(self.slice_index), checks)
+        result = scatter_slice(plan, run.data, layout.store, int(self.slice_index), _checks(run, plan))
         result.write(layout.store, layout.slice_result_uri(result.index))
         rows = [p.rows if p else 0 for p in result.parts]
         piece = plan.slices[result.index]
@@ -68,17 +65,14 @@ class MopShardOperator(MopBaseOperator):
 
     def work(self, context: Any) -> dict[str, Any]:
         from mop_airflow.data.shard import collect_shards  # noqa: PLC0415
-        from mop_airflow.data.validate import DataChecks  # noqa: PLC0415
         from mop_airflow.errors import DataValidationError  # noqa: PLC0415
 
         run = self.resolved_run(context)
         layout = self.layout(context)
         plan = ShardingPlan.read(layout.store, layout.sharding_plan_uri)
         results = [SliceResult.read(layout.store, layout.slice_result_uri(piece.index)) for piece in plan.slices]
-        checks = DataChecks.plan(run.data, plan.listing, plan.held, shards=run.schedule.shards,
-                                 max_batch_size=run.max_batch_size)
         try:
-            manifest = collect_shards(plan, run.data, layout.store, results, checks)
+            manifest = collect_shards(plan, run.data, layout.store, results, _checks(run, plan))
         except DataValidationError:
             layout.store.delete_tree(layout.data_records_uri)  # bad input leaves nothing in the store
             raise
@@ -89,3 +83,11 @@ class MopShardOperator(MopBaseOperator):
                       manifest.fingerprint)
         return {"manifest_uri": layout.manifest_pointer_uri, "fingerprint": manifest.fingerprint,
                 "reused": manifest.reused}
+
+
+def _checks(run: Any, plan: ShardingPlan) -> Any:
+    """The run's data checks, planned from the listings alike in every scatter task and in shard."""
+    from mop_airflow.data.validate import DataChecks  # noqa: PLC0415 - Great Expectations' helpers load with it
+
+    return DataChecks.plan(run.data, plan.listing, plan.held, shards=run.schedule.shards,
+                           max_batch_size=run.max_batch_size)

@@ -116,7 +116,8 @@ def scatter_slice(plan: ShardingPlan, data: DataSpec, store: Store, index: int, 
     write = not plan.reused and plan.schema is not None and (checks is None or checks.schema_ok)
     inputs = [InputSpec.from_dict(d) for d in plan.inputs]
     stored = [*input_columns(inputs), data.label]
-    count = data.task == "classification" and not plan.classes and piece.role == "source"
+    # Found classes need the source's label counts; validation counts them already when it runs.
+    count = data.task == "classification" and not plan.classes and piece.role == "source" and checker is None
     read = list(dict.fromkeys([*(checker.columns if checker else []), *(stored if write or count else [])]))
     labels: dict = {}
     writer = _PartWriters(store, f"{plan.folder}/parts/slice-{index:05d}", plan, inputs)
@@ -135,6 +136,8 @@ def scatter_slice(plan: ShardingPlan, data: DataSpec, store: Store, index: int, 
                 if write:
                     writer.write(batch.table.select(stored), part_of(piece, batch))
     parts = writer.entries()
+    if checker is not None and piece.role == "source":
+        labels = checker.role.label_counts
     return SliceResult(index=index, findings=checks.state() if checks is not None else {},
                        parts=parts, wrote=write, labels=[[v, c] for v, c in labels.items()])
 
