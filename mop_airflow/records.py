@@ -85,6 +85,11 @@ class RunRecord(Record):
         return self.spec["search"].get("adaptive")
 
     @property
+    def fail_fast(self) -> bool:
+        """Whether one failing configuration fails the run (else it is marked failed and the rest go on)."""
+        return bool(self.spec["search"].get("fail_fast", False))
+
+    @property
     def max_batch_size(self) -> int:
         return max(c["batch_size"] for c in self.configs)
 

@@ -11,9 +11,10 @@ from __future__ import annotations
 import io
 import math
 import platform
-from collections import defaultdict
-from typing import Any, Mapping, Sequence
+from collections import Counter, defaultdict
+from typing import Any, Collection, Mapping, Sequence
 
+from mop_airflow.errors import TrainingError
 from mop_airflow.layout import RunLayout
 from mop_airflow.records import HopRecord, Manifest, Plan, RunRecord, RungDecision
 
@@ -22,9 +23,18 @@ REPORT_FILES = ("leaderboard.json", "metrics.parquet", "metrics.json", "learning
 
 
 def load_hop_records(layout: RunLayout) -> list[HopRecord]:
-    """Records of the hops that trained (a failed hop of an adaptive search leaves a failure record)."""
-    records = [HopRecord.read(layout.store, uri) for uri in layout.store.glob(layout.hops_glob)]
-    return [r for r in records if r.status == "ok"]
+    """Records of the hops that trained (a failed hop leaves a failure record: see :func:`load_failures`)."""
+    return [r for r in _all_hop_records(layout) if r.status == "ok"]
+
+
+def load_failures(layout: RunLayout) -> dict[str, HopRecord]:
+    """Per configuration that failed, the record of the hop where it failed and why."""
+    failed = sorted((r for r in _all_hop_records(layout) if r.status != "ok"), key=lambda r: r.t, reverse=True)
+    return {r.config_id: r for r in failed}  # the earliest failure wins
+
+
+def _all_hop_records(layout: RunLayout) -> list[HopRecord]:
+    return [HopRecord.read(layout.store, uri) for uri in layout.store.glob(layout.hops_glob)]
 
 
 def visit_order(records: Sequence[HopRecord]) -> dict[str, list[int]]:
@@ -46,11 +56,18 @@ def write_report(layout: RunLayout, run: RunRecord, *, cache_dir: str) -> dict[s
     store = layout.store
     plan = Plan.read(store, layout.plan_uri)
     records = load_hop_records(layout)
+    failures = load_failures(layout)
     rows = metrics_table(plan.shards, run.configs, records)
     metric, direction = run.metric, run.direction
-    board = leaderboard(rows, run.configs, metric=metric, direction=direction)
+    board = leaderboard(rows, run.configs, metric=metric, direction=direction, failed=failures)
+    decisions = load_rung_decisions(layout) if plan.adaptive else []
+    mark_outcomes(board, failures, decisions)
     best = board[0]
-    extra = adaptive_outcome(plan, load_rung_decisions(layout), board, metric) if plan.adaptive else {}
+    if best["status"] in ("failed", "diverged") or not isinstance(best[metric], (int, float)):
+        raise TrainingError(f"no configuration of run {run.run_id} finished with a {metric}: "
+                            + "; ".join(f"{row['config_id']} {row['outcome']}" for row in board[:10])
+                            + ". Fix: the builders or hyperparameters named, then trigger a new run")
+    extra = adaptive_outcome(plan, decisions, board, metric) if plan.adaptive else {}
     store.write_json(layout.report_uri("leaderboard.json"),
                      {"metric": metric, "direction": direction, "leaderboard": board, **extra})
     store.write_bytes(layout.report_uri("metrics.parquet"), rows_to_parquet(rows))
@@ -74,6 +91,9 @@ def write_report(layout: RunLayout, run: RunRecord, *, cache_dir: str) -> dict[s
     summary = {
         "dag_id": run.dag_id, "run_id": run.run_id, "spec": run.spec,
         "configurations": len(run.configs), "model_hops": len(records),
+        "outcomes": dict(Counter(row["status"] for row in board)),
+        "failed": [{"config_id": f.config_id, "status": f.status, "t": f.t, "error": f.error}
+                   for f in sorted(failures.values(), key=lambda f: f.config_id)],
         "first_hop_started_at": iso(min((r.started_at for r in records), default=None)),
         "last_hop_saved_at": iso(max((r.saved_at for r in records), default=None)),
         "report_written_at": dt.datetime.now(dt.timezone.utc).isoformat(),
@@ -85,15 +105,30 @@ def write_report(layout: RunLayout, run: RunRecord, *, cache_dir: str) -> dict[s
     return summary
 
 
+def mark_outcomes(board: Sequence[dict[str, Any]], failures: Mapping[str, HopRecord],
+                  decisions: Sequence[RungDecision]) -> None:
+    """Per leaderboard row how the configuration ended: ``status`` (finished, pruned, failed or
+    diverged) and ``outcome``, the same in words with the hop and the reason."""
+    pruned = {e["config_id"]: e for d in decisions for e in d.pruned}
+    for row in board:
+        failure, entry = failures.get(row["config_id"]), pruned.get(row["config_id"])
+        if failure is not None:
+            row["status"] = failure.status
+            row["outcome"] = (f"{failure.status} at hop {failure.t} (iteration {failure.iteration}, shard "
+                              f"{failure.shard}): {failure.error}")
+        elif entry is not None:
+            row["status"], row["outcome"] = "pruned", f"pruned at rung {entry['rung']}: {entry['reason']}"
+        else:
+            row["status"], row["outcome"] = "finished", "finished"
+
+
 def adaptive_outcome(plan: Plan, decisions: Sequence[RungDecision], board: Sequence[dict[str, Any]],
                      metric: str) -> dict[str, Any]:
-    """Per configuration its bracket and where it stopped; the best configuration of each bracket."""
+    """Per configuration its bracket; the best configuration of each bracket; every pruning."""
     bracket_of = {cid: int(s) for s, members in plan.brackets.items() for cid in members}
     pruned = {e["config_id"]: e for d in decisions for e in d.pruned}
     for row in board:
         row["bracket"] = bracket_of.get(row["config_id"])
-        entry = pruned.get(row["config_id"])
-        row["outcome"] = (f"pruned at rung {entry['rung']}: {entry['reason']}" if entry else "finished")
     best: dict[str, Any] = {}
     for row in board:  # already ranked, so the first row of a bracket is its best
         best.setdefault(str(row["bracket"]), {"config_id": row["config_id"], metric: row[metric]})
@@ -130,8 +165,9 @@ def metrics_table(shards: int, configs: Sequence[Mapping[str, Any]],
 
 
 def leaderboard(rows: Sequence[Mapping[str, Any]], configs: Sequence[Mapping[str, Any]], *,
-                metric: str, direction: str) -> list[dict[str, Any]]:
-    """Rank configurations on their last evaluated ``metric``; unevaluated or non-finite ones go last."""
+                metric: str, direction: str, failed: Collection[str] = ()) -> list[dict[str, Any]]:
+    """Rank configurations on their last evaluated ``metric``; unevaluated or non-finite ones go
+    after them, and ``failed`` configurations last (a metric from before the failure does not count)."""
     last: dict[str, Mapping[str, Any]] = {}
     for row in sorted(rows, key=lambda r: r["iteration"]):
         if isinstance(row.get(metric), (int, float)):
@@ -142,7 +178,8 @@ def leaderboard(rows: Sequence[Mapping[str, Any]], configs: Sequence[Mapping[str
         row = last.get(cfg["config_id"])
         value = row[metric] if row else math.nan
         ok = isinstance(value, (int, float)) and math.isfinite(value)
-        return (0 if ok else 1, sign * value if ok else 0.0, cfg["config_id"])
+        group = 2 if cfg["config_id"] in failed else 0 if ok else 1
+        return (group, sign * value if ok else 0.0, cfg["config_id"])
 
     board = []
     for rank, cfg in enumerate(sorted(configs, key=key), start=1):

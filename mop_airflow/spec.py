@@ -269,14 +269,25 @@ class StoreSpec:
 
 @dataclass(frozen=True)
 class SearchSpec:
-    """What to search and how to rank: ``method`` grid or random over ``space``."""
+    """What to search and how to rank: ``method`` grid or random over ``space``.
+
+    A configuration whose builder raises or whose loss diverges is marked failed with its reason and
+    the others go on; ``fail_fast=True`` fails the whole run at the first such configuration instead.
+    ``max_configurations`` guards against a space that expands to far more models than meant.
+    """
 
     space: SearchSpace
     metric: str = "val_accuracy"
     direction: str | None = None
     adaptive: Mapping[str, Any] | None = None
+    fail_fast: bool = False
+    max_configurations: int = 1000
 
     def __post_init__(self) -> None:
+        if not isinstance(self.fail_fast, bool):
+            raise SpecError("search.fail_fast", self.fail_fast, "must be true or false",
+                            "use true to fail the run at the first failing configuration, false to go on")
+        _positive_int("search.max_configurations", self.max_configurations)
         if not isinstance(self.space, SearchSpace):
             object.__setattr__(self, "space", SearchSpace.from_dict(self.space))
         if self.adaptive is not None:
@@ -324,8 +335,13 @@ class MopSpec:
             elif not isinstance(value, cls):
                 raise SpecError(name, value, f"must be a {cls.__name__} or a dict",
                                 f"pass {cls.__name__}(...) or a dict of its fields")
-        self.adaptive_plan()  # validate brackets against the shard count now, at parse time
+        plan = self.adaptive_plan()  # validate brackets against the shard count now, at parse time
         self._check_loss_fits_task()
+        size = self.search.space.size(plan.total_configurations if plan is not None else None)
+        if size > self.search.max_configurations:
+            raise SpecError("search.max_configurations", self.search.max_configurations,
+                            f"the search space expands to {size} configurations, more than this maximum",
+                            "list fewer values per dimension (or fewer samples), or raise search.max_configurations")
 
     def _check_loss_fits_task(self) -> None:
         """A class loss on a regression target (or the reverse) would fail at the first training step."""
@@ -353,7 +369,8 @@ class MopSpec:
     def to_dict(self) -> dict[str, Any]:
         out = {name: asdict(getattr(self, name)) for name in ("data", "schedule", "store")}
         out["search"] = {"space": self.search.space.to_dict(), "metric": self.search.metric,
-                         "direction": self.search.direction, "adaptive": self.search.adaptive}
+                         "direction": self.search.direction, "adaptive": self.search.adaptive,
+                         "fail_fast": self.search.fail_fast, "max_configurations": self.search.max_configurations}
         features = self.data.features
         out["data"]["features"] = (features if isinstance(features, str) else
                                    {k: dict(v) for k, v in features.items()} if isinstance(features, Mapping)

@@ -27,9 +27,11 @@ from typing import Any, Mapping
 
 from mop_airflow.schedule import DEFAULT_PRIORITY, priority_weight, shard_at
 
-# Past the failed configuration of a chain, its group-mates' chains go on; a report or a promote
-# step runs as long as nothing failed (a skipped, i.e. pruned, configuration is not a failure).
+# Past the failed configuration of a chain, its group-mates' chains go on; a promote step runs as
+# long as nothing failed (a skipped, i.e. pruned or failed-and-recorded, configuration is not a
+# task failure). The report runs even when every chain was skipped: it then says why each stopped.
 JOIN = "none_failed_min_one_success"
+REPORT_JOIN = "none_failed"
 
 
 def shard_pool(shard: int) -> str:
@@ -104,7 +106,7 @@ def build_task_plan(shards: int, iterations: int, adaptive: Any = None, *,
                                 wait_for=stages) for o in range(shards)]
     else:
         finals = _adaptive(builder, adaptive, stages)
-    builder.add("report", "report", tuple(finals), trigger_rule=JOIN)
+    builder.add("report", "report", tuple(finals), trigger_rule=REPORT_JOIN)
     return TaskPlan(shards=shards, tasks=tuple(builder.tasks), groups=tuple(builder.groups), priority=priority)
 
 
@@ -127,7 +129,7 @@ def _adaptive(builder: "_Builder", adaptive: Any, stages: list[str]) -> list[str
                                    args={"bracket": bracket.s, "rung": span.i, "offset": o, "start": span.start})
                 lasts.append(builder.chain(f"{prefix}.class_{o}", source=deal, offset=o, start=span.start,
                                            end=span.end, chain_end=chain_end, bracket=bracket.s, rung=span.i,
-                                           rung_end=True, prune_failures=True))
+                                           rung_end=True))
             if span.last:
                 finals += lasts
             else:
@@ -152,7 +154,7 @@ class _Builder:
         return task_id
 
     def chain(self, group_id: str, *, source: str, offset: int, start: int, end: int, chain_end: int,
-              bracket: int | None = None, rung: int = 0, rung_end: bool = False, prune_failures: bool = False,
+              bracket: int | None = None, rung: int = 0, rung_end: bool = False,
               wait_for: list[str] | tuple[str, ...] = ()) -> str:
         """The hops ``start``..``end - 1`` of one offset class; returns the last hop's task id."""
         self.groups.append(ClassGroup(group_id, source, offset, start, end, bracket, rung))
@@ -164,7 +166,6 @@ class _Builder:
             last = self.add(f"{group_id}.hop_{t:0{width}d}_shard_{s}", "hop", previous, group=group_id,
                             pool=shard_pool(s), queue=shard_pool(s),
                             weight=priority_weight(self.priority, t, chain_end),
-                            args={"t": t, "shard": s, "rung_end": rung_end and t == end - 1,
-                                  "prune_failures": prune_failures})
+                            args={"t": t, "shard": s, "rung_end": rung_end and t == end - 1})
             previous = (last,)
         return last

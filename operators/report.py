@@ -20,6 +20,9 @@ class MopReportOperator(MopBaseOperator):
         run = self.run_record(layout)
         summary = write_report(layout, run, cache_dir=self.store_spec(context).local_cache)
         best, metric = summary["best"], run.metric
+        for failure in summary["failed"]:
+            self.log.warning("%s %s at hop %d: %s", failure["config_id"], failure["status"], failure["t"],
+                             failure["error"])
         self.log.info("best %s %s=%s; report at %s", best["config_id"], metric, best[metric], layout.report_uri(""))
         return {"best_config_id": best["config_id"], metric: best[metric], "report_uri": layout.report_uri(""),
                 "best_model_uri": summary["best_model_uri"]}

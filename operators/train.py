@@ -10,11 +10,16 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from airflow.sdk.exceptions import AirflowSkipException
+from airflow.sdk.exceptions import AirflowException, AirflowSkipException
 
+from mop_airflow.errors import StoreError
 from mop_airflow.records import Assignment, Manifest
 
 from mop_airflow.operators.base import MopBaseOperator
+
+
+# Failures of the infrastructure, not of the configuration: they fail the task, which retries.
+RETRIED = (StoreError, AirflowException)
 
 
 class MopTrainHopOperator(MopBaseOperator):
@@ -22,13 +27,12 @@ class MopTrainHopOperator(MopBaseOperator):
     ui_color = "#fbe3e0"
 
     def __init__(self, *, assignment: Mapping[str, Any], t: int, shard: int, rung_end: bool = False,
-                 prune_failures: bool = False, **kwargs: Any) -> None:
+                 **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.assignment = assignment
         self.t = t
         self.shard = shard
         self.rung_end = rung_end  # an adaptive rung ends here: always evaluate, promotion needs the metric
-        self.prune_failures = prune_failures  # adaptive search: a failing configuration is pruned, not fatal
 
     def work(self, context: Any) -> dict[str, Any]:
         from mop_airflow.training.model_hop import Where, record_failure, run_hop  # noqa: PLC0415
@@ -44,12 +48,17 @@ class MopTrainHopOperator(MopBaseOperator):
             record, out = run_hop(layout, run, Manifest.read(layout.store, layout.manifest_pointer_uri), assignment,
                                   t=self.t, shard=self.shard, rung_end=self.rung_end,
                                   cache_dir=self.store_spec(context).local_cache, where=where)
+        except RETRIED:
+            raise  # the store or Airflow itself, not the configuration: worth a retry
         except Exception as exc:
-            if not self.prune_failures:
+            if run.fail_fast:
                 raise
+            # The configuration failed (its builder raised, its loss diverged, it ran out of memory):
+            # record why, and skip the rest of its own chain; the other configurations go on.
             failure = record_failure(layout, assignment, t=self.t, shard=self.shard, shards=run.schedule.shards,
                                      error=exc, where=where)
-            self.log.exception("%s %s at hop %d; it will be pruned", assignment.config_id, failure.status, self.t)
+            self.log.exception("%s %s at hop %d; its remaining hops are skipped", assignment.config_id,
+                               failure.status, self.t)
             raise AirflowSkipException(f"{assignment.config_id} {failure.status}: {exc}") from exc
         self.log.info("%s hop t=%d (iteration %d, hop %d) on shard %d: loss %.4f%s; %.2fs training of %.2fs",
                       record.config_id, record.t, record.iteration, record.hop, record.shard,

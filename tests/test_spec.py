@@ -63,6 +63,8 @@ def test_random_space_distribution_errors(dist, field, words):
     ({"data__source": "/data/train.xlsx"}, "data.source"),
     ({"data__features": ["x", "y"]}, "data.features"),
     ({"schedule__shard": 3}, "schedule.shard"),
+    ({"search__fail_fast": "yes"}, "search.fail_fast"),
+    ({"search__max_configurations": 0}, "search.max_configurations"),
 ])
 def test_spec_errors(over, field):
     with pytest.raises(SpecError) as info:
@@ -113,3 +115,23 @@ def test_overrides_change_search_but_not_the_dag_shape():
         spec.with_overrides({"schedule": {"shards": 3}})
     assert info.value.field == "conf.schedule.shards"
     assert MopSpec.from_dict(spec.to_dict()) == spec  # round trip through XCom-able data
+
+
+def test_a_space_larger_than_max_configurations_is_refused_before_expanding():
+    params = {"model": [MODEL], "learning_rate": [1e-4, 1e-3, 1e-2], "batch_size": [16, 32, 64, 128],
+              "hparams": {"units": list(range(1, 101))}}  # 3 x 4 x 100 = 1200 > 1000 (the default)
+    with pytest.raises(SpecError, match=r"search.max_configurations=1000: the search space expands to 1200 "
+                                        r"configurations, more than this maximum. Fix: list fewer values"):
+        MopSpec.from_dict(spec_dict(search__space={"method": "grid", "params": params}))
+    spec = MopSpec.from_dict(spec_dict(search__space={"method": "grid", "params": params},
+                                       search__max_configurations=1200))
+    assert len(spec.configurations()) == spec.search.space.size() == 1200
+    with pytest.raises(SpecError, match="expands to 20 configurations"):
+        MopSpec.from_dict(spec_dict(search__space={"method": "random", "num_samples": 20, "params": params},
+                                    search__max_configurations=10))
+
+
+def test_fail_fast_is_off_by_default_and_may_change_per_run():
+    spec = MopSpec.from_dict(spec_dict())
+    assert spec.search.fail_fast is False
+    assert spec.with_overrides({"search": {"fail_fast": True}}).to_dict()["search"]["fail_fast"] is True

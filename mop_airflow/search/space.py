@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
@@ -148,6 +149,12 @@ class SearchSpace:
             raise SpecError("search.space", data, "must be a mapping with 'params' (and optionally 'method')",
                             "pass {'method': 'grid', 'params': {'model': [...], ...}}")
         return cls(**{k: data[k] for k in ("params", "method", "num_samples", "seed") if k in data})
+
+    def size(self, count: int | None = None) -> int:
+        """How many configurations :meth:`expand` makes, without making them."""
+        if self.method == "random":
+            return int(count or self.num_samples or 0)
+        return math.prod(len(dim) for key, dim in self._dims.items() if key != "metrics")
 
     def expand(self, default_epochs_per_hop: int = 1, *, count: int | None = None) -> list[dict[str, Any]]:
         """Every configuration of the space, in a deterministic order, each with its ``config_id``.

@@ -146,10 +146,14 @@ def run_hop(layout: RunLayout, run: RunRecord, manifest: Manifest, assignment: A
 
 def record_failure(layout: RunLayout, assignment: Assignment, *, t: int, shard: int, shards: int,
                    error: BaseException, where: Where = Where()) -> HopRecord:
-    """Record why a configuration's hop failed (an adaptive search then prunes it with that reason)."""
+    """Record why a configuration's hop failed: the report marks it failed with that reason, and an
+    adaptive search prunes it."""
     iteration, hop = divmod(t, shards)
-    status = "diverged" if "diverged" in str(error) else "failed"
+    status = "diverged" if str(error).startswith("diverged") else "failed"
+    reason = f"{type(error).__name__}: {error}"
+    if isinstance(error, MemoryError) or "ResourceExhausted" in type(error).__name__:
+        reason = f"out of memory: {reason}. Fix: a smaller batch_size or model, or a worker with more memory"
     record = HopRecord(config_id=assignment.config_id, t=t, iteration=iteration, hop=hop, shard=shard, status=status,
-                       task_id=where.task_id, error=f"{type(error).__name__}: {error}"[:1000])
+                       task_id=where.task_id, error=reason[:1000])
     record.write(layout.store, layout.hop_record_uri(assignment.config_id, t))
     return record

@@ -71,3 +71,12 @@ def subclassed_for_sequences(hparams: dict[str, Any]) -> keras.Model:
     model = _Subclassed(hparams["num_classes"])
     model.hidden = keras.layers.Conv1D(4, 3)
     return model
+
+
+def narrow_only(hparams: dict[str, Any]) -> keras.Model:
+    """A builder that works for some hyperparameters and raises for others (units above 100)."""
+    if hparams["units"] > 100:
+        raise ValueError(f"units={hparams['units']} is too wide for this builder")
+    return keras.Sequential([keras.Input((hparams["input_dim"],)),
+                             keras.layers.Dense(hparams["units"], activation="relu"),
+                             keras.layers.Dense(hparams["num_classes"], activation="softmax")])
