@@ -9,6 +9,7 @@ Shape of a plain search (``p`` shards, ``T = iterations * p`` hops)::
 
     preflight >> list_data >> scatter[k] >> shard >> plan >> stage_shard_<s>     (s = 0..p-1)
                 scatter is mapped over the source's slices of files (validate + write parts)
+    plan >> check_models     builds each distinct model once on the data's shapes
     class_<o>   a mapped task group over the configurations of offset class o, whose list
                 stage_shard_<o> returns; its hop t is task hop_<t>_shard_<(o+t) mod p> on that
                 shard's pool and queue; a hop waits only for the same configuration's previous hop
@@ -48,7 +49,7 @@ class TaskSpec:
     """
 
     task_id: str
-    kind: str  # preflight, list_data, scatter, shard, plan, stage, deal, hop, promote or report
+    kind: str  # preflight, list_data, scatter, shard, plan, stage, check_models, deal, hop, promote or report
     upstream: tuple[str, ...] = ()
     group: str | None = None
     pool: str | None = None
@@ -100,24 +101,26 @@ def build_task_plan(shards: int, iterations: int, adaptive: Any = None, *,
     builder.add("plan", "plan", ("shard",))
     stages = [builder.add(f"stage_shard_{s}", "stage", ("plan",), pool=shard_pool(s), queue=shard_pool(s),
                           args={"shard": s, "deals": adaptive is None}) for s in range(shards)]
+    # Beside the staging: builds each distinct model once on the data's shapes before any hop.
+    ready = [*stages, builder.add("check_models", "check_models", ("plan",))]
     if adaptive is None:
         end = iterations * shards
         finals = [builder.chain(f"class_{o}", source=stages[o], offset=o, start=0, end=end, chain_end=end,
-                                wait_for=stages) for o in range(shards)]
+                                wait_for=ready) for o in range(shards)]
     else:
-        finals = _adaptive(builder, adaptive, stages)
+        finals = _adaptive(builder, adaptive, ready)
     builder.add("report", "report", tuple(finals), trigger_rule=REPORT_JOIN)
     return TaskPlan(shards=shards, tasks=tuple(builder.tasks), groups=tuple(builder.groups), priority=priority)
 
 
-def _adaptive(builder: "_Builder", adaptive: Any, stages: list[str]) -> list[str]:
+def _adaptive(builder: "_Builder", adaptive: Any, ready: list[str]) -> list[str]:
     from mop_airflow.search.adaptive import brackets_of, rung_spans  # noqa: PLC0415
 
     p, finals = builder.shards, []
     for bracket in brackets_of(adaptive):
         spans = rung_spans(bracket)
         chain_end = spans[-1].end  # a configuration that is promoted all the way trains this far
-        gate: tuple[str, ...] = tuple(stages)
+        gate: tuple[str, ...] = tuple(ready)
         for span in spans:
             prefix = f"bracket_{bracket.s}.rung_{span.i}"
             lasts = []

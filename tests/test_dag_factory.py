@@ -117,8 +117,9 @@ def test_a_hop_waits_only_for_the_same_configurations_previous_hop(shards, itera
             s = shard_at(o, t, shards)
             task = dag.get_task(f"class_{o}.hop_{t:0{width}d}_shard_{s}")
             assert task.pool == task.queue == shard_pool(s)
-            if t == 0:  # the class's list comes from its stage task; every shard is staged first
-                assert task.upstream_task_ids == {f"stage_shard_{k}" for k in range(shards)}
+            if t == 0:  # the class's list comes from its stage task; every shard is staged and
+                # every model built once on the data's shapes first
+                assert task.upstream_task_ids == {f"stage_shard_{k}" for k in range(shards)} | {"check_models"}
             else:  # no barrier: one upstream task, the same class's previous hop
                 prev = shard_at(o, t - 1, shards)
                 assert task.upstream_task_ids == {f"class_{o}.hop_{t - 1:0{width}d}_shard_{prev}"}
@@ -127,6 +128,7 @@ def test_a_hop_waits_only_for_the_same_configurations_previous_hop(shards, itera
     assert dag.get_task("report").upstream_task_ids == last
     assert dag.get_task("preflight").downstream_task_ids == {"list_data"}
     assert dag.get_task("shard").upstream_task_ids == {"scatter"}
+    assert dag.get_task("check_models").upstream_task_ids == {"plan"}
     assert dag.max_active_tasks >= shards  # never fewer running tasks than shard slots
 
 
@@ -169,8 +171,9 @@ def test_hyperband_dag_has_a_promote_task_between_rungs():
     assert dag.get_task("report").upstream_task_ids == {
         f"bracket_{b}.rung_{r}.class_{o}.hop_17_shard_{shard_at(o, 17, 2)}" for b, r, n in ((2, 2, 1), (1, 1, 1), (0, 0, 2))
         for o in range(n)}
-    # rung 0 of every bracket waits for the shards to be staged, then deals its classes
-    assert dag.get_task("bracket_0.rung_0.deal_1").upstream_task_ids == {"stage_shard_0", "stage_shard_1"}
+    # rung 0 of every bracket waits for the shards to be staged and the models checked, then deals
+    assert dag.get_task("bracket_0.rung_0.deal_1").upstream_task_ids == {"stage_shard_0", "stage_shard_1",
+                                                                         "check_models"}
     assert "Hyperband" not in dag.description and "3 bracket(s), 17 configurations" in dag.description
 
 

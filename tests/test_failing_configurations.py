@@ -84,10 +84,13 @@ def test_fail_fast_fails_the_run_at_the_first_failing_configuration(airflow_db, 
     source = tmp_path / "digits.parquet"
     write_digits(source)
     root = f"file://{tmp_path / 'store'}"
-    dag_run = write_dag_file("mop_fail_fast", failing_spec(source, root, fail_fast=True), check_pools=False).test()
+    spec = failing_spec(source, root, units=(32,), fail_fast=True)
+    dag_run = write_dag_file("mop_fail_fast", spec, check_pools=False).test()
     assert dag_run.state == "failed"
     failed = [ti for ti in dag_run.get_task_instances() if ti.state == "failed"]
-    assert failed and all(".hop_" in ti.task_id and ti.try_number == 1 for ti in failed)  # not retried
+    # the diverging configuration's first hop, not retried (a retry would diverge again)
+    assert [(ti.rendered_map_index, ti.try_number) for ti in failed] == [(by_params(spec)[(32, 1e12)], 1)]
+    assert ".hop_0_" in failed[0].task_id
     report = next(ti for ti in dag_run.get_task_instances() if ti.task_id == "report")
     assert report.state == "upstream_failed"
     assert not Store(root).exists(RunLayout(Store(root), "mop_fail_fast", dag_run.run_id).report_uri("summary.json"))
@@ -110,3 +113,21 @@ def test_a_run_where_every_configuration_fails_fails_at_the_report_naming_each_r
     with pytest.raises(TrainingError, match=r"no configuration of run .* finished with a val_accuracy: "
                                             r"c000-\w+ diverged at hop 0 .*loss=nan.*; c001-\w+ diverged"):
         write_report(layout, run, cache_dir=str(tmp_path / "cache"))
+
+
+@pytest.mark.parametrize("fail_fast", [False, True])
+def test_a_model_that_cannot_train_on_the_data_fails_the_run_before_any_hop(airflow_db, tmp_path, fail_fast):
+    """A builder failing for all its configurations is a mistake in the DAG; with fail_fast, any failure is."""
+    source = tmp_path / "digits.parquet"
+    write_digits(source)
+    root = f"file://{tmp_path / 'store'}"
+    spec = failing_spec(source, root, fail_fast=fail_fast)
+    if not fail_fast:  # expects 5 features whatever the data has (digits has 64)
+        spec["search"]["space"]["params"]["model"] = ["tests.training.toys:fixed_input"]
+    dag_run = write_dag_file(f"mop_unfit_{int(fail_fast)}", spec, check_pools=False).test()
+    assert dag_run.state == "failed"
+    states = {ti.task_id: (ti.state, ti.try_number) for ti in dag_run.get_task_instances()}
+    assert states["check_models"] == ("failed", 1)
+    assert not any(state == "success" for task, (state, _) in states.items() if ".hop_" in task)
+    layout = RunLayout(Store(root), f"mop_unfit_{int(fail_fast)}", dag_run.run_id)
+    assert not Store(root).glob(layout.hops_glob)  # nothing trained

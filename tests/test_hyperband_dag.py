@@ -2,7 +2,7 @@
 
 R=3, eta=3 on 2 shards: bracket 1 starts 3 configurations for 1 iteration and promotes the best
 one to 3 iterations; bracket 0 trains 2 configurations for 3 iterations. One of bracket 1's
-configurations has a builder that raises: it is pruned with that reason and fails nothing.
+configurations has hparams its builder raises for: it is pruned with that reason and fails nothing.
 """
 
 import io
@@ -19,16 +19,15 @@ from tests.test_end_to_end import tiny_spec, write_digits
 
 pytestmark = pytest.mark.integration
 
-GOOD = "mop_airflow.examples.mnist1d_models:mlp"
-BROKEN = "tests.training.toys:raises"
+NARROW = "tests.training.toys:narrow_only"  # raises for units above 100
+GOOD, BROKEN = 32, 200
 
 
 def hyperband_spec(source, root, seed):
     spec = tiny_spec(source, root)
     spec["search"]["space"] = {"method": "random", "seed": seed, "params": {
-        "model": {"distribution": "choice", "values": [GOOD, GOOD, BROKEN]},
-        "learning_rate": {"distribution": "log_uniform", "low": 1e-4, "high": 3e-2},
-        "batch_size": [32], "hparams": {"units": [32]}}}
+        "model": [NARROW], "learning_rate": {"distribution": "log_uniform", "low": 1e-4, "high": 3e-2},
+        "batch_size": [32], "hparams": {"units": {"distribution": "choice", "values": [GOOD, GOOD, BROKEN]}}}}
     spec["search"]["adaptive"] = {"method": "hyperband", "R": 3, "eta": 3}
     return spec
 
@@ -42,7 +41,7 @@ def test_hyperband_promotes_exactly_the_best_and_skips_the_rest(airflow_db, tmp_
         spec = MopSpec.from_dict(hyperband_spec(source, root, seed))
         configs = spec.configurations()
         bracket1 = split_by_bracket([c["config_id"] for c in configs], spec.adaptive_plan())[1]
-        models = {c["config_id"]: c["model"] for c in configs}
+        models = {c["config_id"]: c["hparams"]["units"] for c in configs}
         if sorted(models[c] for c in bracket1) == [GOOD, GOOD, BROKEN]:
             break
     dag = write_dag_file("mop_hyperband", hyperband_spec(source, root, seed), check_pools=False)
@@ -59,7 +58,7 @@ def test_hyperband_promotes_exactly_the_best_and_skips_the_rest(airflow_db, tmp_
     assert decision["promoted"] == [best["config_id"]]
     reasons = {e["config_id"]: e["reason"] for e in decision["pruned"]}
     broken = next(c for c in bracket1 if models[c] == BROKEN)
-    assert reasons[broken].startswith("failed: TrainingError") and BROKEN in reasons[broken]
+    assert reasons[broken].startswith("failed: TrainingError") and "units=200 is too wide" in reasons[broken]
     loser = next(r["config_id"] for r in ok if r["config_id"] != best["config_id"])
     assert reasons[loser] == "ranked below the top 1"
 

@@ -15,6 +15,7 @@ from typing import Any, Mapping
 
 from airflow.sdk import DAG, Param, TaskGroup, task_group
 
+from mop_airflow.operators.check_models import MopCheckModelsOperator
 from mop_airflow.operators.data import MopListDataOperator, MopScatterOperator, MopShardOperator
 from mop_airflow.operators.plan import MopDealOperator, MopPlanOperator, MopStageShardOperator
 from mop_airflow.operators.preflight import MopPreflightOperator
@@ -32,7 +33,8 @@ RETRIES = {"retries": 2, "retry_delay": dt.timedelta(seconds=10), "retry_exponen
            "max_retry_delay": dt.timedelta(minutes=5)}
 
 OPERATORS = {"list_data": MopListDataOperator, "shard": MopShardOperator, "stage": MopStageShardOperator,
-             "deal": MopDealOperator, "promote": MopPromoteOperator, "report": MopReportOperator}
+             "deal": MopDealOperator, "promote": MopPromoteOperator, "report": MopReportOperator,
+             "check_models": MopCheckModelsOperator}
 
 
 def _params(spec: MopSpec) -> dict[str, Param]:

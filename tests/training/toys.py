@@ -80,3 +80,13 @@ def narrow_only(hparams: dict[str, Any]) -> keras.Model:
     return keras.Sequential([keras.Input((hparams["input_dim"],)),
                              keras.layers.Dense(hparams["units"], activation="relu"),
                              keras.layers.Dense(hparams["num_classes"], activation="softmax")])
+
+
+def fixed_input(hparams: dict[str, Any]) -> keras.Model:
+    """Ignores the data's shape: expects 5 features whatever the data has."""
+    return keras.Sequential([keras.Input((5,)), keras.layers.Dense(hparams["num_classes"], activation="softmax")])
+
+
+def seven_outputs(hparams: dict[str, Any]) -> keras.Model:
+    """Ignores the number of classes."""
+    return keras.Sequential([keras.Input((hparams["input_dim"],)), keras.layers.Dense(7, activation="softmax")])

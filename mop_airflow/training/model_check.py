@@ -1,0 +1,112 @@
+"""Build every distinct model once on the data's shapes before anything trains.
+
+A builder that cannot be imported, does not return a Keras model, or returns one whose inputs or
+outputs do not fit the data would otherwise fail at each configuration's first hop, after the
+data was staged and hops were queued. Here each distinct (builder, hparams, compile settings) is
+built once, one zero batch is passed through it, and its output width is compared with what the
+loss needs. Learning rate, batch size and passes per hop do not change the model, so configurations
+that differ only in those are built once.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+from mop_airflow.errors import TrainingError
+
+_NOT_MODEL_KEYS = ("config_id", "batch_size", "epochs_per_hop")
+
+
+@dataclass(frozen=True)
+class ModelCheck:
+    """What the check found: per configuration that cannot train, why; how many models were built."""
+
+    failures: dict[str, str]
+    built: int
+
+    def fatal(self, configs: Sequence[Mapping[str, Any]], *, fail_fast: bool) -> str | None:
+        """The message to fail the run with, or None when the failing configurations are only marked.
+
+        A builder that fails for every configuration using it is a mistake in the DAG, not in one
+        configuration: the run fails at once, as it does with ``fail_fast`` and any failure.
+        """
+        if not self.failures:
+            return None
+        users: dict[str, list[str]] = {}
+        for config in configs:
+            users.setdefault(config["model"], []).append(config["config_id"])
+        broken = [(model, ids) for model, ids in users.items() if all(cid in self.failures for cid in ids)]
+        if broken:
+            return "; ".join(f"model builder {model!r} fails for each of its {len(ids)} configuration(s): "
+                             f"{self.failures[ids[0]]}" for model, ids in broken)
+        if fail_fast:
+            cid = sorted(self.failures)[0]
+            return f"{cid}: {self.failures[cid]} (search.fail_fast is on)"
+        return None
+
+
+def check_models(configs: Sequence[Mapping[str, Any]], *, input_shapes: Mapping[str, tuple[int, ...]],
+                 num_classes: int, task: str, seed: int = 0) -> ModelCheck:
+    """Build each distinct model of ``configs`` for the data's shapes; return what does not fit."""
+    import keras  # noqa: PLC0415
+
+    from mop_airflow.training.builder import build_model  # noqa: PLC0415
+
+    verdicts: dict[str, str | None] = {}
+    failures: dict[str, str] = {}
+    for config in configs:
+        key = _model_key(config)
+        if key not in verdicts:
+            keras.backend.clear_session()  # one model at a time: a large grid must not pile up graphs
+            try:
+                model = build_model(config, input_shapes=input_shapes, num_classes=num_classes, seed=seed, task=task)
+                verdicts[key] = _misfit(model, config, input_shapes, num_classes, task)
+            except TrainingError as exc:
+                verdicts[key] = str(exc)
+        if verdicts[key] is not None:
+            failures[config["config_id"]] = verdicts[key]
+    keras.backend.clear_session()
+    return ModelCheck(failures=failures, built=len(verdicts))
+
+
+def _model_key(config: Mapping[str, Any]) -> str:
+    params = {k: v for k, v in config.items() if k not in _NOT_MODEL_KEYS}
+    params["optimizer_params"] = sorted(dict(config.get("optimizer_params") or {}))  # names, not values
+    return json.dumps(params, sort_keys=True, default=str)
+
+
+def _misfit(model: Any, config: Mapping[str, Any], input_shapes: Mapping[str, tuple[int, ...]], num_classes: int,
+            task: str) -> str | None:
+    """Why ``model`` cannot train on rows of ``input_shapes``, or None when it can."""
+    import numpy as np  # noqa: PLC0415
+
+    zeros = {name: np.zeros((2, *shape), dtype="float32") for name, shape in input_shapes.items()}
+    where = f"model builder {config['model']!r} with hparams {dict(config.get('hparams') or {})}"
+    try:
+        out = model(zeros[next(iter(zeros))] if len(zeros) == 1 else zeros, training=False)
+    except Exception as exc:  # Keras names the layer and both shapes
+        return (f"{where}: the model does not take the data's inputs {_shapes(input_shapes)}: "
+                f"{_one_line(exc)}. Fix: start the model with keras.Input(hparams['input_shape'])")
+    if isinstance(out, (list, tuple, dict)):
+        return None  # several outputs: the loss decides what fits, Keras checks it at the first step
+    width = int(out.shape[-1]) if len(out.shape) > 1 else 1
+    loss = str(config.get("loss") or "")
+    wanted = (1 if task == "regression" or "binary" in loss else
+              num_classes if "categorical" in loss else None)
+    if wanted is not None and width != wanted:
+        what = "a regression target" if task == "regression" else f"{num_classes} classes and loss {loss!r}"
+        fix = ("end with keras.layers.Dense(1)" if wanted == 1 else
+               "end with keras.layers.Dense(hparams['num_classes'], activation='softmax')")
+        return f"{where}: the model outputs {width} value(s) per row but {what} need(s) {wanted}. Fix: {fix}"
+    return None
+
+
+def _shapes(input_shapes: Mapping[str, tuple[int, ...]]) -> str:
+    return ", ".join(f"{name} {tuple(shape)}" for name, shape in input_shapes.items())
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text[:400]}{'...' if len(text) > 400 else ''}"

@@ -1,0 +1,63 @@
+"""Each distinct model is built once on the data's shapes before training; what cannot train is named."""
+
+from __future__ import annotations
+
+import pytest
+
+from mop_airflow.training.model_check import check_models
+from tests.training.toys import TOY_MODEL, make_config
+
+SHAPES = {"features": (6,)}
+
+
+def configs(*specs):
+    return [make_config(model, config_id=f"c{i:03d}-test00", **over) for i, (model, over) in enumerate(specs)]
+
+
+def check(cfgs, **kwargs):
+    return check_models(cfgs, input_shapes=kwargs.pop("shapes", SHAPES), num_classes=kwargs.pop("classes", 3),
+                        task=kwargs.pop("task", "classification"))
+
+
+def test_configurations_that_differ_only_in_learning_rate_or_batch_size_are_built_once():
+    cfgs = configs((TOY_MODEL, {"optimizer_params": {"learning_rate": 0.1}}),
+                   (TOY_MODEL, {"optimizer_params": {"learning_rate": 0.01}, "batch_size": 64}),
+                   (TOY_MODEL, {"hparams": {"units": 4}}))
+    found = check(cfgs)
+    assert found.failures == {} and found.built == 2
+    assert found.fatal(cfgs, fail_fast=True) is None
+
+
+@pytest.mark.parametrize("model, words", [
+    ("tests.training.no_such_module:build", "could not be imported"),
+    ("tests.training.toys:not_a_model", "returned str, not a keras.Model"),
+    ("tests.training.toys:fixed_input", "the model does not take the data's inputs features (6,): ValueError: "),
+    ("tests.training.toys:seven_outputs", "the model outputs 7 value(s) per row but 3 classes and loss "
+                                          "'sparse_categorical_crossentropy' need(s) 3. Fix: end with "
+                                          "keras.layers.Dense(hparams['num_classes']"),
+])
+def test_a_builder_that_cannot_train_on_this_data_fails_the_run_before_any_hop(model, words):
+    cfgs = configs((TOY_MODEL, {}), (model, {"optimizer_params": {"learning_rate": 0.1}}),
+                   (model, {"optimizer_params": {"learning_rate": 0.01}}))
+    found = check(cfgs)
+    assert set(found.failures) == {"c001-test00", "c002-test00"}
+    message = found.fatal(cfgs, fail_fast=False)
+    assert message.startswith(f"model builder {model!r} fails for each of its 2 configuration(s): ")
+    assert words in message and "Fix:" in message and "\n" not in message
+
+
+def test_a_builder_failing_for_some_hparams_only_marks_those_unless_fail_fast():
+    narrow = "tests.training.toys:narrow_only"
+    cfgs = configs((narrow, {"hparams": {"units": 32}}), (narrow, {"hparams": {"units": 200}}))
+    found = check(cfgs)
+    assert list(found.failures) == ["c001-test00"]
+    assert "units=200 is too wide for this builder" in found.failures["c001-test00"]
+    assert found.fatal(cfgs, fail_fast=False) is None
+    assert found.fatal(cfgs, fail_fast=True).startswith("c001-test00: model builder")
+
+
+def test_a_regression_model_must_output_one_value_per_row():
+    cfgs = configs(("tests.training.toys:seven_outputs", {"loss": "mse", "metrics": ["mae"]}))
+    found = check(cfgs, task="regression", classes=0)
+    assert found.failures["c000-test00"].endswith(
+        "the model outputs 7 value(s) per row but a regression target need(s) 1. Fix: end with keras.layers.Dense(1)")
