@@ -49,7 +49,14 @@ class PoolsMissingError(MopError):
 
 
 class StoreError(MopError):
-    """The model store could not be reached or an object in it is missing or corrupt."""
+    """The model store could not be reached or an object in it is missing or corrupt.
+
+    ``transient``: the store did not answer (a later try may succeed), as opposed to answering no.
+    """
+
+    def __init__(self, message: str, *, transient: bool = False):
+        super().__init__(message)
+        self.transient = transient
 
 
 class TrainingError(MopError):

@@ -240,15 +240,21 @@ class StoreSpec:
     """Where shards, checkpoints and reports live: ``file://`` (default) or ``s3://``.
 
     For S3, ``conn_id`` names an Airflow AWS connection (key, secret, ``endpoint_url`` in extra) and
-    ``storage_options`` are passed to s3fs as they are.
+    ``storage_options`` are passed to s3fs as they are. A store call waits up to ``retry_seconds``
+    for an endpoint that does not answer before the task fails (and is retried).
     """
 
     root: str | None = None
     conn_id: str | None = None
     storage_options: Mapping[str, Any] = field(default_factory=dict)
     cache_dir: str | None = None
+    retry_seconds: float = 60.0  # how long a store call waits for an unreachable endpoint
 
     def __post_init__(self) -> None:
+        if isinstance(self.retry_seconds, bool) or not isinstance(self.retry_seconds, (int, float)) \
+                or not 0 <= self.retry_seconds <= 3600:
+            raise SpecError("store.retry_seconds", self.retry_seconds, "must be a number of seconds from 0 to 3600",
+                            "use e.g. 60; Airflow's task retries cover longer outages")
         root = self.root or "file://" + os.path.join(default_home(), "store")
         if "://" not in root:
             root = "file://" + os.path.abspath(os.path.expanduser(root))

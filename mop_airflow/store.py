@@ -4,6 +4,11 @@ Layout: ``<root>/<dag_id>/<run_id>/...`` for checkpoints, metrics and reports;
 ``<root>/<dag_id>/shards/<fingerprint>/...`` for shards, which are reused across runs with the
 same input and seed. Writes are atomic: temp file + rename on local disk, a single PUT on S3
 (an S3 object never appears half written).
+
+An endpoint that is briefly away (a restarting S3 gateway, a dropped connection) is waited for:
+every call retries with backoff for up to ``retry_seconds``; a longer outage is a
+:class:`~mop_airflow.errors.StoreError` naming the endpoint, which fails the task, and Airflow
+retries the task later.
 """
 
 from __future__ import annotations
@@ -12,11 +17,13 @@ import contextlib
 import hashlib
 import io
 import json
+import logging
 import os
 import posixpath
 import tempfile
+import time
 import uuid
-from typing import Any, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping, TypeVar
 
 from mop_airflow.errors import StoreError
 
@@ -48,6 +55,24 @@ class _CountingWriter(io.RawIOBase):
         return self.digest.hexdigest()
 
 
+T = TypeVar("T")
+log = logging.getLogger(__name__)
+
+# Connection failures by class name: botocore's ConnectionError family (EndpointConnectionError,
+# ReadTimeoutError, ConnectTimeoutError) and aiohttp's do not derive from the builtin ones.
+_TRANSIENT_NAMES = {"ConnectionError", "EndpointConnectionError", "ReadTimeoutError", "ConnectTimeoutError",
+                    "ClientConnectorError", "ServerDisconnectedError", "ClientOSError"}
+
+
+def transient(exc: BaseException) -> bool:
+    """Whether ``exc`` says the store could not be reached (worth waiting for), not that it refused."""
+    if isinstance(exc, StoreError):
+        return exc.transient
+    if isinstance(exc, (ConnectionError, TimeoutError)):
+        return True
+    return any(cls.__name__ in _TRANSIENT_NAMES for cls in type(exc).__mro__)
+
+
 def safe_segment(value: str) -> str:
     """A run id such as ``manual__2026-01-01T00:00:00+00:00`` made safe for paths and S3 keys."""
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in str(value))
@@ -56,10 +81,12 @@ def safe_segment(value: str) -> str:
 class Store:
     """Reads and writes bytes and JSON under one root URI."""
 
-    def __init__(self, root: str, storage_options: Mapping[str, Any] | None = None, conn_id: str | None = None):
+    def __init__(self, root: str, storage_options: Mapping[str, Any] | None = None, conn_id: str | None = None,
+                 retry_seconds: float = 60.0):
         import fsspec  # noqa: PLC0415 - keep DAG parsing light
 
         self.root = root.rstrip("/")
+        self.retry_seconds = retry_seconds
         self.protocol = self.root.split("://", 1)[0] if "://" in self.root else "file"
         options = dict(storage_options or {})
         if conn_id and self.protocol == "s3":
@@ -72,7 +99,36 @@ class Store:
 
     @classmethod
     def from_spec(cls, store_spec: Any) -> "Store":
-        return cls(store_spec.root, store_spec.storage_options, store_spec.conn_id)
+        return cls(store_spec.root, store_spec.storage_options, store_spec.conn_id, store_spec.retry_seconds)
+
+    @property
+    def endpoint(self) -> str:
+        """What a user would check when the store does not answer: the S3 endpoint, or the root."""
+        if self.protocol != "s3":
+            return self.root
+        kwargs = getattr(self.fs, "client_kwargs", None) or {}
+        return getattr(self.fs, "endpoint_url", None) or kwargs.get("endpoint_url") or "AWS S3 (default endpoint)"
+
+    def _call(self, what: str, uri: str, call: Callable[[], T]) -> T:
+        """``call()``, retried with backoff (0.5 s doubling to 8 s) while the endpoint is unreachable."""
+        started, delay, tries = time.monotonic(), 0.5, 0
+        while True:
+            tries += 1
+            try:
+                return call()
+            except Exception as exc:
+                if not transient(exc) or isinstance(exc, StoreError):
+                    raise
+                waited = time.monotonic() - started
+                if waited + delay > self.retry_seconds:
+                    raise StoreError(
+                        f"the store at {self.endpoint} did not answer for {waited:.0f} s ({tries} tries) while "
+                        f"{what} {uri}: {type(exc).__name__}: {exc}. Fix: check that the endpoint is up and "
+                        "reachable from this worker; the task is retried", transient=True) from exc
+                log.warning("the store at %s did not answer while %s %s (%s); try %d again in %.1f s",
+                            self.endpoint, what, uri, type(exc).__name__, tries + 1, delay)
+                time.sleep(delay)
+                delay = min(delay * 2, 8.0)
 
     # -- addressing --------------------------------------------------------------------------
     def uri(self, *parts: str) -> str:
@@ -95,11 +151,11 @@ class Store:
 
     # -- reads -------------------------------------------------------------------------------
     def exists(self, uri: str) -> bool:
-        return self.fs.exists(self._path(uri))
+        return self._call("looking for", uri, lambda: self.fs.exists(self._path(uri)))
 
     def read_bytes(self, uri: str) -> bytes:
         try:
-            data = self.fs.cat_file(self._path(uri))
+            data = self._call("reading", uri, lambda: self.fs.cat_file(self._path(uri)))
         except FileNotFoundError as exc:
             raise StoreError(f"not found in the store: {uri}") from exc
         self.bytes_read += len(data)
@@ -109,7 +165,7 @@ class Store:
         return json.loads(self.read_bytes(uri))
 
     def glob(self, uri_pattern: str) -> list[str]:
-        paths = self.fs.glob(self._path(uri_pattern))
+        paths = self._call("listing", uri_pattern, lambda: self.fs.glob(self._path(uri_pattern)))
         if self.protocol == "file":
             return sorted("file://" + p for p in paths)
         return sorted(f"{self.protocol}://" + p.lstrip("/") for p in paths)
@@ -119,7 +175,7 @@ class Store:
         os.makedirs(os.path.dirname(local_path) or ".", exist_ok=True)
         tmp = f"{local_path}.tmp-{uuid.uuid4().hex}"
         try:
-            self.fs.get_file(self._path(uri), tmp)
+            self._call("copying", uri, lambda: self.fs.get_file(self._path(uri), tmp))
             os.replace(tmp, local_path)
         except FileNotFoundError as exc:
             raise StoreError(f"not found in the store: {uri}") from exc
@@ -134,7 +190,8 @@ class Store:
             with self.open_write(uri) as handle:  # readers see the old file or the new one, never a partial one
                 handle.write(data)
         else:
-            self.fs.pipe_file(self._path(uri), data)  # one PUT: an object store never shows a partial object
+            # one PUT: an object store never shows a partial object, and a retried PUT replaces it whole
+            self._call("writing", uri, lambda: self.fs.pipe_file(self._path(uri), data))
             self.bytes_written += len(data)
         return uri
 
@@ -178,8 +235,8 @@ class Store:
     def delete_tree(self, uri: str) -> None:
         """Remove ``uri`` and everything below it; a missing ``uri`` is not an error."""
         path = self._path(uri)
-        if self.fs.exists(path):
-            self.fs.rm(path, recursive=True)
+        if self.exists(uri):
+            self._call("deleting", uri, lambda: self.fs.rm(path, recursive=True))
 
     def put_file(self, local_path: str, uri: str) -> str:
         with open(local_path, "rb") as handle:

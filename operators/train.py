@@ -13,6 +13,7 @@ from typing import Any, Mapping
 from airflow.sdk.exceptions import AirflowException, AirflowSkipException
 
 from mop_airflow.errors import StoreError
+from mop_airflow.store import transient
 from mop_airflow.records import Assignment, Manifest
 
 from mop_airflow.operators.base import MopBaseOperator
@@ -51,7 +52,7 @@ class MopTrainHopOperator(MopBaseOperator):
         except RETRIED:
             raise  # the store or Airflow itself, not the configuration: worth a retry
         except Exception as exc:
-            if run.fail_fast:
+            if run.fail_fast or transient(exc):
                 raise
             # The configuration failed (its builder raised, its loss diverged, it ran out of memory):
             # record why, and skip the rest of its own chain; the other configurations go on.

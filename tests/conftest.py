@@ -67,6 +67,48 @@ def s3_endpoint():
     server.stop()
 
 
+class RestartableS3:
+    """A loopback S3 endpoint (moto's server) that can go away and come back on the same port.
+
+    moto keeps its buckets in the process, so what was written before an outage is there after it.
+    """
+
+    def __init__(self):
+        self.port = 0
+        self.server = None
+        self.start()
+
+    @property
+    def endpoint(self):
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self):
+        from moto.server import ThreadedMotoServer
+
+        self.server = ThreadedMotoServer(ip_address="127.0.0.1", port=self.port, verbose=False)
+        self.server.start()
+        self.port = self.server.get_host_and_port()[1]
+
+    def stop(self):
+        self.server.stop()
+
+    def outage(self, seconds):
+        """Stop answering now and come back ``seconds`` later, in the background."""
+        import threading
+
+        self.stop()
+        timer = threading.Timer(seconds, self.start)
+        timer.start()
+        return timer
+
+
+@pytest.fixture
+def restartable_s3():
+    s3 = RestartableS3()
+    yield s3
+    s3.stop()
+
+
 def make_bucket(endpoint, name):
     import boto3
 

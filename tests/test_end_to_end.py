@@ -133,6 +133,53 @@ def test_tiny_dag_with_the_store_on_s3(airflow_db, tmp_path, s3_endpoint, monkey
     assert len(cached) == 3  # two shards and the validation set, copied to local disk once
 
 
+def test_an_s3_outage_during_the_hops_is_waited_for_and_the_run_ends_as_an_undisturbed_one(
+        airflow_db, tmp_path, restartable_s3, monkeypatch, capfd):
+    """The endpoint stops answering for 6 s once the first hop has saved; the store calls wait."""
+    import threading
+
+    endpoint = restartable_s3.endpoint
+    make_bucket(endpoint, "mop-outage-e2e")
+    conn = {"conn_type": "aws", "login": "test", "password": "test", "extra": {"endpoint_url": endpoint}}
+    monkeypatch.setenv("AIRFLOW_CONN_MOP_S3_OUTAGE", json.dumps(conn))
+    store = Store("s3://mop-outage-e2e/runs", conn_id="mop_s3_outage")
+    write_digits(tmp_path / "digits.parquet")
+    spec = tiny_spec(str(tmp_path / "digits.parquet"), "s3://mop-outage-e2e/runs", iterations=2)
+    spec["store"].update(conn_id="mop_s3_outage", cache_dir=str(tmp_path / "cache"))
+
+    undisturbed = run_dag(spec, "mop_s3_calm")
+    assert undisturbed.state == "success"
+
+    outages = []
+
+    def cut_once_a_hop_saved():
+        while not store.glob("s3://mop-outage-e2e/runs/mop_s3_outage/*/hops/*/t000.json"):
+            threading.Event().wait(0.2)
+        outages.append(restartable_s3.outage(6.0))
+
+    watcher = threading.Thread(target=cut_once_a_hop_saved, daemon=True)
+    watcher.start()
+    capfd.readouterr()
+    disturbed = run_dag(spec, "mop_s3_outage")
+    watcher.join(timeout=5)
+    outages[0].join()
+    assert disturbed.state == "success"
+    out, err = capfd.readouterr()
+    assert f"the store at {endpoint} did not answer" in out + err  # the outage hit a store call, which waited
+    assert all(ti.state in ("success", "skipped") for ti in disturbed.get_task_instances())
+
+    boards = [store.read_json(RunLayout(store, dag_id, run.run_id).report_uri("leaderboard.json"))["leaderboard"]
+              for dag_id, run in (("mop_s3_calm", undisturbed), ("mop_s3_outage", disturbed))]
+    assert [(r["config_id"], r["val_accuracy"]) for r in boards[1]] == \
+        [(r["config_id"], pytest.approx(r["val_accuracy"], abs=1e-6)) for r in boards[0]]
+    layout = RunLayout(store, "mop_s3_outage", disturbed.run_id)
+    import hashlib
+
+    for uri in store.glob(layout.hops_glob):  # no checkpoint was corrupted: each matches its record
+        record = store.read_json(uri)
+        assert hashlib.sha256(store.read_bytes(record["checkpoint"])).hexdigest() == record["checkpoint_sha256"]
+
+
 def _example_spec(dag_file: str, data: dict, store_root: str) -> dict:
     """The example DAG file's spec with its data in a temp folder, 1 iteration and the store under tmp."""
     import importlib.util

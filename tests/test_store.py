@@ -55,3 +55,47 @@ def test_s3_store_with_an_airflow_connection(s3_endpoint, monkeypatch):
     store.write_json(store.uri("x.json"), {"ok": True})
     assert store.read_json(store.uri("x.json")) == {"ok": True}
     assert os.environ.get("AWS_ACCESS_KEY_ID") is None  # credentials went to s3fs, not the environment
+
+
+def _s3_store(endpoint, bucket, **kwargs):
+    make_bucket(endpoint, bucket)
+    # one botocore attempt per store call: the store's own retries are what is under test
+    return Store(f"s3://{bucket}/runs", {"key": "test", "secret": "test", "client_kwargs": {"endpoint_url": endpoint},
+                                         "config_kwargs": {"retries": {"max_attempts": 1}}}, **kwargs)
+
+
+def test_an_s3_endpoint_away_for_a_few_seconds_is_waited_for_and_nothing_is_lost(restartable_s3, caplog):
+    store = _s3_store(restartable_s3.endpoint, "mop-outage")
+    before = store.uri("dag", "run", "before.bin")
+    store.write_bytes(before, b"written before" * 1000)
+    comeback = restartable_s3.outage(3.0)
+    after = store.uri("dag", "run", "after.bin")
+    with caplog.at_level("WARNING", logger="mop_airflow.store"):
+        store.write_bytes(after, b"written during" * 1000)  # waits for the endpoint, then one whole PUT
+    comeback.join()
+    assert any(f"the store at {restartable_s3.endpoint} did not answer while writing {after}" in r.getMessage()
+               for r in caplog.records)
+    assert store.read_bytes(before) == b"written before" * 1000
+    assert store.read_bytes(after) == b"written during" * 1000
+    assert store.glob(store.uri("dag", "run", "*")) == [after, before]
+
+
+def test_a_longer_outage_fails_naming_the_endpoint_and_a_later_try_recovers(restartable_s3):
+    store = _s3_store(restartable_s3.endpoint, "mop-long-outage", retry_seconds=1.0)
+    uri = store.uri("dag", "run", "state.bin")
+    store.write_bytes(uri, b"state")
+    restartable_s3.stop()
+    with pytest.raises(StoreError, match=rf"the store at {restartable_s3.endpoint} did not answer for \d+ s "
+                                         rf"\(\d+ tries\) while reading {uri}: EndpointConnectionError: .*"
+                                         r"Fix: check that the endpoint is up") as info:
+        store.read_bytes(uri)
+    assert info.value.transient
+    restartable_s3.start()  # what Airflow's task retry sees a little later
+    assert store.read_bytes(uri) == b"state"
+
+
+def test_a_missing_object_is_not_waited_for(tmp_path):
+    store = Store(f"file://{tmp_path}", retry_seconds=30)
+    with pytest.raises(StoreError, match="not found in the store") as info:
+        store.read_bytes(store.uri("missing.bin"))
+    assert not info.value.transient
