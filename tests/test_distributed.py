@@ -6,11 +6,18 @@ workers as processes: one per shard queue plus one for the default queue. Assert
 shard s ran on the worker of queue mop_shard_<s>, that no worker read another shard's data, that
 each worker read its shard once plus the checkpoints it loaded, and that the metrics equal those of
 the same DAG run in-process (dag.test) with the same seed.
+
+Half-way through the run, shard 1's worker dies (SIGKILL to it and the hop it is running, as when a
+machine goes away) and a new worker for that queue starts: the scheduler finds the hop's heartbeat
+gone, the hop is retried on mop_shard_1 from its configuration's last checkpoint, and the metrics
+still equal the undisturbed in-process run.
 """
 
+import datetime as dt
 import json
 import os
 import socket
+import time
 import uuid
 
 import pytest
@@ -76,6 +83,24 @@ def spec_for(source, store_root):
     return spec
 
 
+def kill_shard_worker_mid_hop(af, run_id, worker, timeout=300):
+    """Wait for a hop (past the first, so a checkpoint exists) running on ``worker``'s queue for a few
+    seconds, SIGKILL the worker with it, start a new one for the queue; return the hop's task id."""
+    deadline = time.time() + timeout
+    while time.time() < deadline and af.run_state(DAG_ID, run_id) not in ("success", "failed"):
+        for ti in af.task_instances(DAG_ID, run_id):
+            hop = ".hop_" in ti["task_id"] and ".hop_0" not in ti["task_id"]
+            if ti["state"] != "running" or ti["queue"] != worker.queues[0] or not hop:
+                continue
+            started = dt.datetime.fromisoformat(ti["start_date"])
+            if (dt.datetime.now(dt.timezone.utc) - started).total_seconds() > 1:  # the hop has begun
+                af.kill(f"worker-{worker.name}")
+                af.start_worker(worker)
+                return ti["task_id"], ti["map_index"]
+        time.sleep(0.5)
+    raise TimeoutError(f"no hop ran on {worker.queues[0]} for long enough to be killed before the run ended")
+
+
 def test_mop_on_celery_workers_per_shard(postgres_db, redis_broker, s3_endpoint, tmp_path, airflow_db, monkeypatch):
     make_bucket(s3_endpoint, "mop-dist")
     conn = json.dumps({"conn_type": "aws", "login": "test", "password": "test",
@@ -90,15 +115,22 @@ def test_mop_on_celery_workers_per_shard(postgres_db, redis_broker, s3_endpoint,
         f"dag = build_mop_dag(json.loads({json.dumps(json.dumps(spec))}), dag_id={DAG_ID!r})\n")
     workers = [CeleryWorker("shard0", ("mop_shard_0",)), CeleryWorker("shard1", ("mop_shard_1",)),
                CeleryWorker("control", ("default",))]
+    # A dead worker's hop is found by its missing heartbeat: after 20 s here (Airflow's default is 300 s).
+    heartbeat = {"AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": "20",
+                 "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT_DETECTION_INTERVAL": "5"}
     with LocalAirflow(tmp_path / "airflow", dags, sql_alchemy_conn=postgres_db, celery_broker=redis_broker,
-                      workers=workers, extra_env={"AIRFLOW_CONN_AWS_DEFAULT": conn}) as af:
+                      workers=workers, extra_env={"AIRFLOW_CONN_AWS_DEFAULT": conn, **heartbeat}) as af:
         af.wait_for_dag(DAG_ID)
         sync = af.run_cli("mop-airflow", "pools", "sync", "--shards", "2", check=False)
         assert sync.returncode == 0, sync.stderr
         run_id = af.trigger(DAG_ID)
+        killed = kill_shard_worker_mid_hop(af, run_id, workers[1])
         state = af.wait_for_run(DAG_ID, run_id, timeout=600)
         tis = af.task_instances(DAG_ID, run_id)
         assert state == "success", [(ti["task_id"], ti["state"]) for ti in tis if ti["state"] != "success"]
+        retried = next(ti for ti in tis if (ti["task_id"], ti["map_index"]) == killed)
+        assert retried["try_number"] == 2 and retried["state"] == "success"
+        assert [ti for ti in tis if ti["try_number"] > 1] == [retried]  # only the killed hop ran twice
         hosts = {name: f"{socket.getfqdn()}-{name}" for name in ("shard0", "shard1", "control")}
         train = [ti for ti in tis if ".hop_" in ti["task_id"] or ti["task_id"].startswith("stage_shard_")]
         assert len(train) == 2 + 3 * 2 * 2  # two staging tasks, 3 configurations x 2 iterations x 2 hops

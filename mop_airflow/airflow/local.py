@@ -148,15 +148,29 @@ class LocalAirflow:
             self._spawn(name, [_bin("airflow"), name] + (["--port", str(self.port)] if name == "api-server" else []),
                         self.env)
         for worker in self.workers:
-            env = {**self.env, WORKER_NAME_ENV: worker.name,
-                   "MOP_AIRFLOW_HOME": str(self.home / "workers" / worker.name),
-                   # each worker on this machine serves its logs on its own port
-                   "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_port())}
-            self._spawn(f"worker-{worker.name}", [_bin("airflow"), "celery", "worker", "--queues", ",".join(worker.queues),
-                                                  "--concurrency", str(worker.concurrency),
-                                                  "--celery-hostname", f"{worker.name}@%h"], env)
+            self.start_worker(worker)
         self.log(f"started {', '.join(self.processes)}; api at {self.base_url}")
         self.wait_healthy()
+
+    def start_worker(self, worker: CeleryWorker) -> None:
+        """Start (or start again, after :meth:`kill`) a Celery worker serving ``worker.queues``."""
+        env = {**self.env, WORKER_NAME_ENV: worker.name,
+               "MOP_AIRFLOW_HOME": str(self.home / "workers" / worker.name),
+               # each worker on this machine serves its logs on its own port
+               "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_port())}
+        self._spawn(f"worker-{worker.name}", [_bin("airflow"), "celery", "worker", "--queues", ",".join(worker.queues),
+                                              "--concurrency", str(worker.concurrency),
+                                              "--celery-hostname", f"{worker.name}@%h"], env)
+
+    def kill(self, name: str) -> None:
+        """SIGKILL a service and every process it started (a worker and the tasks it runs), as a
+        machine that dies would; it is forgotten, so :meth:`wait_for_run` does not count it as dead."""
+        proc = self.processes.pop(name)
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
 
     def _spawn(self, name: str, args: list[str], env: Mapping[str, str]) -> None:
         out = open(self.home / "logs" / f"{name}.log", "ab")
