@@ -154,3 +154,54 @@ def test_a_hop_killed_half_way_is_retried_from_the_last_checkpoint(airflow):
     for a, b in zip(boards[KILLED], boards[UNDISTURBED]):
         assert a["val_accuracy"] == pytest.approx(b["val_accuracy"], abs=1e-6)
         assert a["val_loss"] == pytest.approx(b["val_loss"], rel=1e-5)
+
+
+def _results(store, run_id):
+    layout = RunLayout(store, DAG_ID, run_id)
+    rows = store.read_json(layout.report_uri("metrics.json"))
+    records = [store.read_json(uri) for uri in store.glob(layout.hops_glob)]
+    return {
+        "board": [(r["config_id"], r["val_accuracy"]) for r in store.read_json(layout.report_uri("leaderboard.json"))
+                  ["leaderboard"]],
+        "rows": sorted((r["config_id"], r["iteration"]) for r in rows),
+        "losses": [r["val_loss"] for r in sorted(rows, key=lambda r: (r["config_id"], r["iteration"]))],
+        "checkpoints": store.glob(f"{layout.run_uri}/checkpoints/*/*"),
+        "recorded": sorted(r["checkpoint"] for r in records),
+        "shards": store.glob(store.uri(DAG_ID, "shards", "*")),
+    }
+
+
+def test_clearing_a_finished_run_or_one_hop_gives_the_same_results_without_duplicates(airflow):
+    """Clear one hop, then the whole run, as the UI's Clear button does (the REST API): the metrics
+    table keeps one row per configuration and iteration, every checkpoint belongs to a hop record,
+    the shards are reused, and the results are those of the first run."""
+    sync = subprocess.run([sys.executable, "-m", "mop_airflow.cli", "pools", "sync", "--shards", "2"],
+                          env=airflow.env, capture_output=True, text=True)
+    assert sync.returncode == 0, sync.stderr
+    store = Store(f"file://{airflow.root / 'store'}")
+    run_id = airflow.trigger(DAG_ID)
+    assert airflow.wait_for_run(DAG_ID, run_id, timeout=420) == "success"
+    first = _results(store, run_id)
+    assert len(first["rows"]) == len(set(first["rows"])) == 2  # 2 configurations x 1 iteration
+    assert first["checkpoints"] == first["recorded"] and len(first["checkpoints"]) == 4
+
+    hop = next(ti for ti in airflow.task_instances(DAG_ID, run_id) if ".hop_1_" in ti["task_id"])
+    airflow.api("POST", f"/dags/{DAG_ID}/clearTaskInstances", json={
+        "dry_run": False, "only_failed": False, "dag_run_id": run_id, "task_ids": [[hop["task_id"], hop["map_index"]]]})
+    assert airflow.wait_for_run(DAG_ID, run_id, timeout=420) == "success"
+    tis = {(ti["task_id"], ti["map_index"]): ti for ti in airflow.task_instances(DAG_ID, run_id)}
+    assert tis[(hop["task_id"], hop["map_index"])]["try_number"] == hop["try_number"] + 1
+    once = _results(store, run_id)
+    assert once["rows"] == first["rows"] and once["checkpoints"] == once["recorded"] == first["checkpoints"]
+    assert once["board"] == first["board"]  # the report is not re-run: the cleared hop changed nothing
+
+    airflow.api("POST", f"/dags/{DAG_ID}/dagRuns/{run_id}/clear", json={"dry_run": False, "only_failed": False})
+    assert airflow.wait_for_run(DAG_ID, run_id, timeout=420) == "success"
+    again = _results(store, run_id)
+    assert all(ti["try_number"] >= 2 for ti in airflow.task_instances(DAG_ID, run_id) if ti["state"] == "success")
+    assert again["rows"] == first["rows"] and again["checkpoints"] == again["recorded"] == first["checkpoints"]
+    assert again["shards"] == first["shards"]  # the same data and seed: the shards were reused, not written again
+    assert [c for c, _ in again["board"]] == [c for c, _ in first["board"]]
+    for (_, a), (_, b) in zip(again["board"], first["board"]):
+        assert a == pytest.approx(b, abs=1e-6)
+    assert again["losses"] == pytest.approx(first["losses"], rel=1e-5)
