@@ -17,20 +17,16 @@ from mop_airflow.records import Plan, RunRecord
 from mop_airflow.schedule import DEFAULT_PRIORITY, deal_classes, hash_seed, visit_order
 from mop_airflow.spec import MopSpec
 
-SPEC_SECTIONS = ("data", "search", "schedule", "store")
+def resolve_run(spec: MopSpec | Mapping[str, Any], conf: Any, *, dag_id: str, run_id: str) -> RunRecord:
+    """The run's effective spec (the trigger ``conf``'s sections override the DAG's spec) and configurations.
 
-
-def resolve_run(spec: MopSpec | Mapping[str, Any], params: Mapping[str, Any] | None, *, dag_id: str,
-                run_id: str) -> RunRecord:
-    """The run's effective spec (``params`` sections override the DAG's spec) and configurations.
-
-    Fails with a :class:`SpecError` before anything trains: bad overrides, an empty search space, a
-    model builder whose module cannot be found on this worker (found without importing it, which
-    would import TensorFlow here).
+    Fails with a :class:`SpecError` before anything trains: a conf that is not a mapping of spec
+    sections (a misspelt section is an error, not silently ignored), bad overrides, an empty search
+    space, a model builder whose module cannot be found on this worker (found without importing
+    it, which would import TensorFlow here).
     """
     spec = spec if isinstance(spec, MopSpec) else MopSpec.from_dict(spec)
-    overrides = {k: v for k, v in (params or {}).items() if k in SPEC_SECTIONS and isinstance(v, Mapping)}
-    effective = spec.with_overrides(overrides)
+    effective = spec.with_overrides(conf)
     configs = effective.configurations()
     if not configs:
         raise SpecError("search.space", effective.search.space.to_dict(), "expands to no configuration",

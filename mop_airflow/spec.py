@@ -41,6 +41,23 @@ def metric_direction(metric: str, direction: str | None = None) -> str:
                     "set search.direction to 'min' or 'max'")
 
 
+def _options(name: str, value: Any) -> dict[str, Any]:
+    """A mapping of keyword options (storage_options), or a SpecError."""
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
+        raise SpecError(name, value, "must be a mapping of option names to values",
+                        "pass e.g. {'anon': False} or leave it out")
+    return dict(value)
+
+
+def _optional_name(name: str, value: Any) -> None:
+    """An optional identifier such as an Airflow connection id."""
+    if value is not None and (not isinstance(value, str) or not value.strip()):
+        raise SpecError(name, value, "must be a name (a string) or left out",
+                        "name an Airflow connection, e.g. 'aws_default'")
+
+
 def _positive_int(name: str, value: Any, minimum: int = 1) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise SpecError(name, value, f"must be an integer >= {minimum}",
@@ -122,7 +139,8 @@ class DataSpec:
         if isinstance(self.slice_mb, bool) or not isinstance(self.slice_mb, (int, float)) or self.slice_mb <= 0:
             raise SpecError("data.slice_mb", self.slice_mb, "must be a positive number of MB",
                             "use e.g. 1024: each sharding task reads about this much of the source")
-        object.__setattr__(self, "storage_options", dict(self.storage_options))
+        object.__setattr__(self, "storage_options", _options("data.storage_options", self.storage_options))
+        _optional_name("data.conn_id", self.conn_id)
 
 
 _KNOWN_SUFFIXES = (".parquet", ".pq", ".csv")
@@ -263,7 +281,11 @@ class StoreSpec:
             raise SpecError("store.root", self.root, "scheme must be file://, s3:// or memory://",
                             "use a local folder or an s3://bucket/prefix")
         object.__setattr__(self, "root", root.rstrip("/"))
-        object.__setattr__(self, "storage_options", dict(self.storage_options))
+        object.__setattr__(self, "storage_options", _options("store.storage_options", self.storage_options))
+        _optional_name("store.conn_id", self.conn_id)
+        if self.cache_dir is not None and (not isinstance(self.cache_dir, str) or not self.cache_dir.strip()):
+            raise SpecError("store.cache_dir", self.cache_dir, "must be a local folder path or left out",
+                            "use e.g. '/var/cache/mop' or leave it out for the default")
         if self.cache_dir:
             object.__setattr__(self, "cache_dir", os.path.abspath(os.path.expanduser(self.cache_dir)))
 
@@ -404,6 +426,9 @@ class MopSpec:
         """
         if not conf:
             return self
+        if not isinstance(conf, Mapping):
+            raise SpecError("conf", conf, "must be a mapping of spec sections",
+                            "trigger with e.g. {\"search\": {\"metric\": \"val_loss\"}}")
         merged = self.to_dict()
         for section, values in conf.items():
             if section not in merged:

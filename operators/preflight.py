@@ -23,7 +23,10 @@ class MopPreflightOperator(MopBaseOperator):
         self.check_pools = check_pools
 
     def work(self, context: Any) -> dict[str, Any]:
-        run = resolve_run(self.spec, context.get("params"), dag_id=context["dag"].dag_id, run_id=context["run_id"])
+        # The trigger conf as given (the form sends its sections, the REST API and CLI what they name);
+        # params would also hold the DAG's defaults and hide a misspelt section.
+        conf = getattr(context.get("dag_run"), "conf", None)
+        run = resolve_run(self.spec, conf, dag_id=context["dag"].dag_id, run_id=context["run_id"])
         schedule = run.schedule
         pools = required_pools(schedule.shards)
         if self.check_pools:

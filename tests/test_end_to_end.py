@@ -109,6 +109,22 @@ def test_bad_data_stops_the_run_before_anything_is_written(airflow_db, tmp_path)
     assert written == []  # no shard, no plan, no checkpoint
 
 
+def test_an_invalid_trigger_conf_fails_the_run_at_once_with_the_validation_message(airflow_db, tmp_path, capfd):
+    source = tmp_path / "digits.parquet"
+    write_digits(source)
+    root = f"file://{tmp_path / 'store'}"
+    dag = write_dag_file("mop_e2e_bad_conf", tiny_spec(source, root), check_pools=False)
+    conf = {"search": {"space": {"method": "grid", "params": {"model": [MLP], "learning_rate": [-0.1]}}}}
+    capfd.readouterr()
+    dag_run = dag.test(run_conf=conf)
+    assert dag_run.state == "failed"
+    preflight = dag_run.get_task_instance("preflight")
+    assert (preflight.state, preflight.try_number) == ("failed", 1)  # not retried: a retry would repeat it
+    out, err = capfd.readouterr()
+    assert "search.space.params.learning_rate=-0.1: must be a number > 0. Fix: fix the value of learning_rate" in out + err
+    assert not (tmp_path / "store").exists()  # nothing written
+
+
 def test_tiny_dag_with_the_store_on_s3(airflow_db, tmp_path, s3_endpoint, monkeypatch):
     """Shards, checkpoints and reports travel through an S3 endpoint; credentials come from a connection."""
     make_bucket(s3_endpoint, "mop-e2e")

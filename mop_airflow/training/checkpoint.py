@@ -49,10 +49,12 @@ def state_to_bytes(model: keras.Model, meta: Mapping[str, Any]) -> bytes:
     return buffer.getvalue()
 
 
-def restore_state(model: keras.Model, data: bytes) -> dict[str, Any]:
+def restore_state(model: keras.Model, data: bytes, expect: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Assign a :func:`state_to_bytes` archive to ``model`` (built by ``build_model``); return its meta.
 
-    Every shape is checked before anything is assigned, so a mismatch leaves the model untouched.
+    ``expect`` holds meta values the checkpoint must have (its configuration id and hop): two
+    configurations of one builder have the same shapes, so only the meta tells their states apart.
+    Every check runs before anything is assigned, so a mismatch leaves the model untouched.
     """
     try:
         with np.load(io.BytesIO(data), allow_pickle=False) as archive:
@@ -64,6 +66,11 @@ def restore_state(model: keras.Model, data: bytes) -> dict[str, Any]:
     if header.get("format") != _FORMAT:
         raise TrainingError(f"checkpoint format {header.get('format')!r} is not {_FORMAT!r}. "
                             "Fix: restart the configuration from scratch or use the matching mop_airflow version")
+    meta = header.get("meta") or {}
+    wrong = {key: meta.get(key) for key, value in (expect or {}).items() if meta.get(key) != value}
+    if wrong:
+        raise TrainingError(f"checkpoint holds the state of {_describe(meta)}, not of {_describe(expect or {})}. "
+                            "Fix: clear the hop that wrote it (and the hops after it) so it is written again")
     assignments = []
     for group, variables in _variables(model).items():
         saved = sorted(key for key in arrays if key.startswith(f"{group}/"))
@@ -80,3 +87,7 @@ def restore_state(model: keras.Model, data: bytes) -> dict[str, Any]:
     for variable, value in assignments:
         variable.assign(value)
     return header["meta"]
+
+
+def _describe(meta: Mapping[str, Any]) -> str:
+    return f"{meta.get('config_id')} after hop {meta.get('t')}"

@@ -100,7 +100,10 @@ def run_hop(layout: RunLayout, run: RunRecord, manifest: Manifest, assignment: A
                 f"checkpoint {assignment.checkpoint} is corrupt: its sha256 is {found}, hop {assignment.t} wrote "
                 f"{assignment.checkpoint_sha256}. Fix: clear {cid}'s hop {assignment.t} (and the hops after it) "
                 "so it is trained and written again")
-        restore_state(model, state_in)
+        try:
+            restore_state(model, state_in, expect={"config_id": cid, "t": assignment.t})
+        except TrainingError as exc:
+            raise TrainingError(f"{assignment.checkpoint}: {exc}") from exc
     loaded = time.time()
     if streamed:
         train = train_streamed(model, path, lambda table: load_table(table, manifest),

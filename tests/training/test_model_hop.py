@@ -8,7 +8,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from mop_airflow.data.shard import shard_dataset
-from mop_airflow.errors import TrainingError
+from mop_airflow.errors import SpecError, TrainingError
 from mop_airflow.layout import RunLayout
 from mop_airflow.records import Assignment, HopRecord, RungDecision
 from mop_airflow.resolve import make_plan, resolve_run
@@ -40,8 +40,10 @@ def run_setup(tmp_path, toy_data):
 def test_resolve_applies_the_conf_once_and_rejects_a_missing_builder_module():
     from tests.test_spec import spec_dict
 
-    run = resolve_run(spec_dict(), {"schedule": {"seed": 9}, "unrelated": 1}, dag_id="d", run_id="r")
+    run = resolve_run(spec_dict(), {"schedule": {"seed": 9}}, dag_id="d", run_id="r")
     assert run.schedule.seed == 9 and len(run.configs) == 2
+    with pytest.raises(SpecError, match=r"conf.schedul=\{'seed': 9\}: is not a spec section. Fix: override only"):
+        resolve_run(spec_dict(), {"schedul": {"seed": 9}}, dag_id="d", run_id="r")
     bad = spec_dict()
     bad["search"]["space"]["params"]["model"] = ["no_such_module_here:build"]
     with pytest.raises(Exception, match=r"search.space.params.model.*not importable"):
@@ -138,3 +140,16 @@ def test_a_corrupt_checkpoint_is_an_error_naming_it_never_a_silent_restart(run_s
     with pytest.raises(TrainingError, match=rf"checkpoint {out0.checkpoint} is corrupt: .* clear {cid}'s hop 0"):
         run_hop(layout, run, manifest, out0, t=1, shard=0, cache_dir=cache)
     assert not layout.store.exists(layout.checkpoint_uri(cid, 1))  # nothing trained on top of it
+
+
+def test_a_checkpoint_of_another_configuration_is_refused_before_it_is_restored(run_setup):
+    """Two configurations of one builder have the same shapes: only the checkpoint's meta tells them apart."""
+    run, layout, manifest = run_setup
+    mine, other = (c["config_id"] for c in run.configs[:2])
+    cache = run.store.local_cache
+    _, theirs = run_hop(layout, run, manifest, Assignment(other, -1, None), t=0, shard=1, cache_dir=cache)
+    swapped = Assignment(mine, 0, theirs.checkpoint, checkpoint_sha256=theirs.checkpoint_sha256)
+    with pytest.raises(TrainingError, match=rf"{theirs.checkpoint}: checkpoint holds the state of {other} after "
+                                            rf"hop 0, not of {mine} after hop 0. Fix: clear the hop"):
+        run_hop(layout, run, manifest, swapped, t=1, shard=0, cache_dir=cache)
+    assert not layout.store.exists(layout.checkpoint_uri(mine, 1))
