@@ -129,6 +129,8 @@ class Assignment(Record):
     t: int                 # the last global hop done; -1 before the first
     checkpoint: str | None  # state after hop t, or None to start from the builder's initial weights
     checkpoint_sha256: str | None = None  # checked before the state is restored
+    best_t: int | None = None  # the evaluated hop with the best metric so far: its checkpoint is kept
+    best_metric: float | None = None
 
 
 @dataclass(frozen=True)
@@ -316,6 +318,8 @@ class HopRecord(Record):
     checkpoint_bytes: int = 0
     bytes_read: dict[str, int] = field(default_factory=dict)
     checkpoint_sha256: str | None = None
+    best_t: int | None = None  # as in Assignment: the configuration's best evaluated hop so far
+    best_metric: float | None = None
 
 
 @dataclass(frozen=True)
@@ -344,3 +348,4 @@ class StageRecord(Record):
     queue: str | None
     cache_dir: str
     data_bytes_read: int
+    cache_bytes: int = 0  # the worker's whole shard cache after staging (bounded by store.cache_max_gb)

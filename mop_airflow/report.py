@@ -16,7 +16,7 @@ from typing import Any, Collection, Mapping, Sequence
 
 from mop_airflow.errors import TrainingError
 from mop_airflow.layout import RunLayout
-from mop_airflow.records import HopRecord, Manifest, Plan, RunRecord, RungDecision
+from mop_airflow.records import HopRecord, Manifest, Plan, RunRecord, RungDecision, StageRecord
 
 REPORT_FILES = ("leaderboard.json", "metrics.parquet", "metrics.json", "learning_curves.png",
                 "hop_timeline.json", "best_model.keras", "summary.json")
@@ -90,6 +90,7 @@ def write_report(layout: RunLayout, run: RunRecord, *, cache_dir: str) -> dict[s
 
     summary = {
         "dag_id": run.dag_id, "run_id": run.run_id, "spec": run.spec,
+        "disk": disk_use(layout, run, manifest, records),
         "configurations": len(run.configs), "model_hops": len(records),
         "outcomes": dict(Counter(row["status"] for row in board)),
         "failed": [{"config_id": f.config_id, "status": f.status, "t": f.t, "error": f.error}
@@ -120,6 +121,26 @@ def mark_outcomes(board: Sequence[dict[str, Any]], failures: Mapping[str, HopRec
             row["status"], row["outcome"] = "pruned", f"pruned at rung {entry['rung']}: {entry['reason']}"
         else:
             row["status"], row["outcome"] = "finished", "finished"
+
+
+def disk_use(layout: RunLayout, run: RunRecord, manifest: Manifest,
+             records: Sequence[HopRecord]) -> dict[str, Any]:
+    """What the run keeps in the store and what each worker's shard cache holds, with their bounds."""
+    store = layout.store
+    checkpoints = set(store.glob(f"{layout.run_uri}/checkpoints/*/*"))
+    caches = {}
+    for uri in store.glob(layout.stage_record_uri(0).replace("shard_00", "shard_*")):
+        stage = StageRecord.read(store, uri)
+        caches[stage.host] = max(caches.get(stage.host, 0), stage.cache_bytes)
+    return {
+        "run_bytes": store.disk_usage(layout.run_uri),
+        "checkpoints": len(checkpoints),
+        "checkpoint_bytes": sum(r.checkpoint_bytes for r in records if r.checkpoint in checkpoints),
+        "keep_checkpoints": run.store.keep_checkpoints,
+        "shard_bytes": sum(e.bytes for e in manifest.shards) + manifest.validation.bytes,
+        "worker_cache_bytes": caches,
+        "cache_max_gb": run.store.cache_max_gb,
+    }
 
 
 def adaptive_outcome(plan: Plan, decisions: Sequence[RungDecision], board: Sequence[dict[str, Any]],

@@ -260,6 +260,10 @@ class StoreSpec:
     For S3, ``conn_id`` names an Airflow AWS connection (key, secret, ``endpoint_url`` in extra) and
     ``storage_options`` are passed to s3fs as they are. A store call waits up to ``retry_seconds``
     for an endpoint that does not answer before the task fails (and is retried).
+
+    ``keep_checkpoints`` bounds the checkpoints a run keeps: per configuration its last k (at least
+    2, so a retried hop always finds the state it starts from) plus the one of its best evaluated
+    hop. ``cache_max_gb`` bounds each worker's shard cache (``cache_dir``).
     """
 
     root: str | None = None
@@ -267,8 +271,17 @@ class StoreSpec:
     storage_options: Mapping[str, Any] = field(default_factory=dict)
     cache_dir: str | None = None
     retry_seconds: float = 60.0  # how long a store call waits for an unreachable endpoint
+    keep_checkpoints: int | None = 2  # per configuration: the last k plus its best; None keeps every one
+    cache_max_gb: float | None = 50.0  # a worker's shard cache; least recently used shards go first
 
     def __post_init__(self) -> None:
+        if self.keep_checkpoints is not None:
+            _positive_int("store.keep_checkpoints", self.keep_checkpoints, minimum=2)
+        if self.cache_max_gb is not None and (isinstance(self.cache_max_gb, bool) or
+                                              not isinstance(self.cache_max_gb, (int, float)) or
+                                              not self.cache_max_gb > 0):
+            raise SpecError("store.cache_max_gb", self.cache_max_gb, "must be a positive number of GB or null",
+                            "use e.g. 50, or null for no bound")
         if isinstance(self.retry_seconds, bool) or not isinstance(self.retry_seconds, (int, float)) \
                 or not 0 <= self.retry_seconds <= 3600:
             raise SpecError("store.retry_seconds", self.retry_seconds, "must be a number of seconds from 0 to 3600",
@@ -288,6 +301,10 @@ class StoreSpec:
                             "use e.g. '/var/cache/mop' or leave it out for the default")
         if self.cache_dir:
             object.__setattr__(self, "cache_dir", os.path.abspath(os.path.expanduser(self.cache_dir)))
+
+    @property
+    def cache_max_bytes(self) -> int | None:
+        return None if self.cache_max_gb is None else int(self.cache_max_gb * 1e9)
 
     @property
     def local_cache(self) -> str:

@@ -14,6 +14,7 @@ retries the task later.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import io
 import json
@@ -65,11 +66,14 @@ _TRANSIENT_NAMES = {"ConnectionError", "EndpointConnectionError", "ReadTimeoutEr
 
 
 def transient(exc: BaseException) -> bool:
-    """Whether ``exc`` says the store could not be reached (worth waiting for), not that it refused."""
+    """Whether ``exc`` says the store could not be reached or had no room (worth waiting for), not
+    that it refused."""
     if isinstance(exc, StoreError):
         return exc.transient
     if isinstance(exc, (ConnectionError, TimeoutError)):
         return True
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True  # a full disk is the machine's state, not the configuration's fault: worth a later try
     return any(cls.__name__ in _TRANSIENT_NAMES for cls in type(exc).__mro__)
 
 
@@ -163,6 +167,12 @@ class Store:
 
     def read_json(self, uri: str) -> Any:
         return json.loads(self.read_bytes(uri))
+
+    def disk_usage(self, uri: str) -> int:
+        """Bytes stored at or under ``uri`` (0 when nothing is there)."""
+        if not self.exists(uri):
+            return 0
+        return int(self._call("measuring", uri, lambda: self.fs.du(self._path(uri), total=True)))
 
     def glob(self, uri_pattern: str) -> list[str]:
         paths = self._call("listing", uri_pattern, lambda: self.fs.glob(self._path(uri_pattern)))

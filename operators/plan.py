@@ -55,18 +55,20 @@ class MopStageShardOperator(MopBaseOperator):
         self.deals = deals
 
     def work(self, context: Any) -> list[dict[str, Any]] | None:
-        from mop_airflow.data.cache import cached_shard  # noqa: PLC0415
+        from mop_airflow.data.cache import cache_bytes, cached_shard  # noqa: PLC0415
 
         layout = self.layout(context)
-        cache_dir = self.store_spec(context).local_cache
+        store_spec = self.store_spec(context)
+        cache_dir = store_spec.local_cache
         manifest = Manifest.read(layout.store, layout.manifest_pointer_uri)
         before = layout.store.bytes_read
         for entry in (manifest.shards[self.shard], manifest.validation):
-            self.log.info("cached %s at %s", entry.uri, cached_shard(layout.store, entry, cache_dir))
+            path = cached_shard(layout.store, entry, cache_dir, max_bytes=store_spec.cache_max_bytes)
+            self.log.info("cached %s at %s", entry.uri, path)
         ti = context["ti"]
         StageRecord(shard=self.shard, host=getattr(ti, "hostname", None) or socket.getfqdn(), queue=self.queue,
                     cache_dir=cache_dir, data_bytes_read=layout.store.bytes_read - before,
-                    ).write(layout.store, layout.stage_record_uri(self.shard))
+                    cache_bytes=cache_bytes(cache_dir)).write(layout.store, layout.stage_record_uri(self.shard))
         if not self.deals:
             return None
         members = Plan.read(layout.store, layout.plan_uri).classes[self.shard]
@@ -100,4 +102,5 @@ class MopDealOperator(MopBaseOperator):
             return Assignment(config_id=cid, t=last, checkpoint=None)
         record = HopRecord.read(layout.store, layout.hop_record_uri(cid, last))
         return Assignment(config_id=cid, t=last, checkpoint=layout.checkpoint_uri(cid, last),
-                          checkpoint_sha256=record.checkpoint_sha256)
+                          checkpoint_sha256=record.checkpoint_sha256, best_t=record.best_t,
+                          best_metric=record.best_metric)

@@ -84,6 +84,14 @@ def test_tiny_dag_end_to_end(airflow_db, tmp_path):
     summary = store.read_json(layout.report_uri("summary.json"))
     assert summary["visit_order"] == plan["visit_order"]  # each configuration ran exactly the planned chain
     assert summary["model_hops"] == 3 * 2 * 2
+    # disk: per configuration its last 2 checkpoints plus its best evaluated one (hop 1 or 3)
+    disk = summary["disk"]
+    for cid in summary["visit_order"]:
+        kept = sorted(int(u.rsplit("/t", 1)[1][:3]) for u in store.glob(f"{layout.run_uri}/checkpoints/{cid}/*"))
+        assert kept in ([1, 2, 3], [2, 3])
+    assert disk["checkpoints"] == len(store.glob(f"{layout.run_uri}/checkpoints/*/*")) <= 3 * 3
+    assert 0 < disk["checkpoint_bytes"] < disk["run_bytes"] and disk["keep_checkpoints"] == 2
+    assert set(disk["worker_cache_bytes"]) and all(v > 0 for v in disk["worker_cache_bytes"].values())
     png = store.read_bytes(layout.report_uri("learning_curves.png"))
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
 

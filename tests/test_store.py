@@ -99,3 +99,13 @@ def test_a_missing_object_is_not_waited_for(tmp_path):
     with pytest.raises(StoreError, match="not found in the store") as info:
         store.read_bytes(store.uri("missing.bin"))
     assert not info.value.transient
+
+
+def test_a_full_disk_counts_as_worth_a_retry_not_as_a_refusal():
+    import errno
+
+    from mop_airflow.store import transient
+
+    assert transient(OSError(errno.ENOSPC, "No space left on device"))
+    assert not transient(PermissionError(errno.EACCES, "Permission denied"))
+    assert not transient(ValueError("units=200 is too wide"))

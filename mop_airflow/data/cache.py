@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import time
 import uuid
 
 import numpy as np
@@ -23,20 +24,73 @@ from mop_airflow.store import Store
 _HASH_CHUNK = 1 << 20
 
 
-def cached_shard(store: Store, entry: ShardEntry, cache_dir: str) -> str:
+# A cached file used this recently is never evicted: another hop on this worker may be about to
+# open the path it was handed (every hop touches its shard, so a worker's own shard stays).
+IN_USE_SECONDS = 600.0
+
+
+def cached_shard(store: Store, entry: ShardEntry, cache_dir: str, *, max_bytes: int | None = None) -> str:
     """Local path of the shard (or validation set) described by manifest ``entry``.
 
     The first call copies it from the store and checks its sha256 (every part's, for a shard the
     slices scattered in parts, which are then gathered into one file); later calls only check the
-    cached file and read nothing from the store.
+    cached file and read nothing from the store. Each call marks the file used; after a copy, the
+    least recently used files go until the cache holds at most ``max_bytes``.
     """
-    if entry.parts:
-        return _gathered_shard(store, entry, cache_dir)
     path = os.path.join(cache_dir, f"{entry.sha256}.parquet")
-    if os.path.exists(path) and os.path.getsize(path) == entry.bytes:
-        return path
-    _copy_verified(store, entry, path)
+    if entry.parts:
+        copied = not os.path.exists(path)
+        _gathered_shard(store, entry, cache_dir)
+    else:
+        copied = not (os.path.exists(path) and os.path.getsize(path) == entry.bytes)
+        if copied:
+            _copy_verified(store, entry, path)
+    os.utime(path)  # the file's mtime is its last use
+    if copied and max_bytes is not None:
+        evict(cache_dir, max_bytes)
     return path
+
+
+def cache_bytes(cache_dir: str) -> int:
+    """What the shard cache holds on this machine's disk."""
+    return sum(size for _, _, size in _cached_files(cache_dir))
+
+
+def evict(cache_dir: str, max_bytes: int, *, now: float | None = None) -> list[str]:
+    """Delete the least recently used cached shards until at most ``max_bytes`` remain; return them.
+
+    Files used in the last :data:`IN_USE_SECONDS` stay even over the bound.
+    """
+    now = time.time() if now is None else now
+    files = sorted(_cached_files(cache_dir), key=lambda f: f[1])  # least recently used first
+    total = sum(size for _, _, size in files)
+    evicted = []
+    for path, used, size in files:
+        if total <= max_bytes:
+            break
+        if now - used < IN_USE_SECONDS:
+            continue
+        try:
+            os.unlink(path)
+        except FileNotFoundError:  # another process on this worker evicted it first
+            pass
+        total -= size
+        evicted.append(path)
+    return evicted
+
+
+def _cached_files(cache_dir: str) -> list[tuple[str, float, int]]:
+    """(path, last use, bytes) of every complete cached shard (temp files of copies in flight aside)."""
+    out = []
+    for name in os.listdir(cache_dir) if os.path.isdir(cache_dir) else []:
+        if name.endswith(".parquet"):
+            path = os.path.join(cache_dir, name)
+            try:
+                stat = os.stat(path)
+            except FileNotFoundError:
+                continue
+            out.append((path, stat.st_mtime, stat.st_size))
+    return out
 
 
 def _gathered_shard(store: Store, entry: ShardEntry, cache_dir: str) -> str:

@@ -10,6 +10,7 @@ the next hop an assignment that holds only ids and the checkpoint URI.
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import socket
 import time
@@ -70,7 +71,7 @@ def run_hop(layout: RunLayout, run: RunRecord, manifest: Manifest, assignment: A
 
     metadata_bytes = store.bytes_read
     entry = manifest.shards[shard]
-    path = cached_shard(store, entry, cache_dir)
+    path = cached_shard(store, entry, cache_dir, max_bytes=run.store.cache_max_bytes)
     streamed = streams(entry)
     x, y = (None, None) if streamed else load_shard(path, manifest)
     shard_bytes = store.bytes_read - metadata_bytes  # 0 once the shard is in this worker's cache
@@ -116,7 +117,7 @@ def run_hop(layout: RunLayout, run: RunRecord, manifest: Manifest, assignment: A
     val = None
     if rung_end or (hop == schedule.shards - 1 and schedule.evaluates_after(iteration)):
         before = store.bytes_read
-        held = cached_shard(store, manifest.validation, cache_dir)
+        held = cached_shard(store, manifest.validation, cache_dir, max_bytes=run.store.cache_max_bytes)
         shard_bytes += store.bytes_read - before
         eval_batch = max(config["batch_size"], 256)
         if streams(manifest.validation):
@@ -126,6 +127,7 @@ def run_hop(layout: RunLayout, run: RunRecord, manifest: Manifest, assignment: A
             xv, yv = load_shard(held, manifest)
             val = evaluate(model, xv, yv, batch_size=eval_batch)
     evaluated = time.time()
+    best_t, best_metric = best_so_far(assignment, val, run.metric, run.direction, t)
     out_uri = layout.checkpoint_uri(cid, t)
     state = state_to_bytes(model, {"config_id": cid, "t": t, "iteration": iteration, "hop": hop, "shard": shard})
     state_sha256 = hashlib.sha256(state).hexdigest()
@@ -141,10 +143,38 @@ def run_hop(layout: RunLayout, run: RunRecord, manifest: Manifest, assignment: A
                  "evaluate": evaluated - trained, "save": saved - evaluated},
         train_metrics=train, val_metrics=val, checkpoint=out_uri, checkpoint_bytes=len(state),
         bytes_read={"metadata": metadata_bytes, "data": shard_bytes, "checkpoint": checkpoint_bytes},
-        checkpoint_sha256=state_sha256,
+        checkpoint_sha256=state_sha256, best_t=best_t, best_metric=best_metric,
     )
     record.write(store, layout.hop_record_uri(cid, t))
-    return record, Assignment(config_id=cid, t=t, checkpoint=out_uri, checkpoint_sha256=state_sha256)
+    # Only once this hop is recorded: a retry of it still finds the state it started from.
+    for old in stale_checkpoints(t, run.store.keep_checkpoints, best_t, assignment.best_t):
+        store.delete_tree(layout.checkpoint_uri(cid, old))
+    return record, Assignment(config_id=cid, t=t, checkpoint=out_uri, checkpoint_sha256=state_sha256,
+                              best_t=best_t, best_metric=best_metric)
+
+
+def best_so_far(assignment: Assignment, val: dict[str, float] | None, metric: str, direction: str,
+                t: int) -> tuple[int | None, float | None]:
+    """The configuration's best evaluated hop and metric, after hop ``t`` evaluated ``val`` (or not)."""
+    value = (val or {}).get(metric)
+    if value is None or not math.isfinite(value):
+        return assignment.best_t, assignment.best_metric
+    best = assignment.best_metric
+    if best is None or (value < best if direction == "min" else value > best):
+        return t, float(value)
+    return assignment.best_t, best
+
+
+def stale_checkpoints(t: int, keep: int | None, best_t: int | None, previous_best_t: int | None) -> list[int]:
+    """The hops whose checkpoints go once hop ``t`` is saved: the one falling out of the last ``keep``,
+    and the former best once it is beaten (unless still among the last ``keep``); never the best."""
+    if keep is None:
+        return []
+    stale = {t - keep} if t - keep >= 0 else set()
+    if previous_best_t is not None and previous_best_t != best_t and previous_best_t <= t - keep:
+        stale.add(previous_best_t)
+    stale.discard(best_t)
+    return sorted(stale)
 
 
 def record_failure(layout: RunLayout, assignment: Assignment, *, t: int, shard: int, shards: int,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import time
 
 import numpy as np
 import pyarrow as pa
@@ -89,3 +90,44 @@ def test_load_xy_from_a_cached_shard(tmp_path, store, manifest):
     assert x.shape == (manifest.shards[0].rows, 3)
     # make_columns labels row i with class i % 3, and x0 holds i
     np.testing.assert_array_equal(y, x[:, 0].astype(np.int64) % 3)
+
+
+def _cache_file(folder, name, size, used):
+    path = folder / f"{name}.parquet"
+    path.write_bytes(b"\0" * size)
+    os.utime(path, (used, used))
+    return path
+
+
+def test_the_cache_evicts_least_recently_used_shards_over_its_bound_but_never_one_in_use(tmp_path):
+    from mop_airflow.data.cache import IN_USE_SECONDS, cache_bytes, evict
+
+    now = 1_000_000.0
+    old = now - IN_USE_SECONDS - 100
+    a = _cache_file(tmp_path, "a", 400, old - 30)  # least recently used
+    b = _cache_file(tmp_path, "b", 400, old - 20)
+    c = _cache_file(tmp_path, "c", 400, old - 10)
+    d = _cache_file(tmp_path, "d", 400, now - 5)  # in use right now
+    (tmp_path / "e.parquet.part-123").write_bytes(b"\0" * 999)  # a copy in flight: not counted, never deleted
+    assert cache_bytes(str(tmp_path)) == 1600
+    assert evict(str(tmp_path), 900, now=now) == [str(a), str(b)]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.parquet", "d.parquet", "e.parquet.part-123"]
+    # over the bound with only files in use left: they stay
+    _cache_file(tmp_path, "f", 400, now - 1)
+    assert evict(str(tmp_path), 100, now=now) == [str(c)]
+    assert sorted(p.name for p in tmp_path.glob("*.parquet")) == ["d.parquet", "f.parquet"]
+    assert d.exists()
+
+
+def test_a_new_shard_copied_into_a_full_cache_evicts_the_stale_one(tmp_path, store, manifest):
+    from mop_airflow.data.cache import IN_USE_SECONDS
+
+    cache = tmp_path / "cache"
+    first = cached_shard(store, manifest.shards[0], str(cache))
+    stale = time.time() - IN_USE_SECONDS - 60
+    os.utime(first, (stale, stale))  # last used long ago, by a run that is over
+    second = cached_shard(store, manifest.shards[1], str(cache), max_bytes=manifest.shards[1].bytes + 10)
+    assert not os.path.exists(first) and os.path.exists(second)
+    # a hit marks the file used: it is now the most recent
+    assert cached_shard(store, manifest.shards[1], str(cache), max_bytes=1) == second
+    assert os.path.getmtime(second) > stale + IN_USE_SECONDS

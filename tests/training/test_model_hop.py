@@ -153,3 +153,37 @@ def test_a_checkpoint_of_another_configuration_is_refused_before_it_is_restored(
                                             rf"hop 0, not of {mine} after hop 0. Fix: clear the hop"):
         run_hop(layout, run, manifest, swapped, t=1, shard=0, cache_dir=cache)
     assert not layout.store.exists(layout.checkpoint_uri(mine, 1))
+
+
+@pytest.mark.parametrize("t, keep, best, previous, stale", [
+    (0, 2, None, None, []),
+    (1, 2, 1, None, []),
+    (2, 2, 1, 1, [0]),
+    (3, 2, 1, 1, []),          # hop 1 falls out of the last two but is the best: kept
+    (4, 2, 3, 1, [1, 2]),      # hop 3 beat it: the former best goes with the one falling out
+    (5, 2, 3, 3, []),          # hop 3 falls out of the last two but is the best: kept
+    (6, 3, 5, 3, [3]),
+    (6, None, 5, 3, []),       # keep every checkpoint
+])
+def test_stale_checkpoints_keep_the_last_k_and_the_best(t, keep, best, previous, stale):
+    from mop_airflow.training.model_hop import stale_checkpoints
+
+    assert stale_checkpoints(t, keep, best, previous) == stale
+
+
+def test_a_configuration_keeps_its_last_two_checkpoints_and_its_best(run_setup):
+    run, layout, manifest = run_setup
+    cid = run.configs[0]["config_id"]
+    assert run.store.keep_checkpoints == 2  # the default
+    kept = lambda: sorted(int(u.rsplit("/t", 1)[1][:3]) for u in layout.store.glob(f"{layout.run_uri}/checkpoints/{cid}/*"))  # noqa: E731
+    out, best = Assignment(cid, -1, None), None
+    metrics = {}
+    for t in range(4):  # 2 iterations x 2 shards: hops 1 and 3 evaluate
+        record, out = run_hop(layout, run, manifest, out, t=t, shard=(t + 1) % 2, cache_dir=run.store.local_cache)
+        if record.val_metrics:
+            metrics[t] = record.val_metrics["val_accuracy"]
+        best = max(metrics, key=lambda k: (metrics[k], -k)) if metrics else None  # the first of equals
+        assert (out.best_t, record.best_t) == (best, best)
+        assert kept() == sorted({t - 1, t} - {-1} | ({best} if best is not None else set()))
+    # every kept checkpoint restores: the best one too, after the last two moved on
+    assert layout.store.exists(layout.checkpoint_uri(cid, best))
