@@ -70,12 +70,24 @@ def s3_endpoint():
 class RestartableS3:
     """A loopback S3 endpoint (moto's server) that can go away and come back on the same port.
 
-    moto keeps its buckets in the process, so what was written before an outage is there after it.
+    Clients talk to a TCP proxy in front of moto: an outage closes the proxy's port and every open
+    connection (keep-alive ones too, which a stopped HTTP server would go on serving), so a client
+    sees refused and reset connections as when a real endpoint goes down. moto keeps running
+    behind it, so what was written before an outage is there after it.
     """
 
     def __init__(self):
+        import threading
+
+        from moto.server import ThreadedMotoServer
+
+        self.server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+        self.server.start()
+        self.target = self.server.get_host_and_port()[1]
         self.port = 0
-        self.server = None
+        self.lock = threading.Lock()
+        self.connections = set()
+        self.listener = None
         self.start()
 
     @property
@@ -83,14 +95,59 @@ class RestartableS3:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self):
-        from moto.server import ThreadedMotoServer
+        import socket
+        import threading
 
-        self.server = ThreadedMotoServer(ip_address="127.0.0.1", port=self.port, verbose=False)
-        self.server.start()
-        self.port = self.server.get_host_and_port()[1]
+        listener = socket.socket()
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", self.port))
+        listener.listen(64)
+        self.port = listener.getsockname()[1]
+        self.listener = listener
+        threading.Thread(target=self._accept, args=(listener,), daemon=True).start()
+
+    def _accept(self, listener):
+        import socket
+        import threading
+
+        while True:
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                return  # the listener was closed: an outage
+            upstream = socket.create_connection(("127.0.0.1", self.target))
+            with self.lock:
+                self.connections |= {client, upstream}
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    def _pipe(self, source, sink):
+        try:
+            while data := source.recv(65536):
+                sink.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for sock in (source, sink):
+                self._close(sock)
+
+    @staticmethod
+    def _close(sock):
+        import socket
+
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        sock.close()
 
     def stop(self):
-        self.server.stop()
+        """The endpoint goes away: new connections are refused, open ones are cut."""
+        self._close(self.listener)
+        with self.lock:
+            for sock in self.connections:
+                self._close(sock)
+            self.connections.clear()
 
     def outage(self, seconds):
         """Stop answering now and come back ``seconds`` later, in the background."""
@@ -101,12 +158,23 @@ class RestartableS3:
         timer.start()
         return timer
 
+    def close(self):
+        self.stop()
+        self.server.stop()
+
 
 @pytest.fixture
 def restartable_s3():
     s3 = RestartableS3()
     yield s3
-    s3.stop()
+    s3.close()
+
+
+def logged(capfd, caplog) -> str:
+    """Everything logged and printed so far: a message goes to Airflow's handler or to pytest's,
+    depending on which set up logging first in this process."""
+    out, err = capfd.readouterr()
+    return out + err + "\n".join(r.getMessage() for r in caplog.records)
 
 
 def make_bucket(endpoint, name):
