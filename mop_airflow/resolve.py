@@ -10,14 +10,20 @@ from __future__ import annotations
 
 import datetime as dt
 import importlib.util
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from mop_airflow.errors import SpecError
 from mop_airflow.records import Plan, RunRecord
 from mop_airflow.schedule import DEFAULT_PRIORITY, deal_classes, hash_seed, visit_order
 from mop_airflow.spec import MopSpec
 
-def resolve_run(spec: MopSpec | Mapping[str, Any], conf: Any, *, dag_id: str, run_id: str) -> RunRecord:
+def builder_modules(spec: MopSpec) -> list[str]:
+    """The modules a DAG's own spec takes builders from: by default, the only ones a trigger conf may name."""
+    return sorted({path.split(":", 1)[0] for path in spec.search.space.builders()})
+
+
+def resolve_run(spec: MopSpec | Mapping[str, Any], conf: Any, *, dag_id: str, run_id: str,
+                allowed_modules: Sequence[str] | None = None) -> RunRecord:
     """The run's effective spec (the trigger ``conf``'s sections override the DAG's spec) and configurations.
 
     Fails with a :class:`SpecError` before anything trains: a conf that is not a mapping of spec
@@ -33,6 +39,13 @@ def resolve_run(spec: MopSpec | Mapping[str, Any], conf: Any, *, dag_id: str, ru
                         "list at least one value for every searched parameter")
     for path in sorted({c["model"] for c in configs}):
         module = path.split(":", 1)[0]
+        # A builder is code the workers run: the trigger conf may only pick among the modules the
+        # DAG's author allowed (a module, or a package and everything under it).
+        if allowed_modules is not None and not any(module == m or module.startswith(m + ".") for m in allowed_modules):
+            raise SpecError("search.space.params.model", path,
+                            f"module {module!r} is not among the builder modules this DAG allows {list(allowed_modules)}",
+                            "pick a builder from those modules, or have the DAG's author add the module to "
+                            "build_mop_dag(builder_modules=[...])")
         try:
             found = importlib.util.find_spec(module) is not None
         except ModuleNotFoundError:

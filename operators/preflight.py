@@ -8,7 +8,7 @@ so a run with bad input leaves nothing in the store.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from mop_airflow.airflow.pools import check_pools, required_pools
 from mop_airflow.resolve import resolve_run
@@ -17,16 +17,19 @@ from mop_airflow.operators.base import MopBaseOperator
 
 
 class MopPreflightOperator(MopBaseOperator):
-    def __init__(self, *, spec: Mapping[str, Any], check_pools: bool = True, **kwargs: Any) -> None:
+    def __init__(self, *, spec: Mapping[str, Any], check_pools: bool = True,
+                 builder_modules: Sequence[str] | None = None, **kwargs: Any) -> None:
         super().__init__(store=spec["store"], **kwargs)
         self.spec = dict(spec)
         self.check_pools = check_pools
+        self.builder_modules = None if builder_modules is None else list(builder_modules)
 
     def work(self, context: Any) -> dict[str, Any]:
         # The trigger conf as given (the form sends its sections, the REST API and CLI what they name);
         # params would also hold the DAG's defaults and hide a misspelt section.
         conf = getattr(context.get("dag_run"), "conf", None)
-        run = resolve_run(self.spec, conf, dag_id=context["dag"].dag_id, run_id=context["run_id"])
+        run = resolve_run(self.spec, conf, dag_id=context["dag"].dag_id, run_id=context["run_id"],
+                          allowed_modules=self.builder_modules)
         schedule = run.schedule
         pools = required_pools(schedule.shards)
         if self.check_pools:

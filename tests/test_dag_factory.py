@@ -238,3 +238,30 @@ def test_every_task_retries_twice_with_backoff_unless_the_dag_says_otherwise():
         (2, dt.timedelta(seconds=10), 2.0)}
     off = build_mop_dag(spec_dict(), dag_id="no_retries", default_args={"retries": 0})
     assert {t.retries for t in off.tasks} == {0}
+
+
+def test_a_trigger_conf_may_name_builders_only_from_the_modules_the_dag_allows():
+    from mop_airflow.airflow.dag import build_mop_dag
+    from mop_airflow.errors import SpecError
+    from mop_airflow.resolve import resolve_run
+
+    spec = spec_dict()  # builders from mop_airflow.examples.mnist1d_models
+    allowed = build_mop_dag(spec, dag_id="allow").get_task("preflight").builder_modules
+    assert allowed == ["mop_airflow.examples.mnist1d_models"]
+
+    def conf(*models):
+        return {"search": {"space": {"method": "grid", "params": {"model": list(models)}}}}
+
+    run = resolve_run(spec, conf("mop_airflow.examples.mnist1d_models:cnn"), dag_id="d", run_id="r",
+                      allowed_modules=allowed)  # another builder of an allowed module
+    assert [c["model"] for c in run.configs] == ["mop_airflow.examples.mnist1d_models:cnn"]
+    with pytest.raises(SpecError, match=r"search.space.params.model='mop_airflow.examples.image_models:cnn2d': "
+                                        r"module 'mop_airflow.examples.image_models' is not among the builder "
+                                        r"modules this DAG allows \['mop_airflow.examples.mnist1d_models'\]. Fix: "):
+        resolve_run(spec, conf("mop_airflow.examples.image_models:cnn2d"), dag_id="d", run_id="r",
+                    allowed_modules=allowed)
+    # a package allows every module under it
+    package = build_mop_dag(spec, dag_id="pkg", builder_modules=["mop_airflow.examples"])
+    assert package.get_task("preflight").builder_modules == ["mop_airflow.examples"]
+    resolve_run(spec, conf("mop_airflow.examples.image_models:cnn2d"), dag_id="d", run_id="r",
+                allowed_modules=["mop_airflow.examples"])

@@ -11,7 +11,7 @@ second.
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from airflow.sdk import DAG, Param, TaskGroup, task_group
 
@@ -22,6 +22,7 @@ from mop_airflow.operators.preflight import MopPreflightOperator
 from mop_airflow.operators.promote import MopPromoteOperator
 from mop_airflow.operators.report import MopReportOperator
 from mop_airflow.operators.train import MopTrainHopOperator
+from mop_airflow import resolve
 from mop_airflow.schedule import DEFAULT_PRIORITY
 from mop_airflow.spec import MopSpec
 from mop_airflow.task_plan import ClassGroup, TaskPlan, TaskSpec, build_task_plan
@@ -75,6 +76,7 @@ def build_mop_dag(
     check_pools: bool = True,
     description: str | None = None,
     priority: str = DEFAULT_PRIORITY,
+    builder_modules: Sequence[str] | None = None,
     **dag_kwargs: Any,
 ) -> DAG:
     """Build the MOP model-selection DAG for ``spec``.
@@ -83,6 +85,10 @@ def build_mop_dag(
     off. ``check_pools=False`` skips the REST-API pool check of the first task (for ``dag.test()`` or
     deployments whose pools are managed elsewhere). ``priority`` picks the rule by which a free
     shard slot chooses among waiting configurations (:data:`mop_airflow.schedule.PRIORITY_RULES`).
+
+    A trigger conf may name model builders only from ``builder_modules`` (modules or packages);
+    by default those are the modules the spec's own builders come from, so a conf cannot make the
+    workers import arbitrary code.
     """
     spec = spec if isinstance(spec, MopSpec) else MopSpec.from_dict(spec)
     plan = build_task_plan(spec.schedule.shards, spec.schedule.iterations, spec.adaptive_plan(), priority=priority)
@@ -102,16 +108,18 @@ def build_mop_dag(
         max_active_tasks=dag_kwargs.pop("max_active_tasks", max(16, p * slots + p + 2)),
         **dag_kwargs,
     )
+    allowed = list(builder_modules) if builder_modules is not None else resolve.builder_modules(spec)
     with dag:
-        _Renderer(plan, spec.to_dict(), check_pools=check_pools).render()
+        _Renderer(plan, spec.to_dict(), check_pools=check_pools, builder_modules=allowed).render()
     return dag
 
 
 class _Renderer:
-    def __init__(self, plan: TaskPlan, spec: dict[str, Any], *, check_pools: bool) -> None:
+    def __init__(self, plan: TaskPlan, spec: dict[str, Any], *, check_pools: bool, builder_modules: list[str]) -> None:
         self.plan = plan
         self.spec = spec
         self.check_pools = check_pools
+        self.builder_modules = builder_modules
         self.ops: dict[str, Any] = {}
         self.containers: dict[str, TaskGroup] = {}
 
@@ -135,7 +143,8 @@ class _Renderer:
             kwargs["task_group"] = container
         if spec.kind == "preflight":
             kwargs.pop("store")
-            op = MopPreflightOperator(spec=self.spec, check_pools=self.check_pools, **kwargs)
+            op = MopPreflightOperator(spec=self.spec, check_pools=self.check_pools,
+                                      builder_modules=self.builder_modules, **kwargs)
         elif spec.kind == "plan":
             op = MopPlanOperator(priority=self.plan.priority, **kwargs)
         elif spec.kind == "scatter":  # one instance per slice of files that list_data returns

@@ -131,6 +131,11 @@ class SearchSpace:
                 if not ok:
                     raise SpecError(f"search.space.params.{key}", value, rule, f"fix the value of {key}")
 
+    def builders(self) -> list[str]:
+        """Every model builder import path the space can name (listed, or a choice distribution's)."""
+        dim = self._dims["model"]
+        return sorted(set(dim if isinstance(dim, list) else list(getattr(dim, "choices", None) or [])))
+
     def metric_names(self) -> list[str]:
         return list(self._dims["metrics"])
 

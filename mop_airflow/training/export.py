@@ -36,7 +36,7 @@ def export_best(layout: RunLayout, run: RunRecord, manifest: Manifest, config_id
     restore_state(model, store.read_bytes(layout.checkpoint_uri(config_id, last_t)))
     with tempfile.TemporaryDirectory() as tmp:
         path = export_keras(model, os.path.join(tmp, "best_model.keras"))
-        reloaded = keras.models.load_model(path)
+        reloaded = keras.models.load_model(path, safe_mode=True)  # what serving does: it must load without code
         sample = {k: v[:64] for k, v in xv.items()} if isinstance(xv, dict) else xv[:64]
         if not np.allclose(reloaded.predict(sample, verbose=0), model.predict(sample, verbose=0), atol=1e-5):
             raise RuntimeError("the exported best model predicts differently from the trained one")

@@ -79,3 +79,31 @@ def test_bytes_that_are_not_a_checkpoint_are_refused(trained):
     for garbage in (b"not a checkpoint", data[: len(data) // 2]):
         with pytest.raises(TrainingError, match="not a readable mop_airflow checkpoint"):
             restore_state(model, garbage)
+
+
+class _Payload:
+    """Unpickling this would run code (it records that it did)."""
+
+    ran = False
+
+    def __reduce__(self):
+        return (_mark_ran, ())
+
+
+def _mark_ran():
+    _Payload.ran = True
+    return "ran"
+
+
+def test_a_checkpoint_holding_a_pickled_object_is_refused_without_running_it(trained):
+    model, data = trained
+    with np.load(io.BytesIO(data), allow_pickle=False) as archive:
+        arrays = {key: archive[key] for key in archive.files}
+    arrays["model/00000"] = np.array([_Payload()], dtype=object)  # what a tampered checkpoint could carry
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)
+    before = [v.numpy().copy() for v in model.variables]
+    with pytest.raises(TrainingError, match="not a readable mop_airflow checkpoint"):
+        restore_state(model, buffer.getvalue())
+    assert not _Payload.ran  # loading ran no code
+    assert all(np.array_equal(a, v.numpy()) for a, v in zip(before, model.variables))  # and changed nothing
