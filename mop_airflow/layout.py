@@ -64,6 +64,10 @@ class RunLayout:
     def stage_record_uri(self, shard: int) -> str:
         return self._at("stage", f"shard_{shard:02d}.json")
 
+    @property
+    def stages_glob(self) -> str:
+        return self._at("stage", "shard_*.json")
+
     def rung_decision_uri(self, bracket: int | str, rung: int | str) -> str:
         return self._at("rungs", f"bracket_{bracket}_rung_{rung}.json")
 

@@ -129,7 +129,7 @@ def disk_use(layout: RunLayout, run: RunRecord, manifest: Manifest,
     store = layout.store
     checkpoints = set(store.glob(f"{layout.run_uri}/checkpoints/*/*"))
     caches = {}
-    for uri in store.glob(layout.stage_record_uri(0).replace("shard_00", "shard_*")):
+    for uri in store.glob(layout.stages_glob):
         stage = StageRecord.read(store, uri)
         caches[stage.host] = max(caches.get(stage.host, 0), stage.cache_bytes)
     return {
