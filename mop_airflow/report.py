@@ -23,18 +23,16 @@ REPORT_FILES = ("leaderboard.json", "metrics.parquet", "metrics.json", "learning
 
 
 def load_hop_records(layout: RunLayout) -> list[HopRecord]:
-    """Records of the hops that trained (a failed hop leaves a failure record: see :func:`load_failures`)."""
-    return [r for r in _all_hop_records(layout) if r.status == "ok"]
+    """Records of the hops that trained (a failed hop leaves a failure record: see :func:`load_all_hops`)."""
+    return load_all_hops(layout)[0]
 
 
-def load_failures(layout: RunLayout) -> dict[str, HopRecord]:
-    """Per configuration that failed, the record of the hop where it failed and why."""
-    failed = sorted((r for r in _all_hop_records(layout) if r.status != "ok"), key=lambda r: r.t, reverse=True)
-    return {r.config_id: r for r in failed}  # the earliest failure wins
-
-
-def _all_hop_records(layout: RunLayout) -> list[HopRecord]:
-    return [HopRecord.read(layout.store, uri) for uri in layout.store.glob(layout.hops_glob)]
+def load_all_hops(layout: RunLayout) -> tuple[list[HopRecord], dict[str, HopRecord]]:
+    """The records of the hops that trained, and per configuration that failed the record of the hop
+    where it failed and why; every record is read once."""
+    records = [HopRecord.read(layout.store, uri) for uri in layout.store.glob(layout.hops_glob)]
+    failed = sorted((r for r in records if r.status != "ok"), key=lambda r: r.t, reverse=True)
+    return [r for r in records if r.status == "ok"], {r.config_id: r for r in failed}  # the earliest failure wins
 
 
 def visit_order(records: Sequence[HopRecord]) -> dict[str, list[int]]:
@@ -55,8 +53,7 @@ def write_report(layout: RunLayout, run: RunRecord, *, cache_dir: str) -> dict[s
 
     store = layout.store
     plan = Plan.read(store, layout.plan_uri)
-    records = load_hop_records(layout)
-    failures = load_failures(layout)
+    records, failures = load_all_hops(layout)
     rows = metrics_table(plan.shards, run.configs, records)
     metric, direction = run.metric, run.direction
     board = leaderboard(rows, run.configs, metric=metric, direction=direction, failed=failures)
