@@ -39,12 +39,13 @@ class DataValidationError(MopError):
 class PoolsMissingError(MopError):
     """A run needs Airflow pools that do not exist; it would otherwise sit in 'scheduled'."""
 
-    def __init__(self, missing: Iterable[str], command: str):
+    def __init__(self, missing: Iterable[str], command: str, *, reason: str | None = None):
         self.missing = sorted(missing)
         self.command = command
         super().__init__(
-            f"Airflow pools missing: {', '.join(self.missing)}. Tasks using a missing pool are "
-            f"never scheduled. Create them with: {command}"
+            f"Airflow pools missing: {', '.join(self.missing)}"
+            + (f" and not created: {reason}" if reason else "")
+            + f". Tasks using a missing pool are never scheduled. Create them with: {command}"
         )
 
 

@@ -33,7 +33,7 @@ def test_a_connection_secret_appears_in_no_artifact_log_or_xcom(airflow_db, tmp_
     spec = tiny_spec("s3://mop-secret/data/digits.parquet", "s3://mop-secret/runs", iterations=1)
     spec["data"]["conn_id"] = spec["store"]["conn_id"] = "mop_secret"
     spec["store"]["cache_dir"] = str(tmp_path / "cache")
-    write_dag_file("mop_secret", spec, check_pools=False)
+    write_dag_file("mop_secret", spec)
     # run in a process of its own, so everything it prints and logs is in one place to search
     run = subprocess.run([sys.executable, "-c", "import runpy, sys\n"
                           f"run = runpy.run_path({str(_SESSION / 'dags' / 'mop_secret.py')!r})['dag'].test()\n"

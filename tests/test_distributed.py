@@ -166,7 +166,7 @@ def test_mop_on_celery_workers_per_shard(postgres_db, redis_broker, s3_endpoint,
     monkeypatch.setenv("AIRFLOW_CONN_AWS_DEFAULT", conn)
     local_spec = spec_for(source, f"file://{tmp_path / 'local-store'}")
     local_spec["store"].pop("conn_id")
-    local_run = write_dag_file(f"{DAG_ID}_local", local_spec, check_pools=False).test()
+    local_run = write_dag_file(f"{DAG_ID}_local", local_spec).test()
     assert local_run.state == "success"
     local_store = Store(f"file://{tmp_path / 'local-store'}")
     local_rows = local_store.read_json(RunLayout(local_store, f"{DAG_ID}_local", local_run.run_id).report_uri("metrics.json"))

@@ -44,7 +44,7 @@ def tiny_spec(source, store_root, **schedule):
 
 
 def run_dag(spec, dag_id):
-    dag = write_dag_file(dag_id, spec, check_pools=False)
+    dag = write_dag_file(dag_id, spec)
     return dag.test()
 
 
@@ -122,7 +122,7 @@ def test_an_invalid_trigger_conf_fails_the_run_at_once_with_the_validation_messa
     source = tmp_path / "digits.parquet"
     write_digits(source)
     root = f"file://{tmp_path / 'store'}"
-    dag = write_dag_file("mop_e2e_bad_conf", tiny_spec(source, root), check_pools=False)
+    dag = write_dag_file("mop_e2e_bad_conf", tiny_spec(source, root))
     conf = {"search": {"space": {"method": "grid", "params": {"model": [MLP], "learning_rate": [-0.1]}}}}
     capfd.readouterr()
     dag_run = dag.test(run_conf=conf)

@@ -47,7 +47,7 @@ def test_failing_configurations_are_marked_with_their_reason_and_the_rest_finish
     root = f"file://{tmp_path / 'store'}"
     spec = failing_spec(source, root)
     ids = by_params(spec)
-    dag_run = write_dag_file("mop_some_fail", spec, check_pools=False).test()
+    dag_run = write_dag_file("mop_some_fail", spec).test()
     assert dag_run.state == "success"
 
     store = Store(root)
@@ -85,7 +85,7 @@ def test_fail_fast_fails_the_run_at_the_first_failing_configuration(airflow_db, 
     write_digits(source)
     root = f"file://{tmp_path / 'store'}"
     spec = failing_spec(source, root, units=(32,), fail_fast=True)
-    dag_run = write_dag_file("mop_fail_fast", spec, check_pools=False).test()
+    dag_run = write_dag_file("mop_fail_fast", spec).test()
     assert dag_run.state == "failed"
     failed = [ti for ti in dag_run.get_task_instances() if ti.state == "failed"]
     # the diverging configuration's first hop, not retried (a retry would diverge again)
@@ -101,7 +101,7 @@ def test_a_run_where_every_configuration_fails_fails_at_the_report_naming_each_r
     write_digits(source)
     root = f"file://{tmp_path / 'store'}"
     spec = failing_spec(source, root, learning_rates=(1e12, 1e13), units=(32,))
-    dag_run = write_dag_file("mop_all_fail", spec, check_pools=False).test()
+    dag_run = write_dag_file("mop_all_fail", spec).test()
     assert dag_run.state == "failed"
     states = {ti.task_id: ti.state for ti in dag_run.get_task_instances() if ".hop_" not in ti.task_id}
     assert states["report"] == "failed"
@@ -124,7 +124,7 @@ def test_a_model_that_cannot_train_on_the_data_fails_the_run_before_any_hop(airf
     spec = failing_spec(source, root, fail_fast=fail_fast)
     if not fail_fast:  # expects 5 features whatever the data has (digits has 64)
         spec["search"]["space"]["params"]["model"] = ["tests.training.toys:fixed_input"]
-    dag_run = write_dag_file(f"mop_unfit_{int(fail_fast)}", spec, check_pools=False).test()
+    dag_run = write_dag_file(f"mop_unfit_{int(fail_fast)}", spec).test()
     assert dag_run.state == "failed"
     states = {ti.task_id: (ti.state, ti.try_number) for ti in dag_run.get_task_instances()}
     assert states["check_models"] == ("failed", 1)

@@ -44,7 +44,7 @@ def test_hyperband_promotes_exactly_the_best_and_skips_the_rest(airflow_db, tmp_
         models = {c["config_id"]: c["hparams"]["units"] for c in configs}
         if sorted(models[c] for c in bracket1) == [GOOD, GOOD, BROKEN]:
             break
-    dag = write_dag_file("mop_hyperband", hyperband_spec(source, root, seed), check_pools=False)
+    dag = write_dag_file("mop_hyperband", hyperband_spec(source, root, seed))
     run = dag.test()
     assert run.state == "success"
 

@@ -73,7 +73,7 @@ def build_mop_dag(
     catchup: bool = False,
     tags: list[str] | None = None,
     default_args: Mapping[str, Any] | None = None,
-    check_pools: bool = True,
+    pools: str = "create",
     description: str | None = None,
     priority: str = DEFAULT_PRIORITY,
     builder_modules: Sequence[str] | None = None,
@@ -82,9 +82,13 @@ def build_mop_dag(
     """Build the MOP model-selection DAG for ``spec``.
 
     Tasks retry twice with backoff (:data:`RETRIES`); pass ``default_args={"retries": 0}`` to turn it
-    off. ``check_pools=False`` skips the REST-API pool check of the first task (for ``dag.test()`` or
-    deployments whose pools are managed elsewhere). ``priority`` picks the rule by which a free
-    shard slot chooses among waiting configurations (:data:`mop_airflow.schedule.PRIORITY_RULES`).
+    off. ``pools`` says what the first task does about the shard pools a run needs, through Airflow's
+    REST API: ``"create"`` the missing ones, ``"check"`` they exist (fail naming the command that
+    creates them), or ``"off"`` (deployments whose pools are managed elsewhere). ``dag.test()`` and
+    ``airflow dags test`` never use pools, so nothing is checked there.
+
+    ``priority`` picks the rule by which a free shard slot chooses among waiting configurations
+    (:data:`mop_airflow.schedule.PRIORITY_RULES`).
 
     A trigger conf may name model builders only from ``builder_modules`` (modules or packages);
     by default those are the modules the spec's own builders come from, so a conf cannot make the
@@ -110,15 +114,15 @@ def build_mop_dag(
     )
     allowed = list(builder_modules) if builder_modules is not None else resolve.builder_modules(spec)
     with dag:
-        _Renderer(plan, spec.to_dict(), check_pools=check_pools, builder_modules=allowed).render()
+        _Renderer(plan, spec.to_dict(), pools=pools, builder_modules=allowed).render()
     return dag
 
 
 class _Renderer:
-    def __init__(self, plan: TaskPlan, spec: dict[str, Any], *, check_pools: bool, builder_modules: list[str]) -> None:
+    def __init__(self, plan: TaskPlan, spec: dict[str, Any], *, pools: str, builder_modules: list[str]) -> None:
         self.plan = plan
         self.spec = spec
-        self.check_pools = check_pools
+        self.pools = pools
         self.builder_modules = builder_modules
         self.ops: dict[str, Any] = {}
         self.containers: dict[str, TaskGroup] = {}
@@ -143,7 +147,7 @@ class _Renderer:
             kwargs["task_group"] = container
         if spec.kind == "preflight":
             kwargs.pop("store")
-            op = MopPreflightOperator(spec=self.spec, check_pools=self.check_pools,
+            op = MopPreflightOperator(spec=self.spec, pools=self.pools,
                                       builder_modules=self.builder_modules, **kwargs)
         elif spec.kind == "plan":
             op = MopPlanOperator(priority=self.plan.priority, **kwargs)

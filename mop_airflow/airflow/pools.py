@@ -1,19 +1,22 @@
-"""Airflow pools for shards: names, creation (CLI side) and the pre-run check (task side).
+"""Airflow pools for shards: names, the CLI's sync, and the pre-run check or creation (task side).
 
 A task whose pool does not exist is never scheduled: Airflow leaves it in "scheduled" for ever.
-So the first task of every run checks the pools through Airflow's REST API (task code may not touch
-the metadata database in Airflow 3) and fails at once naming the missing pools and the command
-that creates them. Creating pools needs the metadata database, so it lives in the CLI.
+So the first task of every run makes sure the pools exist through Airflow's REST API (task code may
+not touch the metadata database in Airflow 3): by default it creates the missing ones; in "check"
+mode it fails at once naming them and the command that creates them. ``mop-airflow pools sync``
+creates or resizes them from the metadata database directly.
 """
 
 from __future__ import annotations
 
-from typing import Iterable
+import contextlib
+from typing import Any, Iterator, Sequence
 
-from mop_airflow.errors import MopError, PoolsMissingError
+from mop_airflow.errors import MopError, PoolsMissingError, SpecError
 from mop_airflow.task_plan import shard_pool
 
 API_CONN_ID = "mop_airflow_api"
+POOL_MODES = ("create", "check", "off")
 
 
 def required_pools(shards: int) -> list[str]:
@@ -65,8 +68,9 @@ def _api_target() -> tuple[str, str | None, str | None]:
     return base.rstrip("/"), None, None
 
 
-def existing_pools() -> set[str]:
-    """Names of the pools Airflow has, read through its REST API."""
+@contextlib.contextmanager
+def _rest_client() -> Iterator[Any]:
+    """An httpx client on Airflow's REST API with a bearer token; its errors become one clear MopError."""
     import httpx  # noqa: PLC0415
 
     base, login, password = _api_target()
@@ -77,30 +81,62 @@ def existing_pools() -> set[str]:
             else:  # simple auth manager with all_admins (the embedded default) hands out tokens freely
                 response = client.get("/auth/token")
             response.raise_for_status()
-            token = response.json()["access_token"]
-            names: set[str] = set()
-            offset = 0
-            while True:
-                page = client.get("/api/v2/pools", params={"limit": 100, "offset": offset},
-                                  headers={"Authorization": f"Bearer {token}"})
-                page.raise_for_status()
-                body = page.json()
-                names.update(p["name"] for p in body["pools"])
-                offset += len(body["pools"])
-                if not body["pools"] or offset >= body.get("total_entries", 0):
-                    return names
+            client.headers["Authorization"] = f"Bearer {response.json()['access_token']}"
+            yield client
     except (httpx.HTTPError, KeyError, ValueError) as exc:
         raise MopError(
-            f"could not list Airflow pools through the REST API at {base} ({exc}). Create an HTTP "
-            f"connection '{API_CONN_ID}' with the API server's URL as host and a user's login and "
-            "password, or build the DAG with check_pools=False if you manage the pools yourself"
+            f"could not reach Airflow's pools through the REST API at {base} ({exc}). Create an HTTP "
+            f"connection '{API_CONN_ID}' with the API server's URL as host and the login and password of a "
+            "user who may read and edit pools, or build the DAG with pools='off' if you manage the pools "
+            "yourself"
         ) from exc
 
 
-def check_pools(names: Iterable[str], *, shards: int, slots: int, available: set[str] | None = None) -> None:
-    """Raise :class:`PoolsMissingError` unless every pool in ``names`` exists."""
-    have = existing_pools() if available is None else available
-    missing = [n for n in names if n not in have]
-    if missing:
-        raise PoolsMissingError(missing, sync_command(shards, slots))
+def _pool_names(client: Any) -> set[str]:
+    names: set[str] = set()
+    offset = 0
+    while True:
+        page = client.get("/api/v2/pools", params={"limit": 100, "offset": offset})
+        page.raise_for_status()
+        body = page.json()
+        names.update(p["name"] for p in body["pools"])
+        offset += len(body["pools"])
+        if not body["pools"] or offset >= body.get("total_entries", 0):
+            return names
 
+
+def existing_pools() -> set[str]:
+    """Names of the pools Airflow has, read through its REST API."""
+    with _rest_client() as client:
+        return _pool_names(client)
+
+
+def ensure_pools(names: Sequence[str], *, shards: int, slots: int, mode: str = "create") -> list[str]:
+    """Make sure a run's shard pools exist before any hop waits on them; returns the pools created.
+
+    ``mode`` is one of :data:`POOL_MODES`: ``create`` adds missing pools (with ``slots`` slots) through
+    the REST API, ``check`` only fails naming the missing ones and the command that creates them,
+    ``off`` does nothing. Existing pools are never resized here: an operator may have sized them on
+    purpose (``mop-airflow pools sync`` does that).
+    """
+    if mode not in POOL_MODES:
+        raise SpecError("pools", mode, f"must be one of {list(POOL_MODES)}",
+                        "use 'create' (default), 'check' or 'off'")
+    if mode == "off":
+        return []
+    with _rest_client() as client:
+        missing = [n for n in names if n not in _pool_names(client)]
+        if missing and mode == "check":
+            raise PoolsMissingError(missing, sync_command(shards, slots))
+        for name in missing:
+            shard = names.index(name)
+            response = client.post("/api/v2/pools", json={
+                "name": name, "slots": slots, "include_deferred": False,
+                "description": f"mop_airflow shard {shard}: models training on this shard at once (one per GPU)"})
+            if response.status_code == 409:  # another run created it a moment ago
+                continue
+            if response.status_code in (401, 403):
+                raise PoolsMissingError(missing, sync_command(shards, slots),
+                                        reason=f"the REST API user may not create pools ({response.status_code})")
+            response.raise_for_status()
+        return missing
