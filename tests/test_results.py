@@ -1,0 +1,247 @@
+"""The results page's data, built from a run's folder in the store without Airflow or training.
+
+Hop records are written by hand with round numbers, so progress, the provisional leaderboard, the
+learning curves and the pool busy fractions can be checked against hand-computed values at each
+stage of a run: resolved (nothing in the store), planned, training, failed, reported; and for
+Hyperband, where each configuration was pruned.
+"""
+
+import json
+import math
+
+import pytest
+
+from mop_airflow.layout import RunLayout
+from mop_airflow.records import HopRecord
+from mop_airflow.resolve import make_plan, resolve_run
+from mop_airflow.results import (
+    NotARunFolder,
+    check_ids,
+    download_uri,
+    json_safe,
+    read_chunks,
+    run_results,
+)
+from mop_airflow.rungs import decide_rung
+from mop_airflow.store import Store
+from tests.test_end_to_end import MLP, tiny_spec
+
+RUN_ID = "manual__2026-01-01T00:00:00+00:00"
+
+
+@pytest.fixture
+def store(tmp_path):
+    return Store(f"file://{tmp_path / 'store'}")
+
+
+def resolved(store, spec=None, dag_id="mop_results"):
+    spec = spec or tiny_spec("/data/digits.parquet", store.root)  # 3 configurations, 2 shards, 2 iterations
+    run = resolve_run(spec, None, dag_id=dag_id, run_id=RUN_ID)
+    return RunLayout(store, dag_id, RUN_ID), run
+
+
+def planned(store, spec=None):
+    layout, run = resolved(store, spec)
+    plan = make_plan(run)
+    run.write(store, layout.run_record_uri)
+    plan.write(store, layout.plan_uri)
+    return layout, run, plan
+
+
+def hop(layout, cid, t, shard, *, shards=2, start=0.0, seconds=1.0, loss=1.0, acc=0.5, val=None, status="ok"):
+    """Write the record of hop ``t`` of ``cid``: started ``start`` s after 1000, saved ``seconds`` later."""
+    iteration, h = divmod(t, shards)
+    if status != "ok":
+        record = HopRecord(config_id=cid, t=t, iteration=iteration, hop=h, shard=shard, status=status,
+                           error="TrainingError: boom")
+    else:
+        began = 1000.0 + start
+        record = HopRecord(
+            config_id=cid, t=t, iteration=iteration, hop=h, shard=shard, started_at=began,
+            train_begin=began + 0.25, train_end=began + seconds - 0.25, saved_at=began + seconds,
+            timings={"train": seconds - 0.5},
+            train_metrics={"loss": loss, "accuracy": acc, "steps": 10, "samples": 320},
+            val_metrics=None if val is None else {"val_loss": val[0], "val_accuracy": val[1]})
+    record.write(layout.store, layout.hop_record_uri(cid, t))
+    return record
+
+
+def test_before_the_plan_is_recorded_the_page_shows_the_plan_the_plan_task_will_write(store):
+    layout, run = resolved(store)
+    data = run_results(layout, run)
+    plan = make_plan(run)
+    assert data["stage"] == "resolved" and data["plan"]["recorded"] is False
+    assert data["plan"]["classes"] == plan.classes and data["plan"]["visit_order"] == plan.visit_order
+    assert data["plan"]["model_hops_total"] == 3 * 2 * 2 and data["plan"]["shards"] == 2
+    assert data["progress"] == {"hops_done": 0, "hops_total": 12, "failed": 0, "iteration": 0, "iterations": 2,
+                                "best": None}
+    rows = data["leaderboard"]["leaderboard"]
+    assert data["leaderboard"]["final"] is False and len(rows) == 3
+    assert {r["status"] for r in rows} == {"waiting"} and rows[0]["outcome"] == "waiting: 0 of 4 hops done"
+    assert data["timeline"]["hops"] == [] and data["timeline"]["busy"] is None
+    assert data["downloads"] == [] and data["summary"] is None
+    assert [c["config_id"] for c in data["configs"]] == [c["config_id"] for c in run.configs]
+    assert {c["offset_class"] for c in data["configs"]} == {0, 1}
+    json.dumps(data, allow_nan=False)  # what the browser gets is strict JSON
+
+
+def test_while_training_progress_provisional_leaderboard_curves_and_busy_fractions(store):
+    layout, run, plan = planned(store)
+    order = plan.visit_order
+    a, b, c = sorted(order)
+    # a finishes iteration 0 (both shards), b trains one hop, c has not started. a's hop 0 runs
+    # 0..2 s on one shard while b's hop 0 runs 0..1 s on the other; a's hop 1 follows b's there, 2..4 s
+    hop(layout, a, 0, order[a][0], start=0, seconds=2, loss=2.0, acc=0.3)
+    hop(layout, a, 1, order[a][1], start=2, seconds=2, loss=1.0, acc=0.5, val=(0.9, 0.6))
+    hop(layout, b, 0, order[b][0], start=0, seconds=1, loss=3.0, acc=0.1)
+    data = run_results(layout, run)
+    assert data["stage"] == "training" and data["plan"]["recorded"] is True
+    assert data["progress"]["hops_done"] == 3 and data["progress"]["hops_total"] == 12
+    assert data["progress"]["iteration"] == 1 and data["progress"]["best"] == {"config_id": a, "val_accuracy": 0.6}
+    rows = {r["config_id"]: r for r in data["leaderboard"]["leaderboard"]}
+    assert data["leaderboard"]["final"] is False
+    assert rows[a]["rank"] == 1 and rows[a]["val_accuracy"] == 0.6
+    assert (rows[a]["status"], rows[a]["outcome"]) == ("training", "training: 2 of 4 hops done")
+    assert (rows[b]["status"], rows[b]["outcome"]) == ("training", "training: 1 of 4 hops done")
+    assert rows[c]["status"] == "waiting"
+
+    curves = data["curves"]
+    assert [ch["name"] for ch in curves["charts"]] == ["loss", "accuracy"]
+    assert curves["charts"][1] == {"name": "accuracy", "train": "train_accuracy", "validation": "val_accuracy"}
+    # iteration 0 of a: step-weighted mean of its two hops' training metrics, and the evaluation
+    assert curves["configs"][a]["points"] == [{"iteration": 0, "complete": True, "train_loss": 1.5,
+                                               "train_accuracy": 0.4, "val_loss": 0.9, "val_accuracy": 0.6}]
+    assert curves["configs"][b]["points"] == [{"iteration": 0, "complete": False, "train_loss": 3.0,
+                                               "train_accuracy": 0.1}]
+    assert curves["configs"][c] == {"points": [], "status": "waiting", "stop": None}
+
+    tl = data["timeline"]
+    assert tl["span"] == pytest.approx(4.0)
+    assert order[b][0] == order[a][1] != order[a][0]
+    busy = {order[a][0]: 2.0, order[a][1]: 2.0 + 1.0}
+    assert tl["busy_by_shard"] == pytest.approx([busy[0] / 4, busy[1] / 4])
+    assert tl["busy"] == pytest.approx(5.0 / 8)  # 5 busy seconds of 2 shards x 4 s
+    assert tl["training"] == pytest.approx((1.5 + 1.5 + 0.5) / 8)
+    bars = sorted((bar["config_id"], bar["t"], bar["shard"], bar["start"], bar["end"]) for bar in tl["hops"])
+    assert bars == sorted([(a, 0, order[a][0], 0.0, 2.0), (a, 1, order[a][1], 2.0, 4.0),
+                           (b, 0, order[b][0], 0.0, 1.0)])
+    assert {bar["lane"] for bar in tl["hops"]} == {0}  # one slot per shard, and no two hops overlap on one
+
+
+def test_overlapping_hops_on_a_shard_with_two_slots_take_two_lanes(store):
+    spec = tiny_spec("/data/digits.parquet", store.root, slots_per_shard=2)
+    layout, run, plan = planned(store, spec)
+    a, b, _ = sorted(plan.visit_order)
+    hop(layout, a, 0, 0, start=0, seconds=2)
+    hop(layout, b, 0, 0, start=1, seconds=2)
+    tl = run_results(layout, run)["timeline"]
+    assert sorted((bar["config_id"], bar["lane"]) for bar in tl["hops"]) == [(a, 0), (b, 1)]
+    assert tl["lanes"] == 2 and tl["busy_by_shard"] == pytest.approx([4 / (3 * 2), 0.0])
+
+
+def test_a_failed_configuration_is_last_with_its_reason_and_its_curve_stops(store):
+    layout, run, plan = planned(store)
+    a, b, c = sorted(plan.visit_order)
+    hop(layout, a, 0, plan.visit_order[a][0], start=0)
+    hop(layout, a, 1, plan.visit_order[a][1], start=1, val=(1.0, 0.4))
+    hop(layout, b, 0, plan.visit_order[b][0], status="failed")
+    data = run_results(layout, run)
+    rows = data["leaderboard"]["leaderboard"]
+    assert [r["config_id"] for r in rows][-1] == b
+    assert rows[-1]["status"] == "failed" and rows[-1]["outcome"].startswith("failed at hop 0 (iteration 0, shard")
+    assert rows[-1]["outcome"].endswith("TrainingError: boom")
+    assert data["progress"]["failed"] == 1
+    assert data["curves"]["configs"][b]["stop"]["status"] == "failed"
+    assert data["curves"]["configs"][b]["stop"]["iteration"] == 0
+
+
+def test_a_finished_run_shows_the_report_and_offers_only_its_files(store):
+    layout, run, plan = planned(store)
+    board = {"metric": "val_accuracy", "direction": "max", "leaderboard": [
+        {"rank": 1, "config_id": "c001-x", "val_accuracy": 0.9, "val_loss": float("nan"), "status": "finished",
+         "outcome": "finished"}]}
+    store.write_json(layout.report_uri("leaderboard.json"), board)
+    data = run_results(layout, run)
+    assert data["stage"] != "reported"  # the report is complete only once its summary is written
+    store.write_bytes(layout.report_uri("best_model.keras"), b"k" * 3_000_000)
+    store.write_bytes(layout.report_uri("metrics.parquet"), b"PAR1")
+    store.write_bytes(layout.report_uri("notes.txt"), b"not offered")
+    store.write_json(layout.report_uri("summary.json"), {"best": board["leaderboard"][0], "model_hops": 12,
+                                                         "spec": {"secret": "not shown"}})
+    data = run_results(layout, run)
+    assert data["stage"] == "reported" and data["leaderboard"]["final"] is True
+    assert data["leaderboard"]["leaderboard"][0]["config_id"] == "c001-x"
+    assert data["leaderboard"]["leaderboard"][0]["val_loss"] is None  # NaN is not JSON
+    json.dumps(data, allow_nan=False)
+    assert [d["name"] for d in data["downloads"]] == ["best_model.keras", "metrics.parquet", "leaderboard.json",
+                                                     "summary.json"]
+    assert data["summary"]["model_hops"] == 12 and "spec" not in data["summary"]
+    chunks = list(read_chunks(layout, "best_model.keras"))
+    assert len(chunks) == 3 and b"".join(chunks) == b"k" * 3_000_000  # streamed in 1 MiB pieces
+
+
+@pytest.mark.parametrize("name", ["../run.json", "..", "notes.txt", "/etc/passwd", "report/summary.json",
+                                  "summary.json/", "%2e%2e%2frun.json", ""])
+def test_only_allow_listed_report_files_are_served(store, name):
+    layout, _ = resolved(store)
+    with pytest.raises(KeyError):
+        download_uri(layout, name)
+
+
+@pytest.mark.parametrize("dag_id, run_id", [("mop", ".."), ("mop", "."), ("..", "run"), ("mop", ""),
+                                            ("mop", "x" * 251), ("mop", "...")])
+def test_ids_that_do_not_name_a_run_folder_are_refused(store, dag_id, run_id):
+    with pytest.raises(NotARunFolder):
+        check_ids(dag_id, run_id)
+    with pytest.raises(NotARunFolder):
+        download_uri(RunLayout(store, dag_id, run_id), "summary.json")
+
+
+def test_ids_with_slashes_stay_inside_the_run_folder(store):
+    check_ids("mop", "../../etc/passwd")  # slashes become underscores: one segment ".._.._etc_passwd"
+    uri = download_uri(RunLayout(store, "mop", "../../etc/passwd"), "summary.json")
+    assert uri == f"{store.root}/mop/.._.._etc_passwd/report/summary.json"
+    check_ids("mop", "/abs/path")
+    assert download_uri(RunLayout(store, "mop", "/abs/path"), "metrics.json").startswith(f"{store.root}/mop/_abs_path/")
+
+
+def test_json_safe_replaces_non_finite_numbers():
+    assert json_safe({"a": [1.0, math.nan, {"b": math.inf}], "c": "x", "d": None}) == \
+        {"a": [1.0, None, {"b": None}], "c": "x", "d": None}
+
+
+def test_hyperband_shows_brackets_rungs_and_where_each_configuration_was_pruned(store):
+    spec = tiny_spec("/data/digits.parquet", store.root)
+    spec["search"]["space"] = {"method": "random", "seed": 3, "params": {
+        "model": [MLP], "learning_rate": {"distribution": "log_uniform", "low": 1e-4, "high": 3e-2},
+        "batch_size": [32], "hparams": {"units": [32]}}}
+    spec["search"]["adaptive"] = {"method": "hyperband", "R": 3, "eta": 3}
+    layout, run, plan = planned(store, spec)
+    data = run_results(layout, run)
+    brackets = {b["s"]: b for b in data["plan"]["brackets"]}
+    assert sorted(brackets) == [0, 1] and data["plan"]["adaptive"]["R"] == 3
+    assert [(g["i"], g["n_i"], g["keep"], g["decided"]) for g in brackets[1]["rungs"]] == \
+        [(0, 3, 1, False), (1, 1, 0, False)]
+    first = brackets[1]["configs"]
+    assert len(first) == 3 and {c["bracket"] for c in data["configs"] if c["config_id"] in first} == {1}
+    # rung 0 of bracket 1 is one iteration (2 hops); its planned total is rung 1's 3 iterations
+    assert {r["outcome"] for r in data["leaderboard"]["leaderboard"] if r["config_id"] in first} == \
+        {"waiting: 0 of 6 hops done"}
+
+    accuracy = dict(zip(first, (0.7, 0.5, 0.6)))
+    for cid in first:
+        for t in (0, 1):
+            hop(layout, cid, t, t, start=t, val=(1.0, accuracy[cid]) if t == 1 else None)
+    decision = decide_rung(layout, run, plan, bracket=1, rung=0, start=0, end=2, keep=1)
+    assert decision.promoted == [first[0]]
+    data = run_results(layout, run)
+    rows = {r["config_id"]: r for r in data["leaderboard"]["leaderboard"]}
+    for loser in first[1:]:
+        assert rows[loser]["status"] == "pruned" and rows[loser]["bracket"] == 1
+        assert rows[loser]["outcome"] == "pruned at rung 0: ranked below the top 1"
+        stop = data["curves"]["configs"][loser]["stop"]
+        assert stop["status"] == "pruned" and stop["rung"] == 0 and stop["iteration"] == 0
+    assert rows[first[0]]["status"] == "training" and data["curves"]["configs"][first[0]]["stop"] is None
+    assert data["leaderboard"]["best_per_bracket"]["1"] == {"config_id": first[0], "val_accuracy": 0.7}
+    rung0 = next(g for g in {b["s"]: b for b in data["plan"]["brackets"]}[1]["rungs"] if g["i"] == 0)
+    assert rung0["decided"] and rung0["promoted"] == [first[0]] and sorted(rung0["pruned"]) == sorted(first[1:])
