@@ -73,7 +73,7 @@ def main() -> int:
     started = time.time()
     with LocalAirflow(home / "airflow", REPO / "dags", extra_env=extra) as af:
         af.wait_for_dag(args.dag_id)
-        run_id, state, _ = run_and_watch(af, args.dag_id, store, timeout=3600, started=started)
+        run_id, state, _ = run_and_watch(af, args.dag_id, timeout=3600, started=started)
         all_tis = af.task_instances(args.dag_id, run_id)
         # a hop task instance is (its full task id, the configuration it trained); the hop record has both
         tis = {(ti["task_id"], ti["rendered_map_index"]): ti for ti in all_tis}

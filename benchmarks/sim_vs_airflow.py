@@ -213,7 +213,7 @@ def run_on_airflow(args: argparse.Namespace, home: Path, began: float) -> dict[s
                                              extra_env={"MOP_AIRFLOW_HOME": str(home)}) as af:
         af.wait_for_dag(DAG_ID)
         load_at_trigger = os.getloadavg()
-        run_id, state, _ = run_and_watch(af, DAG_ID, store, timeout=args.timeout, started=began)
+        run_id, state, _ = run_and_watch(af, DAG_ID, timeout=args.timeout, started=began)
         load_at_end = os.getloadavg()
         tis = af.task_instances(DAG_ID, run_id)
         run = af.api("GET", f"/dags/{DAG_ID}/dagRuns/{run_id}")

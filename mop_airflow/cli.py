@@ -1,19 +1,141 @@
-"""`mop-airflow` command: pools, example data, schedules, the demo."""
+"""`mop-airflow` command: run your DAGs on a local Airflow, follow a run, fetch its report, pools,
+example data, schedules, the demo.
+
+Exit codes, the same for every command: 0 done (a followed run succeeded); 1 the run or the work
+failed; 2 bad usage or input; 3 Airflow or the store could not be reached, or the DAG or run does
+not exist; 130 stopped with Ctrl-C.
+"""
 
 from __future__ import annotations
 
 import argparse
 import os
+import socket
 import sys
+import time
 from pathlib import Path
+
+OK, FAILED, USAGE, UNAVAILABLE, INTERRUPTED = 0, 1, 2, 3, 130
+DEFAULT_PORT = 8080
+
+
+def _fail(message: str, code: int) -> int:
+    print(f"mop-airflow: {message}", file=sys.stderr)
+    return code
 
 
 def _cmd_pools_sync(args: argparse.Namespace) -> int:
-    from mop_airflow.airflow.pools import sync_pools  # noqa: PLC0415 - needs a configured Airflow
+    from mop_airflow.airflow.pools import dag_folder_pools, sync_pool_slots, sync_pools  # noqa: PLC0415
 
-    names = sync_pools(args.shards, args.slots)
-    print(f"pools ready ({args.slots} slot(s) each): {', '.join(names)}")
-    return 0
+    if args.dags_folder is None:
+        if args.shards is None:
+            return _fail("pools sync needs --shards N (and --slots S) or --dags-folder DIR", USAGE)
+        names = sync_pools(args.shards, args.slots)
+        print(f"pools ready ({args.slots} slot(s) each): {', '.join(names)}")
+        return OK
+    if not Path(args.dags_folder).is_dir():
+        return _fail(f"--dags-folder {args.dags_folder}: no such folder", USAGE)
+    pools, errors = dag_folder_pools(args.dags_folder)
+    sync_pool_slots(pools)
+    print("pools ready: " + (", ".join(f"{name} ({slots} slot(s))" for name, slots in sorted(pools.items()))
+                             or f"none needed (no mop_airflow DAG in {args.dags_folder})"))
+    for path, error in sorted(errors.items()):
+        print(f"DAG file {path} failed to import:\n{error}", file=sys.stderr)
+    return FAILED if errors else OK
+
+
+def _api(args: argparse.Namespace):
+    from mop_airflow.airflow.rest import AirflowAPI  # noqa: PLC0415
+
+    url = args.api_url or os.environ.get("MOP_AIRFLOW_API_URL")
+    if not url:  # the Airflow `mop-airflow up` started from this folder, else Airflow's default port
+        marker = Path(args.home) / "airflow" / "api_url"
+        url = marker.read_text().strip() if marker.exists() else f"http://localhost:{DEFAULT_PORT}"
+    return AirflowAPI(url, args.username, os.environ.get("MOP_AIRFLOW_API_PASSWORD"))
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    from mop_airflow.airflow.run_status import failed_tasks  # noqa: PLC0415
+    from mop_airflow.airflow.watch import watch  # noqa: PLC0415
+    from mop_airflow.errors import AirflowApiError, StoreError  # noqa: PLC0415
+
+    with _api(args) as api:
+        try:
+            ref = watch(api, args.dag_id, args.run_id, follow=not args.once, interval=args.interval,
+                        store_root=args.store)
+        except (AirflowApiError, StoreError) as exc:
+            return _fail(str(exc), UNAVAILABLE)
+        if ref.state == "failed":
+            names = [f"{ti['task_id']}" + (f" [{ti['rendered_map_index']}]" if ti.get("rendered_map_index") else "")
+                     for ti in failed_tasks(api, ref)]
+            print(f"run {ref.run_id} failed; failed tasks: {', '.join(names) or 'none recorded'} "
+                  "(their logs are in the Airflow UI)")
+            return FAILED
+    return OK
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from mop_airflow.airflow.run_status import find_run  # noqa: PLC0415
+    from mop_airflow.errors import AirflowApiError, StoreError  # noqa: PLC0415
+    from mop_airflow.local_report import fetch_report, print_leaderboard  # noqa: PLC0415
+
+    with _api(args) as api:
+        try:
+            ref = find_run(api, args.dag_id, args.run_id)
+        except AirflowApiError as exc:
+            return _fail(str(exc), UNAVAILABLE)
+    layout = ref.layout(args.store)
+    if layout is None or not layout.store.exists(layout.plan_uri):
+        return _fail(f"run {ref.run_id} of {args.dag_id} ({ref.state}) has not planned its hops yet: nothing "
+                     "to report", FAILED if ref.state == "failed" else UNAVAILABLE)
+    out = Path(args.out or Path(args.home) / "reports" / args.dag_id / ref.run_id.replace(":", "_"))
+    try:
+        board, files = fetch_report(layout, out)
+    except StoreError as exc:
+        return _fail(str(exc), UNAVAILABLE)
+    print(f"{args.dag_id} / {ref.run_id}: {ref.state}")
+    print_leaderboard(board)
+    print("\nwritten: " + ", ".join(str(f) for f in files))
+    return OK
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _cmd_up(args: argparse.Namespace) -> int:
+    from mop_airflow.airflow.local import LocalAirflow  # noqa: PLC0415
+
+    folder = Path(args.dags_folder).absolute()
+    if not folder.is_dir():
+        return _fail(f"--dags-folder {args.dags_folder}: no such folder", USAGE)
+    if not _port_free(args.port):
+        return _fail(f"port {args.port} is in use (another Airflow?): pass --port with a free one", UNAVAILABLE)
+    home = Path(args.home).absolute()
+    try:
+        with LocalAirflow(home / "airflow", folder, port=args.port, extra_env={"MOP_AIRFLOW_HOME": str(home)}) as af:
+            sync = af.run_cli("mop-airflow", "pools", "sync", "--dags-folder", str(folder), check=False)
+            print(sync.stdout.strip())
+            if sync.stderr.strip():
+                print(sync.stderr.strip()[-4000:], file=sys.stderr)
+            (home / "airflow" / "api_url").write_text(af.base_url)
+            print(f"\nAirflow UI: {af.base_url}  (no login: on this local Airflow every visitor is an admin)")
+            print(f"DAGs from {folder}; the store and logs under {home}")
+            print("follow a run with: mop-airflow status DAG_ID; stop with Ctrl-C")
+            while all(af.alive().values()):
+                time.sleep(1)
+            dead = [name for name, ok in af.alive().items() if not ok]
+            return _fail(f"{', '.join(dead)} stopped; see {af.home / 'logs'}", FAILED)
+    except KeyboardInterrupt:
+        print("\nstopped Airflow")
+        return OK
+    finally:
+        (home / "airflow" / "api_url").unlink(missing_ok=True)
 
 
 def _cmd_example_data(args: argparse.Namespace) -> int:
@@ -25,7 +147,7 @@ def _cmd_example_data(args: argparse.Namespace) -> int:
     print(f"train: {out['train']}\nvalidation: {out['test']}")
     print(f"digits (8x8 images as a tensor column): {write_digits(args.dir)}")
     print(f"friedman (regression, CSV files): {write_friedman(args.dir)}")
-    return 0
+    return OK
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
@@ -41,7 +163,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
                                   skip_last=args.skip_last, allow_partial_iterations=args.allow_partial_iterations)
     except SpecError as exc:
         print(exc, file=sys.stderr)
-        return 2
+        return USAGE
     print(format_plan(plan, seconds_per_hop=args.seconds_per_hop, slots_per_shard=args.slots))
     if args.seconds_per_hop is not None:
         from mop_airflow.simulation import estimate_seconds  # noqa: PLC0415
@@ -53,7 +175,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         print(f"simulated wall time: {sim.makespan:,.0f} s: the DAG's own task plan replayed with Airflow's pool "
               f"and priority rules, rung barriers and {args.task_seconds:g} s of fixed cost per task included; "
               f"shard slots busy {sim.busy_fraction:.0%}")
-    return 0
+    return OK
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -67,10 +189,43 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mop-airflow", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
+    up = sub.add_parser("up", help="run the DAGs of a folder on a local Airflow (SQLite, LocalExecutor) until Ctrl-C",
+                        description="Start Airflow's api-server, scheduler and dag-processor with a project-local "
+                                    "home, create the shard pools every mop_airflow DAG of the folder needs, print "
+                                    "the UI's address, and stop everything on Ctrl-C.")
+    up.add_argument("--dags-folder", required=True, help="the folder of your DAG files")
+    up.add_argument("--home", default=home, help=f"Airflow's home, the store and the logs (default {home})")
+    up.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"the UI and REST API port (default {DEFAULT_PORT})")
+    up.set_defaults(func=_cmd_up)
+
+    def api_options(cmd: argparse.ArgumentParser) -> None:
+        cmd.add_argument("dag_id")
+        cmd.add_argument("run_id", nargs="?", help="default: the DAG's latest run")
+        cmd.add_argument("--api-url", help="Airflow's address (default: $MOP_AIRFLOW_API_URL, else the one "
+                                           f"`mop-airflow up` runs, else http://localhost:{DEFAULT_PORT})")
+        cmd.add_argument("--username", default=os.environ.get("MOP_AIRFLOW_API_USER"),
+                         help="an Airflow user who may read the DAG (default $MOP_AIRFLOW_API_USER; the password "
+                              "comes from $MOP_AIRFLOW_API_PASSWORD)")
+        cmd.add_argument("--store", help="read the run's files from this root instead of the one it recorded "
+                                         "(the same store seen from this computer)")
+        cmd.add_argument("--home", default=home, help=argparse.SUPPRESS)
+
+    status = sub.add_parser("status", help="follow a run: hops done, shards busy or idle, best so far, time left")
+    api_options(status)
+    status.add_argument("--once", action="store_true", help="print the progress once and exit")
+    status.add_argument("--interval", type=float, default=3.0, help="seconds between updates (default 3)")
+    status.set_defaults(func=_cmd_status)
+
+    report = sub.add_parser("report", help="print a run's leaderboard and write its report and plots to a folder")
+    api_options(report)
+    report.add_argument("--out", help=f"where to write (default {home}/reports/DAG_ID/RUN_ID)")
+    report.set_defaults(func=_cmd_report)
+
     pools = sub.add_parser("pools", help="manage the per-shard Airflow pools").add_subparsers(dest="action", required=True)
     sync = pools.add_parser("sync", help="create or resize pools mop_shard_0..N-1 (run where `airflow` runs)")
-    sync.add_argument("--shards", type=int, required=True)
+    sync.add_argument("--shards", type=int, help="number of shards (or use --dags-folder)")
     sync.add_argument("--slots", type=int, default=1, help="models a shard trains at once: its GPUs (default 1)")
+    sync.add_argument("--dags-folder", help="create the pools every mop_airflow DAG in this folder needs")
     sync.set_defaults(func=_cmd_pools_sync)
 
     data = sub.add_parser("example-data", help="generate MNIST-1D, digits and Friedman #1 (offline) as Parquet/CSV")
@@ -107,10 +262,13 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     for name in ("shards", "slots"):
-        if getattr(args, name, 1) < 1:
-            print(f"--{name} must be at least 1", file=sys.stderr)
-            return 2
-    return args.func(args)
+        value = getattr(args, name, None)
+        if value is not None and value < 1:
+            return _fail(f"--{name} must be at least 1", USAGE)
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:
+        return INTERRUPTED
 
 
 if __name__ == "__main__":

@@ -24,6 +24,14 @@ class SpecError(MopError, ValueError):
         super().__init__(f"{field}={value!r}: {rule}. Fix: {fix}")
 
 
+class AirflowApiError(MopError, RuntimeError):
+    """A call to Airflow's REST API failed: unreachable, refused (``status`` 401/403) or not found (404)."""
+
+    def __init__(self, message: str, *, status: int | None = None):
+        self.status = status
+        super().__init__(message)
+
+
 class DataValidationError(MopError):
     """The input data failed one or more expectations; nothing was trained or written."""
 

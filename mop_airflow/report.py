@@ -19,7 +19,7 @@ from mop_airflow.layout import RunLayout
 from mop_airflow.records import HopRecord, Manifest, Plan, RunRecord, RungDecision, StageRecord
 
 REPORT_FILES = ("leaderboard.json", "metrics.parquet", "metrics.json", "learning_curves.png",
-                "hop_timeline.json", "best_model.keras", "summary.json")
+                "hop_timeline.json", "hop_timeline.png", "best_model.keras", "summary.json")
 
 
 def load_hop_records(layout: RunLayout) -> list[HopRecord]:
@@ -71,10 +71,9 @@ def write_report(layout: RunLayout, run: RunRecord, *, cache_dir: str) -> dict[s
     store.write_json(layout.report_uri("metrics.json"), rows)
     store.write_bytes(layout.report_uri("learning_curves.png"), learning_curves_png(
         rows, metric, {c["config_id"]: config_label(c) for c in run.configs}))
-    timeline = [{"config_id": r.config_id, "t": r.t, "iteration": r.iteration, "hop": r.hop, "shard": r.shard,
-                 "host": r.host, "queue": r.queue, "task_id": r.task_id, "started_at": r.started_at,
-                 "train_begin": r.train_begin, "train_end": r.train_end, "saved_at": r.saved_at} for r in records]
-    store.write_json(layout.report_uri("hop_timeline.json"), sorted(timeline, key=lambda r: r["started_at"]))
+    timeline = hop_timeline(records)
+    store.write_json(layout.report_uri("hop_timeline.json"), timeline)
+    store.write_bytes(layout.report_uri("hop_timeline.png"), hop_timeline_png(timeline, plan.shards))
     last_t = max(r.t for r in records if r.config_id == best["config_id"])
 
     from mop_airflow.training.export import export_best  # noqa: PLC0415 - Keras loads here
@@ -238,6 +237,45 @@ def learning_curves_png(rows: Sequence[Mapping[str, Any]], metric: str,
         ax.grid(alpha=0.3)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     axes[1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), frameon=False)
+    fig.tight_layout()
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=110)
+    plt.close(fig)
+    return buffer.getvalue()
+
+
+def hop_timeline(records: Sequence[HopRecord]) -> list[dict[str, Any]]:
+    """Which configuration trained on which shard when, in start order: the MOP Gantt chart's data."""
+    timeline = [{"config_id": r.config_id, "t": r.t, "iteration": r.iteration, "hop": r.hop, "shard": r.shard,
+                 "host": r.host, "queue": r.queue, "task_id": r.task_id, "started_at": r.started_at,
+                 "train_begin": r.train_begin, "train_end": r.train_end, "saved_at": r.saved_at}
+                for r in records if r.started_at is not None]
+    return sorted(timeline, key=lambda r: r["started_at"])
+
+
+def hop_timeline_png(timeline: Sequence[Mapping[str, Any]], shards: int) -> bytes:
+    """The hop timeline as a Gantt chart: one row per shard, one bar per hop (task start to checkpoint
+    saved; the darker part is training), gaps are idle shard time."""
+    import matplotlib  # noqa: PLC0415
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    fig, ax = plt.subplots(figsize=(13, 0.6 * shards + 1.6))
+    origin = min((h["started_at"] for h in timeline), default=0.0)
+    colours = plt.get_cmap("tab20")
+    ids = sorted({h["config_id"] for h in timeline})
+    for h in timeline:
+        colour = colours(ids.index(h["config_id"]) % 20)
+        end = h.get("saved_at") or h.get("train_end") or h["started_at"]
+        ax.barh(h["shard"], end - h["started_at"], left=h["started_at"] - origin, height=0.8, color=colour,
+                alpha=0.45, edgecolor="white", linewidth=0.5)
+        if h.get("train_begin") and h.get("train_end"):
+            ax.barh(h["shard"], h["train_end"] - h["train_begin"], left=h["train_begin"] - origin, height=0.8,
+                    color=colour)
+    ax.set(xlabel="seconds since the first hop started", ylabel="shard", title="model hops per shard",
+           yticks=range(shards), ylim=(shards - 0.5, -0.5))
+    ax.grid(axis="x", alpha=0.3)
     fig.tight_layout()
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=110)

@@ -1,8 +1,8 @@
 """A tiny MOP DAG on a real Airflow: api-server, scheduler and dag-processor as processes.
 
-Checks what dag.test() cannot: the pool check fails a run at once when the shard pools are missing
-(instead of leaving it in "scheduled" for ever), and with `mop-airflow pools sync` the same DAG
-runs to success with every training task on its shard's pool and queue, one mapped task instance
+Checks what dag.test() cannot: with pools="check" a run fails at once when the shard pools are
+missing (instead of leaving it in "scheduled" for ever); by default the first task creates them and
+the run succeeds with every training task on its shard's pool and queue, one mapped task instance
 per configuration. A hop whose process is SIGKILLed half-way is retried by the scheduler and the
 run ends with the same metrics as an undisturbed one.
 """
@@ -21,6 +21,7 @@ from tests.test_end_to_end import tiny_spec, write_digits
 pytestmark = pytest.mark.integration
 
 DAG_ID = "mop_real_scheduler"
+CHECKED = "mop_pools_checked"  # the same DAG with pools="check"
 KILLED, UNDISTURBED = "mop_killed_hop", "mop_undisturbed"
 
 # A builder whose training process SIGKILLs itself half-way through the first try of every hop 1
@@ -76,6 +77,9 @@ def airflow(tmp_path_factory):
     (dags / f"{DAG_ID}.py").write_text(
         "import json\nfrom mop_airflow import build_mop_dag\n"
         f"dag = build_mop_dag(json.loads({json.dumps(json.dumps(spec))}), dag_id={DAG_ID!r})\n")
+    (dags / f"{CHECKED}.py").write_text(
+        "import json\nfrom mop_airflow import build_mop_dag\n"
+        f"dag = build_mop_dag(json.loads({json.dumps(json.dumps(spec))}), dag_id={CHECKED!r}, pools='check')\n")
     lib = root / "lib"
     lib.mkdir()
     (lib / "killer.py").write_text(KILLER)
@@ -88,31 +92,34 @@ def airflow(tmp_path_factory):
             "                    default_args={'retry_delay': datetime.timedelta(seconds=2)})\n")
     env = {"MOP_AIRFLOW_HOME": str(root / "mop"), "PYTHONPATH": str(lib)}
     with LocalAirflow(root / "airflow", dags, extra_env=env) as af:
-        for dag_id in (DAG_ID, KILLED, UNDISTURBED):
+        for dag_id in (DAG_ID, CHECKED, KILLED, UNDISTURBED):
             af.wait_for_dag(dag_id)
         af.root = root
         yield af
     assert not any(af.alive().values())
 
 
-def test_missing_pools_fail_the_run_fast_with_the_fix(airflow):
-    run_id = airflow.trigger(DAG_ID)
-    state = airflow.wait_for_run(DAG_ID, run_id, timeout=240)
+def test_missing_pools_fail_the_run_fast_with_the_fix_when_only_checked(airflow):
+    run_id = airflow.trigger(CHECKED)
+    state = airflow.wait_for_run(CHECKED, run_id, timeout=240)
     assert state == "failed"
-    states = {ti["task_id"]: ti["state"] for ti in airflow.task_instances(DAG_ID, run_id)}
+    states = {ti["task_id"]: ti["state"] for ti in airflow.task_instances(CHECKED, run_id)}
     assert states["preflight"] == "failed"
     assert states["list_data"] == "upstream_failed"
-    log = airflow.task_log(DAG_ID, run_id, "preflight")
+    log = airflow.task_log(CHECKED, run_id, "preflight")
     assert "mop_shard_0" in log and "mop_shard_1" in log
     assert "mop-airflow pools sync --shards 2 --slots 1" in log
+    assert not {"mop_shard_0", "mop_shard_1"} & {p["name"] for p in airflow.rest.paged("/pools", "pools")}
 
 
-def test_run_with_pools_succeeds_on_shard_pools_and_queues(airflow):
-    sync = subprocess.run([sys.executable, "-m", "mop_airflow.cli", "pools", "sync", "--shards", "2"],
-                          env=airflow.env, capture_output=True, text=True)
-    assert sync.returncode == 0, sync.stderr
+def test_the_first_task_creates_missing_pools_and_the_run_succeeds_on_shard_pools_and_queues(airflow):
     run_id = airflow.trigger(DAG_ID)
     assert airflow.wait_for_run(DAG_ID, run_id, timeout=420) == "success"
+    pools = {p["name"]: p for p in airflow.rest.paged("/pools", "pools")}
+    for shard in (0, 1):
+        assert pools[f"mop_shard_{shard}"]["slots"] == 1
+        assert pools[f"mop_shard_{shard}"]["description"].startswith(f"mop_airflow shard {shard}:")
+    assert "created pools mop_shard_0, mop_shard_1 with 1 slot(s) each" in airflow.task_log(DAG_ID, run_id, "preflight")
     tis = airflow.task_instances(DAG_ID, run_id)
     train = [ti for ti in tis if ".hop_" in ti["task_id"]]
     # 2 configurations x 2 hops, each configuration its own mapped task instance, named by its id

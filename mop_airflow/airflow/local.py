@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from mop_airflow.airflow.rest import AirflowAPI
+
 SERVICES = ("api-server", "scheduler", "dag-processor")
 WORKER_NAME_ENV = "MOP_AIRFLOW_WORKER_NAME"
 
@@ -111,8 +113,7 @@ class LocalAirflow:
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.processes: dict[str, subprocess.Popen] = {}
         self.log = log
-        self._token: str | None = None
-        self._client = None
+        self.rest = AirflowAPI(self.base_url)
 
     # -- lifecycle ---------------------------------------------------------------------------
     def __enter__(self) -> "LocalAirflow":
@@ -179,9 +180,7 @@ class LocalAirflow:
                                                 start_new_session=True)
 
     def stop(self) -> None:
-        if self._client is not None:
-            self._client.close()
-            self._client = None
+        self.rest.close()
         for name, proc in list(self.processes.items()):
             if proc.poll() is None:
                 try:
@@ -207,22 +206,11 @@ class LocalAirflow:
     # -- REST API ----------------------------------------------------------------------------
     @property
     def client(self):
-        import httpx  # noqa: PLC0415
-
-        if self._client is None:
-            self._client = httpx.Client(base_url=self.base_url, timeout=30.0)
-        return self._client
+        return self.rest.client
 
     def api(self, method: str, path: str, **kwargs: Any) -> Any:
-        if self._token is None:
-            response = self.client.get("/auth/token")
-            response.raise_for_status()
-            self._token = response.json()["access_token"]
-        headers = {"Authorization": f"Bearer {self._token}", **kwargs.pop("headers", {})}
-        response = self.client.request(method, f"/api/v2{path}", headers=headers, **kwargs)
-        if response.status_code >= 400:
-            raise RuntimeError(f"{method} {path} -> {response.status_code}: {response.text[:500]}")
-        return response.json() if response.content else None
+        """``method`` on ``/api/v2{path}``; :class:`~mop_airflow.errors.AirflowApiError` (a RuntimeError) on failure."""
+        return self.rest.call(method, path, **kwargs)
 
     def wait_healthy(self, timeout: float = 180) -> None:
         import httpx  # noqa: PLC0415
@@ -265,13 +253,7 @@ class LocalAirflow:
         return self.api("GET", f"/dags/{dag_id}/dagRuns/{run_id}")["state"]
 
     def task_instances(self, dag_id: str, run_id: str) -> list[dict[str, Any]]:
-        out: list[dict[str, Any]] = []
-        while True:
-            page = self.api("GET", f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances",
-                            params={"limit": 100, "offset": len(out)})
-            out.extend(page["task_instances"])
-            if not page["task_instances"] or len(out) >= page["total_entries"]:
-                return out
+        return list(self.rest.paged(f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances", "task_instances"))
 
     def task_log(self, dag_id: str, run_id: str, task_id: str, try_number: int = 1, map_index: int = -1) -> str:
         body = self.api("GET", f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}/logs/{try_number}",

@@ -9,10 +9,10 @@ creates or resizes them from the metadata database directly.
 
 from __future__ import annotations
 
-import contextlib
-from typing import Any, Iterator, Sequence
+from typing import Sequence
 
-from mop_airflow.errors import MopError, PoolsMissingError, SpecError
+from mop_airflow.airflow.rest import AirflowAPI
+from mop_airflow.errors import AirflowApiError, MopError, PoolsMissingError, SpecError
 from mop_airflow.task_plan import shard_pool
 
 API_CONN_ID = "mop_airflow_api"
@@ -27,17 +27,45 @@ def sync_command(shards: int, slots: int) -> str:
     return f"mop-airflow pools sync --shards {shards} --slots {slots}"
 
 
+def pool_description(shard: int) -> str:
+    return f"mop_airflow shard {shard}: models training on this shard at once (one per GPU)"
+
+
 def sync_pools(shards: int, slots: int) -> list[str]:
     """Create or resize the shard pools in the metadata database (run where `airflow` CLI runs)."""
-    from airflow.models.pool import Pool  # noqa: PLC0415 - needs a configured Airflow
-
     names = required_pools(shards)
-    for shard, name in enumerate(names):
-        Pool.create_or_update_pool(
-            name=name, slots=slots, include_deferred=False,
-            description=f"mop_airflow shard {shard}: models training on this shard at once (one per GPU)",
-        )
+    sync_pool_slots({name: slots for name in names})
     return names
+
+
+def dag_folder_pools(dags_folder: str) -> tuple[dict[str, int], dict[str, str]]:
+    """The shard pools the mop_airflow DAGs of a folder need: ({pool: most slots asked}, {file: import error}).
+
+    Parses the folder as Airflow's DAG processor would (cheap: DAG files import no TensorFlow) and
+    reads each DAG's first task, which carries its spec.
+    """
+    from airflow.dag_processing.dagbag import DagBag  # noqa: PLC0415 - needs a configured Airflow
+
+    from mop_airflow.operators.preflight import MopPreflightOperator  # noqa: PLC0415
+
+    bag = DagBag(dags_folder)
+    pools: dict[str, int] = {}
+    for dag in bag.dags.values():
+        for task in dag.tasks:
+            if isinstance(task, MopPreflightOperator) and task.pools != "off":
+                schedule = task.spec["schedule"]
+                for name in required_pools(schedule["shards"]):
+                    pools[name] = max(pools.get(name, 0), schedule.get("slots_per_shard", 1))
+    return pools, dict(bag.import_errors)
+
+
+def sync_pool_slots(pools: dict[str, int]) -> None:
+    """Create or resize named shard pools to the given slots (metadata database)."""
+    from airflow.models.pool import Pool  # noqa: PLC0415
+
+    for name, slots in sorted(pools.items()):
+        Pool.create_or_update_pool(name=name, slots=slots, include_deferred=False,
+                                   description=pool_description(int(name.rsplit("_", 1)[1])))
 
 
 def _api_target() -> tuple[str, str | None, str | None]:
@@ -68,47 +96,20 @@ def _api_target() -> tuple[str, str | None, str | None]:
     return base.rstrip("/"), None, None
 
 
-@contextlib.contextmanager
-def _rest_client() -> Iterator[Any]:
-    """An httpx client on Airflow's REST API with a bearer token; its errors become one clear MopError."""
-    import httpx  # noqa: PLC0415
-
+def _api() -> AirflowAPI:
     base, login, password = _api_target()
-    try:
-        with httpx.Client(base_url=base, timeout=15.0) as client:
-            if login:
-                response = client.post("/auth/token", json={"username": login, "password": password})
-            else:  # simple auth manager with all_admins (the embedded default) hands out tokens freely
-                response = client.get("/auth/token")
-            response.raise_for_status()
-            client.headers["Authorization"] = f"Bearer {response.json()['access_token']}"
-            yield client
-    except (httpx.HTTPError, KeyError, ValueError) as exc:
-        raise MopError(
-            f"could not reach Airflow's pools through the REST API at {base} ({exc}). Create an HTTP "
-            f"connection '{API_CONN_ID}' with the API server's URL as host and the login and password of a "
-            "user who may read and edit pools, or build the DAG with pools='off' if you manage the pools "
-            "yourself"
-        ) from exc
+    return AirflowAPI(base, login, password, timeout=15.0)
 
 
-def _pool_names(client: Any) -> set[str]:
-    names: set[str] = set()
-    offset = 0
-    while True:
-        page = client.get("/api/v2/pools", params={"limit": 100, "offset": offset})
-        page.raise_for_status()
-        body = page.json()
-        names.update(p["name"] for p in body["pools"])
-        offset += len(body["pools"])
-        if not body["pools"] or offset >= body.get("total_entries", 0):
-            return names
+def _unreachable(exc: AirflowApiError) -> MopError:
+    return MopError(
+        f"{exc}. Create an HTTP connection '{API_CONN_ID}' with the API server's URL as host and the login "
+        "and password of a user who may read and edit pools, or build the DAG with pools='off' if you "
+        "manage the pools yourself")
 
 
-def existing_pools() -> set[str]:
-    """Names of the pools Airflow has, read through its REST API."""
-    with _rest_client() as client:
-        return _pool_names(client)
+def _pool_names(api: AirflowAPI) -> set[str]:
+    return {p["name"] for p in api.paged("/pools", "pools")}
 
 
 def ensure_pools(names: Sequence[str], *, shards: int, slots: int, mode: str = "create") -> list[str]:
@@ -124,19 +125,22 @@ def ensure_pools(names: Sequence[str], *, shards: int, slots: int, mode: str = "
                         "use 'create' (default), 'check' or 'off'")
     if mode == "off":
         return []
-    with _rest_client() as client:
-        missing = [n for n in names if n not in _pool_names(client)]
+    with _api() as api:
+        try:
+            missing = [n for n in names if n not in _pool_names(api)]
+        except AirflowApiError as exc:
+            raise _unreachable(exc) from exc
         if missing and mode == "check":
             raise PoolsMissingError(missing, sync_command(shards, slots))
         for name in missing:
-            shard = names.index(name)
-            response = client.post("/api/v2/pools", json={
-                "name": name, "slots": slots, "include_deferred": False,
-                "description": f"mop_airflow shard {shard}: models training on this shard at once (one per GPU)"})
-            if response.status_code == 409:  # another run created it a moment ago
-                continue
-            if response.status_code in (401, 403):
-                raise PoolsMissingError(missing, sync_command(shards, slots),
-                                        reason=f"the REST API user may not create pools ({response.status_code})")
-            response.raise_for_status()
+            try:
+                api.call("POST", "/pools", json={"name": name, "slots": slots, "include_deferred": False,
+                                                 "description": pool_description(names.index(name))})
+            except AirflowApiError as exc:
+                if exc.status == 409:  # another run created it a moment ago
+                    continue
+                if exc.status in (401, 403):
+                    raise PoolsMissingError(missing, sync_command(shards, slots),
+                                            reason=f"the REST API user may not create pools ({exc.status})") from exc
+                raise _unreachable(exc) from exc
         return missing

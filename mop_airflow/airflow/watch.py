@@ -1,0 +1,96 @@
+"""Follow a run in the terminal: a progress bar of model hops, each shard busy or idle, the best so
+far and the time left. Used by ``mop-airflow status`` and the demo.
+
+On a terminal it redraws in place (rich); into a pipe or a log it prints a line whenever something
+changed, so scripts and CI logs stay readable.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any, Callable, TextIO
+
+from mop_airflow.airflow.rest import AirflowAPI
+from mop_airflow.airflow.run_status import FINISHED, RunRef, busy_shards, find_run
+from mop_airflow.progress import Progress, format_seconds, run_progress
+
+
+def snapshot(api: AirflowAPI, ref: RunRef, store_root: str | None = None) -> Progress | None:
+    layout = ref.layout(store_root)
+    if layout is None:
+        return None
+    busy = busy_shards(api, ref, ref.record.schedule.shards) if ref.state not in FINISHED else {}
+    return run_progress(layout, ref.record.metric, ref.record.direction, busy=busy)
+
+
+def plain_line(ref: RunRef, progress: Progress | None, eta: bool = True) -> str:
+    if ref.record is None:
+        return f"{ref.state}: resolving the run (preflight)"
+    if progress is None:
+        return f"{ref.state}: validating and sharding the data"
+    return f"{ref.state}: {progress.summary_line(eta)}"
+
+
+def _renderable(ref: RunRef, progress: Progress | None) -> Any:
+    from rich.console import Group  # noqa: PLC0415
+    from rich.progress_bar import ProgressBar  # noqa: PLC0415
+    from rich.table import Table  # noqa: PLC0415
+    from rich.text import Text  # noqa: PLC0415
+
+    head = Text(f"{ref.dag_id} / {ref.run_id}: {ref.state}", style="bold")
+    if progress is None:
+        return Group(head, Text(plain_line(ref, progress).split(": ", 1)[1]))
+    bar = Table.grid(padding=(0, 1))
+    bar.add_row(ProgressBar(total=progress.hops_total, completed=progress.hops_done, width=40),
+                Text(f"{progress.hops_done}/{progress.hops_total} model hops ({progress.fraction:.0%})"),
+                Text(f"about {format_seconds(progress.eta)} left" if progress.eta else ""))
+    shards = Table.grid(padding=(0, 2))
+    for s in range(progress.shards):
+        configs = progress.busy.get(s)
+        shards.add_row(f"shard {s}", Text("busy: " + ", ".join(configs), style="green") if configs
+                       else Text("idle", style="dim"))
+    best = (f"best {progress.metric}: {progress.best:.4f} ({progress.best_config})" if progress.best is not None
+            else "no validation metric yet")
+    lines = [head, bar, Text(f"iteration {progress.iteration}/{progress.iterations}; {best}"), shards]
+    if progress.failed:
+        lines.append(Text(f"failed configurations: {', '.join(progress.failed)}", style="red"))
+    return Group(*lines)
+
+
+def watch(api: AirflowAPI, dag_id: str, run_id: str | None, *, follow: bool = True, interval: float = 3.0,
+          store_root: str | None = None, out: TextIO | None = None, live: bool | None = None,
+          timeout: float | None = None, on_line: Callable[[str], None] | None = None) -> RunRef:
+    """Show the run's progress until it ends (or once, ``follow=False``); returns its last state."""
+    out = out or sys.stdout
+    live = out.isatty() if live is None else live
+    deadline = None if timeout is None else time.time() + timeout
+    last = ""
+    display = None
+    if live:
+        from rich.console import Console  # noqa: PLC0415
+        from rich.live import Live  # noqa: PLC0415
+
+        display = Live(console=Console(file=out), refresh_per_second=4, transient=False)
+        display.start()
+    try:
+        while True:
+            ref = find_run(api, dag_id, run_id)
+            run_id = ref.run_id
+            progress = snapshot(api, ref, store_root)
+            if display is not None:
+                display.update(_renderable(ref, progress))
+            else:
+                # a new line when something but the time left changed
+                key = plain_line(ref, progress, eta=False)
+                if key != last:
+                    (on_line or (lambda text: print(text, file=out, flush=True)))(plain_line(ref, progress))
+                    last = key
+            if not follow or ref.state in FINISHED:
+                return ref
+            if deadline is not None and time.time() > deadline:
+                raise TimeoutError(f"run {run_id} of {dag_id} did not finish within {timeout:.0f} s")
+            time.sleep(interval)
+    finally:
+        if display is not None:
+            display.stop()

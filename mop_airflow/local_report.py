@@ -1,0 +1,67 @@
+"""A run's results on this computer: print the leaderboard, copy the report files and plots.
+
+A finished run's report (written by its report task) is copied as it is. A run still going, or one
+that failed before its report, gets a report of what its hop records hold so far, marked as such.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Callable
+
+from mop_airflow.layout import RunLayout
+from mop_airflow.records import Plan, RunRecord
+from mop_airflow.report import (REPORT_FILES, config_label, hop_timeline, hop_timeline_png, leaderboard,
+                                learning_curves_png, load_all_hops, load_rung_decisions, mark_outcomes,
+                                metrics_table)
+
+
+def print_leaderboard(board: dict[str, Any], out: Callable[[str], None] = print) -> None:
+    metric = board["metric"]
+    out(f"\nLeaderboard ({metric}, {'lower' if board['direction'] == 'min' else 'higher'} is better)"
+        + ("; provisional: the run has not written its report" if board.get("provisional") else ""))
+    out(f"{'rank':>4}  {'config':<12} {metric:>12} {'val_loss':>9}  {'outcome':<10} model / optimizer / lr / batch")
+    for row in board["leaderboard"]:
+        value = row[metric]
+        out(f"{row['rank']:>4}  {row['config_id']:<12} {value if value is None else f'{value:.4f}':>12} "
+            f"{row['val_loss'] if row['val_loss'] is None else format(row['val_loss'], '.4f'):>9}  "
+            f"{row.get('status', '-'):<10} "
+            f"{row['model'].split(':')[-1]} / {row['optimizer']} / {row['learning_rate']:g} / {row['batch_size']}")
+
+
+def fetch_report(layout: RunLayout, out_dir: Path) -> tuple[dict[str, Any], list[Path]]:
+    """Write the run's report files into ``out_dir``; returns (leaderboard, files written)."""
+    store = layout.store
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written: list[Path] = []
+    if store.exists(layout.report_uri("leaderboard.json")):
+        for name in REPORT_FILES:
+            uri = layout.report_uri(name)
+            if name == "best_model.keras" or not store.exists(uri):
+                continue  # the model is large and has its own command; older reports lack newer files
+            (out_dir / name).write_bytes(store.read_bytes(uri))
+            written.append(out_dir / name)
+        return json.loads((out_dir / "leaderboard.json").read_text()), written
+    run = RunRecord.read(store, layout.run_record_uri)
+    plan = Plan.read(store, layout.plan_uri)
+    records, failures = load_all_hops(layout)
+    rows = metrics_table(plan.shards, run.configs, records)
+    board = {"metric": run.metric, "direction": run.direction, "provisional": True,
+             "leaderboard": leaderboard(rows, run.configs, metric=run.metric, direction=run.direction,
+                                        failed=failures)}
+    mark_outcomes(board["leaderboard"], failures, load_rung_decisions(layout) if plan.adaptive else [])
+    for row in board["leaderboard"]:
+        if row["status"] == "finished":  # not yet: the run goes on
+            row["status"] = row["outcome"] = "training" if row["iteration"] is not None else "waiting"
+    timeline = hop_timeline(records)
+    files = {"leaderboard.json": json.dumps(board, indent=1).encode(),
+             "metrics.json": json.dumps(rows, indent=1).encode(),
+             "hop_timeline.json": json.dumps(timeline, indent=1).encode(),
+             "learning_curves.png": learning_curves_png(rows, run.metric,
+                                                        {c["config_id"]: config_label(c) for c in run.configs}),
+             "hop_timeline.png": hop_timeline_png(timeline, plan.shards)}
+    for name, data in files.items():
+        (out_dir / name).write_bytes(data)
+        written.append(out_dir / name)
+    return board, written

@@ -1,0 +1,132 @@
+"""The command line as a user drives it: `mop-airflow up` on their own DAG folder, `status`, `report`,
+then `airflow dags test` on the same DAG with no flags. Real processes: Airflow's api-server,
+scheduler and dag-processor started by `up`, stopped by Ctrl-C (SIGINT)."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from mop_airflow.airflow.local import airflow_env, free_port
+from mop_airflow.airflow.rest import AirflowAPI
+from mop_airflow.cli import OK, UNAVAILABLE, USAGE, main
+from tests.test_end_to_end import tiny_spec, write_digits
+
+DAG_ID = "my_digits"
+
+
+def cli(*args: str, env: dict, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "mop_airflow.cli", *args], env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def _wait_for_line(proc: subprocess.Popen, text: str, timeout: float) -> list[str]:
+    lines: list[str] = []
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            if proc.poll() is not None:
+                break
+            continue
+        lines.append(line)
+        if text in line:
+            return lines
+    raise AssertionError(f"no {text!r} from `mop-airflow up` (exit {proc.poll()}):\n{''.join(lines)}")
+
+
+@pytest.mark.integration
+def test_up_status_report_and_dags_test_on_your_own_dag_folder(tmp_path):
+    folder = tmp_path / "my_dags"
+    folder.mkdir()
+    write_digits(tmp_path / "digits.parquet")
+    spec = tiny_spec(tmp_path / "digits.parquet", f"file://{tmp_path / 'store'}", iterations=1, slots_per_shard=2)
+    spec["search"]["space"]["params"]["learning_rate"] = [3e-3, 1e-2]
+    # pools="check": the run would fail at once if `up` had not created the pools
+    (folder / "my_digits.py").write_text(
+        "import json\nfrom mop_airflow import build_mop_dag\n"
+        f"dag = build_mop_dag(json.loads({json.dumps(json.dumps(spec))}), dag_id={DAG_ID!r}, pools='check')\n")
+    home, port = tmp_path / "home", free_port()
+    env = {**os.environ, "MOP_AIRFLOW_HOME": str(home)}
+    env.pop("MOP_AIRFLOW_API_URL", None)
+    up = subprocess.Popen([sys.executable, "-m", "mop_airflow.cli", "up", "--dags-folder", str(folder),
+                           "--port", str(port), "--home", str(home)],
+                          env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        lines = _wait_for_line(up, "Airflow UI:", timeout=240)
+        out = "".join(lines)
+        assert "mop_shard_0 (2 slot(s)), mop_shard_1 (2 slot(s))" in out
+        assert f"http://127.0.0.1:{port}" in out
+
+        with AirflowAPI(f"http://127.0.0.1:{port}") as api:
+            pools = {p["name"]: p["slots"] for p in api.paged("/pools", "pools")}
+            assert pools["mop_shard_0"] == pools["mop_shard_1"] == 2
+            deadline = time.time() + 120
+            while time.time() < deadline:
+                try:
+                    api.get(f"/dags/{DAG_ID}")
+                    break
+                except RuntimeError:
+                    time.sleep(1)
+            api.call("PATCH", f"/dags/{DAG_ID}", json={"is_paused": False})
+            run_id = api.call("POST", f"/dags/{DAG_ID}/dagRuns", json={"logical_date": None, "conf": {}})["dag_run_id"]
+
+        # `status` finds the Airflow that `up` runs from the home folder, follows the run to its end
+        status = cli("status", DAG_ID, "--interval", "1", env=env)
+        assert status.returncode == OK, status.stdout + status.stderr
+        last = status.stdout.strip().splitlines()[-1]
+        assert last.startswith("success: model hops 4/4, iteration 1/1, best val_accuracy ")
+        assert "validating and sharding the data" in status.stdout or "resolving the run" in status.stdout
+
+        once = cli("status", DAG_ID, run_id, "--once", env=env)
+        assert once.returncode == OK and once.stdout.strip() == last
+
+        report = cli("report", DAG_ID, "--out", str(tmp_path / "report"), env=env)
+        assert report.returncode == OK, report.stderr
+        board = json.loads((tmp_path / "report" / "leaderboard.json").read_text())
+        assert [r["rank"] for r in board["leaderboard"]] == [1, 2]
+        for row in board["leaderboard"]:
+            assert row["status"] == "finished"
+            assert f"{row['config_id']:<12} {row['val_accuracy']:>12.4f}" in report.stdout
+        for png in ("learning_curves.png", "hop_timeline.png"):
+            assert (tmp_path / "report" / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+        missing = cli("status", "no_such_dag", "--once", env=env)
+        assert missing.returncode == UNAVAILABLE and "404" in missing.stderr
+    finally:
+        up.send_signal(signal.SIGINT)
+        rest, _ = up.communicate(timeout=60)
+    assert up.returncode == OK, rest
+    assert "stopped Airflow" in rest
+    # everything `up` started is gone: the port is free again and no process is left in its session
+    with pytest.raises(ProcessLookupError):
+        os.killpg(up.pid, 0)
+    assert not (home / "airflow" / "api_url").exists()
+
+    # the standard way to try a DAG, with no flag: no REST API runs now, and pools are not used there
+    test_env = airflow_env(home / "airflow", folder, port, {"MOP_AIRFLOW_HOME": str(home)})
+    dags_test = subprocess.run([str(Path(sys.executable).with_name("airflow")), "dags", "test", DAG_ID],
+                               env=test_env, capture_output=True, text=True, timeout=600)
+    assert dags_test.returncode == 0, dags_test.stdout[-3000:] + dags_test.stderr[-3000:]
+    assert "pools are not used; not checked" in dags_test.stdout + dags_test.stderr
+    runs = [r for r in (tmp_path / "store" / DAG_ID).iterdir() if r.name != "shards"]
+    assert len(runs) == 2 and all((r / "report" / "leaderboard.json").exists() for r in runs)
+
+
+def test_commands_say_what_is_wrong_with_exit_codes_scripts_can_rely_on(tmp_path, capsys):
+    assert main(["pools", "sync"]) == USAGE
+    assert "--shards N" in capsys.readouterr().err
+    assert main(["pools", "sync", "--dags-folder", str(tmp_path / "nope")]) == USAGE
+    assert main(["up", "--dags-folder", str(tmp_path / "nope")]) == USAGE
+    assert "no such folder" in capsys.readouterr().err
+    # nothing listens on this port: the status of a run cannot be known
+    assert main(["status", "some_dag", "--once", "--api-url", f"http://127.0.0.1:{free_port()}"]) == UNAVAILABLE
+    assert "Airflow REST API at http://127.0.0.1:" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as usage:
+        main(["status"])
+    assert usage.value.code == USAGE

@@ -1,0 +1,46 @@
+"""Progress of a run from its records: hand-computable counts, best, time left (no Airflow)."""
+
+from mop_airflow.progress import format_seconds, progress_of
+from mop_airflow.records import HopRecord, Plan
+
+PLAN = Plan(shards=2, iterations=2, seed=0, priority="hops_left", model_hops_total=12,
+            classes=[["a", "b"], ["c"]])  # 3 configurations x 2 iterations x 2 shards
+
+
+def hop(config_id, t, started, acc=None, status="ok"):
+    iteration, h = divmod(t, 2)
+    return HopRecord(config_id=config_id, t=t, iteration=iteration, hop=h, shard=h, status=status,
+                     started_at=started, saved_at=None if started is None else started + 10,
+                     val_metrics=None if acc is None else {"val_accuracy": acc, "val_loss": 1 - acc})
+
+
+def test_hops_best_and_time_left_from_hop_records():
+    records = [hop("a", 0, 100.0), hop("a", 1, 110.0, acc=0.6), hop("b", 0, 100.0), hop("b", 1, 112.0, acc=0.7)]
+    p = progress_of(PLAN, records, {}, "val_accuracy", "max", busy={0: ["c"]}, now=140.0)
+    assert (p.hops_done, p.hops_total, p.iteration, p.iterations) == (4, 12, 1, 2)
+    assert (p.best, p.best_config) == (0.7, "b")
+    # 4 hops in 40 s since the first started: 8 left take about 80 s
+    assert p.elapsed == 40.0 and p.eta == 80.0
+    assert p.shard_line() == "shard 0: c  shard 1: idle"
+    assert p.summary_line() == ("model hops 4/12, iteration 1/2, best val_accuracy 0.7000 (b), about 1 min 20 s left")
+    low = progress_of(PLAN, records, {}, "val_loss", "min", now=140.0)
+    assert (round(low.best, 6), low.best_config) == (0.3, "b")
+
+
+def test_a_failed_configuration_settles_the_hops_it_will_never_run():
+    records = [hop("a", 0, 100.0), hop("a", 1, 110.0, acc=0.6)]
+    failed = {"b": hop("b", 1, None, status="failed")}  # b failed at its hop 1: hops 1, 2, 3 never run
+    p = progress_of(PLAN, records, failed, "val_accuracy", "max", now=120.0)
+    assert p.hops_done == 2 + 3 and p.failed == ("b",)
+    assert "1 configuration(s) failed" in p.summary_line()
+
+
+def test_a_finished_run_has_nothing_left_and_no_nan_best():
+    records = [hop(c, t, 100.0 + t, acc=float("nan") if c == "c" else 0.5) for c in "abc" for t in range(4)]
+    p = progress_of(PLAN, records, {}, "val_accuracy", "max", now=200.0)
+    assert p.hops_done == p.hops_total == 12 and p.fraction == 1.0 and p.eta == 0.0
+    assert p.best_config == "a" and p.iteration == 2
+
+
+def test_format_seconds():
+    assert [format_seconds(s) for s in (5, 65, 3725)] == ["5 s", "1 min 05 s", "1 h 02 min"]
