@@ -44,3 +44,23 @@ def test_a_finished_run_has_nothing_left_and_no_nan_best():
 
 def test_format_seconds():
     assert [format_seconds(s) for s in (5, 65, 3725)] == ["5 s", "1 min 05 s", "1 h 02 min"]
+
+
+def test_the_terminal_view_shows_a_bar_each_shard_and_the_best():
+    import io
+
+    from rich.console import Console
+
+    from mop_airflow.airflow.run_status import RunRef
+    from mop_airflow.airflow.watch import _renderable
+
+    records = [hop("a", 0, 100.0), hop("a", 1, 110.0, acc=0.6), hop("b", 0, 100.0)]
+    progress = progress_of(PLAN, records, {}, "val_accuracy", "max", busy={1: ["c001", "c002"]}, now=130.0)
+    screen = io.StringIO()
+    Console(file=screen, width=100, color_system=None).print(_renderable(RunRef("d", "r1", "running", None), progress))
+    text = screen.getvalue()
+    assert "d / r1: running" in text
+    assert "3/12 model hops (25%)" in text and "about 1 min 30 s left" in text
+    assert "━" in text  # the bar
+    assert "shard 0  idle" in text and "shard 1  busy: c001, c002" in text
+    assert "iteration 1/2; best val_accuracy: 0.6000 (a)" in text
