@@ -16,6 +16,7 @@ from mop_airflow.errors import SpecError
 from mop_airflow.records import Plan, RunRecord
 from mop_airflow.schedule import DEFAULT_PRIORITY, deal_classes, hash_seed, visit_order
 from mop_airflow.spec import MopSpec
+from mop_airflow.trigger_form import apply_conf
 
 def builder_modules(spec: MopSpec) -> list[str]:
     """The modules a DAG's own spec takes builders from: by default, the only ones a trigger conf may name."""
@@ -24,15 +25,17 @@ def builder_modules(spec: MopSpec) -> list[str]:
 
 def resolve_run(spec: MopSpec | Mapping[str, Any], conf: Any, *, dag_id: str, run_id: str,
                 allowed_modules: Sequence[str] | None = None) -> RunRecord:
-    """The run's effective spec (the trigger ``conf``'s sections override the DAG's spec) and configurations.
+    """The run's effective spec (the trigger ``conf`` applied to the DAG's spec, see
+    :func:`~mop_airflow.trigger_form.apply_conf`) and configurations.
 
-    Fails with a :class:`SpecError` before anything trains: a conf that is not a mapping of spec
-    sections (a misspelt section is an error, not silently ignored), bad overrides, an empty search
+    Fails with a :class:`SpecError` before anything trains: a conf key that is neither a field of
+    the DAG's trigger form nor a spec section (a misspelt key is an error, not silently ignored), a
+    bad value, a field and JSON overrides that set the same thing, an empty search
     space, a model builder whose module cannot be found on this worker (found without importing
     it, which would import TensorFlow here).
     """
     spec = spec if isinstance(spec, MopSpec) else MopSpec.from_dict(spec)
-    effective = spec.with_overrides(conf)
+    effective = apply_conf(spec, conf)
     configs = effective.configurations()
     if not configs:
         raise SpecError("search.space", effective.search.space.to_dict(), "expands to no configuration",

@@ -174,7 +174,14 @@ def test_hyperband_dag_has_a_promote_task_between_rungs():
     # rung 0 of every bracket waits for the shards to be staged and the models checked, then deals
     assert dag.get_task("bracket_0.rung_0.deal_1").upstream_task_ids == {"stage_shard_0", "stage_shard_1",
                                                                          "check_models"}
-    assert "Hyperband" not in dag.description and "3 bracket(s), 17 configurations" in dag.description
+    assert dag.description == ("Hyperband R=9, eta=3: 17 configurations in 3 bracket(s), trained 1, 3 or 9 "
+                               "iteration(s) (each rung keeps the best 1/3); models hop across 2 shards")
+    # listed in bracket order, each labelled with what it holds
+    assert [g for g in dag.task_group.children if g.startswith("bracket_")] == ["bracket_0", "bracket_1", "bracket_2"]
+    assert [dag.task_group_dict[f"bracket_{s}"].group_display_name for s in range(3)] == [
+        "bracket s=0: 3 configurations", "bracket s=1: 5 configurations", "bracket s=2: 9 configurations"]
+    assert dag.task_group_dict["bracket_2.rung_1"].group_display_name == "rung 1: 3 model(s) to 3 iteration(s)"
+    assert "promote keeps the best 1 and prunes the rest" in dag.task_group_dict["bracket_2.rung_1"].tooltip
 
 
 def test_successive_halving_is_one_bracket_on_the_same_machinery():

@@ -10,6 +10,7 @@ second.
 
 from __future__ import annotations
 
+import copy
 import datetime as dt
 from typing import Any, Mapping, Sequence
 
@@ -24,8 +25,10 @@ from mop_airflow.operators.report import MopReportOperator
 from mop_airflow.operators.train import MopTrainHopOperator
 from mop_airflow import resolve
 from mop_airflow.schedule import DEFAULT_PRIORITY
+from mop_airflow.search.adaptive import brackets_of
 from mop_airflow.spec import MopSpec
 from mop_airflow.task_plan import ClassGroup, TaskPlan, TaskSpec, build_task_plan
+from mop_airflow.trigger_form import form_fields, rung_iterations
 
 # Every task retries twice, 10 s and then 20 s later: a hop that dies with its worker resumes from
 # its configuration's last checkpoint (the one its assignment names). Errors a retry cannot fix
@@ -39,29 +42,27 @@ OPERATORS = {"list_data": MopListDataOperator, "shard": MopShardOperator, "stage
 
 
 def _params(spec: MopSpec) -> dict[str, Param]:
-    """Run-time overrides offered in the trigger form; shards and iterations stay fixed."""
-    as_dict = spec.to_dict()
-    return {
-        "search": Param(as_dict["search"], type="object",
-                        description="Search space and ranking metric for this run (method, params, num_samples, seed)."),
-        "schedule": Param(as_dict["schedule"], type="object",
-                          description="epochs_per_hop, slots_per_shard, metrics_every and seed may change per run; "
-                                      "shards and iterations are fixed by the DAG file."),
-        "data": Param(as_dict["data"], type="object", description="Input data: source, label, features, classes, validation."),
-    }
+    """The trigger form: typed fields from the spec (:mod:`mop_airflow.trigger_form`), defaults = the spec."""
+    return {f.name: Param(copy.deepcopy(f.default), **copy.deepcopy(dict(f.schema)))
+            for f in form_fields(spec).values()}
 
 
 def _description(spec: MopSpec) -> str:
-    p = spec.schedule.shards
+    p, schedule = spec.schedule.shards, spec.schedule
     adaptive = spec.adaptive_plan()
     if adaptive is None:
-        return f"MOP model selection: {p} shards x {spec.schedule.iterations} iterations"
-    from mop_airflow.search.adaptive import brackets_of  # noqa: PLC0415
-
+        space = spec.search.space
+        count = space.size() if space.method == "grid" else space.num_samples
+        return (f"{space.method.capitalize()} search, {count} configurations by default; models hop across {p} "
+                f"shards for {schedule.iterations} iteration(s) of {schedule.epochs_per_hop} epoch(s) per hop")
     brackets = brackets_of(adaptive)
-    longest = max(b.rungs[-1].hops_i for b in brackets) // p
-    return (f"MOP {spec.search.adaptive['method'].replace('_', ' ')}: {p} shards, {len(brackets)} bracket(s), "
-            f"{adaptive.total_configurations} configurations, up to {longest} iterations each")
+    eta = brackets[0].eta
+    named = (f"Hyperband R={adaptive.R}, eta={eta}" if spec.search.adaptive["method"] == "hyperband"
+             else f"Successive halving n={brackets[0].n}, r={brackets[0].r}, eta={eta}")
+    return (f"{named}: "
+            f"{adaptive.total_configurations} configurations in {len(brackets)} bracket(s), trained "
+            f"{' or '.join(', '.join(rung_iterations(adaptive)).rsplit(', ', 1))} iteration(s) (each rung keeps "
+            f"the best 1/{eta}); models hop across {p} shards")
 
 
 def build_mop_dag(
@@ -114,22 +115,28 @@ def build_mop_dag(
     )
     allowed = list(builder_modules) if builder_modules is not None else resolve.builder_modules(spec)
     with dag:
-        _Renderer(plan, spec.to_dict(), pools=pools, builder_modules=allowed).render()
+        _Renderer(plan, spec.to_dict(), pools=pools, builder_modules=allowed, adaptive=spec.adaptive_plan()).render()
     return dag
 
 
 class _Renderer:
-    def __init__(self, plan: TaskPlan, spec: dict[str, Any], *, pools: str, builder_modules: list[str]) -> None:
+    def __init__(self, plan: TaskPlan, spec: dict[str, Any], *, pools: str, builder_modules: list[str],
+                 adaptive: Any = None) -> None:
         self.plan = plan
         self.spec = spec
         self.pools = pools
         self.builder_modules = builder_modules
+        self.brackets = {b.s: b for b in brackets_of(adaptive)} if adaptive is not None else {}
         self.ops: dict[str, Any] = {}
         self.containers: dict[str, TaskGroup] = {}
 
     def render(self) -> None:
         groups = {g.group_id: g for g in self.plan.groups}
         for spec in self.plan.tasks:
+            if spec.task_id.startswith("bracket_") and not self.containers:
+                # Listed in the graph and grid as created: bracket 0, 1, 2..., not in the paper's s_max-first loop.
+                for s in sorted(self.brackets):
+                    self._container(f"bracket_{s}")
             if spec.group is None:
                 self.ops[spec.task_id] = self._operator(spec)
             elif spec.group not in self.ops:
@@ -142,7 +149,7 @@ class _Renderer:
 
     def _operator(self, spec: TaskSpec) -> Any:
         kwargs = {**self._common(spec), **{k: v for k, v in spec.args.items()}}
-        container = self._container(spec.task_id)
+        container = self._container(spec.task_id.rpartition(".")[0])
         if container is not None:
             kwargs["task_group"] = container
         if spec.kind == "preflight":
@@ -160,37 +167,58 @@ class _Renderer:
             self.ops[up] >> op
         return op
 
-    def _container(self, task_id: str) -> TaskGroup | None:
-        """The plain (unmapped) task groups a task id's prefix names, created on first use."""
-        parts = task_id.split(".")[:-1]
+    def _container(self, path: str) -> TaskGroup | None:
+        """The plain (unmapped) task group ``path`` names (``bracket_2.rung_0``) and its parents, made on first use."""
+        parts = path.split(".") if path else []
         parent = None
         for depth in range(1, len(parts) + 1):
-            path = ".".join(parts[:depth])
-            if path not in self.containers:
+            prefix = ".".join(parts[:depth])
+            if prefix not in self.containers:
+                label, tooltip = self._describe(parts[:depth])
                 kwargs = {"parent_group": parent} if parent is not None else {}
-                self.containers[path] = TaskGroup(group_id=parts[depth - 1], tooltip=_tooltip(parts[depth - 1]),
-                                                  **kwargs)
-            parent = self.containers[path]
+                self.containers[prefix] = TaskGroup(group_id=parts[depth - 1], group_display_name=label,
+                                                    tooltip=tooltip, **kwargs)
+            parent = self.containers[prefix]
         return parent
+
+    def _describe(self, parts: list[str]) -> tuple[str, str]:
+        """A bracket's or rung's label and tooltip, from the adaptive plan."""
+        bracket = self.brackets[int(parts[0].split("_")[1])]
+        if len(parts) == 1:
+            rungs = (f"each rung keeps the best 1/{bracket.eta} ({' -> '.join(str(r.n_i) for r in bracket.rungs)} "
+                     f"configurations)" if len(bracket.rungs) > 1 else "one rung, nothing is pruned")
+            return (f"bracket s={bracket.s}: {bracket.n} configurations",
+                    f"Bracket s={bracket.s}: {bracket.n} configurations start at {bracket.rungs[0].r_i} "
+                    f"iteration(s); {rungs}.")
+        rung = bracket.rungs[int(parts[1].split("_")[1])]
+        keep = (f"then promote keeps the best {rung.keep} and prunes the rest" if rung.keep
+                else "the bracket's last rung")
+        return (f"rung {rung.i}: {rung.n_i} model(s) to {rung.r_i} iteration(s)",
+                f"Rung {rung.i} trains its {rung.n_i} configuration(s) to {rung.r_i} iteration(s); {keep}.")
 
     def _class_group(self, group: ClassGroup) -> None:
         """A mapped task group: one instance per configuration of the class, each hop on its shard's pool."""
         specs = self.plan.group_tasks(group.group_id)
         made: list[Any] = []
+        p = self.plan.shards
+        about = (f"A set of models: one mapped instance per configuration dealt to offset class {group.offset}, "
+                 f"named by its configuration id once the run has dealt them. Each model's hop t trains on shard "
+                 f"({group.offset} + t) mod {p} and waits only for the same model's previous hop.")
 
         @task_group(group_id=group.group_id.rsplit(".", 1)[-1],
-                    tooltip=f"configurations of offset class {group.offset}: global hop t trains on shard "
-                            f"({group.offset} + t) mod {self.plan.shards}; one mapped instance per configuration")
+                    group_display_name=f"class {group.offset} models (one per configuration)",
+                    tooltip=about, doc_md=about)
         def chain(assignment: Any) -> Any:
             previous = assignment
             for spec in specs:
                 op = MopTrainHopOperator(assignment=previous, map_index_template="{{ task.assignment['config_id'] }}",
+                                         task_display_name=f"hop {spec.args['t']} on shard {spec.args['shard']}",
                                          **self._common(spec), **spec.args)
                 made.append(op)
                 previous = op.output
             return made[-1]
 
-        container = self._container(group.group_id)
+        container = self._container(group.group_id.rpartition(".")[0])
         if container is not None:
             with container:
                 rendered = chain.expand(assignment=self.ops[group.source].output)
@@ -202,9 +230,3 @@ class _Renderer:
         self.ops[group.group_id] = rendered
         for spec, op in zip(specs, made):
             self.ops[spec.task_id] = op
-
-
-def _tooltip(group_id: str) -> str:
-    kind, _, number = group_id.partition("_")
-    return {"bracket": f"Hyperband bracket s={number}", "rung": f"rung {number}: train, then promote the best"}.get(
-        kind, group_id)
