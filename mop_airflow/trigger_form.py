@@ -35,11 +35,16 @@ ADVANCED = "Advanced: spec overrides (JSON)"
 # The form's multi-selects offer these (and the DAG's own values); a conf may name any other.
 LEARNING_RATES = (1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1, 1.0)
 BATCH_SIZES = (8, 16, 32, 64, 128, 256, 512, 1024)
+# Every field some DAG's form may have: a conf naming one this DAG leaves out is told so.
+_ANY_FIELD = {"method", "num_samples", "architectures", "optimizer", "learning_rate", "learning_rate_low",
+              "learning_rate_high", "batch_size", "batch_size_low", "batch_size_high", "epochs_per_hop", "metric",
+              "R", "n", "r", "eta", OVERRIDES}
 _OPTIMIZER_NAMES = {"adam": "Adam", "adamw": "AdamW", "sgd": "SGD", "rmsprop": "RMSprop", "adagrad": "Adagrad",
                     "adadelta": "Adadelta", "adamax": "Adamax", "nadam": "Nadam", "ftrl": "FTRL", "lion": "Lion",
                     "lamb": "LAMB", "adafactor": "Adafactor"}
 _HOW = {"log_uniform": "log-uniformly", "uniform": "uniformly", "int_uniform": "uniformly (whole numbers)",
-        "quantized_uniform": "uniformly on multiples of q", "quantized_log_uniform": "log-uniformly on multiples of q"}
+        "quantized_uniform": "uniformly on multiples of q", "quantized_log_uniform": "log-uniformly on multiples of q",
+        "log_near_one": "close to 1 (1 - 10**u, u uniform)"}
 
 
 @dataclass(frozen=True)
@@ -293,9 +298,7 @@ def _number_fields(params: Mapping[str, Any], key: str, title: str, kind: type, 
             "examples": sorted(set(examples) | set(listed)),
             "description_md": f"Pick one or more; each configuration takes one. The conf may name others, e.g. "
                               f"`{{\"{key}\": {[examples[len(examples) // 2]]}}}`."}, ("param", key, "int" if kind is int else "float"))]
-    if not (isinstance(value, Mapping) and "low" in value and "high" in value):
-        return []  # another kind of distribution: only the JSON overrides can change it
-    how = _HOW.get(value.get("distribution"), "between them")
+    how = _HOW[value["distribution"]]  # every distribution but a choice is a range
     bound = {"type": "integer", "minimum": 1} if kind is int else {"type": "number", "exclusiveMinimum": 0}
     word = title.lower()[:-1]
     return [FormField(f"{key}_{end}", value[end], {
@@ -404,10 +407,12 @@ def _sections(values: Mapping[str, Any], where: str) -> dict[str, dict]:
 
 
 def _unknown(key: Any, value: Any, fields: Mapping[str, FormField]) -> SpecError:
-    names = [n for n in fields]
+    names = list(fields)
     close = difflib.get_close_matches(str(key), names, n=1)
-    if close and not difflib.get_close_matches(str(key), SECTIONS, n=1):
+    if key in _ANY_FIELD or (close and not difflib.get_close_matches(str(key), SECTIONS, n=1)):
+        hint = f"did you mean {close[0]!r}? U" if close else "U"
         return SpecError(f"conf.{key}", value, "is not a field of this DAG's trigger form",
-                         f"did you mean {close[0]!r}? The fields are {names}")
+                         f"{hint}se one of its fields {names} (a field that could not take effect on this DAG is "
+                         "left out) or a spec section")
     return SpecError(f"conf.{key}", value, "is not a spec section",
                      f"override only data, search, schedule or store, or set a field of this DAG's trigger form {names}")
