@@ -79,6 +79,10 @@ def run_results(layout: RunLayout, run: RunRecord) -> dict[str, Any]:
     """Everything the results page shows for one run, as JSON-able data."""
     check_ids(layout.dag_id, layout.run_id)
     store = layout.store
+    if store.exists(layout.run_record_uri):  # two run ids may map to one folder name (safe_segment)
+        owner = store.read_json(layout.run_record_uri)
+        if (owner.get("dag_id"), owner.get("run_id")) != (run.dag_id, run.run_id):
+            raise NotARunFolder(f"the folder {layout.run_uri} holds run {owner.get('run_id')!r}, not {run.run_id!r}")
     recorded = store.exists(layout.plan_uri)
     if recorded:
         plan = Plan.read(store, layout.plan_uri)
@@ -128,6 +132,8 @@ def provisional_leaderboard(run: RunRecord, plan: Plan, rows: Sequence[Mapping[s
     board = leaderboard(rows, run.configs, metric=metric, direction=run.direction, failed=failures)
     mark_outcomes(board, failures, decisions)
     extra = adaptive_outcome(plan, decisions, board, metric) if plan.adaptive else {}
+    if extra:  # a bracket none of whose configurations was evaluated yet has no best
+        extra["best_per_bracket"] = {s: e for s, e in extra["best_per_bracket"].items() if _finite(e.get(metric))}
     done: dict[str, int] = defaultdict(int)
     for r in records:
         done[r.config_id] += 1

@@ -79,8 +79,10 @@ def create_app() -> FastAPI:
                      "the plan shows once it has resolved the run")}
         try:
             return {**run_results(_layout(record, dag_id, run_id), record), **head}
-        except MopError as exc:
-            raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, f"the run's store is not readable: {exc}")
+        except NotARunFolder as exc:
+            raise HTTPException(status.HTTP_404_NOT_FOUND, str(exc)) from exc
+        except (MopError, OSError) as exc:
+            raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, f"the run's store is not readable: {exc}") from exc
 
     @app.get("/api/runs/{dag_id}/{run_id}/files/{name}", dependencies=[can_read_runs])
     def download(dag_id: str, run_id: str, name: str, session: SessionDep) -> StreamingResponse:

@@ -242,6 +242,14 @@ def test_hyperband_shows_brackets_rungs_and_where_each_configuration_was_pruned(
         stop = data["curves"]["configs"][loser]["stop"]
         assert stop["status"] == "pruned" and stop["rung"] == 0 and stop["iteration"] == 0
     assert rows[first[0]]["status"] == "training" and data["curves"]["configs"][first[0]]["stop"] is None
-    assert data["leaderboard"]["best_per_bracket"]["1"] == {"config_id": first[0], "val_accuracy": 0.7}
+    assert data["leaderboard"]["best_per_bracket"] == {"1": {"config_id": first[0], "val_accuracy": 0.7}}
     rung0 = next(g for g in {b["s"]: b for b in data["plan"]["brackets"]}[1]["rungs"] if g["i"] == 0)
     assert rung0["decided"] and rung0["promoted"] == [first[0]] and sorted(rung0["pruned"]) == sorted(first[1:])
+
+
+def test_a_folder_written_by_another_run_whose_id_maps_to_the_same_name_is_refused(store):
+    layout, run, _ = planned(store)  # run id "manual__2026-01-01T00:00:00+00:00"
+    twin = resolve_run(tiny_spec("/data/digits.parquet", store.root), None, dag_id=layout.dag_id,
+                       run_id=RUN_ID.replace(":", "_"))  # another run, the same folder name
+    with pytest.raises(NotARunFolder, match="holds run 'manual__2026-01-01T00:00:00"):
+        run_results(RunLayout(store, layout.dag_id, twin.run_id), twin)

@@ -156,7 +156,8 @@
       : " \u00b7 no validation yet";
     var stages = {resolved: "validating and sharding the data", planned: "planned, waiting for the first hop",
       training: "training", reported: "finished: report written"};
-    document.getElementById("progress-text").textContent = text + " \u00b7 " + (stages[data.stage] || data.stage);
+    var stage = data.run_state === "failed" && data.stage !== "reported" ? "the run failed" : stages[data.stage];
+    document.getElementById("progress-text").textContent = text + " \u00b7 " + (stage || data.stage);
     var done = p.hops_total ? p.hops_done / p.hops_total : 0;
     document.getElementById("progress-bar").style.width = (100 * Math.min(1, done)).toFixed(1) + "%";
   }
@@ -171,6 +172,7 @@
     var metric = data.metric;
     document.getElementById("leaderboard-note").textContent = (board.final
       ? "Final, from the run's report. "
+      : data.run_state === "failed" ? "The run failed before its report: ranked on what was evaluated. "
       : "Provisional: ranked on what has been evaluated so far; this page refreshes every " +
         REFRESH_MS / 1000 + " s while the run is going. ") +
       metric + ": " + (data.direction === "min" ? "lower" : "higher") + " is better.";
