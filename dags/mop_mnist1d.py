@@ -26,4 +26,4 @@ spec = {
     "schedule": {"shards": 4, "iterations": 3, "epochs_per_hop": 1, "seed": 42},
 }
 
-dag = build_mop_dag(spec, dag_id="mop_mnist1d", tags=["mop_airflow", "example"])
+dag = build_mop_dag(spec, dag_id="mop_mnist1d", tags=["mop_airflow", "example"], doc_md=__doc__)

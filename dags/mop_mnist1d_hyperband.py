@@ -3,6 +3,9 @@
 17 configurations drawn at random (MLP or 1-D CNN, log-uniform learning rate, batch size) over three
 brackets that run side by side; each rung ends with a branching task that promotes the best third
 and prunes the rest. Print the schedule first with `mop-airflow plan --R 9 --eta 3 --shards 4`.
+
+The trigger form picks the architectures, optimizers, the learning-rate range and the batch sizes
+per run; R and eta are fixed here, as they decide the brackets and rungs of the graph.
 """
 
 from mop_airflow import build_mop_dag
@@ -29,4 +32,4 @@ spec = {
     "schedule": {"shards": 4, "seed": 42},
 }
 
-dag = build_mop_dag(spec, dag_id="mop_mnist1d_hyperband", tags=["mop_airflow", "example", "hyperband"])
+dag = build_mop_dag(spec, dag_id="mop_mnist1d_hyperband", tags=["mop_airflow", "example", "hyperband"], doc_md=__doc__)

@@ -85,8 +85,8 @@ def form_fields(spec: MopSpec | Mapping[str, Any]) -> dict[str, FormField]:
             "values_display": _OPTIMIZER_NAMES,
             "description_md": "Keras optimizers; each model is compiled with one of them and a learning rate below."},
             ("param", "optimizer", "str")))
-    out += _number_fields(params, "learning_rate", "Learning rates", float, LEARNING_RATES)
-    out += _number_fields(params, "batch_size", "Batch sizes", int, BATCH_SIZES)
+    out += _number_fields(params, "learning_rate", "Learning rates", float, LEARNING_RATES, 0.0005)
+    out += _number_fields(params, "batch_size", "Batch sizes", int, BATCH_SIZES, 96)
     if "epochs_per_hop" not in params:
         out.append(_epochs_field(spec))
     metrics = [m for m in ["val_loss", *(f"val_{m}" for m in space.metric_names() if m != "loss")]
@@ -286,7 +286,8 @@ def _method_fields(spec: MopSpec, params: Mapping[str, Any]) -> list[FormField]:
     ]
 
 
-def _number_fields(params: Mapping[str, Any], key: str, title: str, kind: type, examples: tuple) -> list[FormField]:
+def _number_fields(params: Mapping[str, Any], key: str, title: str, kind: type, examples: tuple,
+                   other: float) -> list[FormField]:
     value = params.get(key, _DEFAULTS[key])
     listed = _listed(value)
     # Strings too: the form's multi-select sends the values it offers as strings.
@@ -296,8 +297,9 @@ def _number_fields(params: Mapping[str, Any], key: str, title: str, kind: type, 
         return [FormField(key, listed, {
             "type": "array", "title": title, "minItems": 1, "items": items,
             "examples": sorted(set(examples) | set(listed)),
-            "description_md": f"Pick one or more; each configuration takes one. The conf may name others, e.g. "
-                              f"`{{\"{key}\": {[examples[len(examples) // 2]]}}}`."}, ("param", key, "int" if kind is int else "float"))]
+            "description_md": f"Pick one or more; each configuration takes one. A value not offered here goes into "
+                              f"the trigger conf, e.g. `{{\"{key}\": {[other]}}}`."},
+            ("param", key, "int" if kind is int else "float"))]
     how = _HOW[value["distribution"]]  # every distribution but a choice is a range
     bound = {"type": "integer", "minimum": 1} if kind is int else {"type": "number", "exclusiveMinimum": 0}
     word = title.lower()[:-1]

@@ -92,7 +92,7 @@ def test_the_rendered_dag_is_exactly_the_task_plan(adaptive):
         rendered = dag.task_group_dict[group.group_id]
         assert type(rendered).__name__ == "MappedTaskGroup"
         # before a run the graph says what the group is: a set of models, one per configuration
-        assert rendered.group_display_name == f"class {group.offset} models (one per configuration)"
+        assert rendered.group_display_name == f"class {group.offset} models"
         assert rendered.tooltip.startswith("A set of models: one mapped instance per configuration")
     for s in plan.tasks:
         if s.kind == "hop":  # labelled by hop and shard; each instance by its configuration id once dealt
@@ -187,8 +187,8 @@ def test_hyperband_dag_has_a_promote_task_between_rungs():
     # listed in bracket order, each labelled with what it holds
     assert [g for g in dag.task_group.children if g.startswith("bracket_")] == ["bracket_0", "bracket_1", "bracket_2"]
     assert [dag.task_group_dict[f"bracket_{s}"].group_display_name for s in range(3)] == [
-        "bracket s=0: 3 configurations", "bracket s=1: 5 configurations", "bracket s=2: 9 configurations"]
-    assert dag.task_group_dict["bracket_2.rung_1"].group_display_name == "rung 1: 3 model(s) to 3 iteration(s)"
+        "bracket s=0 (3 configs)", "bracket s=1 (5 configs)", "bracket s=2 (9 configs)"]
+    assert dag.task_group_dict["bracket_2.rung_1"].group_display_name == "rung 1 (3 x 3 it.)"
     assert "promote keeps the best 1 and prunes the rest" in dag.task_group_dict["bracket_2.rung_1"].tooltip
 
 

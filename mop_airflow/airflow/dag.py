@@ -187,13 +187,13 @@ class _Renderer:
         if len(parts) == 1:
             rungs = (f"each rung keeps the best 1/{bracket.eta} ({' -> '.join(str(r.n_i) for r in bracket.rungs)} "
                      f"configurations)" if len(bracket.rungs) > 1 else "one rung, nothing is pruned")
-            return (f"bracket s={bracket.s}: {bracket.n} configurations",
+            return (f"bracket s={bracket.s} ({bracket.n} configs)",
                     f"Bracket s={bracket.s}: {bracket.n} configurations start at {bracket.rungs[0].r_i} "
                     f"iteration(s); {rungs}.")
         rung = bracket.rungs[int(parts[1].split("_")[1])]
         keep = (f"then promote keeps the best {rung.keep} and prunes the rest" if rung.keep
                 else "the bracket's last rung")
-        return (f"rung {rung.i}: {rung.n_i} model(s) to {rung.r_i} iteration(s)",
+        return (f"rung {rung.i} ({rung.n_i} x {rung.r_i} it.)",
                 f"Rung {rung.i} trains its {rung.n_i} configuration(s) to {rung.r_i} iteration(s); {keep}.")
 
     def _class_group(self, group: ClassGroup) -> None:
@@ -206,7 +206,7 @@ class _Renderer:
                  f"({group.offset} + t) mod {p} and waits only for the same model's previous hop.")
 
         @task_group(group_id=group.group_id.rsplit(".", 1)[-1],
-                    group_display_name=f"class {group.offset} models (one per configuration)",
+                    group_display_name=f"class {group.offset} models",
                     tooltip=about, doc_md=about)
         def chain(assignment: Any) -> Any:
             previous = assignment
