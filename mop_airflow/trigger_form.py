@@ -70,7 +70,7 @@ def form_fields(spec: MopSpec | Mapping[str, Any]) -> dict[str, FormField]:
     if builders is not None and len(builders) > 1:
         draw = "grid search trains each one with every combination below; random search draws one per configuration"
         out.append(FormField("architectures", builders, {
-            "type": "array", "title": "Architectures", "minItems": 1, "uniqueItems": True,
+            "type": "array", "title": "Architectures", "minItems": 1,
             "items": {"type": "string", "enum": builders}, "examples": builders,
             "values_display": {b: f"{b.rsplit(':', 1)[1]} ({b.rsplit(':', 1)[0]})" for b in builders},
             "description_md": "The DAG's model builders (`build(hparams) -> keras.Model`, by import path): "
@@ -80,7 +80,7 @@ def form_fields(spec: MopSpec | Mapping[str, Any]) -> dict[str, FormField]:
     if optimizers is not None:
         optimizers = [str(o).lower() for o in optimizers]
         out.append(FormField("optimizer", optimizers, {
-            "type": "array", "title": "Optimizers", "minItems": 1, "uniqueItems": True,
+            "type": "array", "title": "Optimizers", "minItems": 1,
             "items": {"type": "string", "enum": list(OPTIMIZERS)}, "examples": list(OPTIMIZERS),
             "values_display": _OPTIMIZER_NAMES,
             "description_md": "Keras optimizers; each model is compiled with one of them and a learning rate below."},
@@ -187,7 +187,7 @@ def _typed_edits(spec: MopSpec, fields: Mapping[str, FormField], edits: Mapping[
         samples = edits.get("num_samples", fields["num_samples"].default)
         if method == "random" and samples is None:
             raise SpecError("conf.num_samples", None, "random search needs a number of configurations to draw",
-                            f"set num_samples, e.g. {spec.search.space.size()} (the grid's size)")
+                            f"set num_samples, e.g. {_grid_size(params)} (the grid's size)")
         if method == "grid" and edits.get("num_samples") is not None:
             raise SpecError("conf.num_samples", edits["num_samples"], "only applies to random search",
                             "set method to 'random', or leave num_samples empty")
@@ -215,8 +215,8 @@ def _normalize(field: FormField, value: Any) -> Any:
         if kind != "fixed" and value not in schema["enum"]:
             raise SpecError(f"conf.{name}", value, f"must be one of {schema['enum']}",
                             "use 'grid' for every combination or 'random' to draw num_samples of them"
-                            if kind == "method" else "or add the metric to search.space.params.metrics in the "
-                            "JSON overrides and rank on it there")
+                            if kind == "method" else "pick one of them, or add the metric to "
+                            "search.space.params.metrics and set search.metric in the JSON overrides")
         return value
     if value is None and "null" in schema["type"]:
         return None
@@ -271,7 +271,7 @@ def _method_fields(spec: MopSpec, params: Mapping[str, Any]) -> list[FormField]:
         return [FormField("num_samples", space.num_samples, {
             "type": "integer", **samples, "description_md": "How many configurations random search draws."},
             ("num_samples",))]
-    size = math.prod(len(_listed(v) or []) for v in _dimensions(params))
+    size = _grid_size(params)
     return [
         FormField("method", space.method, {
             "type": "string", "title": "Search method", "enum": ["grid", "random"],
@@ -378,6 +378,10 @@ def _dimensions(params: Mapping[str, Any]) -> list[Any]:
         v for k in ("hparams", "optimizer_params") for v in dict(params.get(k) or {}).values()]
 
 
+def _grid_size(params: Mapping[str, Any]) -> int:
+    return math.prod(len(_listed(v) or []) for v in _dimensions(params))
+
+
 def _unwrap_choices(value: Any) -> Any:
     if _is_choice(value):
         return list(value["values"])
@@ -398,7 +402,7 @@ def _direction(metric: str, spec: MopSpec | None = None) -> str | None:
 def _sections(values: Mapping[str, Any], where: str) -> dict[str, dict]:
     out = {}
     for section, fields in values.items():
-        if section not in SECTIONS or (where != "conf" and section not in SECTIONS):
+        if section not in SECTIONS:
             raise SpecError(f"{where}.{section}", fields, "is not a spec section",
                             "override only data, search, schedule or store")
         if not isinstance(fields, Mapping):

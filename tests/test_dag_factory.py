@@ -49,7 +49,7 @@ def test_parsing_imports_neither_tensorflow_nor_great_expectations():
 def test_the_core_imports_no_airflow():
     modules = ["mop_airflow", "mop_airflow.search.space", "mop_airflow.search.hyperband", "mop_airflow.search.adaptive",
                "mop_airflow.search.promotion", "mop_airflow.schedule", "mop_airflow.task_plan", "mop_airflow.records",
-               "mop_airflow.resolve", "mop_airflow.rungs", "mop_airflow.report", "mop_airflow.store",
+               "mop_airflow.resolve", "mop_airflow.trigger_form", "mop_airflow.rungs", "mop_airflow.report", "mop_airflow.store",
                "mop_airflow.layout", "mop_airflow.data.shard", "mop_airflow.data.validate", "mop_airflow.data.cache",
                "mop_airflow.data.source", "mop_airflow.data.inputs", "mop_airflow.data.permutation",
                "mop_airflow.training.stream",
