@@ -8,6 +8,8 @@ Hyperband, where each configuration was pruned.
 
 import json
 import math
+import subprocess
+import sys
 
 import pytest
 
@@ -253,3 +255,10 @@ def test_a_folder_written_by_another_run_whose_id_maps_to_the_same_name_is_refus
                        run_id=RUN_ID.replace(":", "_"))  # another run, the same folder name
     with pytest.raises(NotARunFolder, match="holds run 'manual__2026-01-01T00:00:00"):
         run_results(RunLayout(store, layout.dag_id, twin.run_id), twin)
+
+
+def test_the_results_data_imports_no_airflow_and_no_tensorflow():
+    code = ("import sys, mop_airflow.results\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('airflow', 'tensorflow', 'keras')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip().splitlines()[-1] == "[]"
