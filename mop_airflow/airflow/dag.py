@@ -133,7 +133,7 @@ class _Renderer:
     def render(self) -> None:
         groups = {g.group_id: g for g in self.plan.groups}
         for spec in self.plan.tasks:
-            if spec.task_id.startswith("bracket_") and not self.containers:
+            if spec.task_id.startswith("bracket_") and spec.task_id.split(".")[0] not in self.containers:
                 # Listed in the graph and grid as created: bracket 0, 1, 2..., not in the paper's s_max-first loop.
                 for s in sorted(self.brackets):
                     self._container(f"bracket_{s}")
