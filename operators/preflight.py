@@ -53,6 +53,9 @@ class MopPreflightOperator(MopBaseOperator):
             created = ensure_pools(pools, shards=schedule.shards, slots=schedule.slots_per_shard, mode=self.pools)
             if created:
                 self.log.info("created pools %s with %d slot(s) each", ", ".join(created), schedule.slots_per_shard)
-        self.log.info("%d configurations, %d shards, %d iterations; pools %s", len(run.configs),
-                      schedule.shards, schedule.iterations, ", ".join(pools))
+        # an adaptive search's iterations are its rungs' (search.adaptive), not schedule.iterations
+        length = (f"search.adaptive {dict(run.adaptive)}" if run.adaptive
+                  else f"{schedule.iterations} iterations")
+        self.log.info("%d configurations, %d shards, %s; pools %s", len(run.configs), schedule.shards, length,
+                      ", ".join(pools))
         return run.to_dict()
