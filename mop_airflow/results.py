@@ -57,6 +57,15 @@ def check_ids(dag_id: str, run_id: str) -> None:
             raise NotARunFolder(f"{name}={value!r} does not name a run folder")
 
 
+def check_folder(layout: RunLayout, run: RunRecord) -> None:
+    """Refuse a folder that another run wrote: two run ids may map to one folder name (``safe_segment``)."""
+    check_ids(layout.dag_id, layout.run_id)
+    if layout.store.exists(layout.run_record_uri):
+        owner = layout.store.read_json(layout.run_record_uri)
+        if (owner.get("dag_id"), owner.get("run_id")) != (run.dag_id, run.run_id):
+            raise NotARunFolder(f"the folder {layout.run_uri} holds run {owner.get('run_id')!r}, not {run.run_id!r}")
+
+
 def download_uri(layout: RunLayout, name: str) -> str:
     """The store URI of report file ``name``; only names of :data:`DOWNLOADS` are served."""
     if name not in DOWNLOADS:
@@ -77,12 +86,8 @@ def read_chunks(layout: RunLayout, name: str, chunk_bytes: int = 1 << 20) -> Ite
 
 def run_results(layout: RunLayout, run: RunRecord) -> dict[str, Any]:
     """Everything the results page shows for one run, as JSON-able data."""
-    check_ids(layout.dag_id, layout.run_id)
+    check_folder(layout, run)
     store = layout.store
-    if store.exists(layout.run_record_uri):  # two run ids may map to one folder name (safe_segment)
-        owner = store.read_json(layout.run_record_uri)
-        if (owner.get("dag_id"), owner.get("run_id")) != (run.dag_id, run.run_id):
-            raise NotARunFolder(f"the folder {layout.run_uri} holds run {owner.get('run_id')!r}, not {run.run_id!r}")
     recorded = store.exists(layout.plan_uri)
     if recorded:
         plan = Plan.read(store, layout.plan_uri)

@@ -31,7 +31,15 @@ from airflow.models.xcom import XComModel
 from mop_airflow.errors import MopError
 from mop_airflow.layout import RunLayout
 from mop_airflow.records import RunRecord
-from mop_airflow.results import DOWNLOADS, NotARunFolder, check_ids, download_uri, read_chunks, run_results
+from mop_airflow.results import (
+    DOWNLOADS,
+    NotARunFolder,
+    check_folder,
+    check_ids,
+    download_uri,
+    read_chunks,
+    run_results,
+)
 from mop_airflow.store import Store
 
 PREFLIGHT, PREFLIGHT_OPERATOR = "preflight", "MopPreflightOperator"
@@ -93,6 +101,10 @@ def create_app() -> FastAPI:
         if record is None:
             raise HTTPException(status.HTTP_404_NOT_FOUND, "the run has not been resolved")
         layout = _layout(record, dag_id, run_id)
+        try:
+            check_folder(layout, record)
+        except NotARunFolder as exc:
+            raise HTTPException(status.HTTP_404_NOT_FOUND, str(exc)) from exc
         if not layout.store.exists(download_uri(layout, name)):
             raise HTTPException(status.HTTP_404_NOT_FOUND, f"{name} has not been written yet")
         return StreamingResponse(read_chunks(layout, name), media_type=DOWNLOADS[name],

@@ -18,6 +18,7 @@ from mop_airflow.records import HopRecord
 from mop_airflow.resolve import make_plan, resolve_run
 from mop_airflow.results import (
     NotARunFolder,
+    check_folder,
     check_ids,
     download_uri,
     json_safe,
@@ -255,6 +256,9 @@ def test_a_folder_written_by_another_run_whose_id_maps_to_the_same_name_is_refus
                        run_id=RUN_ID.replace(":", "_"))  # another run, the same folder name
     with pytest.raises(NotARunFolder, match="holds run 'manual__2026-01-01T00:00:00"):
         run_results(RunLayout(store, layout.dag_id, twin.run_id), twin)
+    with pytest.raises(NotARunFolder):  # what the download route checks before it serves a file
+        check_folder(RunLayout(store, layout.dag_id, twin.run_id), twin)
+    check_folder(layout, run)
 
 
 def test_the_results_data_imports_no_airflow_and_no_tensorflow():
