@@ -29,7 +29,6 @@ from mop_airflow.report import (
     metrics_table,
     visit_order,
 )
-from mop_airflow.store import safe_segment
 
 # What may be downloaded, by name, from the run's report folder and nowhere else.
 DOWNLOADS = {
@@ -49,11 +48,10 @@ class NotARunFolder(ValueError):
 
 
 def check_ids(dag_id: str, run_id: str) -> None:
-    """Refuse ids whose store folder would not be a run's own: empty, too long, or only dots
-    (``safe_segment`` keeps dots, and ``..`` would climb out of the DAG's folder)."""
+    """Refuse ids no real run has: empty, too long, or only dots (``..`` names no folder of its own;
+    ``safe_segment`` maps it to underscores, which another run may use)."""
     for name, value in (("dag_id", dag_id), ("run_id", run_id)):
-        segment = safe_segment(value) if isinstance(value, str) else ""
-        if not segment or len(value) > MAX_ID_LENGTH or not segment.strip("."):
+        if not isinstance(value, str) or not value.strip(".") or len(value) > MAX_ID_LENGTH:
             raise NotARunFolder(f"{name}={value!r} does not name a run folder")
 
 

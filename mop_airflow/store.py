@@ -78,8 +78,12 @@ def transient(exc: BaseException) -> bool:
 
 
 def safe_segment(value: str) -> str:
-    """A run id such as ``manual__2026-01-01T00:00:00+00:00`` made safe for paths and S3 keys."""
-    return "".join(c if c.isalnum() or c in "-_." else "_" for c in str(value))
+    """A run id such as ``manual__2026-01-01T00:00:00+00:00`` made safe for paths and S3 keys.
+
+    Dots stay (dates, versions), but a segment of dots only (``..`` is a valid Airflow run id) would
+    climb out of its folder: its dots become underscores."""
+    segment = "".join(c if c.isalnum() or c in "-_." else "_" for c in str(value))
+    return segment if segment.strip(".") else "_" * max(1, len(segment))
 
 
 class Store:

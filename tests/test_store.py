@@ -29,6 +29,9 @@ def test_run_layout_is_path_safe(tmp_path):
     layout = RunLayout(Store(f"file://{tmp_path}"), "my_dag", "manual__2026-01-01T00:00:00+00:00")
     assert layout.checkpoint_uri("c001-abc", 7).endswith("/my_dag/manual__2026-01-01T00_00_00_00_00/checkpoints/c001-abc/t007.npz")
     assert safe_segment("a/b:c") == "a_b_c"
+    # a run id of dots only would name the folder above the run's: it cannot
+    assert [safe_segment(v) for v in ("..", ".", "", "v1.2")] == ["__", "_", "_", "v1.2"]
+    assert RunLayout(Store(f"file://{tmp_path}"), "dag", "..").run_uri == f"file://{tmp_path}/dag/__"
 
 
 def test_s3_store_with_fsspec_options(s3_endpoint, tmp_path):
