@@ -39,6 +39,7 @@ DOWNLOADS = {
     "summary.json": "application/json",
     "hop_timeline.json": "application/json",
     "learning_curves.png": "image/png",
+    "hop_timeline.png": "image/png",
 }
 MAX_ID_LENGTH = 250  # Airflow's own bound on a DAG id
 

@@ -277,7 +277,7 @@ def test_the_finished_run_in_the_airflow_ui_tab(airflow, browser, finished, tmp_
     links = frame.locator("#downloads a")
     assert sorted(links.nth(i).get_attribute("data-file") for i in range(links.count())) == sorted(
         ["best_model.keras", "metrics.parquet", "metrics.json", "leaderboard.json", "summary.json",
-         "hop_timeline.json", "learning_curves.png"])
+         "hop_timeline.json", "learning_curves.png", "hop_timeline.png"])
     # the UI's iframe is sandboxed without downloads: the link starts it from the top document
     with page.expect_download(timeout=30_000) as download:
         frame.locator("a[data-file='best_model.keras']").click()

@@ -395,7 +395,8 @@
 
   var DOWNLOAD_LABELS = {"best_model.keras": "Best model (Keras)", "metrics.parquet": "Metrics table (Parquet)",
     "metrics.json": "Metrics table (JSON)", "leaderboard.json": "Leaderboard (JSON)", "summary.json": "Summary (JSON)",
-    "hop_timeline.json": "Hop timeline (JSON)", "learning_curves.png": "Learning curves (PNG)"};
+    "hop_timeline.json": "Hop timeline (JSON)", "learning_curves.png": "Learning curves (PNG)",
+    "hop_timeline.png": "Hop timeline (PNG)"};
 
   function renderDownloads(data) {
     var list = clear(document.getElementById("downloads"));
