@@ -25,6 +25,9 @@ def _fail(message: str, code: int) -> int:
 
 
 def _cmd_pools_sync(args: argparse.Namespace) -> int:
+    if args.dags_folder is not None and "airflow" not in sys.modules:
+        # parsing the folder logs a line per file at INFO; the answer here is the pools
+        os.environ["AIRFLOW__LOGGING__LOGGING_LEVEL"] = "WARNING"
     from mop_airflow.airflow.pools import dag_folder_pools, sync_pool_slots, sync_pools  # noqa: PLC0415
 
     if args.dags_folder is None:

@@ -81,13 +81,18 @@ def progress_of(plan: Plan, records: Sequence[HopRecord], failures: Mapping[str,
         # a failed configuration's later hops are skipped, never run: count them as settled
         per_config = plan.iterations * plan.shards
         done += sum(per_config - f.t for f in failures.values())
-    best, best_config = None, None
-    for r in records:
+    # as the leaderboard ranks: each configuration by its latest evaluation, not its best one ever
+    latest: dict[str, float] = {}
+    for r in sorted(records, key=lambda r: r.t):
         value = (r.val_metrics or {}).get(metric)
-        if value is None or not math.isfinite(value):
+        if value is not None and r.config_id not in failures:
+            latest[r.config_id] = value
+    best, best_config = None, None
+    for config_id, value in sorted(latest.items()):
+        if not math.isfinite(value):
             continue
         if best is None or (value < best if direction == "min" else value > best):
-            best, best_config = value, r.config_id
+            best, best_config = value, config_id
     started = [r.started_at for r in (*records, *failures.values()) if r.started_at]
     elapsed = now - min(started) if started else 0.0
     finished = len(records) + len(failures)

@@ -42,6 +42,13 @@ def test_a_finished_run_has_nothing_left_and_no_nan_best():
     assert p.best_config == "a" and p.iteration == 2
 
 
+def test_best_so_far_ranks_each_configuration_by_its_latest_evaluation_as_the_leaderboard_does():
+    records = [hop("a", 1, 100.0, acc=0.9), hop("a", 3, 120.0, acc=0.7), hop("b", 1, 100.0, acc=0.8),
+               hop("b", 3, 121.0, acc=0.75)]
+    p = progress_of(PLAN, records, {}, "val_accuracy", "max", now=130.0)
+    assert (p.best, p.best_config) == (0.75, "b")
+
+
 def test_format_seconds():
     assert [format_seconds(s) for s in (5, 65, 3725)] == ["5 s", "1 min 05 s", "1 h 02 min"]
 
