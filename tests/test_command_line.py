@@ -1,5 +1,6 @@
-"""The command line as a user drives it: `mop-airflow up` on their own DAG folder, `status`, `report`,
-then `airflow dags test` on the same DAG with no flags. Real processes: Airflow's api-server,
+"""The command line as a user drives it: `mop-airflow up` on their own DAG folder, a run triggered
+through the REST API and one through `airflow dags trigger --conf` (typed trigger-form fields),
+`status`, `report`, then `airflow dags test` on the same DAG with no flags. Real processes: Airflow's api-server,
 scheduler and dag-processor started by `up`, stopped by Ctrl-C (SIGINT)."""
 
 import json
@@ -14,6 +15,7 @@ import pytest
 
 from mop_airflow.airflow.local import airflow_env, free_port
 from mop_airflow.airflow.rest import AirflowAPI
+from mop_airflow.airflow.run_status import find_run
 from mop_airflow.cli import OK, UNAVAILABLE, USAGE, main
 from tests.test_end_to_end import tiny_spec, write_digits
 
@@ -74,7 +76,9 @@ def test_up_status_report_and_dags_test_on_your_own_dag_folder(tmp_path):
                 except RuntimeError:
                     time.sleep(1)
             api.call("PATCH", f"/dags/{DAG_ID}", json={"is_paused": False})
-            run_id = api.call("POST", f"/dags/{DAG_ID}/dagRuns", json={"logical_date": None, "conf": {}})["dag_run_id"]
+            # a conf naming one typed field of the trigger form, through the REST API
+            run_id = api.call("POST", f"/dags/{DAG_ID}/dagRuns",
+                              json={"logical_date": None, "conf": {"batch_size": [64]}})["dag_run_id"]
 
         # `status` finds the Airflow that `up` runs from the home folder, follows the run to its end
         status = cli("status", DAG_ID, "--interval", "1", env=env)
@@ -96,6 +100,24 @@ def test_up_status_report_and_dags_test_on_your_own_dag_folder(tmp_path):
         for png in ("learning_curves.png", "hop_timeline.png"):
             assert (tmp_path / "report" / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
+        with AirflowAPI(f"http://127.0.0.1:{port}") as api:
+            first = find_run(api, DAG_ID, run_id).record
+            assert [(c["optimizer_params"]["learning_rate"], c["batch_size"]) for c in first.configs] == [
+                (3e-3, 64), (1e-2, 64)]
+        # the same kind of conf through Airflow's own CLI
+        trigger = subprocess.run([str(Path(sys.executable).with_name("airflow")), "dags", "trigger", DAG_ID,
+                                  "--conf", json.dumps({"learning_rate": [0.01]})],
+                                 env=airflow_env(home / "airflow", folder, port, {"MOP_AIRFLOW_HOME": str(home)}),
+                                 capture_output=True, text=True, timeout=120)
+        assert trigger.returncode == 0, trigger.stderr[-3000:]
+        second = cli("status", DAG_ID, "--interval", "1", env=env)
+        assert second.returncode == OK and "success: model hops 2/2" in second.stdout, second.stdout + second.stderr
+        with AirflowAPI(f"http://127.0.0.1:{port}") as api:
+            latest = find_run(api, DAG_ID)
+            assert latest.run_id != run_id
+            assert [(c["optimizer_params"]["learning_rate"], c["batch_size"]) for c in latest.record.configs] == [
+                (1e-2, 32)]
+
         missing = cli("status", "no_such_dag", "--once", env=env)
         assert missing.returncode == UNAVAILABLE and "404" in missing.stderr
     finally:
@@ -115,7 +137,7 @@ def test_up_status_report_and_dags_test_on_your_own_dag_folder(tmp_path):
     assert dags_test.returncode == 0, dags_test.stdout[-3000:] + dags_test.stderr[-3000:]
     assert "pools are not used; not checked" in dags_test.stdout + dags_test.stderr
     runs = [r for r in (tmp_path / "store" / DAG_ID).iterdir() if r.name != "shards"]
-    assert len(runs) == 2 and all((r / "report" / "leaderboard.json").exists() for r in runs)
+    assert len(runs) == 3 and all((r / "report" / "leaderboard.json").exists() for r in runs)
 
 
 def test_commands_say_what_is_wrong_with_exit_codes_scripts_can_rely_on(tmp_path, capsys):
