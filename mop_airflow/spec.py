@@ -18,6 +18,7 @@ from mop_airflow.search.space import SearchSpace
 # Metric names whose smaller value is better; anything else named here is larger-is-better.
 _LOWER_IS_BETTER = ("loss", "error", "mse", "mae", "mape", "crossentropy", "hinge")
 _HIGHER_IS_BETTER = ("accuracy", "auc", "precision", "recall", "f1")
+SPEC_SECTIONS = ("data", "search", "schedule", "store")  # what a trigger conf may override
 
 
 def default_home() -> str:
@@ -447,13 +448,7 @@ class MopSpec:
             raise SpecError("conf", conf, "must be a mapping of spec sections",
                             "trigger with e.g. {\"search\": {\"metric\": \"val_loss\"}}")
         merged = self.to_dict()
-        for section, values in conf.items():
-            if section not in merged:
-                raise SpecError(f"conf.{section}", values, "is not a spec section",
-                                "override only data, search, schedule or store")
-            if not isinstance(values, Mapping):
-                raise SpecError(f"conf.{section}", values, "must be a mapping of fields",
-                                f"pass e.g. {{'{section}': {{...}}}}")
+        for section, values in section_overrides(conf, "conf").items():
             merged[section].update(values)
         for fixed in ("shards", "iterations"):
             if merged["schedule"][fixed] != getattr(self.schedule, fixed):
@@ -465,6 +460,20 @@ class MopSpec:
                             "its brackets and rungs shape the DAG and are fixed when the DAG file is parsed",
                             "change search.adaptive in the DAG file instead of the trigger conf")
         return MopSpec.from_dict(merged)
+
+
+def section_overrides(values: Mapping[str, Any], where: str) -> dict[str, dict]:
+    """``values`` checked to be spec sections, each a mapping of fields (``where`` names them in errors)."""
+    out = {}
+    for section, given in values.items():
+        if section not in SPEC_SECTIONS:
+            raise SpecError(f"{where}.{section}", given, "is not a spec section",
+                            "override only data, search, schedule or store")
+        if not isinstance(given, Mapping):
+            raise SpecError(f"{where}.{section}", given, "must be a mapping of fields",
+                            f"pass e.g. {{'{section}': {{...}}}}")
+        out[section] = dict(given)
+    return out
 
 
 def _build(cls: type, values: Mapping[str, Any], section: str) -> Any:

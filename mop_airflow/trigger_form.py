@@ -26,9 +26,9 @@ from typing import Any, Mapping
 
 from mop_airflow.errors import SpecError
 from mop_airflow.search.space import _DEFAULTS, OPTIMIZERS
-from mop_airflow.spec import MopSpec, metric_direction
+from mop_airflow.spec import SPEC_SECTIONS as SECTIONS
+from mop_airflow.spec import MopSpec, metric_direction, section_overrides
 
-SECTIONS = ("data", "search", "schedule", "store")
 OVERRIDES = "overrides"
 TRAINING = "Training and ranking"
 ADVANCED = "Advanced: spec overrides (JSON)"
@@ -124,12 +124,12 @@ def apply_conf(spec: MopSpec | Mapping[str, Any], conf: Any) -> MopSpec:
     for key in conf:
         if key not in fields and key not in SECTIONS:
             raise _unknown(key, conf[key], fields)
-    sections = _sections({k: v for k, v in conf.items() if k in SECTIONS}, "conf")
+    sections = section_overrides({k: v for k, v in conf.items() if k in SECTIONS}, "conf")
     extra = conf.get(OVERRIDES)
     if extra is not None and not isinstance(extra, Mapping):
         raise SpecError(f"conf.{OVERRIDES}", extra, "must be a JSON object of spec sections",
                         "e.g. {\"search\": {\"fail_fast\": true}}, or leave it empty")
-    for section, values in _sections(extra or {}, f"conf.{OVERRIDES}").items():
+    for section, values in section_overrides(extra or {}, f"conf.{OVERRIDES}").items():
         if section == "store":  # every task reads a run's store from the conf's top level
             raise SpecError(f"conf.{OVERRIDES}.store", values, "the store of a run is chosen at the conf's top level",
                             "trigger with {\"store\": {...}} beside the form's fields instead")
@@ -397,19 +397,6 @@ def _direction(metric: str, spec: MopSpec | None = None) -> str | None:
         return metric_direction(metric)
     except SpecError:
         return None
-
-
-def _sections(values: Mapping[str, Any], where: str) -> dict[str, dict]:
-    out = {}
-    for section, fields in values.items():
-        if section not in SECTIONS:
-            raise SpecError(f"{where}.{section}", fields, "is not a spec section",
-                            "override only data, search, schedule or store")
-        if not isinstance(fields, Mapping):
-            raise SpecError(f"{where}.{section}", fields, "must be a mapping of fields",
-                            f"pass e.g. {{'{section}': {{...}}}}")
-        out[section] = dict(fields)
-    return out
 
 
 def _unknown(key: Any, value: Any, fields: Mapping[str, FormField]) -> SpecError:
