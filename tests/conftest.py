@@ -38,18 +38,25 @@ def session_dir() -> Path:
     return _SESSION
 
 
-def write_dag_file(dag_id: str, spec: dict, **kwargs) -> object:
-    """Write a DAG file built from ``spec`` into the test dags folder and return its DAG."""
-    import importlib.util
+def dag_file(folder, dag_id: str, spec: dict, **kwargs):
+    """Write ``folder/<dag_id>.py``: a DAG file as a user writes one, ``build_mop_dag(spec, **kwargs)``."""
     import json
 
-    folder = _SESSION / "dags"
-    folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{dag_id}.py"
     path.write_text(
         "import json\nfrom mop_airflow import build_mop_dag\n"
         f"dag = build_mop_dag(json.loads({json.dumps(json.dumps(spec))}), dag_id={dag_id!r}, **{kwargs!r})\n"
     )
+    return path
+
+
+def write_dag_file(dag_id: str, spec: dict, **kwargs) -> object:
+    """Write a DAG file built from ``spec`` into the test dags folder and return its DAG."""
+    import importlib.util
+
+    folder = _SESSION / "dags"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = dag_file(folder, dag_id, spec, **kwargs)
     module_spec = importlib.util.spec_from_file_location(f"dagfile_{dag_id}", path)
     module = importlib.util.module_from_spec(module_spec)
     module_spec.loader.exec_module(module)

@@ -17,6 +17,7 @@ from mop_airflow.airflow.local import airflow_env, free_port
 from mop_airflow.airflow.rest import AirflowAPI
 from mop_airflow.airflow.run_status import find_run
 from mop_airflow.cli import OK, UNAVAILABLE, USAGE, main
+from tests.conftest import dag_file
 from tests.test_end_to_end import tiny_spec, write_digits
 
 DAG_ID = "my_digits"
@@ -50,9 +51,7 @@ def test_up_status_report_and_dags_test_on_your_own_dag_folder(tmp_path):
     spec = tiny_spec(tmp_path / "digits.parquet", f"file://{tmp_path / 'store'}", iterations=1, slots_per_shard=2)
     spec["search"]["space"]["params"]["learning_rate"] = [3e-3, 1e-2]
     # pools="check": the run would fail at once if `up` had not created the pools
-    (folder / "my_digits.py").write_text(
-        "import json\nfrom mop_airflow import build_mop_dag\n"
-        f"dag = build_mop_dag(json.loads({json.dumps(json.dumps(spec))}), dag_id={DAG_ID!r}, pools='check')\n")
+    dag_file(folder, DAG_ID, spec, pools="check")
     home, port = tmp_path / "home", free_port()
     env = {**os.environ, "MOP_AIRFLOW_HOME": str(home)}
     env.pop("MOP_AIRFLOW_API_URL", None)

@@ -26,7 +26,7 @@ from mop_airflow.layout import RunLayout
 from mop_airflow.records import HopRecord, Manifest, StageRecord
 from mop_airflow.airflow.local import CeleryWorker, LocalAirflow
 from mop_airflow.store import Store
-from tests.conftest import make_bucket, write_dag_file
+from tests.conftest import dag_file, make_bucket, write_dag_file
 from tests.test_end_to_end import tiny_spec, write_digits
 
 pytestmark = [pytest.mark.integration, pytest.mark.distributed]
@@ -110,9 +110,7 @@ def test_mop_on_celery_workers_per_shard(postgres_db, redis_broker, s3_endpoint,
     dags = tmp_path / "dags"
     dags.mkdir()
     spec = spec_for(source, "s3://mop-dist/runs")
-    (dags / f"{DAG_ID}.py").write_text(
-        "import json\nfrom mop_airflow import build_mop_dag\n"
-        f"dag = build_mop_dag(json.loads({json.dumps(json.dumps(spec))}), dag_id={DAG_ID!r})\n")
+    dag_file(dags, DAG_ID, spec)
     workers = [CeleryWorker("shard0", ("mop_shard_0",)), CeleryWorker("shard1", ("mop_shard_1",)),
                CeleryWorker("control", ("default",))]
     # A dead worker's hop is found by its missing heartbeat: after 20 s here (Airflow's default is 300 s).

@@ -16,6 +16,7 @@ import pytest
 from mop_airflow.layout import RunLayout
 from mop_airflow.airflow.local import LocalAirflow
 from mop_airflow.store import Store
+from tests.conftest import dag_file
 from tests.test_end_to_end import tiny_spec, write_digits
 
 pytestmark = pytest.mark.integration
@@ -74,12 +75,8 @@ def airflow(tmp_path_factory):
     spec = tiny_spec(root / "digits.parquet", f"file://{root / 'store'}")
     spec["schedule"]["iterations"] = 1
     spec["search"]["space"]["params"]["learning_rate"] = [3e-3, 1e-2]
-    (dags / f"{DAG_ID}.py").write_text(
-        "import json\nfrom mop_airflow import build_mop_dag\n"
-        f"dag = build_mop_dag(json.loads({json.dumps(json.dumps(spec))}), dag_id={DAG_ID!r})\n")
-    (dags / f"{CHECKED}.py").write_text(
-        "import json\nfrom mop_airflow import build_mop_dag\n"
-        f"dag = build_mop_dag(json.loads({json.dumps(json.dumps(spec))}), dag_id={CHECKED!r}, pools='check')\n")
+    dag_file(dags, DAG_ID, spec)
+    dag_file(dags, CHECKED, spec, pools="check")
     lib = root / "lib"
     lib.mkdir()
     (lib / "killer.py").write_text(KILLER)

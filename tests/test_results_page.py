@@ -23,6 +23,7 @@ import pytest
 from mop_airflow.airflow.local import LocalAirflow
 from mop_airflow.layout import RunLayout
 from mop_airflow.store import Store
+from tests.conftest import dag_file
 from tests.test_end_to_end import tiny_spec, write_digits
 
 pytestmark = pytest.mark.integration
@@ -101,9 +102,7 @@ def airflow(tmp_path_factory):
     dags.mkdir()
     write_digits(root / "digits.parquet")
     spec = tiny_spec(root / "digits.parquet", f"file://{root / 'store'}")  # 3 configurations x 2 shards x 2 iterations
-    (dags / f"{DAG_ID}.py").write_text(
-        "import json\nfrom mop_airflow import build_mop_dag\n"
-        f"dag = build_mop_dag(json.loads({json.dumps(json.dumps(spec))}), dag_id={DAG_ID!r}, pools='off')\n")
+    dag_file(dags, DAG_ID, spec, pools="off")
     (dags / f"{OTHER_DAG}.py").write_text(OTHER_DAG_FILE)
     env = {"MOP_AIRFLOW_HOME": str(root / "mop"), "AIRFLOW__CORE__AUTH_MANAGER": FAB,
            "AIRFLOW__API__SECRET_KEY": "results-page-test", "AIRFLOW__API__WORKERS": "1"}
