@@ -46,13 +46,12 @@ def dag_folder_pools(dags_folder: str) -> tuple[dict[str, int], dict[str, str]]:
     """
     from airflow.dag_processing.dagbag import DagBag  # noqa: PLC0415 - needs a configured Airflow
 
-    from mop_airflow.operators.preflight import MopPreflightOperator  # noqa: PLC0415
-
     bag = DagBag(dags_folder)
     pools: dict[str, int] = {}
     for dag in bag.dags.values():
         for task in dag.tasks:
-            if isinstance(task, MopPreflightOperator) and task.pools != "off":
+            # by name: the operators sit above this module (they import it)
+            if task.task_type == "MopPreflightOperator" and task.pools != "off":
                 schedule = task.spec["schedule"]
                 for name in required_pools(schedule["shards"]):
                     pools[name] = max(pools.get(name, 0), schedule.get("slots_per_shard", 1))
