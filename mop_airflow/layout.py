@@ -61,6 +61,9 @@ class RunLayout:
     def hops_glob(self) -> str:
         return self._at("hops", "*", "t*.json")
 
+    def config_hops_glob(self, config_id: str) -> str:
+        return self._at("hops", config_id, "t*.json")
+
     def stage_record_uri(self, shard: int) -> str:
         return self._at("stage", f"shard_{shard:02d}.json")
 

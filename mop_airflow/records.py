@@ -53,6 +53,8 @@ class RunRecord(Record):
     created_at: str
     spec: dict[str, Any]          # MopSpec.to_dict() with the trigger conf applied
     configs: list[dict[str, Any]]  # the expanded search space, each with its config_id
+    # config_id -> the earlier run's checkpoint it starts from (mop_airflow.warm_start); {} = all fresh
+    warm_start: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def metric(self) -> str:

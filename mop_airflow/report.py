@@ -59,6 +59,9 @@ def write_report(layout: RunLayout, run: RunRecord, *, cache_dir: str) -> dict[s
     board = leaderboard(rows, run.configs, metric=metric, direction=direction, failed=failures)
     decisions = load_rung_decisions(layout) if plan.adaptive else []
     mark_outcomes(board, failures, decisions)
+    for row in board:  # which configurations started from an earlier run's weights, and whose
+        source = run.warm_start.get(row["config_id"])
+        row["warm_start"] = None if source is None else f"{source['run_id']}/{source['config_id']}"
     best = board[0]
     if best["status"] in ("failed", "diverged") or not isinstance(best[metric], (int, float)):
         raise TrainingError(f"no configuration of run {run.run_id} finished with a {metric}: "
@@ -95,6 +98,7 @@ def write_report(layout: RunLayout, run: RunRecord, *, cache_dir: str) -> dict[s
         "last_hop_saved_at": iso(max((r.saved_at for r in records), default=None)),
         "report_written_at": dt.datetime.now(dt.timezone.utc).isoformat(),
         "best": best, "best_model_uri": best_uri, "versions": versions(),
+        "warm_start": run.warm_start,
         "visit_order": visit_order(records),
         "files": {name: layout.report_uri(name) for name in REPORT_FILES},
     }

@@ -8,6 +8,7 @@ the search space or re-derives the plan: it reads :class:`~mop_airflow.records.R
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import importlib.util
 from typing import Any, Mapping, Sequence
@@ -58,6 +59,18 @@ def resolve_run(spec: MopSpec | Mapping[str, Any], conf: Any, *, dag_id: str, ru
                             "install the module on every worker (or put it next to the DAG file) and check the spelling")
     return RunRecord(dag_id=dag_id, run_id=run_id, created_at=dt.datetime.now(dt.timezone.utc).isoformat(),
                      spec=effective.to_dict(), configs=configs)
+
+
+def with_warm_start(run: RunRecord) -> RunRecord:
+    """``run`` with the earlier run's checkpoints its configurations start from (``search.warm_start``)."""
+    wanted = run.spec["search"].get("warm_start")
+    if not wanted:
+        return run
+    from mop_airflow.store import Store  # noqa: PLC0415
+    from mop_airflow.warm_start import resolve_warm_start  # noqa: PLC0415
+
+    found = resolve_warm_start(Store.from_spec(run.store), run.dag_id, run.run_id, run.configs, wanted)
+    return dataclasses.replace(run, warm_start=found)
 
 
 def make_plan(run: RunRecord, priority: str = DEFAULT_PRIORITY) -> Plan:

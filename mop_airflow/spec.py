@@ -328,8 +328,10 @@ class SearchSpec:
     adaptive: Mapping[str, Any] | None = None
     fail_fast: bool = False
     max_configurations: int = 1000
+    warm_start: Mapping[str, Any] | None = None  # see warm_start_spec()
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "warm_start", warm_start_spec(self.warm_start))
         if not isinstance(self.fail_fast, bool):
             raise SpecError("search.fail_fast", self.fail_fast, "must be true or false",
                             "use true to fail the run at the first failing configuration, false to go on")
@@ -361,6 +363,43 @@ class SearchSpec:
                             f"is neither 'val_loss' nor a compiled metric {list(self.space.metric_names())}",
                             "add the metric to the search space's 'metrics' or rank on 'val_loss'")
         object.__setattr__(self, "direction", metric_direction(self.metric, self.direction))
+
+
+WARM_START_SELECT = ("winner", "top_k", "matching")
+
+
+def warm_start_spec(value: Any) -> dict[str, Any] | None:
+    """``search.warm_start``: start configurations from an earlier run's weights instead of random ones.
+
+    ``{"from": "latest" | RUN_ID, "select": "winner" | "top_k" | "matching", "k": 3, "dag_id": ...}``:
+    ``from`` the DAG's latest run that wrote a report (or a named run; ``dag_id`` another DAG's, in the
+    same store); ``select`` which of its configurations lend their weights: the winner, the top ``k``
+    (each new configuration starts from the best-ranked one with the same model and hparams), or every
+    configuration that exists in both runs (same content). Optimizer state comes along only where the
+    optimizer settings are the same; otherwise the new configuration's optimizer starts afresh.
+    """
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise SpecError("search.warm_start", value, "must be a mapping or null",
+                        'use e.g. {"from": "latest", "select": "winner"}')
+    unknown = sorted(set(value) - {"from", "select", "k", "dag_id"})
+    if unknown:
+        raise SpecError(f"search.warm_start.{unknown[0]}", value[unknown[0]], "is not a warm-start field",
+                        "use from, select, k and dag_id")
+    out = {"from": value.get("from", "latest"), "select": value.get("select", "winner"), "k": value.get("k", 3),
+           "dag_id": value.get("dag_id")}
+    if not isinstance(out["from"], str) or not out["from"]:
+        raise SpecError("search.warm_start.from", out["from"], "must be 'latest' or a run id",
+                        "use 'latest' (the DAG's newest run with a report) or a run id from the Airflow UI")
+    if out["select"] not in WARM_START_SELECT:
+        raise SpecError("search.warm_start.select", out["select"], f"must be one of {list(WARM_START_SELECT)}",
+                        "use 'winner', 'top_k' (with k) or 'matching'")
+    _positive_int("search.warm_start.k", out["k"])
+    if out["dag_id"] is not None and (not isinstance(out["dag_id"], str) or not out["dag_id"]):
+        raise SpecError("search.warm_start.dag_id", out["dag_id"], "must be a DAG id or null",
+                        "leave it out to start from this DAG's own runs")
+    return out
 
 
 @dataclass(frozen=True)
@@ -416,7 +455,8 @@ class MopSpec:
         out = {name: asdict(getattr(self, name)) for name in ("data", "schedule", "store")}
         out["search"] = {"space": self.search.space.to_dict(), "metric": self.search.metric,
                          "direction": self.search.direction, "adaptive": self.search.adaptive,
-                         "fail_fast": self.search.fail_fast, "max_configurations": self.search.max_configurations}
+                         "fail_fast": self.search.fail_fast, "max_configurations": self.search.max_configurations,
+                         "warm_start": self.search.warm_start}
         features = self.data.features
         out["data"]["features"] = (features if isinstance(features, str) else
                                    {k: dict(v) for k, v in features.items()} if isinstance(features, Mapping)

@@ -12,7 +12,7 @@ from typing import Any, Mapping, Sequence
 
 from mop_airflow.airflow.pools import POOL_MODES, ensure_pools, required_pools
 from mop_airflow.errors import SpecError
-from mop_airflow.resolve import resolve_run
+from mop_airflow.resolve import resolve_run, with_warm_start
 
 from mop_airflow.operators.base import MopBaseOperator
 
@@ -43,8 +43,12 @@ class MopPreflightOperator(MopBaseOperator):
         # The trigger conf as given (the form sends its sections, the REST API and CLI what they name);
         # params would also hold the DAG's defaults and hide a misspelt section.
         conf = getattr(context.get("dag_run"), "conf", None)
-        run = resolve_run(self.spec, conf, dag_id=context["dag"].dag_id, run_id=context["run_id"],
-                          allowed_modules=self.builder_modules)
+        run = with_warm_start(resolve_run(self.spec, conf, dag_id=context["dag"].dag_id, run_id=context["run_id"],
+                                          allowed_modules=self.builder_modules))
+        if run.warm_start:
+            sources = sorted({f"{w['run_id']}/{w['config_id']}" for w in run.warm_start.values()})
+            self.log.info("%d of %d configurations start warm from %s", len(run.warm_start), len(run.configs),
+                          ", ".join(sources))
         schedule = run.schedule
         pools = required_pools(schedule.shards)
         if self.pools != "off" and running_in_dag_test():

@@ -49,12 +49,17 @@ def state_to_bytes(model: keras.Model, meta: Mapping[str, Any]) -> bytes:
     return buffer.getvalue()
 
 
-def restore_state(model: keras.Model, data: bytes, expect: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def restore_state(model: keras.Model, data: bytes, expect: Mapping[str, Any] | None = None, *,
+                  optimizer: bool = True) -> dict[str, Any]:
     """Assign a :func:`state_to_bytes` archive to ``model`` (built by ``build_model``); return its meta.
 
     ``expect`` holds meta values the checkpoint must have (its configuration id and hop): two
     configurations of one builder have the same shapes, so only the meta tells their states apart.
     Every check runs before anything is assigned, so a mismatch leaves the model untouched.
+
+    ``optimizer=False`` restores the model's weights only: a warm start under other optimizer
+    settings keeps the model's own optimizer as built (its learning rate, no moments, step 0). The
+    optimizer's variables include the learning rate, so restoring them would bring the old one back.
     """
     try:
         with np.load(io.BytesIO(data), allow_pickle=False) as archive:
@@ -73,6 +78,8 @@ def restore_state(model: keras.Model, data: bytes, expect: Mapping[str, Any] | N
                             "Fix: clear the hop that wrote it (and the hops after it) so it is written again")
     assignments = []
     for group, variables in _variables(model).items():
+        if group == "optimizer" and not optimizer:
+            continue
         saved = sorted(key for key in arrays if key.startswith(f"{group}/"))
         if len(saved) != len(variables):
             raise TrainingError(f"checkpoint holds {len(saved)} {group} variables but the model has "

@@ -105,6 +105,8 @@ def run_hop(layout: RunLayout, run: RunRecord, manifest: Manifest, assignment: A
             restore_state(model, state_in, expect={"config_id": cid, "t": assignment.t})
         except TrainingError as exc:
             raise TrainingError(f"{assignment.checkpoint}: {exc}") from exc
+    elif cid in run.warm_start:  # its first hop: the earlier run's weights instead of random ones
+        checkpoint_bytes = warm_start(model, store, run.warm_start[cid])
     loaded = time.time()
     if streamed:
         train = train_streamed(model, path, lambda table: load_table(table, manifest),
@@ -151,6 +153,25 @@ def run_hop(layout: RunLayout, run: RunRecord, manifest: Manifest, assignment: A
         store.delete_tree(layout.checkpoint_uri(cid, old))
     return record, Assignment(config_id=cid, t=t, checkpoint=out_uri, checkpoint_sha256=state_sha256,
                               best_t=best_t, best_metric=best_metric)
+
+
+def warm_start(model: Any, store: Any, source: dict[str, Any]) -> int:
+    """Restore an earlier run's checkpoint into ``model``: its weights, and its optimizer state only when the
+    optimizer settings are the same (else the new configuration's own optimizer, fresh). Returns bytes read."""
+    from mop_airflow.training.checkpoint import restore_state  # noqa: PLC0415
+
+    data = store.read_bytes(source["checkpoint"])
+    found = hashlib.sha256(data).hexdigest()
+    if source.get("checkpoint_sha256") and found != source["checkpoint_sha256"]:
+        raise TrainingError(f"warm-start checkpoint {source['checkpoint']} of run {source['run_id']} is corrupt: its "
+                            f"sha256 is {found}, its hop wrote {source['checkpoint_sha256']}. Fix: start from "
+                            "another run (search.warm_start.from) or without search.warm_start")
+    try:
+        restore_state(model, data, expect={"config_id": source["config_id"], "t": source["t"]},
+                      optimizer=source["optimizer"])
+    except TrainingError as exc:
+        raise TrainingError(f"warm start from {source['checkpoint']}: {exc}") from exc
+    return len(data)
 
 
 def best_so_far(assignment: Assignment, val: dict[str, float] | None, metric: str, direction: str,

@@ -107,3 +107,27 @@ def test_a_checkpoint_holding_a_pickled_object_is_refused_without_running_it(tra
         restore_state(model, buffer.getvalue())
     assert not _Payload.ran  # loading ran no code
     assert all(np.array_equal(a, v.numpy()) for a, v in zip(before, model.variables))  # and changed nothing
+
+
+def test_a_warm_start_under_a_new_learning_rate_restores_the_weights_and_resets_the_optimizer(trained, toy_data):
+    model, data = trained
+    tuned = build_model(make_config(optimizer_params={"learning_rate": 0.001}), input_shapes={"features": (6,)},
+                        num_classes=3, seed=99)
+    restore_state(tuned, data, optimizer=False)
+    for saved, restored in zip(model.variables, tuned.variables, strict=True):
+        assert np.array_equal(saved.numpy(), restored.numpy()), saved.path
+    # the new configuration's optimizer as built: its own learning rate, step 0, no moments
+    assert float(tuned.optimizer.learning_rate.numpy()) == pytest.approx(0.001)
+    assert int(tuned.optimizer.iterations.numpy()) == 0
+    assert not any(np.any(v.numpy()) for v in tuned.optimizer.variables if v.path.endswith(("momentum", "velocity")))
+    # ... and it is the learning rate in effect: one Adam step moves each weight by about lr
+    x, y = toy_data
+    before = [v.numpy().copy() for v in tuned.trainable_variables]
+    tuned.train_on_batch(x[:8], y[:8])
+    steps = [np.max(np.abs(v.numpy() - b)) for v, b in zip(tuned.trainable_variables, before)]
+    assert max(steps) == pytest.approx(0.001, rel=0.05)
+    # restoring everything, as a hop of the same configuration does, brings back the old rate
+    same = build_model(make_config(optimizer_params={"learning_rate": 0.001}), input_shapes={"features": (6,)},
+                       num_classes=3, seed=99)
+    restore_state(same, data)
+    assert float(same.optimizer.learning_rate.numpy()) == pytest.approx(0.01)
