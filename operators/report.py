@@ -1,6 +1,9 @@
-"""Last task: leaderboard, metrics table, learning curves, hop timeline, best model, summary.
+"""Last task: leaderboard, metrics table, learning curves, hop timeline, best model, summary; then
+TensorBoard files and, when configured, MLflow runs.
 
-The work is :func:`mop_airflow.report.write_report`; this operator only logs the leaderboard.
+The work is :func:`mop_airflow.report.write_report` and :func:`mop_airflow.tracking.track_run`;
+this operator only logs the outcome. Tracking cannot fail the task: the model selection has
+finished and its report is written, so a tracker that is down is a warning in the task log.
 """
 
 from __future__ import annotations
@@ -8,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from mop_airflow.report import write_report
+from mop_airflow.tracking import track_run
 
 from mop_airflow.operators.base import MopBaseOperator
 
@@ -24,5 +28,13 @@ class MopReportOperator(MopBaseOperator):
             self.log.warning("%s %s at hop %d: %s", failure["config_id"], failure["status"], failure["t"],
                              failure["error"])
         self.log.info("best %s %s=%s; report at %s", best["config_id"], metric, best[metric], layout.report_uri(""))
+        tracked = track_run(layout, run, summary)
+        for warning in tracked["warnings"]:
+            self.log.warning("%s", warning)
+        if tracked["tensorboard"]:
+            self.log.info("TensorBoard: tensorboard --logdir %s", tracked["tensorboard"])
+        if tracked["mlflow_run_id"]:
+            self.log.info("MLflow: parent run %s", tracked["mlflow_run_id"])
         return {"best_config_id": best["config_id"], metric: best[metric], "report_uri": layout.report_uri(""),
-                "best_model_uri": summary["best_model_uri"]}
+                "best_model_uri": summary["best_model_uri"], "tensorboard_uri": tracked["tensorboard"],
+                "mlflow_run_id": tracked["mlflow_run_id"]}
