@@ -107,6 +107,47 @@ def test_tensorboard_files_hold_each_configurations_scalars_and_the_hparams_tabl
          "val_loss": [(0, 1.25), (1, 0.5)], "val_accuracy": [(0, 0.625), (1, 0.875)]}
 
 
+@pytest.mark.integration
+def test_tensorboard_serves_the_hparams_table_of_configurations_against_final_metrics(finished_run, tmp_path):
+    """``tensorboard --logdir <run>/tensorboard``, asked what its HParams dashboard shows."""
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+    from pathlib import Path
+
+    layout, run, summary = finished_run
+    logdir = layout.store.local_path(track_run(layout, run, summary)["tensorboard"])
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = subprocess.Popen([str(Path(sys.executable).with_name("tensorboard")), "--logdir", logdir, "--host",
+                               "127.0.0.1", "--port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    query = {"experimentName": "", "startIndex": 0, "sliceSize": 10,
+             "allowedStatuses": ["STATUS_UNKNOWN", "STATUS_SUCCESS", "STATUS_FAILURE", "STATUS_RUNNING"],
+             "colParams": [{"metric": {"tag": "val_accuracy", "group": ""}}, {"hparam": "model"}]}
+    try:
+        deadline, groups = time.monotonic() + 60, []
+        while len(groups) < 2 and time.monotonic() < deadline:
+            time.sleep(0.5)
+            try:
+                request = urllib.request.Request(f"http://127.0.0.1:{port}/data/plugin/hparams/session_groups",
+                                                 json.dumps(query).encode(), {"Content-Type": "application/json"})
+                groups = json.load(urllib.request.urlopen(request, timeout=5))["sessionGroups"]
+            except OSError:
+                continue  # not listening yet
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+    table = {g["name"]: (g["hparams"]["model"], g["hparams"]["learning_rate"],
+                         {m["name"]["tag"]: m["value"] for m in g["metricValues"]}) for g in groups}
+    assert table == {
+        "c000-aaaaaa": (MLP, 0.01, {"val_accuracy": 0.875, "val_loss": 0.5, "train_accuracy": 0.75, "train_loss": 0.75}),
+        "c001-bbbbbb": (CNN, 0.003, {"val_accuracy": 0.375, "val_loss": 1.75, "train_accuracy": 0.25,
+                                     "train_loss": 2.0}),
+    }
+
+
 @pytest.mark.parametrize("backend", ["file", "sqlite"])
 def test_mlflow_gets_a_parent_run_and_a_child_per_configuration(finished_run, tmp_path, monkeypatch, backend):
     from mlflow import MlflowClient
