@@ -21,7 +21,7 @@ COPY pyproject.toml README.md ./
 COPY mop_airflow ./mop_airflow
 COPY operators ./operators
 COPY plugins ./plugins
-RUN pip install "${TF_PACKAGE}" ".[examples,celery]" "apache-airflow-providers-amazon" \
+RUN pip install "${TF_PACKAGE}" ".[examples,celery,tensorboard]" "apache-airflow-providers-amazon" \
  && pip list --format=freeze | grep -E "^(apache-airflow|tensorflow|keras|s3fs|pyarrow)=="
 
 # Keras is imported once in the worker and inherited by every forked task (see mop_airflow.airflow.preload).
