@@ -1,5 +1,5 @@
-"""`mop-airflow` command: run your DAGs on a local Airflow, follow a run, fetch its report, pools,
-example data, schedules, the demo.
+"""`mop-airflow` command: run your DAGs on a local Airflow, follow a run, fetch its report, score
+data with its model or export it, pools, example data, schedules, the demo.
 
 Exit codes, the same for every command: 0 done (a followed run succeeded); 1 the run or the work
 failed; 2 bad usage or input; 3 Airflow or the store could not be reached, or the DAG or run does
@@ -100,6 +100,65 @@ def _cmd_report(args: argparse.Namespace) -> int:
     print_leaderboard(board)
     print("\nwritten: " + ", ".join(str(f) for f in files))
     return OK
+
+
+def _run_layout(args: argparse.Namespace):
+    """The run's folder: under ``--store`` without asking Airflow, else where the run recorded it."""
+    from mop_airflow.errors import StoreError  # noqa: PLC0415
+
+    if args.store:
+        from mop_airflow.training.predict import run_layout  # noqa: PLC0415
+
+        return run_layout(args.store, args.dag_id, args.run_id)
+    from mop_airflow.airflow.run_status import find_run  # noqa: PLC0415
+
+    with _api(args) as api:
+        ref = find_run(api, args.dag_id, args.run_id)
+    layout = ref.layout()
+    if layout is None:
+        raise StoreError(f"run {ref.run_id} of {args.dag_id} ({ref.state}) has not recorded its store yet: "
+                         "no model to use")
+    return layout
+
+
+def _model_command(args: argparse.Namespace, work) -> int:
+    """Run ``work(layout)`` with the exit codes of the module docstring."""
+    from mop_airflow.errors import (AirflowApiError, DataValidationError, SpecError,  # noqa: PLC0415
+                                    StoreError, TrainingError)
+
+    try:
+        return work(_run_layout(args))
+    except (AirflowApiError, StoreError) as exc:
+        return _fail(str(exc), UNAVAILABLE)
+    except (SpecError, DataValidationError) as exc:
+        return _fail(str(exc), USAGE)
+    except TrainingError as exc:
+        return _fail(str(exc), FAILED)
+
+
+def _cmd_predict(args: argparse.Namespace) -> int:
+    from mop_airflow.training.predict import predict  # noqa: PLC0415
+
+    def work(layout) -> int:
+        done = predict(layout, args.source, args.out, mode=args.mode, k=args.k, config_id=args.config,
+                       id_column=args.id, batch_rows=args.batch_rows)
+        print(f"{done['rows']} row(s) scored ({done['mode']}: {', '.join(done['columns'])}) with configuration "
+              f"{done['config_id']} of {layout.dag_id} / {layout.run_id}\nwritten: {done['uri']}")
+        return OK
+
+    return _model_command(args, work)
+
+
+def _cmd_export_best(args: argparse.Namespace) -> int:
+    from mop_airflow.training.export import export_for_serving  # noqa: PLC0415
+
+    def work(layout) -> int:
+        written = export_for_serving(layout, args.out, fmt=args.format)
+        print(f"best model of {layout.dag_id} / {layout.run_id} exported\n"
+              + "\n".join(f"written: {uri}" for uri in written.values()))
+        return OK
+
+    return _model_command(args, work)
 
 
 def _port_free(port: int) -> bool:
@@ -224,6 +283,32 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--out", help=f"where to write (default {home}/reports/DAG_ID/RUN_ID)")
     report.set_defaults(func=_cmd_report)
 
+    predict = sub.add_parser(
+        "predict", help="score a Parquet/CSV source with a run's best model (or a configuration's last checkpoint)",
+        description="Score rows with a run's model: the same feature columns, shapes and decoding as training "
+                    "(the run's manifest says which), read and written in batches. With --store the run is "
+                    "found in the store alone (no Airflow; without RUN_ID the DAG's latest reported run).")
+    api_options(predict)
+    predict.add_argument("--source", required=True, help="a Parquet or CSV file, folder, glob or s3:// prefix")
+    predict.add_argument("--out", required=True, help="the Parquet file to write (a path or a URI)")
+    predict.add_argument("--mode", choices=("response", "prob", "top_k"), default="response",
+                         help="response: the class (or the value, for regression); prob: a column per class; "
+                              "top_k: k rows per input row, with rank, class and prob (default response)")
+    predict.add_argument("--k", type=int, default=3, help="classes per row for --mode top_k (default 3)")
+    predict.add_argument("--config", help="score with this configuration's last checkpoint, not the best model")
+    predict.add_argument("--id", help="a source column to copy into the output beside row_id")
+    predict.add_argument("--batch-rows", type=int, default=None, help="rows per batch (default: about 64 MB)")
+    predict.set_defaults(func=_cmd_predict)
+
+    export = sub.add_parser(
+        "export-best", help="copy a run's best model out for serving, with a model card (and a SavedModel)",
+        description="Write best_model.keras and model_card.json (configuration, metrics, data fingerprint, "
+                    "versions) to a folder; --format saved_model adds a TensorFlow SavedModel.")
+    api_options(export)
+    export.add_argument("--out", required=True, help="the folder to write to (a path or a URI)")
+    export.add_argument("--format", choices=("keras", "saved_model"), default="keras")
+    export.set_defaults(func=_cmd_export_best)
+
     pools = sub.add_parser("pools", help="manage the per-shard Airflow pools").add_subparsers(dest="action", required=True)
     sync = pools.add_parser("sync", help="create or resize pools mop_shard_0..N-1 (run where `airflow` runs)")
     sync.add_argument("--shards", type=int, help="number of shards (or use --dags-folder)")
@@ -264,10 +349,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    for name in ("shards", "slots"):
+    for name in ("shards", "slots", "k", "batch_rows"):
         value = getattr(args, name, None)
         if value is not None and value < 1:
-            return _fail(f"--{name} must be at least 1", USAGE)
+            return _fail(f"--{name.replace('_', '-')} must be at least 1", USAGE)
     try:
         return args.func(args)
     except KeyboardInterrupt:

@@ -79,7 +79,7 @@ def export_for_serving(layout: RunLayout, out_dir: str, *, fmt: str = "keras",
     summary = store.read_json(summary_uri)
     run = RunRecord.read(store, layout.run_record_uri)
     manifest = Manifest.read(store, layout.manifest_pointer_uri)
-    out_dir = out_dir.rstrip("/") if "://" in out_dir else os.path.abspath(out_dir)
+    out_dir = out_dir.rstrip("/") if "://" in out_dir else "file://" + os.path.abspath(os.path.expanduser(out_dir))
     out = Store(out_dir, storage_options, conn_id)
     written = {"best_model.keras": out.uri("best_model.keras")}
     with tempfile.TemporaryDirectory() as tmp:

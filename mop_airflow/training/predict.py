@@ -62,6 +62,8 @@ def run_layout(store_root: str, dag_id: str, run_id: str | None = None, *,
     Without ``run_id``: the DAG's run whose report was written last. :class:`StoreError` when the
     run (or any reported run) is not there.
     """
+    if "://" not in store_root:
+        store_root = "file://" + os.path.abspath(os.path.expanduser(store_root))
     store = Store(store_root, storage_options, conn_id)
     if run_id is not None:
         layout = RunLayout(store, dag_id, run_id)
@@ -231,7 +233,7 @@ def predict(layout: RunLayout | None, source: str, out: str, *, mode: str = "res
     columns = list(dict.fromkeys([*input_columns(inputs), *([id_column] if id_column else [])]))
     rows = batch_rows or rows_per_batch(listing, 64)
     classes = pa.array(manifest.classes) if manifest.task == "classification" else None
-    out = out if "://" in out else os.path.abspath(out)
+    out = out if "://" in out else "file://" + os.path.abspath(os.path.expanduser(out))
     out_store = Store(out.rsplit("/", 1)[0], storage_options, conn_id)
     scored, names = 0, []
     with out_store.open_write(out) as handle:

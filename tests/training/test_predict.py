@@ -66,6 +66,15 @@ def friedman_run(airflow_db, tmp_path_factory):
     return tmp, folder, _run(tmp, "mop_predict_friedman", data, params, "val_mae")
 
 
+def _path(done):
+    assert done["uri"].startswith("file:///")  # a local --out is written as a file:// URI
+    return done["uri"].removeprefix("file://")
+
+
+def _read(done):
+    return pq.read_table(_path(done))
+
+
 def _best(layout):
     import keras
 
@@ -78,20 +87,20 @@ def test_each_mode_gives_what_model_predict_gives_on_the_same_rows(digits_run):
     expected = _best(layout).predict(x, verbose=0)
 
     out = predict(layout, str(tmp / "new.parquet"), str(tmp / "response.parquet"), mode="response", id_column="key")
-    table = pq.read_table(out["uri"].removeprefix("file://"))
+    table = _read(out)
     assert out["rows"] == 300 and table.column_names == ["row_id", "key", "response"]
     assert table["row_id"].to_pylist() == list(range(300))
     assert table["key"].to_pylist() == [f"d{i}" for i in range(300)]
     assert table["response"].to_pylist() == expected.argmax(axis=1).tolist()  # the classes are 0..9
 
     out = predict(layout, str(tmp / "new.parquet"), str(tmp / "prob.parquet"), mode="prob")
-    table = pq.read_table(out["uri"])
+    table = _read(out)
     assert table.column_names == ["row_id", *[f"prob_{c}" for c in range(10)]]
     probs = np.stack([table[f"prob_{c}"].to_numpy() for c in range(10)], axis=1)
     np.testing.assert_allclose(probs, expected, rtol=1e-5, atol=1e-6)
 
     out = predict(layout, str(tmp / "new.parquet"), str(tmp / "top.parquet"), mode="top_k", k=3)
-    table = pq.read_table(out["uri"])
+    table = _read(out)
     assert table.column_names == ["row_id", "rank", "class", "prob"] and table.num_rows == 300 * 3
     assert table["row_id"].to_pylist() == np.repeat(np.arange(300), 3).tolist()
     assert table["rank"].to_pylist() == [1, 2, 3] * 300
@@ -106,8 +115,8 @@ def test_streaming_in_small_batches_writes_what_one_batch_writes(digits_run):
     _digits(tmp / "stream.parquet", slice(0, 500))
     whole = predict(layout, str(tmp / "stream.parquet"), str(tmp / "whole.parquet"), mode="prob", batch_rows=10_000)
     small = predict(layout, str(tmp / "stream.parquet"), str(tmp / "small.parquet"), mode="prob", batch_rows=64)
-    a, b = pq.read_table(whole["uri"]), pq.read_table(small["uri"])
-    assert pq.ParquetFile(small["uri"]).metadata.num_row_groups == 8  # written a batch at a time
+    a, b = _read(whole), _read(small)
+    assert pq.ParquetFile(_path(small)).metadata.num_row_groups == 8  # written a batch at a time
     assert a.column_names == b.column_names and a["row_id"].equals(b["row_id"])
     for name in a.column_names[1:]:
         np.testing.assert_allclose(a[name].to_numpy(), b[name].to_numpy(), rtol=1e-5, atol=1e-6)
@@ -122,7 +131,7 @@ def test_a_chosen_configuration_scores_with_its_last_checkpoint(digits_run):
     chosen = load_run_model(layout, other)
     assert chosen.config_id == other and chosen.checkpoint.endswith(f"/checkpoints/{other}/t001.npz")
     out = predict(layout, str(tmp / "some.parquet"), str(tmp / "other.parquet"), mode="prob", run_model=chosen)
-    probs = np.stack([pq.read_table(out["uri"])[f"prob_{c}"].to_numpy() for c in range(10)], axis=1)
+    probs = np.stack([_read(out)[f"prob_{c}"].to_numpy() for c in range(10)], axis=1)
     np.testing.assert_allclose(probs, chosen.model.predict(x, verbose=0), rtol=1e-5, atol=1e-6)
     assert not np.allclose(probs, _best(layout).predict(x, verbose=0), atol=1e-3)  # another model indeed
     with pytest.raises(SpecError, match=r"--config='c00x': is not a configuration of run .*Fix: use one of"):
@@ -160,7 +169,7 @@ def test_regression_response_is_the_predicted_value(friedman_run):
     tmp, folder, layout = friedman_run
     out = predict(layout, folder, str(tmp / "values.parquet"))
     x = pa_csv.read_csv(f"{folder}/part-0.csv").drop(["y"]).to_pandas().to_numpy("float32")
-    table = pq.read_table(out["uri"])
+    table = _read(out)
     assert table.column_names == ["row_id", "response"] and out["rows"] == 600
     np.testing.assert_allclose(table["response"].to_numpy()[:len(x)], _best(layout).predict(x, verbose=0)[:, 0],
                                rtol=1e-5, atol=1e-5)

@@ -1,0 +1,67 @@
+"""Score a Parquet/CSV source with a run's model inside a DAG; the output's URI goes to XCom.
+
+The work is :func:`mop_airflow.training.predict.predict` (it runs and is tested without Airflow);
+this operator only finds the run and logs what was written. By default it scores with the best
+model of the DAG run it belongs to, so it can follow a mop_airflow DAG's ``report`` task:
+
+.. code-block:: python
+
+    from mop_airflow.operators.predict import MopPredictOperator
+
+    score = MopPredictOperator(task_id="score", dag=dag, source="s3://bucket/new/", out="s3://bucket/scores/"
+                               "{{ ds }}.parquet", mode="top_k", k=3, store=spec["store"])
+    dag.get_task("report") >> score
+
+``model_dag_id`` (and ``model_run_id``; without it, that DAG's latest reported run) scores with
+another DAG's run instead, e.g. in a scheduled scoring DAG.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from mop_airflow.operators.base import MopBaseOperator
+
+
+class MopPredictOperator(MopBaseOperator):
+    """``source`` scored into the Parquet file ``out`` (``mode`` response, prob or top_k; see the module)."""
+
+    template_fields = ("source", "out", "mode", "model_dag_id", "model_run_id", "config_id")
+    ui_color = "#fdf0dc"
+
+    def __init__(self, *, source: str, out: str, mode: str = "response", k: int = 3,
+                 model_dag_id: str | None = None, model_run_id: str | None = None, config_id: str | None = None,
+                 id_column: str | None = None, batch_rows: int | None = None,
+                 store: Mapping[str, Any] | None = None, conn_id: str | None = None,
+                 storage_options: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
+        super().__init__(store=store or {}, **kwargs)
+        self.source = source
+        self.out = out
+        self.mode = mode
+        self.k = k
+        self.model_dag_id = model_dag_id
+        self.model_run_id = model_run_id
+        self.config_id = config_id
+        self.id_column = id_column
+        self.batch_rows = batch_rows
+        self.conn_id = conn_id
+        self.storage_options = dict(storage_options or {})
+
+    def work(self, context: Any) -> str:
+        from mop_airflow.layout import RunLayout  # noqa: PLC0415
+        from mop_airflow.store import Store  # noqa: PLC0415
+        from mop_airflow.training.predict import predict, run_layout  # noqa: PLC0415 - Keras loads with the model
+
+        spec = self.store_spec(context)
+        if self.model_dag_id and not self.model_run_id:  # another DAG's latest reported run
+            layout = run_layout(spec.root, self.model_dag_id, storage_options=spec.storage_options,
+                                conn_id=spec.conn_id)
+        else:
+            layout = RunLayout(Store.from_spec(spec), self.model_dag_id or context["dag"].dag_id,
+                               self.model_run_id or context["run_id"])
+        done = predict(layout, self.source, self.out, mode=self.mode, k=self.k, config_id=self.config_id,
+                       id_column=self.id_column, batch_rows=self.batch_rows, storage_options=self.storage_options,
+                       conn_id=self.conn_id)
+        self.log.info("%d row(s) scored (%s) with configuration %s of %s / %s: %s", done["rows"], done["mode"],
+                      done["config_id"], layout.dag_id, layout.run_id, done["uri"])
+        return done["uri"]
