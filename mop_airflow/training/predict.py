@@ -112,7 +112,7 @@ def last_checkpoint(layout: RunLayout, run: RunRecord, config_id: str) -> str:
     if not found:
         raise StoreError(f"configuration {config_id} of run {run.run_id} has no checkpoint in the store. Fix: pick "
                          "one that trained a hop (see the leaderboard)")
-    return max(found)  # t000.npz ... t999.npz: the name sorts as the hop
+    return max(found, key=lambda uri: int(uri.rsplit("/t", 1)[1].split(".")[0]))  # t999 < t1000
 
 
 def _checkpoint_model(layout: RunLayout, run: RunRecord, manifest: Manifest, config_id: str) -> Any:
