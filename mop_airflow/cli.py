@@ -9,6 +9,7 @@ not exist; 130 stopped with Ctrl-C.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import socket
 import sys
@@ -25,26 +26,43 @@ def _fail(message: str, code: int) -> int:
 
 
 def _cmd_pools_sync(args: argparse.Namespace) -> int:
-    if args.dags_folder is not None and "airflow" not in sys.modules:
-        # parsing the folder logs a line per file at INFO; the answer here is the pools
-        os.environ["AIRFLOW__LOGGING__LOGGING_LEVEL"] = "WARNING"
-    from mop_airflow.airflow.pools import dag_folder_pools, sync_pool_slots, sync_pools  # noqa: PLC0415
-
     if args.dags_folder is None:
         if args.shards is None:
             return _fail("pools sync needs --shards N (and --slots S) or --dags-folder DIR", USAGE)
+        from mop_airflow.airflow.pools import sync_pools  # noqa: PLC0415 - needs a configured Airflow
+
         names = sync_pools(args.shards, args.slots)
         print(f"pools ready ({args.slots} slot(s) each): {', '.join(names)}")
         return OK
     if not Path(args.dags_folder).is_dir():
         return _fail(f"--dags-folder {args.dags_folder}: no such folder", USAGE)
-    pools, errors = dag_folder_pools(args.dags_folder)
+    from mop_airflow.airflow.pools import dag_folder_pools, sync_pool_slots  # noqa: PLC0415
+
+    with _quiet_airflow_import():  # parsing the folder logs a line per file at INFO; the answer is the pools
+        pools, errors = dag_folder_pools(args.dags_folder)
     sync_pool_slots(pools)
     print("pools ready: " + (", ".join(f"{name} ({slots} slot(s))" for name, slots in sorted(pools.items()))
                              or f"none needed (no mop_airflow DAG in {args.dags_folder})"))
     for path, error in sorted(errors.items()):
         print(f"DAG file {path} failed to import:\n{error}", file=sys.stderr)
     return FAILED if errors else OK
+
+
+@contextlib.contextmanager
+def _quiet_airflow_import():
+    """Airflow reads its log level when first imported: WARNING for that import, the environment kept
+    as it was (in-process callers such as tests must not inherit it)."""
+    key = "AIRFLOW__LOGGING__LOGGING_LEVEL"
+    previous = os.environ.get(key)
+    if "airflow" not in sys.modules:
+        os.environ[key] = "WARNING"
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = previous
 
 
 def _api(args: argparse.Namespace):

@@ -140,6 +140,7 @@ def test_up_status_report_and_dags_test_on_your_own_dag_folder(tmp_path):
 
 
 def test_commands_say_what_is_wrong_with_exit_codes_scripts_can_rely_on(tmp_path, capsys):
+    environment = dict(os.environ)
     assert main(["pools", "sync"]) == USAGE
     assert "--shards N" in capsys.readouterr().err
     assert main(["pools", "sync", "--dags-folder", str(tmp_path / "nope")]) == USAGE
@@ -151,3 +152,4 @@ def test_commands_say_what_is_wrong_with_exit_codes_scripts_can_rely_on(tmp_path
     with pytest.raises(SystemExit) as usage:
         main(["status"])
     assert usage.value.code == USAGE
+    assert dict(os.environ) == environment  # in-process calls leave the environment (and later tasks' logs) alone
