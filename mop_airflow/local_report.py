@@ -12,9 +12,9 @@ from typing import Any, Callable
 
 from mop_airflow.layout import RunLayout
 from mop_airflow.records import Plan, RunRecord
-from mop_airflow.report import (REPORT_FILES, config_label, hop_timeline, hop_timeline_png, leaderboard,
-                                learning_curves_png, load_all_hops, load_rung_decisions, mark_outcomes,
-                                metrics_table)
+from mop_airflow.report import (REPORT_FILES, config_label, hop_timeline, hop_timeline_png, learning_curves_png,
+                                load_all_hops, load_rung_decisions, metrics_table)
+from mop_airflow.results import provisional_leaderboard
 
 
 def print_leaderboard(board: dict[str, Any], out: Callable[[str], None] = print) -> None:
@@ -22,12 +22,14 @@ def print_leaderboard(board: dict[str, Any], out: Callable[[str], None] = print)
     out(f"\nLeaderboard ({metric}, {'lower' if board['direction'] == 'min' else 'higher'} is better)"
         + ("; provisional: the run has not written its report" if board.get("provisional") else ""))
     out(f"{'rank':>4}  {'config':<12} {metric:>12} {'val_loss':>9}  {'outcome':<10} model / optimizer / lr / batch")
+    def number(value: Any, spec: str) -> str:  # not evaluated yet, or failed: a dash
+        return "-" if value is None else format(value, spec)
+
     for row in board["leaderboard"]:
-        value = row[metric]
-        out(f"{row['rank']:>4}  {row['config_id']:<12} {value if value is None else f'{value:.4f}':>12} "
-            f"{row['val_loss'] if row['val_loss'] is None else format(row['val_loss'], '.4f'):>9}  "
-            f"{row.get('status', '-'):<10} "
-            f"{row['model'].split(':')[-1]} / {row['optimizer']} / {row['learning_rate']:g} / {row['batch_size']}")
+        out(f"{row['rank']:>4}  {row['config_id']:<12} {number(row[metric], '.4f'):>12} "
+            f"{number(row['val_loss'], '.4f'):>9}  {row.get('status', '-'):<10} "
+            f"{row['model'].split(':')[-1]} / {row['optimizer']} / {number(row['learning_rate'], 'g')} / "
+            f"{row['batch_size']}")
 
 
 def fetch_report(layout: RunLayout, out_dir: Path) -> tuple[dict[str, Any], list[Path]]:
@@ -47,13 +49,8 @@ def fetch_report(layout: RunLayout, out_dir: Path) -> tuple[dict[str, Any], list
     plan = Plan.read(store, layout.plan_uri)
     records, failures = load_all_hops(layout)
     rows = metrics_table(plan.shards, run.configs, records)
-    board = {"metric": run.metric, "direction": run.direction, "provisional": True,
-             "leaderboard": leaderboard(rows, run.configs, metric=run.metric, direction=run.direction,
-                                        failed=failures)}
-    mark_outcomes(board["leaderboard"], failures, load_rung_decisions(layout) if plan.adaptive else [])
-    for row in board["leaderboard"]:
-        if row["status"] == "finished":  # not yet: the run goes on
-            row["status"] = row["outcome"] = "training" if row["iteration"] is not None else "waiting"
+    decisions = load_rung_decisions(layout) if plan.adaptive else []
+    board = {**provisional_leaderboard(run, plan, rows, records, failures, decisions), "provisional": True}
     timeline = hop_timeline(records)
     files = {"leaderboard.json": json.dumps(board, indent=1).encode(),
              "metrics.json": json.dumps(rows, indent=1).encode(),

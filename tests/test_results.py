@@ -266,3 +266,22 @@ def test_the_results_data_imports_no_airflow_and_no_tensorflow():
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('airflow', 'tensorflow', 'keras')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_a_local_report_of_a_run_still_training_is_provisional(store, tmp_path):
+    from mop_airflow.local_report import fetch_report, print_leaderboard
+
+    layout, run, plan = planned(store)
+    a = sorted(plan.visit_order)[0]
+    hop(layout, a, 0, plan.visit_order[a][0], start=0, seconds=2)
+    hop(layout, a, 1, plan.visit_order[a][1], start=2, seconds=2, val=(0.9, 0.6))
+    board, files = fetch_report(layout, tmp_path / "out")
+    assert board["provisional"] is True
+    rows = {r["config_id"]: r for r in board["leaderboard"]}
+    assert rows[a]["rank"] == 1 and rows[a]["status"] == "training" and rows[a]["val_accuracy"] == 0.6
+    assert sorted(r["status"] for r in rows.values()) == ["training", "waiting", "waiting"]
+    assert {f.name for f in files} == {"leaderboard.json", "metrics.json", "hop_timeline.json",
+                                        "learning_curves.png", "hop_timeline.png"}
+    printed = []
+    print_leaderboard(board, printed.append)
+    assert "provisional" in printed[0] and any(a in line and "training" in line for line in printed)
