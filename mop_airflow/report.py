@@ -17,6 +17,7 @@ from typing import Any, Collection, Mapping, Sequence
 from mop_airflow.errors import TrainingError
 from mop_airflow.layout import RunLayout
 from mop_airflow.records import HopRecord, Manifest, Plan, RunRecord, RungDecision, StageRecord
+from mop_airflow.store import Store, safe_segment
 
 REPORT_FILES = ("leaderboard.json", "metrics.parquet", "metrics.json", "learning_curves.png",
                 "hop_timeline.json", "hop_timeline.png", "best_model.keras", "summary.json")
@@ -41,6 +42,25 @@ def visit_order(records: Sequence[HopRecord]) -> dict[str, list[int]]:
     for r in records:
         order[r.config_id].append((r.t, r.shard))
     return {cid: [shard for _, shard in sorted(hops)] for cid, hops in sorted(order.items())}
+
+
+def latest_reported_run(store: Store, dag_id: str, *, exclude: str | None = None) -> str | None:
+    """The run id of ``dag_id``'s run whose report was written last (other than ``exclude``), or None."""
+    newest: tuple[str, str] | None = None
+    for uri in store.glob(store.uri(safe_segment(dag_id), "*", "report", "summary.json")):
+        summary = store.read_json(uri)
+        if summary.get("run_id") == exclude or summary.get("dag_id", dag_id) != dag_id:
+            continue
+        key = (summary.get("report_written_at") or "", summary["run_id"])
+        newest = key if newest is None or key > newest else newest
+    return None if newest is None else newest[1]
+
+
+def last_saved_hop(layout: RunLayout, config_id: str) -> HopRecord | None:
+    """The record of the configuration's last trained hop whose checkpoint is still in the store."""
+    records = sorted((HopRecord.read(layout.store, u) for u in layout.store.glob(layout.config_hops_glob(config_id))),
+                     key=lambda r: r.t, reverse=True)
+    return next((r for r in records if r.status == "ok" and r.checkpoint and layout.store.exists(r.checkpoint)), None)
 
 
 def load_rung_decisions(layout: RunLayout) -> list[RungDecision]:

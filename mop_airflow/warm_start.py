@@ -20,8 +20,8 @@ from typing import Any, Mapping, Sequence
 
 from mop_airflow.errors import SpecError
 from mop_airflow.layout import RunLayout
-from mop_airflow.records import HopRecord
-from mop_airflow.store import Store, safe_segment
+from mop_airflow.report import last_saved_hop, latest_reported_run
+from mop_airflow.store import Store
 
 FINISHED = "finished"
 
@@ -48,25 +48,8 @@ def source_run(store: Store, dag_id: str, wanted: str, *, exclude: str) -> RunLa
             raise SpecError("search.warm_start.from", wanted, f"run {wanted!r} of DAG {dag_id!r} has no report in "
                             f"the store at {store.root}", "name a run that finished, or use 'latest'")
         return layout
-    newest: tuple[str, str] | None = None
-    for uri in store.glob(store.uri(safe_segment(dag_id), "*", "report", "summary.json")):
-        summary = store.read_json(uri)
-        if summary.get("run_id") == exclude or summary.get("dag_id") != dag_id:
-            continue
-        key = (summary.get("report_written_at") or "", summary["run_id"])
-        if newest is None or key > newest:
-            newest = key
-    return None if newest is None else RunLayout(store, dag_id, newest[1])
-
-
-def last_checkpoint(layout: RunLayout, config_id: str) -> HopRecord | None:
-    """The hop record of the configuration's last saved hop whose checkpoint is still in the store."""
-    records = sorted((HopRecord.read(layout.store, u) for u in layout.store.glob(layout.config_hops_glob(config_id))),
-                     key=lambda r: r.t, reverse=True)
-    for record in records:
-        if record.status == "ok" and record.checkpoint and layout.store.exists(record.checkpoint):
-            return record
-    return None
+    newest = latest_reported_run(store, dag_id, exclude=exclude)
+    return None if newest is None else RunLayout(store, dag_id, newest)
 
 
 def plan_warm_start(configs: Sequence[Mapping[str, Any]], source: RunLayout, select: str,
@@ -89,7 +72,7 @@ def plan_warm_start(configs: Sequence[Mapping[str, Any]], source: RunLayout, sel
                 pairs[config["config_id"]] = lender
     out: dict[str, dict[str, Any]] = {}
     for config_id, lender in pairs.items():
-        record = last_checkpoint(source, lender["config_id"])
+        record = last_saved_hop(source, lender["config_id"])
         if record is None:
             continue  # its checkpoints are gone: this configuration starts fresh
         new = next(c for c in configs if c["config_id"] == config_id)

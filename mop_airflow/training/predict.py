@@ -31,7 +31,8 @@ from mop_airflow.data.inputs import InputSpec, input_columns, to_arrays
 from mop_airflow.errors import DataValidationError, SpecError, StoreError
 from mop_airflow.layout import RunLayout
 from mop_airflow.records import Manifest, RunRecord
-from mop_airflow.store import Store, safe_segment
+from mop_airflow.report import last_saved_hop, latest_reported_run
+from mop_airflow.store import Store
 
 MODES = ("response", "prob", "top_k")
 ROW_ID = "row_id"
@@ -71,12 +72,11 @@ def run_layout(store_root: str, dag_id: str, run_id: str | None = None, *,
             raise StoreError(f"no run {run_id!r} of DAG {dag_id!r} in the store {store.root} (looked for "
                              f"{layout.run_record_uri}). Fix: check the ids and --store")
         return layout
-    summaries = store.glob(store.uri(safe_segment(dag_id), "*", "report", "summary.json"))
-    if not summaries:
+    latest = latest_reported_run(store, dag_id)
+    if latest is None:
         raise StoreError(f"no reported run of DAG {dag_id!r} in the store {store.root}. Fix: check the DAG id and "
                          "--store, or wait for a run's report task")
-    latest = max(summaries, key=lambda uri: store.read_json(uri).get("report_written_at") or "")
-    return RunLayout(store, dag_id, store.read_json(latest)["run_id"])
+    return RunLayout(store, dag_id, latest)
 
 
 def load_run_model(layout: RunLayout, config_id: str | None = None) -> RunModel:
@@ -108,11 +108,11 @@ def last_checkpoint(layout: RunLayout, run: RunRecord, config_id: str) -> str:
         raise SpecError("--config", config_id, f"is not a configuration of run {run.run_id}"
                         + (f" (did you mean {close[0]!r}?)" if close else ""),
                         f"use one of {', '.join(ids[:12])}{', ...' if len(ids) > 12 else ''}")
-    found = layout.store.glob(layout.checkpoint_uri(config_id, 0).rsplit("/", 1)[0] + "/t*.npz")
-    if not found:
+    saved = last_saved_hop(layout, config_id)
+    if saved is None:
         raise StoreError(f"configuration {config_id} of run {run.run_id} has no checkpoint in the store. Fix: pick "
                          "one that trained a hop (see the leaderboard)")
-    return max(found, key=lambda uri: int(uri.rsplit("/t", 1)[1].split(".")[0]))  # t999 < t1000
+    return saved.checkpoint
 
 
 def _checkpoint_model(layout: RunLayout, run: RunRecord, manifest: Manifest, config_id: str) -> Any:
