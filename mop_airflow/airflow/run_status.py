@@ -38,8 +38,10 @@ class RunRef:
         return RunLayout(Store.from_spec(spec), self.dag_id, self.run_id)
 
 
-def find_run(api: AirflowAPI, dag_id: str, run_id: str | None = None) -> RunRef:
-    """The named run, or the DAG's latest; :class:`AirflowApiError` (status 404) when there is none."""
+def find_run(api: AirflowAPI, dag_id: str, run_id: str | None = None, *, record: RunRecord | None = None) -> RunRef:
+    """The named run, or the DAG's latest; :class:`AirflowApiError` (status 404) when there is none.
+
+    ``record``: the run record already read (it never changes once resolved), so only the state is asked."""
     if run_id is None:
         runs = api.get(f"/dags/{dag_id}/dagRuns", order_by="-run_after", limit=1)["dag_runs"]
         if not runs:
@@ -48,6 +50,8 @@ def find_run(api: AirflowAPI, dag_id: str, run_id: str | None = None) -> RunRef:
     else:
         run = api.get(f"/dags/{dag_id}/dagRuns/{run_id}")
     run_id = run["dag_run_id"]
+    if record is not None and record.run_id == run_id:
+        return RunRef(dag_id, run_id, run["state"], record)
     try:
         entry = api.get(f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances/preflight/xcomEntries/return_value")
     except AirflowApiError as exc:

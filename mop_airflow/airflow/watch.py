@@ -67,6 +67,7 @@ def watch(api: AirflowAPI, dag_id: str, run_id: str | None, *, follow: bool = Tr
     deadline = None if timeout is None else time.time() + timeout
     last = ""
     display = None
+    record = None
     if live:
         from rich.console import Console  # noqa: PLC0415
         from rich.live import Live  # noqa: PLC0415
@@ -75,8 +76,8 @@ def watch(api: AirflowAPI, dag_id: str, run_id: str | None, *, follow: bool = Tr
         display.start()
     try:
         while True:
-            ref = find_run(api, dag_id, run_id)
-            run_id = ref.run_id
+            ref = find_run(api, dag_id, run_id, record=record)
+            run_id, record = ref.run_id, ref.record
             progress = snapshot(api, ref, store_root)
             if display is not None:
                 display.update(_renderable(ref, progress))
