@@ -98,7 +98,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
 def _cmd_report(args: argparse.Namespace) -> int:
     from mop_airflow.airflow.run_status import find_run  # noqa: PLC0415
     from mop_airflow.errors import AirflowApiError, StoreError  # noqa: PLC0415
-    from mop_airflow.local_report import fetch_report, print_leaderboard  # noqa: PLC0415
+    from mop_airflow.local_report import challenge_decision, fetch_report, print_challenge, print_leaderboard  # noqa: PLC0415
 
     with _api(args) as api:
         try:
@@ -116,26 +116,51 @@ def _cmd_report(args: argparse.Namespace) -> int:
         return _fail(str(exc), UNAVAILABLE)
     print(f"{args.dag_id} / {ref.run_id}: {ref.state}")
     print_leaderboard(board)
+    try:
+        print_challenge(challenge_decision(layout))
+    except StoreError as exc:  # the leaderboard is what was asked for: a missing decision only warns
+        print(f"(champion decision not read: {exc})", file=sys.stderr)
     print("\nwritten: " + ", ".join(str(f) for f in files))
     return OK
 
 
 def _run_layout(args: argparse.Namespace):
-    """The run's folder: under ``--store`` without asking Airflow, else where the run recorded it."""
+    """The run's folder (without a RUN_ID argument, the DAG's latest run): under ``--store`` without
+    asking Airflow, else where the run recorded it."""
     from mop_airflow.errors import StoreError  # noqa: PLC0415
 
+    run_id = getattr(args, "run_id", None)
     if args.store:
         from mop_airflow.training.predict import run_layout  # noqa: PLC0415
 
-        return run_layout(args.store, args.dag_id, args.run_id)
+        return run_layout(args.store, args.dag_id, run_id)
     from mop_airflow.airflow.run_status import find_run  # noqa: PLC0415
 
     with _api(args) as api:
-        ref = find_run(api, args.dag_id, args.run_id)
+        ref = find_run(api, args.dag_id, run_id)
     layout = ref.layout()
     if layout is None:
         raise StoreError(f"run {ref.run_id} of {args.dag_id} ({ref.state}) has not recorded its store yet: "
                          "no model to use")
+    return layout
+
+
+def _store(args: argparse.Namespace):
+    """The store of the DAG's runs: ``--store``, else the one its latest run recorded (asked of Airflow)."""
+    if args.store:
+        from mop_airflow.training.predict import open_store  # noqa: PLC0415
+
+        return open_store(args.store)
+    return _run_layout(args).store
+
+
+def _champion_layout(args: argparse.Namespace):
+    """The folder of the run the DAG's registry names as its current champion."""
+    from mop_airflow.training.predict import champion_layout  # noqa: PLC0415
+
+    layout, entry = champion_layout(_store(args), args.dag_id)
+    print(f"champion of {args.dag_id}: version {entry['version']}, {entry['config_id']} of run {entry['run_id']} "
+          f"({entry['metric']}={entry['value']:.6g})")
     return layout
 
 
@@ -144,8 +169,14 @@ def _model_command(args: argparse.Namespace, work) -> int:
     from mop_airflow.errors import (AirflowApiError, DataValidationError, SpecError,  # noqa: PLC0415
                                     StoreError, TrainingError)
 
+    if args.champion:
+        for name, value in (("RUN_ID", args.run_id), ("--config", getattr(args, "config", None))):
+            if value is not None:
+                return _fail(f"{name}={value!r}: cannot be combined with --champion, which already names the model "
+                             "(the run the DAG's registry names as champion, its best model). Fix: pass either "
+                             f"--champion or {name}", USAGE)
     try:
-        return work(_run_layout(args))
+        return work(_champion_layout(args) if args.champion else _run_layout(args))
     except (AirflowApiError, StoreError) as exc:
         return _fail(str(exc), UNAVAILABLE)
     except (SpecError, DataValidationError) as exc:
@@ -177,6 +208,88 @@ def _cmd_export_best(args: argparse.Namespace) -> int:
         return OK
 
     return _model_command(args, work)
+
+
+def _champion_command(args: argparse.Namespace, work) -> int:
+    """Run ``work(store)`` on the DAG's store with the exit codes of the module docstring."""
+    from mop_airflow.errors import AirflowApiError, SpecError, StoreError  # noqa: PLC0415
+
+    try:
+        return work(_store(args))
+    except (AirflowApiError, StoreError) as exc:
+        return _fail(str(exc), UNAVAILABLE)
+    except SpecError as exc:
+        return _fail(str(exc), USAGE)
+
+
+def _entry_line(entry) -> str:
+    return (f"version {entry['version']}: {entry['config_id']} of run {entry['run_id']} "
+            f"({entry['metric']}={entry['value']:.6g}), published {entry['published_at'][:19].replace('T', ' ')} "
+            f"by {entry.get('published_by', 'run')}: {entry.get('reason', '')}")
+
+
+def _cmd_champion_list(args: argparse.Namespace) -> int:
+    from mop_airflow.champion import read_registry, registry_uri  # noqa: PLC0415
+
+    def work(store) -> int:
+        history = read_registry(store, args.dag_id)
+        if not history:
+            print(f"{args.dag_id}: no champion published yet ({registry_uri(store, args.dag_id)} has no entry)")
+            return OK
+        rows = [(("*" if i == len(history) - 1 else " "), str(e["version"]),
+                 e["published_at"][:19].replace("T", " "), e["run_id"], e["config_id"],
+                 f"{e['metric']}={e['value']:.6g}", e.get("published_by", "run"), e.get("reason", ""))
+                for i, e in enumerate(history)]
+        header = (" ", "version", "published_at (UTC)", "run_id", "config", "metric", "by", "reason")
+        widths = [max(len(r[c]) for r in [header, *rows]) for c in range(len(header) - 1)]
+        print(f"Champion registry of {args.dag_id} ({registry_uri(store, args.dag_id)}), oldest first")
+        for row in [header, *rows]:
+            print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[-1])
+        champion = history[-1]
+        print(f"\n* current champion: {_entry_line(champion)}\n  model: {champion['model_uri']}")
+        return OK
+
+    return _champion_command(args, work)
+
+
+def _emit_champion_event(args: argparse.Namespace, entry) -> int:
+    """The champion Asset event through Airflow's REST API, as the DAG's publish task emits it."""
+    from mop_airflow.champion import asset_extra, champion_asset_uri  # noqa: PLC0415
+    from mop_airflow.errors import AirflowApiError  # noqa: PLC0415
+
+    uri = champion_asset_uri(args.dag_id)
+    again = (f"`mop-airflow champion publish {args.dag_id} {entry['version']}` (it appends one more entry), or "
+             f"create the event on the Asset {uri} in the Airflow UI")
+    with _api(args) as api:
+        try:
+            asset = next((a for a in api.paged("/assets", "assets", uri_pattern=uri) if a["uri"] == uri), None)
+            if asset is None:
+                return _fail(f"the registry was updated (version {entry['version']} is the champion), but Airflow at "
+                             f"{api.base_url} knows no Asset {uri}: no parsed DAG has the publish task of "
+                             f"{args.dag_id}, so downstream DAGs were not told. Fix: deploy DAG {args.dag_id} with "
+                             f"publish enabled (or check --api-url), then run {again}", UNAVAILABLE)
+            event = api.call("POST", "/assets/events", json={"asset_id": asset["id"], "extra": asset_extra(entry)})
+        except AirflowApiError as exc:
+            return _fail(f"the registry was updated (version {entry['version']} is the champion), but the Asset "
+                         f"event on {uri} was not emitted, so downstream DAGs were not told: {exc}. Fix: start "
+                         f"Airflow or pass --api-url (and --username), then run {again}; or pass --no-event to "
+                         "update only the registry", UNAVAILABLE)
+    print(f"Asset event {event.get('id')} emitted on {uri}: DAGs scheduled on it will run with the new champion")
+    return OK
+
+
+def _cmd_champion_publish(args: argparse.Namespace) -> int:
+    from mop_airflow.champion import republish  # noqa: PLC0415
+
+    def work(store) -> int:
+        entry = republish(store, args.dag_id, args.which)
+        print(f"{args.dag_id}: champion is now {_entry_line(entry)}\nmodel: {entry['model_uri']}")
+        if args.no_event:
+            print("no Asset event emitted (--no-event): DAGs scheduled on the champion Asset were not told")
+            return OK
+        return _emit_champion_event(args, entry)
+
+    return _champion_command(args, work)
 
 
 def _port_free(port: int) -> bool:
@@ -281,13 +394,16 @@ def build_parser() -> argparse.ArgumentParser:
     def api_options(cmd: argparse.ArgumentParser) -> None:
         cmd.add_argument("dag_id")
         cmd.add_argument("run_id", nargs="?", help="default: the DAG's latest run")
+        connection_options(cmd)
+
+    def connection_options(cmd: argparse.ArgumentParser) -> None:
         cmd.add_argument("--api-url", help="Airflow's address (default: $MOP_AIRFLOW_API_URL, else the one "
                                            f"`mop-airflow up` runs, else http://localhost:{DEFAULT_PORT})")
         cmd.add_argument("--username", default=os.environ.get("MOP_AIRFLOW_API_USER"),
                          help="an Airflow user who may read the DAG (default $MOP_AIRFLOW_API_USER; the password "
                               "comes from $MOP_AIRFLOW_API_PASSWORD)")
-        cmd.add_argument("--store", help="read the run's files from this root instead of the one it recorded "
-                                         "(the same store seen from this computer)")
+        cmd.add_argument("--store", help="read the run's files from this root (a path or a URI) instead of the "
+                                         "one it recorded (the same store seen from this computer)")
         cmd.add_argument("--home", default=home, help=argparse.SUPPRESS)
 
     status = sub.add_parser("status", help="follow a run: hops done, shards busy or idle, best so far, time left")
@@ -314,6 +430,8 @@ def build_parser() -> argparse.ArgumentParser:
                               "top_k: k rows per input row, with rank, class and prob (default response)")
     predict.add_argument("--k", type=int, default=3, help="classes per row for --mode top_k (default 3)")
     predict.add_argument("--config", help="score with this configuration's last checkpoint, not the best model")
+    predict.add_argument("--champion", action="store_true",
+                         help="score with the DAG's current champion (the run its registry names), not RUN_ID")
     predict.add_argument("--id", help="a source column to copy into the output beside row_id")
     predict.add_argument("--batch-rows", type=int, default=None, help="rows per batch (default: about 64 MB)")
     predict.set_defaults(func=_cmd_predict)
@@ -325,7 +443,30 @@ def build_parser() -> argparse.ArgumentParser:
     api_options(export)
     export.add_argument("--out", required=True, help="the folder to write to (a path or a URI)")
     export.add_argument("--format", choices=("keras", "saved_model"), default="keras")
+    export.add_argument("--champion", action="store_true",
+                        help="export the DAG's current champion (the run its registry names), not RUN_ID")
     export.set_defaults(func=_cmd_export_best)
+
+    champion = sub.add_parser(
+        "champion", help="a DAG's champion registry: list it, or roll back to an earlier model",
+        description="Every model a DAG published, newest last; the last is the champion that "
+                    "`predict --champion` and the DAGs scheduled on its Asset use. The registry is found in "
+                    "--store, else in the store the DAG's latest run recorded (asked of Airflow)."
+    ).add_subparsers(dest="action", required=True)
+    listing = champion.add_parser("list", help="print the registry's history, marking the current champion")
+    listing.add_argument("dag_id")
+    connection_options(listing)
+    listing.set_defaults(func=_cmd_champion_list)
+    again = champion.add_parser(
+        "publish", help="make an earlier entry (or a reported run's winner) the champion again",
+        description="Append a registry entry naming the chosen model (a rollback keeps the history), then emit "
+                    "the champion Asset event through Airflow's REST API so DAGs scheduled on it run.")
+    again.add_argument("dag_id")
+    again.add_argument("which", metavar="VERSION_OR_RUN_ID",
+                       help="a version number from `champion list`, or the id of a run whose report finished")
+    again.add_argument("--no-event", action="store_true", help="only update the registry; tell no DAG")
+    connection_options(again)
+    again.set_defaults(func=_cmd_champion_publish)
 
     pools = sub.add_parser("pools", help="manage the per-shard Airflow pools").add_subparsers(dest="action", required=True)
     sync = pools.add_parser("sync", help="create or resize pools mop_shard_0..N-1 (run where `airflow` runs)")

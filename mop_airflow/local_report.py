@@ -32,6 +32,27 @@ def print_leaderboard(board: dict[str, Any], out: Callable[[str], None] = print)
             f"{row['batch_size']}")
 
 
+def challenge_decision(layout: RunLayout) -> dict[str, Any] | None:
+    """The run's champion decision (the summary's ``challenge``, else ``report/challenge.json``), or
+    None when the report took none (publishing came later, or the report is not written yet)."""
+    store = layout.store
+    summary_uri = layout.report_uri("summary.json")
+    if store.exists(summary_uri):
+        decision = store.read_json(summary_uri).get("challenge")
+        if decision is not None:
+            return decision
+    challenge_uri = layout.report_uri("challenge.json")
+    return store.read_json(challenge_uri) if store.exists(challenge_uri) else None
+
+
+def print_challenge(decision: dict[str, Any] | None, out: Callable[[str], None] = print) -> None:
+    """One line: whether the run's winner was published as the DAG's champion, and why."""
+    if not decision:
+        return
+    out(f"\nChampion: {'published' if decision.get('publish') else 'not published'}: "
+        f"{decision.get('reason', 'no reason recorded')}")
+
+
 def fetch_report(layout: RunLayout, out_dir: Path) -> tuple[dict[str, Any], list[Path]]:
     """Write the run's report files into ``out_dir``; returns (leaderboard, files written)."""
     store = layout.store

@@ -14,6 +14,20 @@ model of the DAG run it belongs to, so it can follow a mop_airflow DAG's ``repor
 
 ``model_dag_id`` (and ``model_run_id``; without it, that DAG's latest reported run) scores with
 another DAG's run instead, e.g. in a scheduled scoring DAG.
+
+``model_run_id="champion"`` scores with the current champion of ``model_dag_id`` (default: this
+task's own DAG): the run named by the last entry of that DAG's registry
+(:mod:`mop_airflow.champion`), read when the task runs. A scoring DAG scheduled on the champion
+Asset thus always uses the model just published, and a rollback (``mop-airflow champion publish``)
+takes effect at its next run. The task fails when the DAG has published no champion yet.
+
+.. code-block:: python
+
+    from mop_airflow.airflow.dag import champion_asset
+
+    with DAG("score_daily", schedule=champion_asset("mnist1d")):
+        MopPredictOperator(task_id="score", source=..., out=..., model_dag_id="mnist1d",
+                           model_run_id="champion", store=spec["store"])
 """
 
 from __future__ import annotations
@@ -22,9 +36,14 @@ from typing import Any, Mapping
 
 from mop_airflow.operators.base import MopBaseOperator
 
+CHAMPION = "champion"  # model_run_id naming the DAG's current champion, not a run
+
 
 class MopPredictOperator(MopBaseOperator):
-    """``source`` scored into the Parquet file ``out`` (``mode`` response, prob or top_k; see the module)."""
+    """``source`` scored into the Parquet file ``out`` (``mode`` response, prob or top_k; see the module).
+
+    ``model_run_id``: a run id, ``"champion"`` (the current champion of ``model_dag_id``, default this
+    DAG), or None (this DAG run, or with ``model_dag_id`` that DAG's latest reported run)."""
 
     template_fields = ("source", "out", "mode", "model_dag_id", "model_run_id", "config_id")
     ui_color = "#fdf0dc"
@@ -48,12 +67,21 @@ class MopPredictOperator(MopBaseOperator):
         self.storage_options = dict(storage_options or {})
 
     def work(self, context: Any) -> str:
+        from mop_airflow.errors import SpecError  # noqa: PLC0415
         from mop_airflow.layout import RunLayout  # noqa: PLC0415
         from mop_airflow.store import Store  # noqa: PLC0415
-        from mop_airflow.training.predict import predict, run_layout  # noqa: PLC0415 - Keras loads with the model
+        from mop_airflow.training.predict import champion_layout, predict, run_layout  # noqa: PLC0415 - Keras
 
         spec = self.store_spec(context)
-        if self.model_dag_id and not self.model_run_id:  # another DAG's latest reported run
+        if self.model_run_id == CHAMPION:  # the run the DAG's registry names as its champion, now
+            if self.config_id:
+                raise SpecError("config_id", self.config_id, "cannot be combined with model_run_id='champion': the "
+                                "champion is a run's best model, not a configuration's checkpoint",
+                                "leave config_id out, or name the run in model_run_id")
+            layout, entry = champion_layout(Store.from_spec(spec), self.model_dag_id or context["dag"].dag_id)
+            self.log.info("scoring with champion version %d of %s: %s of run %s", entry["version"], layout.dag_id,
+                          entry["config_id"], entry["run_id"])
+        elif self.model_dag_id and not self.model_run_id:  # another DAG's latest reported run
             layout = run_layout(spec.root, self.model_dag_id, storage_options=spec.storage_options,
                                 conn_id=spec.conn_id)
         else:

@@ -27,6 +27,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from mop_airflow.champion import current_champion, registry_uri
 from mop_airflow.data.inputs import InputSpec, input_columns, to_arrays
 from mop_airflow.errors import DataValidationError, SpecError, StoreError
 from mop_airflow.layout import RunLayout
@@ -56,6 +57,26 @@ class RunModel:
         return [dataclasses.replace(spec, stored=None) for spec in manifest_inputs(self.manifest)]
 
 
+def open_store(store_root: str, *, storage_options: Mapping[str, Any] | None = None,
+               conn_id: str | None = None) -> Store:
+    """The store at ``store_root``: a URI, or a local folder (made absolute, as ``file://``)."""
+    if "://" not in store_root:
+        store_root = "file://" + os.path.abspath(os.path.expanduser(store_root))
+    return Store(store_root, storage_options, conn_id)
+
+
+def champion_layout(store: Store, dag_id: str) -> tuple[RunLayout, dict[str, Any]]:
+    """The run folder of ``dag_id``'s current champion and its registry entry; :class:`StoreError`
+    when the DAG has published none."""
+    champion = current_champion(store, dag_id)
+    if champion is None:
+        raise StoreError(f"DAG {dag_id!r} has no champion in the store {store.root} (no entry in "
+                         f"{registry_uri(store, dag_id)}): none of its runs published one yet. Fix: check the DAG "
+                         "id and the store, publish a reported run with `mop-airflow champion publish DAG_ID "
+                         "RUN_ID`, or name a run instead")
+    return RunLayout(store, champion["dag_id"], champion["run_id"]), champion
+
+
 def run_layout(store_root: str, dag_id: str, run_id: str | None = None, *,
                storage_options: Mapping[str, Any] | None = None, conn_id: str | None = None) -> RunLayout:
     """The run folder ``<store_root>/<dag_id>/<run_id>/`` without asking Airflow.
@@ -63,9 +84,7 @@ def run_layout(store_root: str, dag_id: str, run_id: str | None = None, *,
     Without ``run_id``: the DAG's run whose report was written last. :class:`StoreError` when the
     run (or any reported run) is not there.
     """
-    if "://" not in store_root:
-        store_root = "file://" + os.path.abspath(os.path.expanduser(store_root))
-    store = Store(store_root, storage_options, conn_id)
+    store = open_store(store_root, storage_options=storage_options, conn_id=conn_id)
     if run_id is not None:
         layout = RunLayout(store, dag_id, run_id)
         if not store.exists(layout.run_record_uri):
