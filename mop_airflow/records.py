@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Mapping, TypeVar
 
 if TYPE_CHECKING:
-    from mop_airflow.spec import DataSpec, ScheduleSpec, StoreSpec
+    from mop_airflow.spec import DataSpec, PublishSpec, ScheduleSpec, StoreSpec
     from mop_airflow.store import Store
 
 R = TypeVar("R", bound="Record")
@@ -85,6 +85,12 @@ class RunRecord(Record):
     @property
     def adaptive(self) -> dict[str, Any] | None:
         return self.spec["search"].get("adaptive")
+
+    @property
+    def publish(self) -> PublishSpec:
+        from mop_airflow.spec import PublishSpec  # noqa: PLC0415
+
+        return PublishSpec(**self.spec.get("publish", {}))  # runs resolved before publishing existed: defaults
 
     @property
     def fail_fast(self) -> bool:

@@ -18,7 +18,7 @@ from mop_airflow.search.space import SearchSpace
 # Metric names whose smaller value is better; anything else named here is larger-is-better.
 _LOWER_IS_BETTER = ("loss", "error", "mse", "mae", "mape", "crossentropy", "hinge")
 _HIGHER_IS_BETTER = ("accuracy", "auc", "precision", "recall", "f1")
-SPEC_SECTIONS = ("data", "search", "schedule", "store")  # what a trigger conf may override
+SPEC_SECTIONS = ("data", "search", "schedule", "store", "publish")  # what a trigger conf may override
 
 
 def default_home() -> str:
@@ -371,9 +371,9 @@ WARM_START_SELECT = ("winner", "top_k", "matching")
 def warm_start_spec(value: Any) -> dict[str, Any] | None:
     """``search.warm_start``: start configurations from an earlier run's weights instead of random ones.
 
-    ``{"from": "latest" | RUN_ID, "select": "winner" | "top_k" | "matching", "k": 3, "dag_id": ...}``:
-    ``from`` the DAG's latest run that wrote a report (or a named run; ``dag_id`` another DAG's, in the
-    same store); ``select`` which of its configurations lend their weights: the winner, the top ``k``
+    ``{"from": "latest" | "champion" | RUN_ID, "select": "winner" | "top_k" | "matching", "k": 3, "dag_id": ...}``:
+    ``from`` the DAG's latest run that wrote a report, the run of its published champion, or a named run
+    (``dag_id`` another DAG's, in the same store); ``select`` which of its configurations lend their weights: the winner, the top ``k``
     (each new configuration starts from the best-ranked one with the same model and hparams), or every
     configuration that exists in both runs (same content). Optimizer state comes along only where the
     optimizer settings are the same; otherwise the new configuration's optimizer starts afresh.
@@ -390,8 +390,9 @@ def warm_start_spec(value: Any) -> dict[str, Any] | None:
     out = {"from": value.get("from", "latest"), "select": value.get("select", "winner"), "k": value.get("k", 3),
            "dag_id": value.get("dag_id")}
     if not isinstance(out["from"], str) or not out["from"]:
-        raise SpecError("search.warm_start.from", out["from"], "must be 'latest' or a run id",
-                        "use 'latest' (the DAG's newest run with a report) or a run id from the Airflow UI")
+        raise SpecError("search.warm_start.from", out["from"], "must be 'latest', 'champion' or a run id",
+                        "use 'latest' (the DAG's newest run with a report), 'champion' (its published champion) or "
+                        "a run id from the Airflow UI")
     if out["select"] not in WARM_START_SELECT:
         raise SpecError("search.warm_start.select", out["select"], f"must be one of {list(WARM_START_SELECT)}",
                         "use 'winner', 'top_k' (with k) or 'matching'")
@@ -403,17 +404,38 @@ def warm_start_spec(value: Any) -> dict[str, Any] | None:
 
 
 @dataclass(frozen=True)
+class PublishSpec:
+    """Champion and challenger: after the report, the run's winner and the DAG's current champion are
+    both evaluated on this run's validation data, and the winner is published (registry entry and
+    the ``mop://<dag_id>/champion`` Asset event) only if it beats the champion by more than ``margin``,
+    in the ranking metric's units and direction. ``enabled=False`` never publishes."""
+
+    enabled: bool = True
+    margin: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.enabled, bool):
+            raise SpecError("publish.enabled", self.enabled, "must be true or false",
+                            "use true to publish a winner that beats the champion, false to never publish")
+        if isinstance(self.margin, bool) or not isinstance(self.margin, (int, float)) or not self.margin >= 0:
+            raise SpecError("publish.margin", self.margin, "must be a number >= 0 in the ranking metric's units",
+                            "use e.g. 0.005 (half a point of accuracy), or 0 to publish any strictly better winner")
+        object.__setattr__(self, "margin", float(self.margin))
+
+
+@dataclass(frozen=True)
 class MopSpec:
-    """The whole job: data, search space, schedule and store."""
+    """The whole job: data, search space, schedule, store and publishing."""
 
     data: DataSpec
     search: SearchSpec
     schedule: ScheduleSpec = field(default_factory=ScheduleSpec)
     store: StoreSpec = field(default_factory=StoreSpec)
+    publish: PublishSpec = field(default_factory=PublishSpec)
 
     def __post_init__(self) -> None:
         for name, cls in (("data", DataSpec), ("search", SearchSpec),
-                          ("schedule", ScheduleSpec), ("store", StoreSpec)):
+                          ("schedule", ScheduleSpec), ("store", StoreSpec), ("publish", PublishSpec)):
             value = getattr(self, name)
             if isinstance(value, Mapping):
                 object.__setattr__(self, name, _build(cls, value, name))
@@ -452,7 +474,7 @@ class MopSpec:
         return self.search.space.expand(self.schedule.epochs_per_hop, count=count)
 
     def to_dict(self) -> dict[str, Any]:
-        out = {name: asdict(getattr(self, name)) for name in ("data", "schedule", "store")}
+        out = {name: asdict(getattr(self, name)) for name in ("data", "schedule", "store", "publish")}
         out["search"] = {"space": self.search.space.to_dict(), "metric": self.search.metric,
                          "direction": self.search.direction, "adaptive": self.search.adaptive,
                          "fail_fast": self.search.fail_fast, "max_configurations": self.search.max_configurations,
@@ -468,10 +490,10 @@ class MopSpec:
     def from_dict(cls, data: Mapping[str, Any]) -> "MopSpec":
         if not isinstance(data, Mapping):
             raise SpecError("spec", data, "must be a mapping", "pass a dict with data, search, schedule, store")
-        unknown = set(data) - {"data", "search", "schedule", "store"}
+        unknown = set(data) - {"data", "search", "schedule", "store", "publish"}
         if unknown:
             raise SpecError("spec", sorted(unknown), "unknown section(s)",
-                            "use only the sections data, search, schedule and store")
+                            "use only the sections data, search, schedule, store and publish")
         for required in ("data", "search"):
             if required not in data:
                 raise SpecError(required, None, "is required", f"add a '{required}' section")
@@ -508,7 +530,7 @@ def section_overrides(values: Mapping[str, Any], where: str) -> dict[str, dict]:
     for section, given in values.items():
         if section not in SPEC_SECTIONS:
             raise SpecError(f"{where}.{section}", given, "is not a spec section",
-                            "override only data, search, schedule or store")
+                            "override only data, search, schedule, store or publish")
         if not isinstance(given, Mapping):
             raise SpecError(f"{where}.{section}", given, "must be a mapping of fields",
                             f"pass e.g. {{'{section}': {{...}}}}")

@@ -13,7 +13,8 @@ Shape of a plain search (``p`` shards, ``T = iterations * p`` hops)::
     class_<o>   a mapped task group over the configurations of offset class o, whose list
                 stage_shard_<o> returns; its hop t is task hop_<t>_shard_<(o+t) mod p> on that
                 shard's pool and queue; a hop waits only for the same configuration's previous hop
-    every class's last hop >> report
+    every class's last hop >> report >> publish
+    publish     emits the DAG's champion Asset event when the run's winner beats the champion
 
 An adaptive search (Hyperband, successive halving) puts brackets side by side; rung ``i`` of
 bracket ``b`` has ``deal_<o>`` tasks that list offset class o's configurations (from the plan at
@@ -49,7 +50,7 @@ class TaskSpec:
     """
 
     task_id: str
-    kind: str  # preflight, list_data, scatter, shard, plan, stage, check_models, deal, hop, promote or report
+    kind: str  # preflight, list_data, scatter, shard, plan, stage, check_models, deal, hop, promote, report, publish
     upstream: tuple[str, ...] = ()
     group: str | None = None
     pool: str | None = None
@@ -88,10 +89,11 @@ class TaskPlan:
 
 
 def build_task_plan(shards: int, iterations: int, adaptive: Any = None, *,
-                    priority: str = DEFAULT_PRIORITY) -> TaskPlan:
+                    priority: str = DEFAULT_PRIORITY, publish: bool = True) -> TaskPlan:
     """The task plan for ``shards`` shards and ``iterations`` iterations, or an adaptive plan's rungs.
 
-    ``adaptive`` is a :class:`~mop_airflow.search.hyperband.HyperbandPlan` or ``Bracket``.
+    ``adaptive`` is a :class:`~mop_airflow.search.hyperband.HyperbandPlan` or ``Bracket``;
+    ``publish`` adds the task after the report that publishes a winner as the DAG's champion.
     """
     builder = _Builder(shards, priority)
     builder.add("preflight", "preflight")
@@ -110,6 +112,8 @@ def build_task_plan(shards: int, iterations: int, adaptive: Any = None, *,
     else:
         finals = _adaptive(builder, adaptive, ready)
     builder.add("report", "report", tuple(finals), trigger_rule=REPORT_JOIN)
+    if publish:
+        builder.add("publish", "publish", ("report",))
     return TaskPlan(shards=shards, tasks=tuple(builder.tasks), groups=tuple(builder.groups), priority=priority)
 
 

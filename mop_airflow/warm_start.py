@@ -7,6 +7,9 @@ along. It does only when the optimizer settings are the same: a new learning rat
 optimizer parameter means the new configuration's optimizer starts afresh (moments, step counter,
 learning rate), and only the model's weights are restored.
 
+The earlier run is the DAG's latest reported run, a named one, or the run of its published champion
+(:mod:`mop_airflow.champion`), whose winner is the champion.
+
 Matching: ``matching`` pairs configurations of the same content (the hash part of their ids);
 ``winner`` and ``top_k`` give every new configuration with the same model and hparams as one of the
 earlier run's best ``k`` the weights of the best-ranked such one. Configurations without a source
@@ -18,6 +21,7 @@ from __future__ import annotations
 import json
 from typing import Any, Mapping, Sequence
 
+from mop_airflow.champion import current_champion
 from mop_airflow.errors import SpecError
 from mop_airflow.layout import RunLayout
 from mop_airflow.report import last_saved_hop, latest_reported_run
@@ -40,8 +44,12 @@ def optimizer_settings(config: Mapping[str, Any]) -> str:
 
 
 def source_run(store: Store, dag_id: str, wanted: str, *, exclude: str) -> RunLayout | None:
-    """The run to start from: ``wanted`` (a run id), or with ``latest`` the newest run of ``dag_id`` that
-    wrote a report, other than ``exclude``; None when ``latest`` finds none (a DAG's first run)."""
+    """The run to start from: ``wanted`` (a run id); with ``latest`` the newest run of ``dag_id`` that
+    wrote a report, other than ``exclude``; with ``champion`` the run of the DAG's published champion.
+    None when ``latest`` or ``champion`` finds none (a DAG's first run)."""
+    if wanted == "champion":
+        champion = current_champion(store, dag_id)
+        return None if champion is None else RunLayout(store, champion["dag_id"], champion["run_id"])
     if wanted != "latest":
         layout = RunLayout(store, dag_id, wanted)
         if not store.exists(layout.report_uri("leaderboard.json")):

@@ -14,16 +14,18 @@ import copy
 import datetime as dt
 from typing import Any, Mapping, Sequence
 
-from airflow.sdk import DAG, Param, TaskGroup, task_group
+from airflow.sdk import DAG, Asset, Param, TaskGroup, task_group
 
 from mop_airflow.operators.check_models import MopCheckModelsOperator
 from mop_airflow.operators.data import MopListDataOperator, MopScatterOperator, MopShardOperator
 from mop_airflow.operators.plan import MopDealOperator, MopPlanOperator, MopStageShardOperator
 from mop_airflow.operators.preflight import MopPreflightOperator
 from mop_airflow.operators.promote import MopPromoteOperator
+from mop_airflow.operators.publish import MopPublishOperator
 from mop_airflow.operators.report import MopReportOperator
 from mop_airflow.operators.train import MopTrainHopOperator
 from mop_airflow import resolve
+from mop_airflow.champion import champion_asset_uri
 from mop_airflow.schedule import DEFAULT_PRIORITY
 from mop_airflow.search.adaptive import brackets_of
 from mop_airflow.spec import MopSpec
@@ -65,6 +67,11 @@ def _description(spec: MopSpec) -> str:
             f"the best 1/{eta}); models hop across {p} shards")
 
 
+def champion_asset(dag_id: str) -> Asset:
+    """The Asset ``mop://<dag_id>/champion``: schedule a DAG on it to act on every new champion."""
+    return Asset(uri=champion_asset_uri(dag_id), name=champion_asset_uri(dag_id), group="mop_airflow")
+
+
 def build_mop_dag(
     spec: MopSpec | Mapping[str, Any],
     *,
@@ -96,7 +103,8 @@ def build_mop_dag(
     workers import arbitrary code.
     """
     spec = spec if isinstance(spec, MopSpec) else MopSpec.from_dict(spec)
-    plan = build_task_plan(spec.schedule.shards, spec.schedule.iterations, spec.adaptive_plan(), priority=priority)
+    plan = build_task_plan(spec.schedule.shards, spec.schedule.iterations, spec.adaptive_plan(), priority=priority,
+                           publish=spec.publish.enabled)
     p, slots = spec.schedule.shards, spec.schedule.slots_per_shard
     dag = DAG(
         dag_id=dag_id,
@@ -115,14 +123,16 @@ def build_mop_dag(
     )
     allowed = list(builder_modules) if builder_modules is not None else resolve.builder_modules(spec)
     with dag:
-        _Renderer(plan, spec.to_dict(), pools=pools, builder_modules=allowed, adaptive=spec.adaptive_plan()).render()
+        _Renderer(plan, spec.to_dict(), dag_id=dag_id, pools=pools, builder_modules=allowed,
+                  adaptive=spec.adaptive_plan()).render()
     return dag
 
 
 class _Renderer:
-    def __init__(self, plan: TaskPlan, spec: dict[str, Any], *, pools: str, builder_modules: list[str],
-                 adaptive: Any = None) -> None:
+    def __init__(self, plan: TaskPlan, spec: dict[str, Any], *, dag_id: str, pools: str,
+                 builder_modules: list[str], adaptive: Any = None) -> None:
         self.plan = plan
+        self.dag_id = dag_id
         self.spec = spec
         self.pools = pools
         self.builder_modules = builder_modules
@@ -158,6 +168,8 @@ class _Renderer:
                                       builder_modules=self.builder_modules, **kwargs)
         elif spec.kind == "plan":
             op = MopPlanOperator(priority=self.plan.priority, **kwargs)
+        elif spec.kind == "publish":  # its outlet: the Asset downstream DAGs schedule on
+            op = MopPublishOperator(outlets=[champion_asset(self.dag_id)], **kwargs)
         elif spec.kind == "scatter":  # one instance per slice of files that list_data returns
             op = MopScatterOperator.partial(map_index_template="slice {{ task.slice_index }}", **kwargs).expand(
                 slice_index=self.ops[spec.upstream[0]].output)

@@ -61,30 +61,17 @@ def run_hop(layout: RunLayout, run: RunRecord, manifest: Manifest, assignment: A
     from mop_airflow.data.cache import cached_shard, load_shard, load_table, manifest_inputs  # noqa: PLC0415
     from mop_airflow.data.inputs import input_shapes  # noqa: PLC0415
 
-    def streams(entry: Any) -> bool:
-        """A file larger than a few batch budgets is streamed; a small one is read whole (faster)."""
-        return entry.bytes > STREAM_ABOVE_BATCHES * run.data.batch_mb * 1e6
-
-    def window_rows(entry: Any) -> int:
-        window_bytes = WINDOW_SHARE * run.data.batch_mb * 1e6
-        return max(config["batch_size"], int(entry.rows * window_bytes / max(1, entry.bytes)))
-
     metadata_bytes = store.bytes_read
     entry = manifest.shards[shard]
     path = cached_shard(store, entry, cache_dir, max_bytes=run.store.cache_max_bytes)
-    streamed = streams(entry)
+    streamed = streams(entry, run)
     x, y = (None, None) if streamed else load_shard(path, manifest)
     shard_bytes = store.bytes_read - metadata_bytes  # 0 once the shard is in this worker's cache
     shard_read = time.time()
 
     from mop_airflow.training.builder import build_model  # noqa: PLC0415 - TensorFlow loads here
     from mop_airflow.training.checkpoint import restore_state, state_to_bytes  # noqa: PLC0415
-    from mop_airflow.training.hop import (  # noqa: PLC0415
-        evaluate,
-        evaluate_streamed,
-        train_on_shard,
-        train_streamed,
-    )
+    from mop_airflow.training.hop import train_on_shard, train_streamed  # noqa: PLC0415
 
     imported = time.time()
     seed = config_seed(schedule.seed, cid)
@@ -111,7 +98,8 @@ def run_hop(layout: RunLayout, run: RunRecord, manifest: Manifest, assignment: A
     if streamed:
         train = train_streamed(model, path, lambda table: load_table(table, manifest),
                                batch_size=config["batch_size"], epochs=config["epochs_per_hop"], seed=seed,
-                               iteration=iteration, shard=shard, window_rows=window_rows(entry))
+                               iteration=iteration, shard=shard,
+                               window_rows=window_rows(entry, run, config["batch_size"]))
     else:
         train = train_on_shard(model, x, y, batch_size=config["batch_size"], epochs=config["epochs_per_hop"],
                                seed=seed, iteration=iteration, shard=shard)
@@ -119,15 +107,8 @@ def run_hop(layout: RunLayout, run: RunRecord, manifest: Manifest, assignment: A
     val = None
     if rung_end or (hop == schedule.shards - 1 and schedule.evaluates_after(iteration)):
         before = store.bytes_read
-        held = cached_shard(store, manifest.validation, cache_dir, max_bytes=run.store.cache_max_bytes)
+        val = evaluate_validation(model, store, manifest, run, cache_dir, batch_size=config["batch_size"])
         shard_bytes += store.bytes_read - before
-        eval_batch = max(config["batch_size"], 256)
-        if streams(manifest.validation):
-            val = evaluate_streamed(model, held, lambda table: load_table(table, manifest), batch_size=eval_batch,
-                                    window_rows=window_rows(manifest.validation))
-        else:
-            xv, yv = load_shard(held, manifest)
-            val = evaluate(model, xv, yv, batch_size=eval_batch)
     evaluated = time.time()
     best_t, best_metric = best_so_far(assignment, val, run.metric, run.direction, t)
     out_uri = layout.checkpoint_uri(cid, t)
@@ -153,6 +134,32 @@ def run_hop(layout: RunLayout, run: RunRecord, manifest: Manifest, assignment: A
         store.delete_tree(layout.checkpoint_uri(cid, old))
     return record, Assignment(config_id=cid, t=t, checkpoint=out_uri, checkpoint_sha256=state_sha256,
                               best_t=best_t, best_metric=best_metric)
+
+
+def streams(entry: Any, run: RunRecord) -> bool:
+    """A file larger than a few batch budgets is streamed; a small one is read whole (faster)."""
+    return entry.bytes > STREAM_ABOVE_BATCHES * run.data.batch_mb * 1e6
+
+
+def window_rows(entry: Any, run: RunRecord, batch_size: int) -> int:
+    window_bytes = WINDOW_SHARE * run.data.batch_mb * 1e6
+    return max(batch_size, int(entry.rows * window_bytes / max(1, entry.bytes)))
+
+
+def evaluate_validation(model: Any, store: Any, manifest: Manifest, run: RunRecord, cache_dir: str, *,
+                        batch_size: int) -> dict[str, float]:
+    """``model``'s validation loss and compiled metrics on the run's validation shard (``val_`` names),
+    read from the worker's shard cache, streamed when it is large."""
+    from mop_airflow.data.cache import cached_shard, load_shard, load_table  # noqa: PLC0415
+    from mop_airflow.training.hop import evaluate, evaluate_streamed  # noqa: PLC0415
+
+    held = cached_shard(store, manifest.validation, cache_dir, max_bytes=run.store.cache_max_bytes)
+    eval_batch = max(batch_size, 256)
+    if streams(manifest.validation, run):
+        return evaluate_streamed(model, held, lambda table: load_table(table, manifest), batch_size=eval_batch,
+                                 window_rows=window_rows(manifest.validation, run, batch_size))
+    xv, yv = load_shard(held, manifest)
+    return evaluate(model, xv, yv, batch_size=eval_batch)
 
 
 def warm_start(model: Any, store: Any, source: dict[str, Any]) -> int:
