@@ -55,7 +55,7 @@ def test_the_core_imports_no_airflow():
                "mop_airflow.training.stream",
                "mop_airflow.training.builder", "mop_airflow.training.checkpoint", "mop_airflow.training.hop",
                "mop_airflow.training.model_hop", "mop_airflow.training.export", "mop_airflow.progress",
-               "mop_airflow.local_report", "mop_airflow.warm_start"]
+               "mop_airflow.local_report", "mop_airflow.warm_start", "mop_airflow.champion"]
     code = (f"import sys, importlib\nfor m in {modules!r}: importlib.import_module(m)\n"
             "print(sorted(m for m in sys.modules if m == 'airflow' or m.startswith('airflow.')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
