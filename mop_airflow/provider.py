@@ -13,5 +13,6 @@ def get_provider_info() -> dict:
                        "python-modules": ["mop_airflow.operators.train", "mop_airflow.operators.data",
                                           "mop_airflow.operators.plan", "mop_airflow.operators.report",
                                           "mop_airflow.operators.preflight", "mop_airflow.operators.promote",
-                                          "mop_airflow.operators.check_models", "mop_airflow.operators.predict"]}],
+                                          "mop_airflow.operators.check_models", "mop_airflow.operators.predict",
+                                          "mop_airflow.operators.publish"]}],
     }

@@ -268,7 +268,7 @@ def _summary_view(summary: Mapping[str, Any] | None) -> dict[str, Any] | None:
     if summary is None:
         return None
     keep = ("best", "model_hops", "configurations", "outcomes", "failed", "first_hop_started_at",
-            "last_hop_saved_at", "report_written_at", "disk", "versions")
+            "last_hop_saved_at", "report_written_at", "disk", "versions", "challenge")
     return {k: summary.get(k) for k in keep}
 
 

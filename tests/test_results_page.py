@@ -246,6 +246,11 @@ def test_the_finished_run_in_the_airflow_ui_tab(airflow, browser, finished, tmp_
         assert "mlp \u00b7 adam \u00b7 lr" in cells[2] and "units=32" in cells[2]
     assert [float(rows.nth(i).locator("td.metric").inner_text()) for i in range(3)] == \
         sorted((float(rows.nth(i).locator("td.metric").inner_text()) for i in range(3)), reverse=True)
+    challenge = store.read_json(finished.report_uri("summary.json"))["challenge"]
+    said = frame.locator("#champion")
+    assert said.get_attribute("data-publish") == str(challenge["publish"]).lower()
+    assert said.inner_text() == ("Published as the DAG's champion: " if challenge["publish"] else "Not published: ") \
+        + challenge["reason"]
 
     for chart in ("loss", "accuracy"):  # training and validation line per configuration, a point per iteration
         svg = frame.locator(f"svg#curves-{chart}")

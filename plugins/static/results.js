@@ -195,6 +195,13 @@
       cells.push(el("td", {"class": "outcome status-" + row.status, text: row.outcome || row.status}));
       tbody.appendChild(el("tr", {"data-config-id": row.config_id, "data-status": row.status}, cells));
     });
+    // The champion/challenger decision the report task took, and why (mop_airflow.champion).
+    var challenge = data.summary && data.summary.challenge;
+    var champion = document.getElementById("champion");
+    champion.hidden = !challenge;
+    champion.textContent = challenge
+      ? (challenge.publish ? "Published as the DAG's champion: " : "Not published: ") + challenge.reason : "";
+    if (challenge) champion.setAttribute("data-publish", challenge.publish ? "true" : "false");
     var best = clear(document.getElementById("best-per-bracket"));
     var brackets = Object.keys(board.best_per_bracket || {});
     if (brackets.length) {
