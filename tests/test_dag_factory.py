@@ -24,17 +24,65 @@ def hops(dag):
     return [t for t in dag.tasks if ".hop_" in t.task_id]
 
 
+SELECTION_DAGS = {"mop_mnist1d", "mop_mnist1d_hyperband", "mop_digits", "mop_friedman", "mop_digits_retrain"}
+
+
+def selection_dags(dagbag):
+    """The model-selection DAGs (built by build_mop_dag: they start with preflight), not the ones
+    that only use their results, such as a scoring DAG."""
+    from mop_airflow.operators.preflight import MopPreflightOperator
+
+    return [dag for dag in dagbag.dags.values()
+            if any(isinstance(t, MopPreflightOperator) for t in dag.tasks)]
+
+
 def test_example_dags_import_without_errors(dagbag):
     assert dagbag.import_errors == {}
-    assert {"mop_mnist1d", "mop_mnist1d_hyperband", "mop_digits", "mop_friedman"} <= set(dagbag.dag_ids)
+    assert SELECTION_DAGS | {"mop_digits_score"} <= set(dagbag.dag_ids)
+    assert SELECTION_DAGS <= {dag.dag_id for dag in selection_dags(dagbag)}
 
 
 def test_every_hop_task_has_its_shards_pool_and_queue(dagbag):
-    for dag in dagbag.dags.values():
+    for dag in selection_dags(dagbag):
         assert hops(dag), dag.dag_id
         for task in hops(dag):
             shard = int(task.task_id.rsplit("_", 1)[1])
             assert task.pool == shard_pool(shard) == task.queue
+
+
+def test_the_retraining_example_runs_nightly_and_on_new_data_and_publishes_its_champion(dagbag):
+    from airflow.sdk import Asset, AssetOrTimeSchedule, CronTriggerTimetable
+
+    from mop_airflow.airflow.dag import champion_asset
+    from mop_airflow.examples.sklearn_data import digits_data_spec
+
+    dag = dagbag.dags["mop_digits_retrain"]
+    schedule = dag.timetable
+    assert isinstance(schedule, AssetOrTimeSchedule)
+    assert isinstance(schedule.timetable, CronTriggerTimetable)
+    assert (schedule.timetable.expression, str(schedule.timetable.timezone)) == ("0 3 * * *", "UTC")
+    data = Asset("file://" + digits_data_spec()["source"])
+    assert isinstance(schedule.asset_condition, Asset) and schedule.asset_condition.uri == data.uri
+    publish = dag.get_task("publish")
+    assert publish.upstream_task_ids == {"report"}
+    assert publish.outlets == [champion_asset("mop_digits_retrain")]
+    spec = dag.get_task("preflight").spec
+    assert spec["search"]["warm_start"]["from"] == "champion" and spec["publish"]["margin"] == 0.005
+
+
+def test_the_scoring_example_runs_on_every_new_champion(dagbag):
+    from airflow.sdk.definitions.timetables.assets import AssetTriggeredTimetable
+
+    from mop_airflow.airflow.dag import champion_asset
+    from mop_airflow.operators.predict import MopPredictOperator
+
+    dag = dagbag.dags["mop_digits_score"]
+    assert type(dag.timetable) is AssetTriggeredTimetable
+    assert list(dag.timetable.asset_condition.objects) == [champion_asset("mop_digits_retrain")]
+    assert champion_asset("mop_digits_retrain").uri == "mop://mop_digits_retrain/champion"
+    score = dag.get_task("score")
+    assert isinstance(score, MopPredictOperator) and score.upstream_task_ids == {"champion_event"}
+    assert "champion_event" in score.model_run_id and "champion_event" in score.config_id
 
 
 def test_parsing_imports_neither_tensorflow_nor_great_expectations():
