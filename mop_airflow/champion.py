@@ -177,12 +177,13 @@ def evaluate_model(store: Store, model_uri: str, metric: str, manifest: Manifest
 def publish(store: Store, dag_id: str, entry: Mapping[str, Any], *, reason: str, by: str = "run") -> dict[str, Any]:
     """Append ``entry`` to the registry as the new champion and return it with its version.
 
-    Publishing the same run's same winner twice in a row (a retried publish task) appends nothing.
+    Publishing the model that is already the champion (a retried publish task, a rollback to the
+    current entry) appends nothing and returns the current entry.
     """
     history = read_registry(store, dag_id)
     last = history[-1] if history else None
-    if (by == "run" and last is not None and last["run_id"] == entry["run_id"]
-            and last["config_id"] == entry["config_id"] and last.get("published_by") == "run"):
+    if last is not None and (last["dag_id"], last["run_id"], last["config_id"]) == (
+            entry["dag_id"], entry["run_id"], entry["config_id"]):
         return last
     published = {**{k: v for k, v in entry.items() if k not in ("version", "published_at", "reason", "published_by")},
                  "version": len(history) + 1, "published_at": dt.datetime.now(dt.timezone.utc).isoformat(),
@@ -192,16 +193,16 @@ def publish(store: Store, dag_id: str, entry: Mapping[str, Any], *, reason: str,
 
 
 def republish(store: Store, dag_id: str, which: str) -> dict[str, Any]:
-    """Roll back (or forward): make ``which`` (a registry version number, or a reported run's id) the
-    champion again, as a new registry entry. Returns that entry."""
+    """Roll back (or forward): make ``which`` (a registry version number, or a reported run's id; a
+    number that is a version is the version) the champion again, as a new registry entry. Returns
+    that entry, or the current one when ``which`` already is the champion."""
     history = read_registry(store, dag_id)
-    if which.isdigit():
-        earlier = next((e for e in history if e["version"] == int(which)), None)
-        if earlier is None:
-            raise SpecError("version", which, f"is not a version in {dag_id}'s registry "
-                            f"({', '.join(str(e['version']) for e in history) or 'it is empty'})",
-                            "pick one from `mop-airflow champion list`")
-        entry, what = earlier, f"version {which}"
+    by_version = {str(e["version"]): e for e in history}
+    if which in by_version:
+        entry, what = by_version[which], f"version {which}"
+    elif which.isdigit() and not store.exists(RunLayout(store, dag_id, which).report_uri("summary.json")):
+        raise SpecError("version", which, f"is not a version in {dag_id}'s registry "
+                        f"({', '.join(by_version) or 'it is empty'})", "pick one from `mop-airflow champion list`")
     else:
         earlier = next((e for e in reversed(history) if e["run_id"] == which), None)
         entry = earlier if earlier is not None else run_entry(RunLayout(store, dag_id, which))

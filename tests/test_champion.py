@@ -74,6 +74,8 @@ def test_a_rollback_re_publishes_an_earlier_entry_as_a_new_one(tmp_path):
     with pytest.raises(StoreError, match="gone.keras.*is no longer in the store"):
         republish(store, "dag", "2")
     assert len(read_registry(store, "dag")) == 3  # a refused rollback changes nothing
+    assert republish(store, "dag", "r1")["version"] == 3  # already the champion: nothing appended
+    assert len(read_registry(store, "dag")) == 3
 
 
 def manifest(**changes):

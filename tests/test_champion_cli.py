@@ -53,7 +53,9 @@ def _gone_entry(layout):
 
 def test_list_prints_the_history_and_marks_the_champion(registry, capsys):
     tmp, _, layout = registry
-    publish(layout.store, DAG, run_entry(layout), reason="second time, by hand", by="cli")
+    # a later run's winner (the same model file will do); publishing the champion again would add nothing
+    publish(layout.store, DAG, {**run_entry(layout), "run_id": "manual__later"}, reason="second time, by hand",
+            by="cli")
     assert _cli(tmp, "champion", "list", DAG) == OK
     out = capsys.readouterr().out
     lines = out.splitlines()
@@ -66,7 +68,8 @@ def test_list_prints_the_history_and_marks_the_champion(registry, capsys):
     assert value in first and " run " in first and first.endswith("first champion")
     assert second.startswith("* ") and second.split()[1] == "2" and " cli " in second
     assert second.endswith("second time, by hand")
-    assert f"* current champion: version 2: {entry['config_id']} of run {layout.run_id} ({value})" in out
+    assert "manual__later" in second and layout.run_id not in second
+    assert f"* current champion: version 2: {entry['config_id']} of run manual__later ({value})" in out
     assert f"model: {layout.report_uri('best_model.keras')}" in out
 
     assert _cli(tmp, "champion", "list", "mop_never_published") == OK
@@ -76,7 +79,8 @@ def test_list_prints_the_history_and_marks_the_champion(registry, capsys):
 def test_publish_by_version_and_by_run_id_appends_an_entry(registry, capsys, monkeypatch):
     tmp, _, layout = registry
     store = layout.store
-    publish(store, DAG, _gone_entry(layout), reason="a later run", by="cli")
+    later = {**run_entry(layout), "run_id": "manual__later"}  # a later run's winner (the same model file will do)
+    publish(store, DAG, later, reason="a later run", by="cli")
 
     def no_airflow(args):
         raise AssertionError("--no-event must not ask Airflow")
@@ -92,11 +96,15 @@ def test_publish_by_version_and_by_run_id_appends_an_entry(registry, capsys, mon
         {k: history[0][k] for k in ("run_id", "config_id", "model_uri", "value", "configuration")}
     assert rolled["published_by"] == "cli" and rolled["reason"] == "re-published version 1 by hand, replacing version 2"
 
-    assert _cli(tmp, "champion", "publish", DAG, layout.run_id, "--no-event") == OK
+    assert _cli(tmp, "champion", "publish", DAG, "manual__later", "--no-event") == OK
     history = read_registry(store, DAG)
-    assert len(history) == 4 and history[-1]["run_id"] == layout.run_id and history[-1]["version"] == 4
-    assert history[-1]["reason"] == f"re-published run {layout.run_id} by hand, replacing version 3"
-    assert f"version 4: {rolled['config_id']} of run {layout.run_id}" in capsys.readouterr().out
+    assert len(history) == 4 and history[-1]["run_id"] == "manual__later" and history[-1]["version"] == 4
+    assert history[-1]["reason"] == "re-published run manual__later by hand, replacing version 3"
+    assert f"version 4: {rolled['config_id']} of run manual__later" in capsys.readouterr().out
+
+    # the champion itself again: nothing appended (re-running a rollback whose event failed is safe)
+    assert _cli(tmp, "champion", "publish", DAG, "manual__later", "--no-event") == OK
+    assert len(read_registry(store, DAG)) == 4 and "champion is now version 4" in capsys.readouterr().out
 
 
 def test_publish_refuses_what_cannot_serve(registry, capsys):
@@ -120,14 +128,15 @@ def test_publish_refuses_what_cannot_serve(registry, capsys):
 
 def test_publish_with_airflow_unreachable_still_updates_the_registry(registry, capsys):
     tmp, _, layout = registry
+    publish(layout.store, DAG, {**run_entry(layout), "run_id": "manual__later"}, reason="a later run", by="cli")
     port = _closed_port()
     assert _cli(tmp, "champion", "publish", DAG, "1", "--api-url", f"http://127.0.0.1:{port}") == UNAVAILABLE
     captured = capsys.readouterr()
-    assert f"{DAG}: champion is now version 2" in captured.out
-    assert "the registry was updated (version 2 is the champion), but the Asset event on " \
+    assert f"{DAG}: champion is now version 3" in captured.out
+    assert "the registry was updated (version 3 is the champion), but the Asset event on " \
            f"{champion_asset_uri(DAG)} was not emitted" in captured.err
     assert f"127.0.0.1:{port}" in captured.err and "--no-event" in captured.err
-    assert [e["version"] for e in read_registry(layout.store, DAG)] == [1, 2]
+    assert [e["version"] for e in read_registry(layout.store, DAG)] == [1, 2, 3]
 
 
 def test_predict_with_the_champion_writes_what_its_run_id_writes(registry, capsys):
@@ -223,13 +232,14 @@ def test_publish_emits_the_champion_asset_event(registry, api_server, capsys):
     with AirflowAPI(api_server) as api:
         asset = next(a for a in api.paged("/assets", "assets", uri_pattern=uri) if a["uri"] == uri)
         before = api.get("/assets/events", asset_id=asset["id"], limit=100)["total_entries"]
+        publish(layout.store, DAG, {**run_entry(layout), "run_id": "manual__later"}, reason="a later run", by="cli")
         assert _cli(tmp, "champion", "publish", DAG, "1", "--api-url", api_server) == OK
         assert f"emitted on {uri}" in capsys.readouterr().out
         events = api.get("/assets/events", asset_id=asset["id"], order_by="-timestamp", limit=1)
     assert events["total_entries"] == before + 1
     extra = events["asset_events"][0]["extra"]
     entry = read_registry(layout.store, DAG)[-1]
-    assert extra["version"] == entry["version"] == 2 and extra["run_id"] == layout.run_id
+    assert extra["version"] == entry["version"] == 3 and extra["run_id"] == layout.run_id
     assert extra["model_uri"] == entry["model_uri"] and extra["config_id"] == entry["config_id"]
 
     # a registry whose DAG Airflow never parsed: updated, and the fix says so
@@ -238,7 +248,7 @@ def test_publish_emits_the_champion_asset_event(registry, api_server, capsys):
     assert _cli(tmp, "champion", "publish", other, "1", "--api-url", api_server) == UNAVAILABLE
     err = capsys.readouterr().err
     assert f"knows no Asset {champion_asset_uri(other)}" in err and f"deploy DAG {other}" in err
-    assert len(read_registry(layout.store, other)) == 2
+    assert len(read_registry(layout.store, other)) == 1  # version 1 was the champion already: nothing appended
 
 
 def test_report_prints_the_challenge_decision(registry, api_server, capsys):
