@@ -9,6 +9,8 @@ and its winner replaces the champion only when it is better by more than half a 
 validation accuracy on this run's validation data (``publish.margin = 0.005``). Then the publish
 task emits the ``mop://mop_digits_retrain/champion`` Asset event, which schedules the deployment
 DAG ``mop_digits_score``; a winner that is not better enough skips it, and nothing is redeployed.
+Unpausing the DAG runs its latest nightly slot at once (``catchup=False`` runs the latest one), so a
+new deployment trains its first champion without waiting for 03:00.
 
 **Feeding it.** The data Asset's URI is the digits folder as a ``file://`` URI:
 ``file://$MOP_AIRFLOW_HOME/data/digits`` (shown on the Assets page). Tell Airflow that new files
