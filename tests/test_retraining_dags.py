@@ -7,6 +7,10 @@ the publish task emits the champion Asset event, and that event — nothing else
 the digits folder with that very model. More data lands: the next retrain run starts from the
 champion's weights and challenges it.
 
+Unpausing the retrain DAG first creates the run of its latest nightly slot (the time half of its
+schedule); the fixture checks that and marks it failed before it trains, so that the data events
+drive what follows.
+
 The two DAG files are copied from ``dags/`` into a temporary DAG folder; the data, the store and the
 scores go to a temporary ``MOP_AIRFLOW_HOME``.
 """
