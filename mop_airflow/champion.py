@@ -107,14 +107,15 @@ def challenge(layout: RunLayout, run: RunRecord, summary: Mapping[str, Any], *, 
                         f"(version {champion['version']})")
         return _record(layout, summary, decision)
 
+    if champion is None:  # nothing to compare with: its leaderboard value, from the same validation data
+        decision["challenger"]["value"] = entry["value"]
+        decision.update(publish=True, reason=f"first champion of {run.dag_id}: {entry['config_id']} with "
+                        f"{metric}={entry['value']:.6g}")
+        return _record(layout, summary, decision)
     manifest = Manifest.read(store, layout.manifest_pointer_uri)
     challenger_value = evaluate_model(store, entry["model_uri"], metric, manifest, run, cache_dir)
     entry["value"] = challenger_value
     decision["challenger"]["value"] = challenger_value
-    if champion is None:
-        decision.update(publish=True, reason=f"first champion of {run.dag_id}: {entry['config_id']} with "
-                        f"{metric}={challenger_value:.6g}")
-        return _record(layout, summary, decision)
 
     decision["champion"] = {k: champion[k] for k in ("version", "run_id", "config_id", "model_uri")}
     decision["champion"]["recorded_value"] = champion["value"]

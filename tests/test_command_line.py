@@ -135,7 +135,7 @@ def test_up_status_report_and_dags_test_on_your_own_dag_folder(tmp_path):
                                env=test_env, capture_output=True, text=True, timeout=600)
     assert dags_test.returncode == 0, dags_test.stdout[-3000:] + dags_test.stderr[-3000:]
     assert "pools are not used; not checked" in dags_test.stdout + dags_test.stderr
-    runs = [r for r in (tmp_path / "store" / DAG_ID).iterdir() if r.name != "shards"]
+    runs = [r for r in (tmp_path / "store" / DAG_ID).iterdir() if r.is_dir() and r.name != "shards"]
     assert len(runs) == 3 and all((r / "report" / "leaderboard.json").exists() for r in runs)
 
 
