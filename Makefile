@@ -18,7 +18,7 @@ demo: setup
 	$(BIN)/mop-airflow demo
 
 test: setup
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile
 
 benchmark: setup
 	$(BIN)/python benchmarks/hop_overhead.py

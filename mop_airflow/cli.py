@@ -258,7 +258,8 @@ def _emit_champion_event(args: argparse.Namespace, entry) -> int:
     from mop_airflow.errors import AirflowApiError  # noqa: PLC0415
 
     uri = champion_asset_uri(args.dag_id)
-    again = (f"`mop-airflow champion publish {args.dag_id} {entry['version']}` (it appends one more entry), or "
+    again = (f"`mop-airflow champion publish {args.dag_id} {entry['version']}` (safe: the champion is not "
+             "appended again, only the event is emitted), or "
              f"create the event on the Asset {uri} in the Airflow UI")
     with _api(args) as api:
         try:

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from mop_airflow.layout import RunLayout
-from mop_airflow.local_report import print_leaderboard
+from mop_airflow.local_report import print_challenge, print_leaderboard
 from mop_airflow.records import RunRecord
 from mop_airflow.store import Store
 
@@ -60,6 +60,7 @@ def run_demo(home: Path, dags_folder: Path, *, timeout: float = 900) -> int:
     layout = RunLayout(store, DEMO_DAG_ID, run_id)
     print_leaderboard(store.read_json(layout.report_uri("leaderboard.json")))
     summary = store.read_json(layout.report_uri("summary.json"))
+    print_challenge(summary.get("challenge"))
     metric = record.metric
     print(f"\nbest model:       {summary['best_model_uri']}")
     print(f"learning curves:  {layout.report_uri('learning_curves.png')}")
