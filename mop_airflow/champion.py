@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import datetime as dt
 import math
-import os
-import tempfile
 from typing import Any, Mapping
 
 from mop_airflow.errors import SpecError, StoreError
@@ -164,14 +162,10 @@ def champion_unusable(store: Store, champion: Mapping[str, Any], manifest: Manif
 def evaluate_model(store: Store, model_uri: str, metric: str, manifest: Manifest, run: RunRecord,
                    cache_dir: str) -> float:
     """``metric`` of the saved ``.keras`` model at ``model_uri`` on the run's validation shard."""
-    import keras  # noqa: PLC0415
-
+    from mop_airflow.training.export import load_saved_model  # noqa: PLC0415 - Keras loads here
     from mop_airflow.training.model_hop import evaluate_validation  # noqa: PLC0415
 
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "model.keras")
-        store.get_file(model_uri, path)
-        model = keras.models.load_model(path, safe_mode=True)
+    model = load_saved_model(store, model_uri)
     return float(evaluate_validation(model, store, manifest, run, cache_dir, batch_size=EVAL_BATCH)[metric])
 
 

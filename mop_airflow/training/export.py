@@ -51,6 +51,16 @@ def export_best(layout: RunLayout, run: RunRecord, manifest: Manifest, config_id
     return uri
 
 
+def load_saved_model(store: Any, uri: str) -> Any:
+    """The ``.keras`` model at ``uri`` in ``store``, loaded the way serving loads it (no custom code)."""
+    import keras  # noqa: PLC0415
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "model.keras")
+        store.get_file(uri, path)
+        return keras.models.load_model(path, safe_mode=True)
+
+
 SERVING_FORMATS = ("keras", "saved_model")
 
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import os
-import tempfile
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -104,16 +103,13 @@ def load_run_model(layout: RunLayout, config_id: str | None = None) -> RunModel:
     run = RunRecord.read(store, layout.run_record_uri)
     manifest = Manifest.read(store, layout.manifest_pointer_uri)
     if config_id is None:
-        import keras  # noqa: PLC0415
+        from mop_airflow.training.export import load_saved_model  # noqa: PLC0415 - Keras loads here
 
         uri = layout.report_uri("best_model.keras")
         if not store.exists(uri):
             raise StoreError(f"run {run.run_id} has no best model yet ({uri} is missing): its report task has not "
                              "run. Fix: wait for the run to finish, or name a configuration with --config")
-        with tempfile.TemporaryDirectory() as tmp:
-            path = os.path.join(tmp, "best_model.keras")
-            store.get_file(uri, path)
-            model = keras.models.load_model(path, safe_mode=True)
+        model = load_saved_model(store, uri)
         best = store.read_json(layout.report_uri("summary.json"))["best"]["config_id"]
         return RunModel(model, manifest, run, best, uri)
     return RunModel(_checkpoint_model(layout, run, manifest, config_id), manifest, run, config_id,
