@@ -56,9 +56,12 @@ def run_entry(layout: RunLayout) -> dict[str, Any]:
         raise StoreError(f"run {layout.run_id} of {layout.dag_id} has no report in {layout.run_uri}: only a run "
                          "whose report task finished can be published. Fix: pick a run from `mop-airflow champion "
                          "list` or one that finished")
-    summary = store.read_json(summary_uri)
-    run = RunRecord.read(store, layout.run_record_uri)
-    manifest = Manifest.read(store, layout.manifest_pointer_uri)
+    return entry_of(layout, store.read_json(summary_uri), RunRecord.read(store, layout.run_record_uri),
+                    Manifest.read(store, layout.manifest_pointer_uri))
+
+
+def entry_of(layout: RunLayout, summary: Mapping[str, Any], run: RunRecord, manifest: Manifest) -> dict[str, Any]:
+    """:func:`run_entry` from the run's records already read."""
     best = summary["best"]
     return {"dag_id": layout.dag_id, "run_id": layout.run_id, "config_id": best["config_id"],
             "metric": run.metric, "direction": run.direction, "value": best[run.metric],
@@ -91,7 +94,8 @@ def challenge(layout: RunLayout, run: RunRecord, summary: Mapping[str, Any], *, 
     the decision into ``report/summary.json``. Returns the decision."""
     store = layout.store
     metric, direction, margin = run.metric, run.direction, run.publish.margin
-    entry = run_entry(layout)
+    manifest = Manifest.read(store, layout.manifest_pointer_uri)
+    entry = entry_of(layout, summary, run, manifest)
     decision: dict[str, Any] = {"metric": metric, "direction": direction, "margin": margin, "publish": False,
                                 "decided_at": dt.datetime.now(dt.timezone.utc).isoformat(),
                                 "challenger": {k: entry[k] for k in ("run_id", "config_id", "model_uri")},
@@ -110,7 +114,6 @@ def challenge(layout: RunLayout, run: RunRecord, summary: Mapping[str, Any], *, 
         decision.update(publish=True, reason=f"first champion of {run.dag_id}: {entry['config_id']} with "
                         f"{metric}={entry['value']:.6g}")
         return _record(layout, summary, decision)
-    manifest = Manifest.read(store, layout.manifest_pointer_uri)
     challenger_value = evaluate_model(store, entry["model_uri"], metric, manifest, run, cache_dir)
     entry["value"] = challenger_value
     decision["challenger"]["value"] = challenger_value
