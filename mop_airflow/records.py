@@ -127,6 +127,23 @@ class Plan(Record):
     rung0_classes: dict[str, list[list[str]]] = field(default_factory=dict)
     adaptive: dict[str, Any] | None = None
     visit_order: dict[str, list[int]] = field(default_factory=dict)
+    # Which configurations hop together (mop_airflow.bundling): bundles[o] lists offset class o's
+    # bundles, each one task instance per hop; rung0_bundles the same per bracket. Plans written
+    # before bundling read as one bundle per configuration.
+    bundles: list[list[list[str]]] = field(default_factory=list)
+    rung0_bundles: dict[str, list[list[list[str]]]] = field(default_factory=dict)
+    bundle_size: int | str = 1
+    shard_rows: int | None = None  # a shard's rows, which the bundles' cost estimate used
+
+    def class_bundles(self) -> list[list[list[str]]]:
+        """The bundles of each offset class of a plain search."""
+        return self.bundles or [[[cid] for cid in members] for members in self.classes]
+
+    def bundle_of(self) -> dict[str, int]:
+        """config id -> the global index of its bundle (plain search, or rung 0 of an adaptive one)."""
+        groups = ([b for s in sorted(self.rung0_bundles, key=int) for b in _flat(self.rung0_bundles[s])]
+                  if self.adaptive else _flat(self.class_bundles()))
+        return {cid: i for i, members in enumerate(groups) for cid in members}
 
 
 @dataclass(frozen=True)
@@ -139,6 +156,37 @@ class Assignment(Record):
     checkpoint_sha256: str | None = None  # checked before the state is restored
     best_t: int | None = None  # the evaluated hop with the best metric so far: its checkpoint is kept
     best_metric: float | None = None
+
+
+@dataclass(frozen=True)
+class BundleAssignment(Record):
+    """What travels through XCom from one hop of a bundle to its next: its name and, per
+    configuration still training, its :class:`Assignment`."""
+
+    bundle: int
+    name: str
+    assignments: list[Assignment]
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "BundleAssignment":
+        fields = _known(cls, data)
+        fields["assignments"] = [Assignment.from_dict(a) for a in data.get("assignments") or []]
+        return cls(**fields)
+
+    @classmethod
+    def start(cls, bundle: int, assignments: list[Assignment]) -> "BundleAssignment":
+        from mop_airflow.bundling import bundle_name  # noqa: PLC0415
+
+        return cls(bundle=bundle, name=bundle_name(bundle, [a.config_id for a in assignments]),
+                   assignments=assignments)
+
+    @property
+    def config_ids(self) -> list[str]:
+        return [a.config_id for a in self.assignments]
+
+
+def _flat(per_class: list[list[list[str]]]) -> list[list[str]]:
+    return [bundle for bundles in per_class for bundle in bundles]
 
 
 @dataclass(frozen=True)
@@ -328,6 +376,9 @@ class HopRecord(Record):
     checkpoint_sha256: str | None = None
     best_t: int | None = None  # as in Assignment: the configuration's best evaluated hop so far
     best_metric: float | None = None
+    bundle: int | None = None  # the bundle whose task trained it (mop_airflow.bundling)
+    threads: int | None = None  # TensorFlow's intra-op threads in that task: CPU results depend on it
+    model_reused: bool = False  # trained in a compiled model another configuration of the bundle built
 
 
 @dataclass(frozen=True)
@@ -345,6 +396,7 @@ class RungDecision(Record):
     promoted: list[str]
     pruned: list[dict[str, Any]]
     next_classes: list[list[str]] = field(default_factory=list)
+    next_bundles: list[list[list[str]]] = field(default_factory=list)  # the next rung's bundles per class
 
 
 @dataclass(frozen=True)

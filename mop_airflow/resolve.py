@@ -73,8 +73,10 @@ def with_warm_start(run: RunRecord) -> RunRecord:
     return dataclasses.replace(run, warm_start=found)
 
 
-def make_plan(run: RunRecord, priority: str = DEFAULT_PRIORITY) -> Plan:
-    """Deal the configurations into offset classes (a plain search) or brackets (an adaptive one)."""
+def make_plan(run: RunRecord, priority: str = DEFAULT_PRIORITY, *, rows: int | None = None) -> Plan:
+    """Deal the configurations into offset classes (a plain search) or brackets (an adaptive one),
+    and split every class into bundles (:mod:`mop_airflow.bundling`); ``rows`` is a shard's row count
+    (for the cost estimate; unknown before the data is sharded)."""
     schedule = run.schedule
     p, seed = schedule.shards, schedule.seed
     ids = [c["config_id"] for c in run.configs]
@@ -83,17 +85,35 @@ def make_plan(run: RunRecord, priority: str = DEFAULT_PRIORITY) -> Plan:
         end = schedule.iterations * p
         return Plan(shards=p, iterations=schedule.iterations, seed=seed, priority=priority,
                     model_hops_total=len(ids) * end, classes=classes,
-                    visit_order=visit_order(classes, start=0, end=end, shards=p))
+                    visit_order=visit_order(classes, start=0, end=end, shards=p),
+                    bundles=bundle_classes(run, classes, hops=end, rows=rows), bundle_size=schedule.bundle_size,
+                    shard_rows=rows)
     from mop_airflow.search.adaptive import adaptive_plan, brackets_of, split_by_bracket  # noqa: PLC0415
 
     adaptive = adaptive_plan(run.adaptive, p)
     brackets = split_by_bracket(ids, adaptive)
     longest = max(b.rungs[-1].hops_i for b in brackets_of(adaptive))
+    rung0 = {str(s): rung_classes(m, shards=p, seed=seed, bracket=s, rung=0) for s, m in brackets.items()}
+    first_hops = {str(b.s): b.rungs[0].hops_i for b in brackets_of(adaptive)}
     return Plan(shards=p, iterations=-(-longest // p), seed=seed, priority=priority,
                 model_hops_total=adaptive.total_hops, brackets={str(s): m for s, m in brackets.items()},
-                rung0_classes={str(s): rung_classes(m, shards=p, seed=seed, bracket=s, rung=0)
-                               for s, m in brackets.items()},
-                adaptive=adaptive.to_dict())
+                rung0_classes=rung0, adaptive=adaptive.to_dict(), bundle_size=schedule.bundle_size, shard_rows=rows,
+                rung0_bundles={s: bundle_classes(run, classes, hops=first_hops[s], rows=rows)
+                               for s, classes in rung0.items()})
+
+
+# A shard's rows when the data is not sharded yet (a provisional plan): only the costs' ratios matter then.
+ROWS_UNKNOWN = 1000
+
+
+def bundle_classes(run: RunRecord, classes: list[list[str]], *, hops: int, rows: int | None) -> list[list[list[str]]]:
+    """``classes`` split into bundles by ``schedule.bundle_size`` (:func:`mop_airflow.bundling.make_bundles`)."""
+    from mop_airflow.bundling import make_bundles  # noqa: PLC0415
+
+    schedule = run.schedule
+    return make_bundles(classes, {c["config_id"]: c for c in run.configs}, rows=rows or ROWS_UNKNOWN,
+                        shards=schedule.shards, slots=schedule.slots_per_shard, hops=hops,
+                        bundle_size=schedule.bundle_size)
 
 
 def rung_classes(config_ids: list[str], *, shards: int, seed: int, bracket: int, rung: int) -> list[list[str]]:

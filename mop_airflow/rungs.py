@@ -15,7 +15,7 @@ from typing import Any
 from mop_airflow.errors import StoreError
 from mop_airflow.layout import RunLayout
 from mop_airflow.records import HopRecord, Plan, RunRecord, RungDecision
-from mop_airflow.resolve import rung_classes
+from mop_airflow.resolve import bundle_classes, rung_classes
 from mop_airflow.search.promotion import promote
 
 
@@ -26,6 +26,16 @@ def rung_members(layout: RunLayout, plan: Plan, bracket: int, rung: int) -> list
     return RungDecision.read(layout.store, layout.rung_decision_uri(bracket, rung - 1)).next_classes
 
 
+def rung_bundles(layout: RunLayout, plan: Plan, bracket: int, rung: int) -> list[list[list[str]]]:
+    """The bundles of each offset class of rung ``rung`` of ``bracket``: from the plan, or the previous decision
+    (records written before bundling: one bundle per configuration)."""
+    if rung == 0:
+        found = plan.rung0_bundles.get(str(bracket))
+    else:
+        found = RungDecision.read(layout.store, layout.rung_decision_uri(bracket, rung - 1)).next_bundles
+    return found or [[[cid] for cid in members] for members in rung_members(layout, plan, bracket, rung)]
+
+
 def decide_rung(layout: RunLayout, run: RunRecord, plan: Plan, *, bracket: int, rung: int, start: int, end: int,
                 keep: int) -> RungDecision:
     """Rank rung ``rung`` of ``bracket`` (global hops ``start``..``end - 1``), write and return the decision."""
@@ -33,13 +43,16 @@ def decide_rung(layout: RunLayout, run: RunRecord, plan: Plan, *, bracket: int, 
     shards = plan.shards
     results = [_result(layout, cid, run.metric, start, end, shards) for cid in sorted(members)]
     promoted, pruned = promote(results, keep=keep, direction=run.direction)
+    next_classes = rung_classes(promoted, shards=shards, seed=plan.seed, bracket=bracket, rung=rung + 1)
     by_id = {r["config_id"]: r for r in results}
     decision = RungDecision(
         bracket=bracket, rung=rung, metric=run.metric, direction=run.direction, keep=keep,
         iterations_done=end // shards, results=results, promoted=promoted,
         pruned=[{**entry, "rung": rung, "bracket": bracket,
                  "iterations_done": by_id[entry["config_id"]]["iterations_done"]} for entry in pruned],
-        next_classes=rung_classes(promoted, shards=shards, seed=plan.seed, bracket=bracket, rung=rung + 1),
+        next_classes=next_classes,
+        # promote re-bundles the survivors: fewer configurations make fewer, smaller bundles
+        next_bundles=bundle_classes(run, next_classes, hops=end - start, rows=plan.shard_rows),
     )
     decision.write(layout.store, layout.rung_decision_uri(bracket, rung))
     return decision

@@ -229,6 +229,12 @@ class ScheduleSpec:
     ``shards`` and ``iterations`` are fixed when the DAG file is parsed; everything else may change
     per run. One iteration = every configuration visits every shard once for ``epochs_per_hop``
     passes; ``slots_per_shard`` is the number of models a shard trains at once (its GPUs).
+
+    ``bundle_size`` is how many configurations one hop task trains in turn on its shard: ``"auto"``
+    (see :func:`mop_airflow.bundling.bundle_count`) or a whole number (1 = a task per configuration
+    per hop). ``threads_per_hop`` is TensorFlow's thread count in a hop task: ``"auto"`` divides the
+    worker's cores among the hops that share it, a whole number pins it (results on the CPU depend
+    on it, so every hop record says which it used).
     """
 
     shards: int = 4
@@ -237,8 +243,16 @@ class ScheduleSpec:
     slots_per_shard: int = 1
     metrics_every: int = 1
     seed: int = 0
+    bundle_size: int | str = "auto"
+    threads_per_hop: int | str = "auto"
 
     def __post_init__(self) -> None:
+        for name in ("bundle_size", "threads_per_hop"):
+            value = getattr(self, name)
+            if value != "auto":
+                if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                    raise SpecError(f"schedule.{name}", value, 'must be "auto" or an integer >= 1',
+                                    f'leave schedule.{name} out (or "auto"), or set a whole number such as 2')
         _positive_int("schedule.shards", self.shards)
         _positive_int("schedule.iterations", self.iterations)
         _positive_int("schedule.epochs_per_hop", self.epochs_per_hop)

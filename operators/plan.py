@@ -12,7 +12,7 @@ from __future__ import annotations
 import socket
 from typing import Any
 
-from mop_airflow.records import Assignment, HopRecord, Manifest, Plan, StageRecord
+from mop_airflow.records import Assignment, BundleAssignment, HopRecord, Manifest, Plan, StageRecord
 from mop_airflow.resolve import make_plan
 from mop_airflow.schedule import DEFAULT_PRIORITY
 
@@ -31,17 +31,26 @@ class MopPlanOperator(MopBaseOperator):
 
         run = self.resolved_run(context)
         layout = self.layout(context)
-        plan = make_plan(run, self.priority)
+        manifest = Manifest.read(layout.store, layout.manifest_pointer_uri)
+        plan = make_plan(run, self.priority, rows=max(e.rows for e in manifest.shards))
         run.write(layout.store, layout.run_record_uri)
         plan.write(layout.store, layout.plan_uri)
-        for o, members in enumerate(plan.classes):
-            self.log.info("class %d starts on shard %d: %s", o, o, ", ".join(members) or "(empty)")
+        for o, bundles in enumerate(plan.class_bundles()):
+            self.log.info("class %d starts on shard %d, %d bundle(s): %s", o, o, len(bundles),
+                          " | ".join(", ".join(b) for b in bundles) or "(empty)")
         if plan.adaptive:
             from mop_airflow.search.adaptive import adaptive_plan  # noqa: PLC0415
 
             self.log.info("\n%s", format_plan(adaptive_plan(run.adaptive, plan.shards)))
         return {"plan_uri": layout.plan_uri, "configurations": len(run.configs),
                 "model_hops_total": plan.model_hops_total}
+
+
+def bundle_items(bundles: list[list[str]], first: int, resume: Any) -> list[dict[str, Any]]:
+    """What a class group expands over: one item per bundle (``first`` is its first global index),
+    each configuration's assignment from ``resume(config_id)``."""
+    return [BundleAssignment.start(first + j, [resume(cid) for cid in members]).to_dict()
+            for j, members in enumerate(bundles)]
 
 
 class MopStageShardOperator(MopBaseOperator):
@@ -55,6 +64,7 @@ class MopStageShardOperator(MopBaseOperator):
         self.deals = deals
 
     def work(self, context: Any) -> list[dict[str, Any]] | None:
+        """The bundles of offset class ``shard`` (one mapped instance each), after caching the shard."""
         from mop_airflow.data.cache import cache_bytes, cached_shard  # noqa: PLC0415
 
         layout = self.layout(context)
@@ -71,12 +81,13 @@ class MopStageShardOperator(MopBaseOperator):
                     cache_bytes=cache_bytes(cache_dir)).write(layout.store, layout.stage_record_uri(self.shard))
         if not self.deals:
             return None
-        members = Plan.read(layout.store, layout.plan_uri).classes[self.shard]
-        return [Assignment(config_id=cid, t=-1, checkpoint=None).to_dict() for cid in members]
+        per_class = Plan.read(layout.store, layout.plan_uri).class_bundles()
+        return bundle_items(per_class[self.shard], sum(len(b) for b in per_class[:self.shard]),
+                            lambda cid: Assignment(config_id=cid, t=-1, checkpoint=None))
 
 
 class MopDealOperator(MopBaseOperator):
-    """List offset class ``offset`` of a rung: they resume from their checkpoints at hop ``start``."""
+    """List offset class ``offset`` of a rung, in bundles: they resume from their checkpoints at hop ``start``."""
 
     ui_color = "#e3f4e1"
 
@@ -88,12 +99,13 @@ class MopDealOperator(MopBaseOperator):
         self.start = start
 
     def work(self, context: Any) -> list[dict[str, Any]]:
-        from mop_airflow.rungs import rung_members  # noqa: PLC0415
+        from mop_airflow.rungs import rung_bundles  # noqa: PLC0415
 
         layout = self.layout(context)
-        members = rung_members(layout, Plan.read(layout.store, layout.plan_uri), self.bracket, self.rung)[self.offset]
+        per_class = rung_bundles(layout, Plan.read(layout.store, layout.plan_uri), self.bracket, self.rung)
         last = self.start - 1
-        return [self._resume(layout, cid, last).to_dict() for cid in members]
+        return bundle_items(per_class[self.offset], sum(len(b) for b in per_class[:self.offset]),
+                            lambda cid: self._resume(layout, cid, last))
 
     @staticmethod
     def _resume(layout: Any, cid: str, last: int) -> Assignment:

@@ -141,13 +141,13 @@ def test_the_rendered_dag_is_exactly_the_task_plan(adaptive):
         rendered = dag.task_group_dict[group.group_id]
         assert type(rendered).__name__ == "MappedTaskGroup"
         # before a run the graph says what the group is: a set of models, one per configuration
-        assert rendered.group_display_name == f"class {group.offset} models"
-        assert rendered.tooltip.startswith("A set of models: one mapped instance per configuration")
+        assert rendered.group_display_name == f"class {group.offset} bundles"
+        assert rendered.tooltip.startswith("Bundles of models: one mapped instance per bundle")
     for s in plan.tasks:
-        if s.kind == "hop":  # labelled by hop and shard; each instance by its configuration id once dealt
+        if s.kind == "hop":  # labelled by hop and shard; each instance by its bundle's configurations once dealt
             task = dag.get_task(s.task_id)
             assert task.task_display_name == f"hop {s.args['t']} on shard {s.args['shard']}"
-            assert task.map_index_template == "{{ task.assignment['config_id'] }}"
+            assert task.map_index_template == "{{ task.bundle['name'] }}"
 
 
 def test_shape_depends_only_on_shards_and_iterations():

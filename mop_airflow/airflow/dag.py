@@ -1,8 +1,8 @@
 """Spec -> Airflow DAG: render the pure task plan (:mod:`mop_airflow.task_plan`) into operators.
 
 The plan decides every task id, pool, queue, upstream and priority weight; this module only
-instantiates operators from it. Each offset class becomes a mapped task group over the
-configurations its source task lists, so every configuration's hops form their own chain of task
+instantiates operators from it. Each offset class becomes a mapped task group over the bundles
+of configurations its source task lists, so every bundle's hops form their own chain of task
 instances (instance ``i`` of a hop waits only for instance ``i`` of the previous hop). Rendering
 is plain data work (no TensorFlow, no Great Expectations): the DAG file parses in well under a
 second.
@@ -213,17 +213,18 @@ class _Renderer:
         specs = self.plan.group_tasks(group.group_id)
         made: list[Any] = []
         p = self.plan.shards
-        about = (f"A set of models: one mapped instance per configuration dealt to offset class {group.offset}, "
-                 f"named by its configuration id once the run has dealt them. Each model's hop t trains on shard "
-                 f"({group.offset} + t) mod {p} and waits only for the same model's previous hop.")
+        about = (f"Bundles of models: one mapped instance per bundle of the configurations dealt to offset class "
+                 f"{group.offset}, named by its configurations once the run has dealt them. A bundle's hop t trains "
+                 f"each of its models in turn on shard ({group.offset} + t) mod {p} and waits only for the same "
+                 f"bundle's previous hop.")
 
         @task_group(group_id=group.group_id.rsplit(".", 1)[-1],
-                    group_display_name=f"class {group.offset} models",
+                    group_display_name=f"class {group.offset} bundles",
                     tooltip=about, doc_md=about)
-        def chain(assignment: Any) -> Any:
-            previous = assignment
+        def chain(bundle: Any) -> Any:
+            previous = bundle
             for spec in specs:
-                op = MopTrainHopOperator(assignment=previous, map_index_template="{{ task.assignment['config_id'] }}",
+                op = MopTrainHopOperator(bundle=previous, map_index_template="{{ task.bundle['name'] }}",
                                          task_display_name=f"hop {spec.args['t']} on shard {spec.args['shard']}",
                                          **self._common(spec), **spec.args)
                 made.append(op)
@@ -233,9 +234,9 @@ class _Renderer:
         container = self._container(group.group_id.rpartition(".")[0])
         if container is not None:
             with container:
-                rendered = chain.expand(assignment=self.ops[group.source].output)
+                rendered = chain.expand(bundle=self.ops[group.source].output)
         else:
-            rendered = chain.expand(assignment=self.ops[group.source].output)
+            rendered = chain.expand(bundle=self.ops[group.source].output)
         for up in specs[0].upstream:
             if up != group.source:
                 self.ops[up] >> made[0]

@@ -21,6 +21,7 @@ from mop_airflow.errors import TrainingError
 from mop_airflow.layout import RunLayout
 from mop_airflow.records import Assignment, HopRecord, Manifest, RunRecord
 from mop_airflow.schedule import config_seed
+from mop_airflow.training.session import TaskSession
 
 
 # A shard file larger than a quarter of data.batch_mb (32 MB) streams through the hop: read whole,
@@ -45,10 +46,16 @@ class Where:
 
 
 def run_hop(layout: RunLayout, run: RunRecord, manifest: Manifest, assignment: Assignment, *, t: int, shard: int,
-            rung_end: bool = False, cache_dir: str, where: Where = Where()) -> tuple[HopRecord, Assignment]:
-    """Train ``assignment``'s configuration for its global hop ``t`` on ``shard``."""
+            rung_end: bool = False, cache_dir: str, where: Where = Where(), session: TaskSession | None = None,
+            bundle: int | None = None) -> tuple[HopRecord, Assignment]:
+    """Train ``assignment``'s configuration for its global hop ``t`` on ``shard``.
+
+    ``session`` holds what the configurations of one bundle task share (the shard read once,
+    compiled models); without one, the hop reads and builds everything itself.
+    """
     entered = time.time()
     started = where.started_at or entered
+    session = session or TaskSession(run, manifest, cache_dir)
     cid = assignment.config_id
     if assignment.t != t - 1:
         raise TrainingError(f"{cid} arrives from hop {assignment.t} but this is hop {t}: the DAG and the plan "
@@ -58,25 +65,23 @@ def run_hop(layout: RunLayout, run: RunRecord, manifest: Manifest, assignment: A
     iteration, hop = divmod(t, schedule.shards)
     store = layout.store
 
-    from mop_airflow.data.cache import cached_shard, load_shard, load_table, manifest_inputs  # noqa: PLC0415
-    from mop_airflow.data.inputs import input_shapes  # noqa: PLC0415
+    from mop_airflow.data.cache import cached_shard, load_table  # noqa: PLC0415
 
     metadata_bytes = store.bytes_read
     entry = manifest.shards[shard]
     path = cached_shard(store, entry, cache_dir, max_bytes=run.store.cache_max_bytes)
     streamed = streams(entry, run)
-    x, y = (None, None) if streamed else load_shard(path, manifest)
+    x, y = (None, None) if streamed else session.arrays(path)
     shard_bytes = store.bytes_read - metadata_bytes  # 0 once the shard is in this worker's cache
     shard_read = time.time()
 
-    from mop_airflow.training.builder import build_model  # noqa: PLC0415 - TensorFlow loads here
-    from mop_airflow.training.checkpoint import restore_state, state_to_bytes  # noqa: PLC0415
+    from mop_airflow.training.checkpoint import restore_state, state_to_bytes  # noqa: PLC0415 - TensorFlow loads here
     from mop_airflow.training.hop import train_on_shard, train_streamed  # noqa: PLC0415
 
+    threads = session.start_tensorflow()
     imported = time.time()
     seed = config_seed(schedule.seed, cid)
-    model = build_model(config, input_shapes=input_shapes(manifest_inputs(manifest)),
-                        num_classes=len(manifest.classes), seed=seed, task=manifest.task)
+    model, reused = session.model(config, seed=seed, fresh=not assignment.checkpoint)
     built = time.time()
     checkpoint_bytes = 0
     if assignment.checkpoint:
@@ -107,7 +112,8 @@ def run_hop(layout: RunLayout, run: RunRecord, manifest: Manifest, assignment: A
     val = None
     if rung_end or (hop == schedule.shards - 1 and schedule.evaluates_after(iteration)):
         before = store.bytes_read
-        val = evaluate_validation(model, store, manifest, run, cache_dir, batch_size=config["batch_size"])
+        val = evaluate_validation(model, store, manifest, run, cache_dir, batch_size=config["batch_size"],
+                                  session=session)
         shard_bytes += store.bytes_read - before
     evaluated = time.time()
     best_t, best_metric = best_so_far(assignment, val, run.metric, run.direction, t)
@@ -126,7 +132,8 @@ def run_hop(layout: RunLayout, run: RunRecord, manifest: Manifest, assignment: A
                  "evaluate": evaluated - trained, "save": saved - evaluated},
         train_metrics=train, val_metrics=val, checkpoint=out_uri, checkpoint_bytes=len(state),
         bytes_read={"metadata": metadata_bytes, "data": shard_bytes, "checkpoint": checkpoint_bytes},
-        checkpoint_sha256=state_sha256, best_t=best_t, best_metric=best_metric,
+        checkpoint_sha256=state_sha256, best_t=best_t, best_metric=best_metric, bundle=bundle, threads=threads,
+        model_reused=reused,
     )
     record.write(store, layout.hop_record_uri(cid, t))
     # Only once this hop is recorded: a retry of it still finds the state it started from.
@@ -147,7 +154,7 @@ def window_rows(entry: Any, run: RunRecord, batch_size: int) -> int:
 
 
 def evaluate_validation(model: Any, store: Any, manifest: Manifest, run: RunRecord, cache_dir: str, *,
-                        batch_size: int) -> dict[str, float]:
+                        batch_size: int, session: TaskSession | None = None) -> dict[str, float]:
     """``model``'s validation loss and compiled metrics on the run's validation shard (``val_`` names),
     read from the worker's shard cache, streamed when it is large."""
     from mop_airflow.data.cache import cached_shard, load_shard, load_table  # noqa: PLC0415
@@ -158,7 +165,7 @@ def evaluate_validation(model: Any, store: Any, manifest: Manifest, run: RunReco
     if streams(manifest.validation, run):
         return evaluate_streamed(model, held, lambda table: load_table(table, manifest), batch_size=eval_batch,
                                  window_rows=window_rows(manifest.validation, run, batch_size))
-    xv, yv = load_shard(held, manifest)
+    xv, yv = session.arrays(held) if session is not None else load_shard(held, manifest)
     return evaluate(model, xv, yv, batch_size=eval_batch)
 
 

@@ -1,0 +1,121 @@
+"""Which configurations hop together: bundles, and how many. Pure and seeded; no Airflow, no TensorFlow.
+
+The unit of Airflow work is the hop of a **bundle** on a shard: one task instance trains each
+configuration of its bundle in turn, the way a MADlib segment trains all its models per hop. A
+bundle lives inside one offset class (its configurations share the visit order), waits only for
+itself, and its configurations' results never depend on who shares it (each keeps its own seed,
+batch order, checkpoint and record).
+
+How many bundles (``schedule.bundle_size: "auto"``), in this order:
+
+1. enough chains to keep every slot busy: at most ``CHAINS_PER_SLOT`` per shard slot, and never
+   fewer than one per slot when there are that many configurations;
+2. beyond that, as few task instances as the training allows: a task should carry at least
+   ``AMORTISE`` times its fixed cost (``FIXED_SECONDS``) of estimated training;
+3. and a run stays within ``TASK_INSTANCE_BUDGET`` hop task instances (Airflow's scheduler
+   examines every waiting one in every loop), down to one bundle per offset class.
+
+``benchmarks/schedule_sim.py`` replays the rule against fixed sizes with the simulator.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any, Mapping, Sequence
+
+CHAINS_PER_SLOT = 2
+AMORTISE = 4.0
+FIXED_SECONDS = 2.0  # a hop task's start and hand-off on the embedded Airflow, measured (README, Performance)
+TASK_INSTANCE_BUDGET = 2000
+# A rough CPU cost model for balancing before anything has trained: per optimizer step and per row.
+STEP_SECONDS = 0.004
+ROW_SECONDS = 2e-5
+NAME_CHARS = 200  # Airflow shows the rendered map index in the grid; keep it readable
+
+
+def hop_cost(config: Mapping[str, Any], rows: int) -> float:
+    """Estimated seconds of one hop of ``config`` over a shard of ``rows`` rows (relative, for balancing)."""
+    epochs = int(config.get("epochs_per_hop") or 1)
+    steps = math.ceil(max(rows, 1) / int(config["batch_size"])) * epochs
+    return steps * STEP_SECONDS + rows * epochs * ROW_SECONDS
+
+
+def chain_count(configurations: int, *, shards: int, slots: int, hops: int, cost_per_hop: float,
+                bundle_size: int | str = "auto") -> int:
+    """How many bundles (chains of hop tasks) a set of ``configurations`` is split into.
+
+    ``hops`` is how many hops each chain makes, ``cost_per_hop`` the estimated training seconds
+    of one hop of all the configurations together.
+    """
+    if configurations <= 0:
+        return 0
+    if bundle_size != "auto":
+        return math.ceil(configurations / int(bundle_size))
+    busy = min(configurations, shards * slots)
+    chains = min(configurations, CHAINS_PER_SLOT * shards * slots)
+    amortised = math.floor(cost_per_hop / (AMORTISE * FIXED_SECONDS))
+    chains = max(busy, min(chains, amortised))
+    within_budget = max(min(configurations, shards), TASK_INSTANCE_BUDGET // max(hops, 1))
+    return max(1, min(chains, within_budget))
+
+
+def model_key(config: Mapping[str, Any]) -> str:
+    """Configurations with the same key can train in one compiled Keras model, one after another:
+    same builder and hparams, optimizer class and settings but the learning rate, loss, metrics."""
+    params = {k: v for k, v in (config.get("optimizer_params") or {}).items() if k != "learning_rate"}
+    return json.dumps([config["model"], config.get("hparams") or {}, config.get("optimizer"), params,
+                       config.get("loss"), config.get("metrics") or []], sort_keys=True, default=str)
+
+
+def bundle_class(members: Sequence[str], count: int, costs: Mapping[str, float],
+                 keys: Mapping[str, str]) -> list[list[str]]:
+    """Split one offset class into ``count`` bundles of about equal estimated cost.
+
+    Longest first onto the cheapest bundle (ties: a bundle already holding the same model key, so
+    it reuses one compiled model, then the lowest index); inside a bundle, same keys train next to
+    each other. Deterministic: the same members give the same bundles.
+    """
+    count = max(1, min(count, len(members)))
+    bundles: list[list[str]] = [[] for _ in range(count)]
+    totals = [0.0] * count
+    for cid in sorted(members, key=lambda c: (-costs[c], keys[c], c)):
+        j = min(range(count), key=lambda b: (round(totals[b], 9), keys[cid] not in {keys[m] for m in bundles[b]}, b))
+        bundles[j].append(cid)
+        totals[j] += costs[cid]
+    return [sorted(b, key=lambda c: (keys[c], c)) for b in bundles if b]
+
+
+def make_bundles(classes: Sequence[Sequence[str]], configs: Mapping[str, Mapping[str, Any]], *, rows: int,
+                 shards: int, slots: int, hops: int, bundle_size: int | str = "auto") -> list[list[list[str]]]:
+    """Every offset class split into bundles: ``result[o]`` lists class ``o``'s bundles."""
+    members = [cid for cls in classes for cid in cls]
+    costs = {cid: hop_cost(configs[cid], rows) for cid in members}
+    keys = {cid: model_key(configs[cid]) for cid in members}
+    total = chain_count(len(members), shards=shards, slots=slots, hops=hops, cost_per_hop=sum(costs.values()),
+                        bundle_size=bundle_size)
+    filled = [cls for cls in classes if cls]
+    out: list[list[list[str]]] = []
+    for cls in classes:
+        if not cls:
+            out.append([])
+            continue
+        if bundle_size != "auto":
+            count = math.ceil(len(cls) / int(bundle_size))
+        else:  # the chains spread over the classes in proportion to their size, at least one each
+            count = max(1, round(total * len(cls) / len(members))) if filled else 0
+        out.append(bundle_class(cls, count, costs, keys))
+    return out
+
+
+def bundle_name(index: int, config_ids: Sequence[str]) -> str:
+    """What Airflow shows for a bundle's task instance: ``b2: c001-6e7014, c005-0c54d0``."""
+    name = f"b{index}: " + ", ".join(config_ids)
+    if len(name) <= NAME_CHARS:
+        return name
+    shown: list[str] = []
+    for cid in config_ids:
+        if len(f"b{index}: " + ", ".join([*shown, cid])) + 12 > NAME_CHARS:
+            break
+        shown.append(cid)
+    return f"b{index}: " + ", ".join(shown) + f" +{len(config_ids) - len(shown)} more"

@@ -1,0 +1,108 @@
+"""What the configurations of one bundle task share: the shard read once, compiled models, threads.
+
+A bundle's hop trains each of its configurations in turn on one shard. Building a Keras model
+and tracing its train step costs 0.5-2 s on a CPU, more than many hops train; so a model compiled
+for one configuration is reused by every later configuration with the same
+:func:`~mop_airflow.bundling.model_key`. Reuse never changes a result: every model and optimizer
+variable (weights, seed-generator states, step, learning rate, moments) is overwritten from the
+configuration's own checkpoint, or, at its first hop, from a fresh build with its own seed.
+Keras then runs the train step it already traced.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import OrderedDict
+from typing import Any
+
+from mop_airflow.records import Manifest, RunRecord
+
+# Compiled models kept per task: a bundle mixing many architectures keeps the most recently used.
+MAX_MODELS = 4
+HOPS_PER_WORKER_ENV = "MOP_AIRFLOW_HOPS_PER_WORKER"
+
+
+def threads_for(setting: int | str, slots: int, *, cores: int | None = None, env: Any = os.environ) -> int:
+    """TensorFlow's intra-op threads for one hop task: a number, or ``"auto"`` = the worker's cores
+    shared by the hop tasks that run on it at once (``MOP_AIRFLOW_HOPS_PER_WORKER`` where the
+    deployment knows it, e.g. every shard pool on one machine; else the shard's slots)."""
+    if setting != "auto":
+        return int(setting)
+    sharing = int(env.get(HOPS_PER_WORKER_ENV) or slots)
+    return max(1, (cores or os.cpu_count() or 1) // max(1, sharing))
+
+
+def apply_threads(threads: int) -> int:
+    """Set TensorFlow's thread pools before its first op; returns the intra-op count in effect
+    (unchanged when TensorFlow already started in this process, e.g. ``dag.test()``)."""
+    import tensorflow as tf  # noqa: PLC0415
+
+    try:
+        tf.config.threading.set_intra_op_parallelism_threads(threads)
+        tf.config.threading.set_inter_op_parallelism_threads(min(threads, 2))
+    except RuntimeError:
+        pass  # the runtime is initialised: its pools are fixed for this process
+    return tf.config.threading.get_intra_op_parallelism_threads() or (os.cpu_count() or 1)
+
+
+class TaskSession:
+    """Per task process: the loaded shard and validation arrays, and compiled models by key."""
+
+    def __init__(self, run: RunRecord, manifest: Manifest, cache_dir: str) -> None:
+        self.run = run
+        self.manifest = manifest
+        self.cache_dir = cache_dir
+        self.threads: int | None = None
+        self._arrays: dict[str, Any] = {}
+        self._models: OrderedDict[str, Any] = OrderedDict()
+
+    def start_tensorflow(self) -> int:
+        if self.threads is None:
+            schedule = self.run.schedule
+            self.threads = apply_threads(threads_for(schedule.threads_per_hop, schedule.slots_per_shard))
+        return self.threads
+
+    def arrays(self, path: str) -> Any:
+        """A cached shard file as (x, y), decoded once per task."""
+        if path not in self._arrays:
+            from mop_airflow.data.cache import load_shard  # noqa: PLC0415
+
+            self._arrays[path] = load_shard(path, self.manifest)
+        return self._arrays[path]
+
+    def model(self, config: dict[str, Any], *, seed: int, fresh: bool) -> tuple[Any, bool]:
+        """A compiled model for ``config`` and whether it was reused. ``fresh``: give it the initial state
+        a new build with ``seed`` has (a first hop); else the caller restores a checkpoint into it."""
+        from mop_airflow.bundling import model_key  # noqa: PLC0415
+        from mop_airflow.data.cache import manifest_inputs  # noqa: PLC0415
+        from mop_airflow.data.inputs import input_shapes  # noqa: PLC0415
+        from mop_airflow.training.builder import build_model  # noqa: PLC0415
+
+        key = model_key(config)
+        cached = self._models.get(key)
+        if cached is not None and not fresh:
+            self._models.move_to_end(key)
+            return cached, True
+        manifest = self.manifest
+        built = build_model(config, input_shapes=input_shapes(manifest_inputs(manifest)),
+                            num_classes=len(manifest.classes), seed=seed, task=manifest.task)
+        if cached is None:
+            self._remember(key, built)
+            return built, False
+        # A first hop in a model already traced: take the new build's initial state, keep the trace.
+        for target, value in [*zip(cached.variables, built.variables),
+                              *zip(cached.optimizer.variables, built.optimizer.variables)]:
+            target.assign(value)
+        self._models.move_to_end(key)
+        return cached, True
+
+    def forget(self, config: dict[str, Any]) -> None:
+        """Drop a model a configuration left in an unknown state (its hop failed half-way)."""
+        from mop_airflow.bundling import model_key  # noqa: PLC0415
+
+        self._models.pop(model_key(config), None)
+
+    def _remember(self, key: str, model: Any) -> None:
+        self._models[key] = model
+        while len(self._models) > MAX_MODELS:
+            self._models.popitem(last=False)
