@@ -103,6 +103,7 @@ class Shape:
     iterations: int = 1
     adaptive: dict | None = None
     parse_only: bool = False  # measured for the parse / serialize fit; too big to schedule here
+    configs: int | None = None  # a plain search's configurations (default: one per offset class)
 
     @property
     def label(self) -> str:
@@ -121,6 +122,7 @@ SHAPES = {s.name: s for s in (
     Shape("16x20", 16, 20),
     Shape("16x40", 16, 40, parse_only=True),
     Shape("16x80", 16, 80, parse_only=True),
+    Shape("256x16x10", 16, 10, configs=256),  # the size of the systems we compare with, in bundles
     Shape("hb81-p4", 4, adaptive=HYPERBAND),
     Shape("hb81-p16", 16, adaptive=HYPERBAND),
 )}
@@ -164,8 +166,12 @@ def plan_of(shape: Shape):
 
 
 def expected_instances(shape: Shape, configs: int | None = None) -> dict[str, int]:
-    """Task instances of one run: unmapped tasks once, each hop task once per configuration of its
-    class (an empty class's hop task still gets one skipped instance)."""
+    """Task instances of one run: unmapped tasks once, each hop task once per bundle of its class
+    (``schedule.bundle_size: "auto"`` on this benchmark's tiny data; an empty class's hop task still
+    gets one skipped instance)."""
+    from mop_airflow.bundling import split_classes  # noqa: PLC0415
+    from mop_airflow.schedule import deal_classes  # noqa: PLC0415
+
     plan, adaptive, _ = plan_of(shape)
     control = len(plan.tasks) - plan.hop_tasks
     p = shape.shards
@@ -173,17 +179,23 @@ def expected_instances(shape: Shape, configs: int | None = None) -> dict[str, in
         n = configs
         hops_per_class = shape.iterations * p
         model_hops = n * hops_per_class
+        classes = deal_classes([f"c{i:04d}" for i in range(n)], shards=p, seed=0)
+        ids = [c for cls in classes for c in cls]
+        bundles = split_classes(classes, {c: 0.01 for c in ids}, {c: "mlp" for c in ids}, shards=p, slots=1,
+                                hops=hops_per_class)
+        hop_instances = sum(len(b) for b in bundles) * hops_per_class
         empty = max(0, p - n) * hops_per_class
     else:
         n = adaptive.total_configurations
         model_hops = adaptive.total_hops
-        classes: dict[tuple[int | None, int], int] = {}
+        hop_instances = model_hops  # an upper bound: rungs bundle too, into fewer task instances
+        classes_per: dict[tuple[int | None, int], int] = {}
         for group in plan.groups:
-            classes[(group.bracket, group.rung)] = classes.get((group.bracket, group.rung), 0) + 1
-        empty = sum(max(0, classes.get((bracket.s, span.i), 0) - span.n_i) * (span.end - span.start)
+            classes_per[(group.bracket, group.rung)] = classes_per.get((group.bracket, group.rung), 0) + 1
+        empty = sum(max(0, classes_per.get((bracket.s, span.i), 0) - span.n_i) * (span.end - span.start)
                     for bracket in brackets_of(adaptive) for span in rung_spans(bracket))
-    return {"configs": n, "control": control, "model_hops": model_hops, "empty": empty,
-            "total": control + model_hops + empty}
+    return {"configs": n, "control": control, "model_hops": model_hops, "hop_instances": hop_instances,
+            "empty": empty, "total": control + hop_instances + empty}
 
 
 # -- the DAG file ----------------------------------------------------------------------------------
@@ -194,7 +206,7 @@ def spec_for(shape: Shape, home: Path) -> dict:
         "learning_rate": {"distribution": "log_uniform", "low": 1e-3, "high": 3e-2},
         "batch_size": 16, "hparams": {"units": 8}, "metrics": ["accuracy"]}}
     if not shape.adaptive:
-        space["num_samples"] = shape.shards  # one configuration per offset class
+        space["num_samples"] = shape.configs or shape.shards  # default: one configuration per offset class
     schedule: dict[str, Any] = {"shards": shape.shards, "seed": 42}
     if not shape.adaptive:
         schedule["iterations"] = shape.iterations
@@ -776,6 +788,7 @@ def run_on_airflow(shape: Shape, home: Path, dag_file: Path, args: argparse.Name
 
 # -- printing --------------------------------------------------------------------------------------
 def print_size(shape: Shape, configs: list[int]) -> dict[str, Any]:
+    configs = sorted({*configs, *([shape.configs] if shape.configs else [])})
     plan, adaptive, plan_seconds = plan_of(shape)
     p = shape.shards
     say(f"  tasks in the DAG: {len(plan.tasks)}  (hop tasks {plan.hop_tasks}, other {len(plan.tasks) - plan.hop_tasks}; "
@@ -787,7 +800,7 @@ def print_size(shape: Shape, configs: list[int]) -> dict[str, Any]:
             e = expected_instances(shape, n)
             empty = f" + {e['empty']} skipped (empty classes)" if e["empty"] else ""
             say(f"  task instances for {n:>4} configurations: {e['total']:>7}  (= {e['control']} unmapped + "
-                f"{n} x {hops} model hops{empty})")
+                f"{e['hop_instances']} bundle hops for {n} x {hops} model hops{empty})")
     else:
         e = expected_instances(shape)
         say(f"  the plan draws {e['configs']} configurations and trains {e['model_hops']} model hops "

@@ -43,7 +43,15 @@ All policies deal the configurations with the same :func:`~mop_airflow.schedule.
 Efficiency = lower bound / makespan, with lower bound = max(total work / (shards * slots), the
 longest configuration's own chain) (:func:`mop_airflow.simulation.lower_bound`); 1.0 is optimal.
 
-    python benchmarks/schedule_sim.py [--seeds 10] [--iterations 3] [--quick]
+Bundles (``--bundles``): the unit of Airflow work is the hop of a bundle of configurations
+(:mod:`mop_airflow.bundling`). Each bundle rule is replayed by
+:func:`mop_airflow.simulation.simulate_bundles` on the same plan, with the fixed costs measured on
+the embedded Airflow: ``TASK_SECONDS`` per task instance (start-up and scheduler hand-off),
+``MODEL_SECONDS`` per distinct model in a task (Keras building it and tracing its train step) and
+``CONFIG_SECONDS`` per configuration (restoring and saving its state). Efficiency there is the
+pure-training lower bound over the makespan, so the fixed costs count against it.
+
+    python benchmarks/schedule_sim.py [--seeds 10] [--iterations 3] [--quick] [--bundles]
 """
 
 from __future__ import annotations
@@ -263,6 +271,47 @@ MOP = "mop_airflow (priority=remaining)"
 PEERS = ("MADlib (barrier per hop)", *(f"Cerebro (barrier per epoch, poll {poll:g} s)" for poll in CEREBRO_POLLS))
 
 
+# -- bundles ----------------------------------------------------------------------------------
+
+TASK_SECONDS, MODEL_SECONDS, CONFIG_SECONDS = 2.6, 1.9, 0.1
+BUNDLE_RULES: tuple[int | str, ...] = (1, 2, 4, 8, 32, "auto")
+# (configurations, shards, slots, iterations, durations, distinct models): the demo grid; 256
+# configurations with 1 s hops of one model (benchmarks/sim_vs_airflow.py) and of 16 (a 4x4x4x4 grid:
+# architectures x optimizers); the size of the systems we compare with; hop times spread over 60x
+BUNDLE_SCALES = ((8, 4, 1, 3, "equal", 2), (256, 4, 2, 1, "equal", 1), (256, 4, 2, 1, "equal", 16),
+                 (256, 16, 1, 10, "equal", 16), (64, 8, 1, 3, "spread", 8))
+
+
+def bundles_table(seeds: range) -> None:
+    from mop_airflow.bundling import split_classes  # noqa: PLC0415
+    from mop_airflow.simulation import simulate_bundles  # noqa: PLC0415
+
+    print(f"bundles: fixed cost {TASK_SECONDS} s per task instance, {MODEL_SECONDS} s per model built in a task, "
+          f"{CONFIG_SECONDS} s per configuration; efficiency = pure-training lower bound / makespan")
+    head = f"{'scale':<50} {'bundle_size':>11} {'task instances':>15} {'efficiency':>16} {'makespan mean':>14}"
+    print(head)
+    print("-" * len(head))
+    for n, p, slots, iterations, durations, models in BUNDLE_SCALES:
+        loads = [make_workload(n, p, iterations=iterations, slots=slots, durations=durations, seed=s) for s in seeds]
+        plan = build_task_plan(p, iterations)
+        scale = f"{n} x {p} shards x {slots} slot(s) x {iterations} it., {durations}, {models} model(s)"
+        for rule in BUNDLE_RULES:
+            spans, effs, instances = [], [], 0
+            for w in loads:
+                keys = {cid: f"model{i % models}" for i, cid in enumerate(w.ids)}
+                bundles = split_classes(w.classes, w.cost, keys, shards=p, slots=slots, hops=iterations * p,
+                                        bundle_size=rule)
+                instances = sum(len(b) for b in bundles) * iterations * p
+                sim = simulate_bundles(plan, bundles, lambda cid, t, shard, w=w: w.cost[cid], slots=slots,
+                                       task_seconds=TASK_SECONDS, config_seconds=CONFIG_SECONDS,
+                                       model_seconds=MODEL_SECONDS, keys=keys)
+                spans.append(sim.makespan)
+                effs.append(w.lower_bound / sim.makespan)
+            print(f"{scale:<50} {str(rule):>11} {instances:>15} {statistics.mean(effs):>7.3f} ({min(effs):.3f})"
+                  f" {statistics.mean(spans):>12.1f} s")
+        print()
+
+
 # -- the table --------------------------------------------------------------------------------
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -270,8 +319,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, default=10, help="workload seeds per cell (default 10)")
     parser.add_argument("--iterations", type=int, default=3, help="passes over the data (default 3)")
     parser.add_argument("--quick", action="store_true", help="only the 16-configuration scales, 3 seeds")
+    parser.add_argument("--bundles", action="store_true", help="compare the bundle rules instead of the policies")
     args = parser.parse_args(argv)
     seeds = range(3 if args.quick and args.seeds == 10 else args.seeds)
+    if args.bundles:
+        print(f"schedule_sim --bundles: {len(seeds)} seeds per cell; {platform.platform()}, {os.cpu_count()} CPUs; "
+              f"{dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC")
+        bundles_table(seeds)
+        return 0
     scales = QUICK_SCALES if args.quick else SCALES
 
     began = time.perf_counter()

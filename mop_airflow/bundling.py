@@ -72,39 +72,52 @@ def bundle_class(members: Sequence[str], count: int, costs: Mapping[str, float],
                  keys: Mapping[str, str]) -> list[list[str]]:
     """Split one offset class into ``count`` bundles of about equal estimated cost.
 
-    Longest first onto the cheapest bundle (ties: a bundle already holding the same model key, so
-    it reuses one compiled model, then the lowest index); inside a bundle, same keys train next to
-    each other. Deterministic: the same members give the same bundles.
+    The members are lined up by model key (then by cost, longest first, and id) and cut into
+    ``count`` consecutive runs of about equal cost: configurations that share a compiled model sit
+    in as few bundles as possible, so a task builds and traces few models. Deterministic.
     """
     count = max(1, min(count, len(members)))
-    bundles: list[list[str]] = [[] for _ in range(count)]
-    totals = [0.0] * count
-    for cid in sorted(members, key=lambda c: (-costs[c], keys[c], c)):
-        j = min(range(count), key=lambda b: (round(totals[b], 9), keys[cid] not in {keys[m] for m in bundles[b]}, b))
-        bundles[j].append(cid)
-        totals[j] += costs[cid]
-    return [sorted(b, key=lambda c: (keys[c], c)) for b in bundles if b]
+    ordered = sorted(members, key=lambda c: (keys[c], -costs[c], c))
+    total = sum(costs[c] for c in ordered)
+    bundles: list[list[str]] = [[]]
+    done = 0.0
+    for k, cid in enumerate(ordered):
+        left = len(ordered) - k  # never leave a later bundle empty
+        due = len(bundles) < count and bundles[-1] and (
+            done + costs[cid] / 2 > total * len(bundles) / count or left == count - len(bundles))
+        if due:
+            bundles.append([])
+        bundles[-1].append(cid)
+        done += costs[cid]
+    return bundles
 
 
 def make_bundles(classes: Sequence[Sequence[str]], configs: Mapping[str, Mapping[str, Any]], *, rows: int,
                  shards: int, slots: int, hops: int, bundle_size: int | str = "auto") -> list[list[list[str]]]:
     """Every offset class split into bundles: ``result[o]`` lists class ``o``'s bundles."""
     members = [cid for cls in classes for cid in cls]
-    costs = {cid: hop_cost(configs[cid], rows) for cid in members}
-    keys = {cid: model_key(configs[cid]) for cid in members}
-    total = chain_count(len(members), shards=shards, slots=slots, hops=hops, cost_per_hop=sum(costs.values()),
+    return split_classes(classes, {cid: hop_cost(configs[cid], rows) for cid in members},
+                         {cid: model_key(configs[cid]) for cid in members}, shards=shards, slots=slots, hops=hops,
+                         bundle_size=bundle_size)
+
+
+def split_classes(classes: Sequence[Sequence[str]], costs: Mapping[str, float], keys: Mapping[str, str], *,
+                  shards: int, slots: int, hops: int, bundle_size: int | str = "auto") -> list[list[list[str]]]:
+    """:func:`make_bundles` from estimated hop seconds and model keys per configuration."""
+    n = sum(len(cls) for cls in classes)
+    total = chain_count(n, shards=shards, slots=slots, hops=hops, cost_per_hop=sum(costs[c] for cls in classes
+                                                                                   for c in cls),
                         bundle_size=bundle_size)
-    filled = [cls for cls in classes if cls]
     out: list[list[list[str]]] = []
     for cls in classes:
         if not cls:
             out.append([])
-            continue
-        if bundle_size != "auto":
-            count = math.ceil(len(cls) / int(bundle_size))
+        elif bundle_size != "auto":  # exactly bundle_size each (the last may hold fewer), in model-key order
+            ordered = sorted(cls, key=lambda c: (keys[c], -costs[c], c))
+            size = int(bundle_size)
+            out.append([ordered[i:i + size] for i in range(0, len(ordered), size)])
         else:  # the chains spread over the classes in proportion to their size, at least one each
-            count = max(1, round(total * len(cls) / len(members))) if filled else 0
-        out.append(bundle_class(cls, count, costs, keys))
+            out.append(bundle_class(cls, max(1, round(total * len(cls) / n)), costs, keys))
     return out
 
 

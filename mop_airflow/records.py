@@ -379,6 +379,9 @@ class HopRecord(Record):
     bundle: int | None = None  # the bundle whose task trained it (mop_airflow.bundling)
     threads: int | None = None  # TensorFlow's intra-op threads in that task: CPU results depend on it
     model_reused: bool = False  # trained in a compiled model another configuration of the bundle built
+    # the sha256 of the checkpoint the hop started from (None: the builder's initial weights): a
+    # retried bundle hop skips a configuration only when its record started from the same state
+    input_sha256: str | None = None
 
 
 @dataclass(frozen=True)

@@ -48,8 +48,9 @@ class MopTrainHopOperator(MopBaseOperator):
 
         def section(cid: str) -> None:
             # Airflow's log view folds each ::group:: section: one per configuration of the bundle
-            print(("::endgroup::\n" if opened else "") + f"::group::{cid}: hop {self.t} on shard {self.shard}",
-                  flush=True)
+            if opened:
+                self.log.info("::endgroup::")
+            self.log.info("::group::%s: hop %d on shard %d", cid, self.t, self.shard)
             opened.append(cid)
 
         where = Where(task_id=self.task_id, host=getattr(ti, "hostname", None), queue=self.queue, pool=self.pool,
@@ -62,7 +63,7 @@ class MopTrainHopOperator(MopBaseOperator):
             fatal=lambda exc: isinstance(exc, RETRIED) or run.fail_fast or transient(exc),
             section=section)
         if opened:
-            print("::endgroup::", flush=True)
+            self.log.info("::endgroup::")
         self.log.info("bundle %s: %d trained, %d already committed, %d failed at hop %d", bundle.name,
                       len(done.records) - len(done.skipped), len(done.skipped), len(done.failed), self.t)
         if not done.out.assignments:

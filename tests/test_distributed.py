@@ -131,7 +131,8 @@ def test_mop_on_celery_workers_per_shard(postgres_db, redis_broker, s3_endpoint,
         assert [ti for ti in tis if ti["try_number"] > 1] == [retried]  # only the killed hop ran twice
         hosts = {name: f"{socket.getfqdn()}-{name}" for name in ("shard0", "shard1", "control")}
         train = [ti for ti in tis if ".hop_" in ti["task_id"] or ti["task_id"].startswith("stage_shard_")]
-        assert len(train) == 2 + 3 * 2 * 2  # two staging tasks, 3 configurations x 2 iterations x 2 hops
+        # two staging tasks, then 3 configurations in 2 bundles (a chain per shard slot) x 2 iterations x 2 hops
+        assert len(train) == 2 + 2 * 2 * 2
         for ti in train:
             shard = int(ti["task_id"].rsplit("_", 1)[1])
             assert ti["queue"] == ti["pool"] == f"mop_shard_{shard}"
@@ -146,7 +147,7 @@ def test_mop_on_celery_workers_per_shard(postgres_db, redis_broker, s3_endpoint,
     layout = RunLayout(store, DAG_ID, run_id)
     manifest = Manifest.read(store, layout.manifest_pointer_uri)
     records = [HopRecord.read(store, u) for u in store.glob(layout.hops_glob)]
-    assert len(records) == 12
+    assert len(records) == 12  # every configuration's own hop record: 3 x 2 iterations x 2 hops
     for shard in (0, 1):
         worker_home = tmp_path / "airflow" / "workers" / f"shard{shard}"
         cached = sorted(p.name for p in (worker_home / "cache").iterdir())

@@ -69,20 +69,23 @@ def test_hyperband_promotes_exactly_the_best_and_skips_the_rest(airflow_db, tmp_
         assert int(state["optimizer/00000"]) == sum(steps)  # Keras keeps the iteration counter first
     assert not store.exists(layout.hop_record_uri(loser, 2))  # the pruned one trained no further
 
-    # the next rung expands over the promoted configuration only; the broken one's hops are
-    # skipped (its own chain), never failed, and its group-mates' chains went on
+    # the next rung expands over the promoted configuration only (re-bundled: one bundle); the broken
+    # configuration leaves its bundle at its first hop, never failing a task, and its bundle-mates go on
     states = {(ti.task_id, ti.rendered_map_index): ti.state for ti in run.get_task_instances()}
     rung1 = {(task, idx): state for (task, idx), state in states.items() if task.startswith("bracket_1.rung_1.")
              and ".hop_" in task}
-    assert {idx for _, idx in rung1} == {best["config_id"]} and set(rung1.values()) == {"success"}
+    assert {idx for _, idx in rung1} == {f"b0: {best['config_id']}"} and set(rung1.values()) == {"success"}
     assert len(rung1) == 4  # from 1 to 3 iterations: 2 more iterations x 2 shards, one class (n_1 = 1)
+    assert store.read_json(layout.rung_decision_uri(1, 0))["next_bundles"] == [[[best["config_id"]]], []]
     rung0 = {(task, idx): state for (task, idx), state in states.items() if task.startswith("bracket_1.rung_0.")
              and ".hop_" in task}
-    # rung 0 is 1 iteration = 2 hops: the broken chain's 2 instances are skipped (its first one,
-    # named after it, where the builder raised), the two good chains' 4 instances succeeded; a
-    # skipped instance downstream of a skip is never rendered, so it keeps its map index as name
-    assert rung0[next(k for k in rung0 if k[1] == broken)] == "skipped"
-    assert sorted(rung0.values()) == ["skipped"] * 2 + ["success"] * 4
+    # rung 0 is 1 iteration = 2 hops per bundle: a bundle of the broken configuration alone is skipped
+    # (its first hop, where the builder raised, and the next), any other bundle succeeds
+    bundles = [b for per in store.read_json(layout.plan_uri)["rung0_bundles"]["1"] for b in per]
+    assert sorted(c for b in bundles for c in b) == sorted(bracket1) and len(bundles) == 2
+    expected = [state for b in bundles for state in (["skipped"] * 2 if b == [broken] else ["success"] * 2)]
+    assert sorted(rung0.values()) == sorted(expected)
+    assert not store.exists(layout.hop_record_uri(broken, 1))
     assert "failed" not in set(states.values())
 
     board = store.read_json(layout.report_uri("leaderboard.json"))

@@ -8,6 +8,7 @@ run ends with the same metrics as an undisturbed one.
 """
 
 import json
+import re
 import subprocess
 import sys
 
@@ -26,8 +27,10 @@ CHECKED = "mop_pools_checked"  # the same DAG with pools="check"
 KILLED, UNDISTURBED = "mop_killed_hop", "mop_undisturbed"
 
 # A builder whose training process SIGKILLs itself half-way through the first try of every hop 1
-# of the KILLED DAG (Airflow exports the task's ids into the environment); importable by the task
-# processes through PYTHONPATH, outside the DAG folder so the DAG processor never imports it.
+# of the KILLED DAG (Airflow exports the task's ids into the environment): at its 40th training
+# batch, which is in the second configuration of the bundle (a hop is 23 batches of 32 rows here);
+# importable by the task processes through PYTHONPATH, outside the DAG folder so the DAG processor
+# never imports it.
 KILLER = '''
 import os
 import signal
@@ -41,7 +44,7 @@ def _count(x):
     global _batches
     _batches += 1
     env = os.environ
-    if (_batches == 11 and env.get("AIRFLOW_CTX_DAG_ID") == "mop_killed_hop"
+    if (_batches == 40 and env.get("AIRFLOW_CTX_DAG_ID") == "mop_killed_hop"
             and ".hop_1_" in env.get("AIRFLOW_CTX_TASK_ID", "") and env.get("AIRFLOW_CTX_TRY_NUMBER") == "1"):
         os.kill(os.getpid(), signal.SIGKILL)
     return x
@@ -81,7 +84,9 @@ def airflow(tmp_path_factory):
     lib.mkdir()
     (lib / "killer.py").write_text(KILLER)
     killer_spec = tiny_spec(root / "digits.parquet", f"file://{root / 'store'}", iterations=1)
-    killer_spec["search"]["space"]["params"].update(model=["killer:mlp"], learning_rate=[3e-3, 1e-2])
+    # 4 configurations, 2 per offset class, in bundles of 2: one task per class and hop trains both
+    killer_spec["search"]["space"]["params"].update(model=["killer:mlp"], learning_rate=[1e-3, 3e-3, 1e-2, 3e-2])
+    killer_spec["schedule"]["bundle_size"] = 2
     for dag_id in (KILLED, UNDISTURBED):
         (dags / f"{dag_id}.py").write_text(
             "import datetime, json\nfrom mop_airflow import build_mop_dag\n"
@@ -119,20 +124,22 @@ def test_the_first_task_creates_missing_pools_and_the_run_succeeds_on_shard_pool
     assert "created pools mop_shard_0, mop_shard_1 with 1 slot(s) each" in airflow.task_log(DAG_ID, run_id, "preflight")
     tis = airflow.task_instances(DAG_ID, run_id)
     train = [ti for ti in tis if ".hop_" in ti["task_id"]]
-    # 2 configurations x 2 hops, each configuration its own mapped task instance, named by its id
+    # 2 configurations x 2 hops on 2 one-slot shards: a bundle each (enough to keep both slots busy),
+    # each bundle's hop a mapped task instance named by its configurations
     assert len(train) == 4 and all(ti["state"] == "success" for ti in train)
     for ti in train:
         shard = ti["task_id"].rsplit("_", 1)[1]
         assert ti["pool"] == ti["queue"] == f"mop_shard_{shard}"
-        assert ti["map_index"] >= 0 and ti["rendered_map_index"].startswith("c00")
+        assert ti["map_index"] >= 0 and re.fullmatch(r"b[01]: c00\d-\w{6}", ti["rendered_map_index"])
     store = Store(f"file://{airflow.root / 'store'}")
     board = store.read_json(RunLayout(store, DAG_ID, run_id).report_uri("leaderboard.json"))
     assert len(board["leaderboard"]) == 2 and board["leaderboard"][0]["val_accuracy"] > 0.5
 
 
-def test_a_hop_killed_half_way_is_retried_from_the_last_checkpoint(airflow):
-    """SIGKILL the process training hop 1 of each configuration half-way: the scheduler retries it,
-    the retry restores hop 0's checkpoint, and the run's metrics equal an undisturbed run's."""
+def test_a_bundle_hop_killed_half_way_is_retried_and_trains_only_the_rest(airflow):
+    """SIGKILL the process training hop 1 of each bundle half-way, in its second configuration: the
+    scheduler retries it, the retry skips the configuration already committed and trains the other
+    from hop 0's checkpoint, and the run's metrics equal an undisturbed run's."""
     sync = subprocess.run([sys.executable, "-m", "mop_airflow.cli", "pools", "sync", "--shards", "2"],
                           env=airflow.env, capture_output=True, text=True)
     assert sync.returncode == 0, sync.stderr
@@ -146,14 +153,19 @@ def test_a_hop_killed_half_way_is_retried_from_the_last_checkpoint(airflow):
         hops[dag_id] = [store.read_json(uri) for uri in store.glob(layout.hops_glob)]
         tis = {(ti["task_id"], ti["map_index"]): ti for ti in airflow.task_instances(dag_id, run_id)}
         retried = sorted(key for key, ti in tis.items() if ti["try_number"] > 1)
-        if dag_id == KILLED:  # both configurations' hop 1 died once and succeeded on the second try
+        if dag_id == KILLED:  # both bundles' hop 1 died once and succeeded on the second try
             assert sorted(task_id.split(".", 1)[1] for task_id, _ in retried) == ["hop_1_shard_0", "hop_1_shard_1"]
             assert all(tis[key]["try_number"] == 2 and tis[key]["state"] == "success" for key in retried)
         else:
             assert retried == []
     killed = {h["config_id"]: h for h in hops[KILLED] if h["t"] == 1}
-    assert len(killed) == 2 and all(h["try_number"] == 2 for h in killed.values())
-    assert all(h["bytes_read"]["checkpoint"] > 0 for h in killed.values())  # resumed from hop 0's state
+    assert len(killed) == 4 and all(h["bytes_read"]["checkpoint"] > 0 for h in killed.values())  # from hop 0's state
+    plan = store.read_json(RunLayout(store, KILLED, run_id).plan_uri)
+    for first, second in (b for per in plan["bundles"] for b in per):
+        # the first configuration was committed by the killed try and not trained again; the second
+        # died half-way and was trained by the retry
+        assert (killed[first]["try_number"], killed[second]["try_number"]) == (1, 2)
+        assert killed[first]["bundle"] == killed[second]["bundle"]
     assert [row["config_id"] for row in boards[KILLED]] == [row["config_id"] for row in boards[UNDISTURBED]]
     for a, b in zip(boards[KILLED], boards[UNDISTURBED]):
         assert a["val_accuracy"] == pytest.approx(b["val_accuracy"], abs=1e-6)

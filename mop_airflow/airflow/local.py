@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from mop_airflow.airflow.rest import AirflowAPI
+from mop_airflow.training.session import HOPS_PER_WORKER_ENV
 
 SERVICES = ("api-server", "scheduler", "dag-processor")
 WORKER_NAME_ENV = "MOP_AIRFLOW_WORKER_NAME"
@@ -74,8 +75,14 @@ def airflow_env(home: Path, dags_folder: Path, port: int, extra: Mapping[str, st
         # Pick up a new DAG file within seconds instead of minutes.
         "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
         "AIRFLOW__SCHEDULER__ENABLE_HEALTH_CHECK": "False",
+        # A hop that is ready waits for the scheduler's next loop, which sleeps up to 1 s when idle by
+        # default: about half of the ~1 s hand-off measured between two hops (benchmarks/demo_grid.py).
+        "AIRFLOW__SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME": "0.2",
         "AIRFLOW__LOGGING__LOGGING_LEVEL": "INFO",
         "TF_CPP_MIN_LOG_LEVEL": "2",
+        # Every shard pool runs on this one machine: a hop task takes one TensorFlow thread
+        # (threads_per_hop "auto"), so parallel hops do not oversubscribe the cores.
+        HOPS_PER_WORKER_ENV: str(os.cpu_count() or 1),
     }
     env.update(extra or {})
     return env

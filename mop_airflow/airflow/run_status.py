@@ -64,7 +64,8 @@ def find_run(api: AirflowAPI, dag_id: str, run_id: str | None = None, *, record:
 
 
 def busy_shards(api: AirflowAPI, ref: RunRef, shards: int) -> dict[int, list[str]]:
-    """Shard -> the configurations whose hops are running on its pool now."""
+    """Shard -> the bundles whose hops are running on its pool now, each named with its configurations
+    (``b2: c001-6e7014, c005-0c54d0``)."""
     pools = {shard_pool(s): s for s in range(shards)}
     busy: dict[int, list[str]] = {}
     for ti in api.paged(f"/dags/{ref.dag_id}/dagRuns/{ref.run_id}/taskInstances", "task_instances",

@@ -34,13 +34,15 @@ class BundleHop:
     out: BundleAssignment
 
 
-def committed(layout: RunLayout, cid: str, t: int) -> HopRecord | None:
-    """The configuration's hop ``t`` as an earlier try left it: its record, when its checkpoint is there too
-    (or when it records a failure)."""
+def committed(layout: RunLayout, assignment: Assignment, t: int) -> HopRecord | None:
+    """The configuration's hop ``t`` as an earlier try left it: its record, when that hop started from the
+    state ``assignment`` names and its checkpoint is there too (or when it records a failure)."""
     try:
-        record = HopRecord.read(layout.store, layout.hop_record_uri(cid, t))
+        record = HopRecord.read(layout.store, layout.hop_record_uri(assignment.config_id, t))
     except StoreError:
         return None
+    if record.input_sha256 != assignment.checkpoint_sha256:
+        return None  # it started from another state (a run cleared after its data or code changed)
     if record.status != "ok":
         return record
     return record if record.checkpoint and layout.store.exists(record.checkpoint) else None
@@ -65,7 +67,7 @@ def run_bundle_hop(layout: RunLayout, run: RunRecord, manifest: Manifest, bundle
         cid = assignment.config_id
         if section is not None:
             section(cid)
-        earlier = committed(layout, cid, t)
+        earlier = committed(layout, assignment, t)
         if earlier is not None:
             skipped.append(cid)
             if earlier.status != "ok":

@@ -133,7 +133,7 @@ def run_hop(layout: RunLayout, run: RunRecord, manifest: Manifest, assignment: A
         train_metrics=train, val_metrics=val, checkpoint=out_uri, checkpoint_bytes=len(state),
         bytes_read={"metadata": metadata_bytes, "data": shard_bytes, "checkpoint": checkpoint_bytes},
         checkpoint_sha256=state_sha256, best_t=best_t, best_metric=best_metric, bundle=bundle, threads=threads,
-        model_reused=reused,
+        model_reused=reused, input_sha256=assignment.checkpoint_sha256,
     )
     record.write(store, layout.hop_record_uri(cid, t))
     # Only once this hop is recorded: a retry of it still finds the state it started from.
@@ -222,6 +222,7 @@ def record_failure(layout: RunLayout, assignment: Assignment, *, t: int, shard: 
     if isinstance(error, MemoryError) or "ResourceExhausted" in type(error).__name__:
         reason = f"out of memory: {reason}. Fix: a smaller batch_size or model, or a worker with more memory"
     record = HopRecord(config_id=assignment.config_id, t=t, iteration=iteration, hop=hop, shard=shard, status=status,
-                       task_id=where.task_id, error=reason[:1000])
+                       task_id=where.task_id, error=reason[:1000], try_number=where.try_number,
+                       input_sha256=assignment.checkpoint_sha256)
     record.write(layout.store, layout.hop_record_uri(assignment.config_id, t))
     return record

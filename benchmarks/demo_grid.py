@@ -1,0 +1,224 @@
+"""The demo grid three ways, side by side in one run: mop_airflow's DAG, plain Keras, Ray Tune.
+
+The same MNIST-1D data (16,000 training rows, the 4,000-row test split for validation), the same 8
+configurations (MLP and 1-D CNN x learning rates 3e-3, 1e-2 x batch sizes 32, 128, Adam) and the
+same 3 passes over the training data, so the best accuracies are comparable:
+
+  mop_airflow   the example DAG ``dags/mop_mnist1d.py`` on the embedded Airflow (SQLite,
+                LocalExecutor, 4 one-slot shard pools): trigger to success of the DAG run, once per
+                ``--bundle-sizes`` value (given in the trigger conf), each run's leaderboard kept;
+  plain Keras   one process that trains the 8 configurations one after another (``model.fit``,
+                3 epochs, Keras's shuffling): its wall time, TensorFlow's import included;
+  Ray Tune      ``tune.Tuner`` with two trials at a time (one CPU each), when ``ray[tune]`` is
+                installed (``pip install -e '.[bench]'``): its process wall time.
+
+Every TensorFlow process uses one intra-op thread (as mop_airflow's hops do on the embedded Airflow
+of a 2-core machine), so no side is slowed by oversubscribed cores.
+
+    python benchmarks/demo_grid.py [--bundle-sizes auto,1] [--skip-ray] [--home DIR] [--airflow-env K=V]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+if __package__ in (None, ""):
+    sys.path.insert(0, str(REPO))
+
+MODELS = ("mop_airflow.examples.mnist1d_models:mlp", "mop_airflow.examples.mnist1d_models:cnn")
+RATES = (3e-3, 1e-2)
+BATCHES = (32, 128)
+EPOCHS = 3
+DAG_ID = "mop_mnist1d"
+
+
+def grid() -> list[dict]:
+    return [{"model": m, "learning_rate": lr, "batch_size": b} for m in MODELS for lr in RATES for b in BATCHES]
+
+
+def label(config: dict) -> str:
+    return f"{config['model'].rsplit(':', 1)[1]} / adam / {config['learning_rate']:g} / {config['batch_size']}"
+
+
+# -- the sides that run in their own process ---------------------------------------------------
+
+def _data(folder: str):
+    import pyarrow.parquet as pq  # noqa: PLC0415
+
+    from mop_airflow.examples.mnist1d_spec import TEST_FILE, TRAIN_FILE  # noqa: PLC0415
+
+    def load(name):
+        table = pq.read_table(os.path.join(folder, name)).to_pandas()
+        x = table[[c for c in table.columns if c.startswith("x")]].to_numpy("float32")
+        return x, table["label"].to_numpy("int64")
+
+    return load(TRAIN_FILE), load(TEST_FILE)
+
+
+def train_one(config: dict, data) -> float:
+    """One configuration as a Keras user would train it: build, compile, fit 3 epochs, evaluate."""
+    import keras  # noqa: PLC0415
+
+    from mop_airflow.training.builder import load_builder  # noqa: PLC0415
+
+    (x, y), (xv, yv) = data
+    keras.utils.set_random_seed(42)
+    model = load_builder(config["model"])({"input_dim": x.shape[1], "num_classes": 10})
+    model.compile(optimizer=keras.optimizers.Adam(config["learning_rate"]), loss="sparse_categorical_crossentropy",
+                  metrics=["accuracy"])
+    model.fit(x, y, batch_size=config["batch_size"], epochs=EPOCHS, shuffle=True, verbose=0)
+    return float(model.evaluate(xv, yv, batch_size=256, verbose=0, return_dict=True)["accuracy"])
+
+
+def _one_thread() -> None:
+    import tensorflow as tf  # noqa: PLC0415
+
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+    tf.config.threading.set_inter_op_parallelism_threads(1)
+
+
+def plain_keras(folder: str) -> dict:
+    _one_thread()
+    data = _data(folder)
+    return {label(c): train_one(c, data) for c in grid()}
+
+
+def ray_tune(folder: str) -> dict:
+    import ray  # noqa: PLC0415
+    from ray import tune  # noqa: PLC0415
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+
+    def trainable(config):
+        _one_thread()
+        return {"accuracy": train_one(config, _data(folder))}
+
+    space = {"model": tune.grid_search(list(MODELS)), "learning_rate": tune.grid_search(list(RATES)),
+             "batch_size": tune.grid_search(list(BATCHES))}
+    tuner = tune.Tuner(tune.with_resources(trainable, {"cpu": 1}), param_space=space,
+                       tune_config=tune.TuneConfig(max_concurrent_trials=2),
+                       run_config=tune.RunConfig(storage_path=os.path.join(folder, "ray_results"), verbose=0))
+    results = tuner.fit()
+    return {label(r.config): float(r.metrics["accuracy"]) for r in results}
+
+
+def _timed_process(side: str, folder: str) -> tuple[float, dict]:
+    began = time.perf_counter()
+    done = subprocess.run([sys.executable, __file__, f"--{side}", folder], capture_output=True, text=True,
+                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    wall = time.perf_counter() - began
+    if done.returncode != 0:
+        raise RuntimeError(f"{side} failed:\n{done.stderr[-3000:]}")
+    return wall, json.loads(done.stdout.strip().splitlines()[-1])
+
+
+# -- mop_airflow -----------------------------------------------------------------------------------
+
+def mop_runs(home: Path, bundle_sizes: list[str], airflow_env: dict) -> list[tuple[str, float, dict, dict]]:
+    from mop_airflow.airflow.local import LocalAirflow  # noqa: PLC0415
+    from mop_airflow.demo import sync_pools_for  # noqa: PLC0415
+    from mop_airflow.layout import RunLayout  # noqa: PLC0415
+    from mop_airflow.records import HopRecord  # noqa: PLC0415
+    from mop_airflow.store import Store  # noqa: PLC0415
+
+    dags = home / "dags"
+    dags.mkdir(parents=True, exist_ok=True)
+    shutil.copy(REPO / "dags" / "mop_mnist1d.py", dags / "mop_mnist1d.py")
+    store = Store("file://" + str(home / "store"))
+    out = []
+    env = {"MOP_AIRFLOW_HOME": str(home), "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "600", **airflow_env}
+    with LocalAirflow(home / "airflow", dags, extra_env=env, log=lambda *a: None) as af:
+        af.wait_for_dag(DAG_ID)
+        sync_pools_for(af)
+        for size in bundle_sizes:
+            conf = {"schedule": {"bundle_size": size if size == "auto" else int(size)}}
+            run_id = af.trigger(DAG_ID, conf=conf)
+            ref = af.wait_for_run(DAG_ID, run_id, timeout=1800)
+            run = af.api("GET", f"/dags/{DAG_ID}/dagRuns/{run_id}")
+            if ref != "success":
+                raise RuntimeError(f"the DAG run with bundle_size {size} ended {ref}")
+            seconds = (dt.datetime.fromisoformat(run["end_date"]) - dt.datetime.fromisoformat(run["start_date"])
+                       ).total_seconds()
+            layout = RunLayout(store, DAG_ID, run_id)
+            board = store.read_json(layout.report_uri("leaderboard.json"))
+            run_json = store.read_json(layout.run_record_uri)
+            names = {c["config_id"]: label({"model": c["model"], "batch_size": c["batch_size"],
+                                            "learning_rate": c["optimizer_params"]["learning_rate"]})
+                     for c in run_json["configs"]}
+            tasks = [ti for ti in af.task_instances(DAG_ID, run_id) if ".hop_" in ti["task_id"]]
+            hops = [HopRecord.from_dict(store.read_json(u)) for u in store.glob(f"{layout.run_uri}/hops/*/*.json")]
+            out.append((size, seconds, {names[row["config_id"]]: row.get("val_accuracy") for row in board["leaderboard"]},
+                        {"task instances": len(tasks), "model hops": len(hops),
+                         "models reused": sum(h.model_reused for h in hops),
+                         "threads": sorted({h.threads for h in hops})}))
+    return out
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--bundle-sizes", default="auto,1", help="comma-separated schedule.bundle_size values")
+    parser.add_argument("--skip-ray", action="store_true")
+    parser.add_argument("--airflow-env", action="append", default=[], metavar="KEY=VALUE",
+                        help="override the embedded Airflow's environment, e.g. to measure a setting's effect")
+    parser.add_argument("--home", help="keep the runs here (default: a temporary folder, deleted)")
+    parser.add_argument("--plain", help=argparse.SUPPRESS)
+    parser.add_argument("--ray", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.plain or args.ray:
+        print(json.dumps(plain_keras(args.plain) if args.plain else ray_tune(args.ray)))
+        return 0
+
+    home = Path(args.home or tempfile.mkdtemp(prefix="mop-demo-grid-")).absolute()
+    print(f"demo_grid: {platform.platform()}, {os.cpu_count()} CPUs, Python {platform.python_version()}; "
+          f"{dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC")
+    try:
+        from mop_airflow.examples.mnist1d_data import write_mnist1d  # noqa: PLC0415
+
+        folder = str(home / "data")
+        write_mnist1d(folder)
+        rows = []
+        for size, seconds, board, facts in mop_runs(home, [s.strip() for s in args.bundle_sizes.split(",")],
+                                               dict(item.split("=", 1) for item in args.airflow_env)):
+            rows.append((f"mop_airflow DAG run, bundle_size {size}", seconds, board, facts))
+        wall, board = _timed_process("plain", folder)
+        rows.append(("plain Keras, sequential (process wall)", wall, board, {}))
+        try:
+            import ray  # noqa: F401, PLC0415
+            have_ray = not args.skip_ray
+        except ImportError:
+            have_ray = False
+        if have_ray:
+            wall, board = _timed_process("ray", folder)
+            rows.append(("Ray Tune, 2 trials at a time (process wall)", wall, board, {}))
+        else:
+            print("Ray Tune: not installed (pip install -e '.[bench]'), left out")
+        print(f"\n{'side':<46} {'seconds':>8}  {'best':>7}  best configuration")
+        for name, seconds, board, facts in rows:
+            best = max(board, key=board.get)
+            print(f"{name:<46} {seconds:>8.1f}  {board[best]:>7.4f}  {best}  {json.dumps(facts) if facts else ''}")
+        mops = [(name, board) for name, _, board, _ in rows if name.startswith("mop_airflow")]
+        for name, board in mops[1:]:
+            same = board == mops[0][1]
+            print(f"leaderboard of '{name}' {'equals' if same else 'DIFFERS from'} '{mops[0][0]}'")
+            if not same:
+                for key in sorted(board):
+                    print(f"  {key}: {board[key]} vs {mops[0][1].get(key)}")
+    finally:
+        if not args.home:
+            shutil.rmtree(home, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,117 @@
+"""How configurations are bundled: hand-computable counts, balanced costs, determinism, the plan record."""
+
+from __future__ import annotations
+
+import pytest
+
+from mop_airflow.bundling import (CHAINS_PER_SLOT, TASK_INSTANCE_BUDGET, bundle_class, bundle_name, chain_count,
+                                  hop_cost, make_bundles, model_key)
+from mop_airflow.errors import SpecError
+from mop_airflow.records import Plan
+from mop_airflow.resolve import make_plan, resolve_run
+from mop_airflow.spec import ScheduleSpec
+
+
+def _config(cid, model="m:a", lr=0.01, batch=32, **extra):
+    return {"config_id": cid, "model": model, "hparams": extra.pop("hparams", {}), "optimizer": "adam",
+            "optimizer_params": {"learning_rate": lr}, "loss": "sparse_categorical_crossentropy",
+            "metrics": ["accuracy"], "batch_size": batch, "epochs_per_hop": 1, **extra}
+
+
+def test_hop_cost_counts_steps_and_rows():
+    # 4000 rows at batch 32: 125 steps of 4 ms and 4000 rows of 20 us
+    assert hop_cost(_config("a"), 4000) == pytest.approx(125 * 0.004 + 4000 * 2e-5)
+    assert hop_cost(_config("a", batch=128), 4000) < hop_cost(_config("a"), 4000)
+    assert hop_cost({**_config("a"), "epochs_per_hop": 3}, 4000) == pytest.approx(3 * hop_cost(_config("a"), 4000))
+
+
+@pytest.mark.parametrize("n, shards, slots, hops, cost, expected", [
+    (8, 4, 1, 12, 3.2, 4),           # the demo: cheap hops, so one chain per slot (2 configurations each)
+    (8, 4, 1, 12, 1000.0, 8),        # long hops: two chains per slot, one configuration each
+    (3, 4, 1, 12, 1000.0, 3),        # fewer configurations than slots: one chain each
+    (256, 4, 2, 4, 1.0, 8),          # 256 cheap configurations on 8 slots: 8 chains of 32
+    (256, 4, 2, 4, 1e6, 16),         # at most two chains per slot
+    (256, 16, 1, 160, 1e6, 16),      # 16 shards x 10 iterations: the task-instance budget keeps one per class
+    (256, 4, 1, 10, 40.0, 5),        # 40 s per hop: 5 chains carry 8 s (4 x the fixed cost) each
+])
+def test_auto_chain_count(n, shards, slots, hops, cost, expected):
+    assert chain_count(n, shards=shards, slots=slots, hops=hops, cost_per_hop=cost) == expected
+
+
+def test_fixed_bundle_size_and_the_budget():
+    assert chain_count(10, shards=4, slots=1, hops=8, cost_per_hop=0.0, bundle_size=1) == 10
+    assert chain_count(10, shards=4, slots=1, hops=8, cost_per_hop=0.0, bundle_size=3) == 4
+    assert chain_count(0, shards=4, slots=1, hops=8, cost_per_hop=0.0) == 0
+    # never more task instances than the budget, unless one chain per offset class already needs more
+    many = chain_count(1000, shards=8, slots=4, hops=40, cost_per_hop=1e9)
+    assert many == TASK_INSTANCE_BUDGET // 40 and many < CHAINS_PER_SLOT * 8 * 4
+
+
+def test_bundles_balance_cost_and_keep_model_keys_together():
+    configs = {f"c{i}": _config(f"c{i}", model="m:a" if i % 2 else "m:b", batch=32 if i < 4 else 128)
+               for i in range(8)}
+    costs = {cid: hop_cost(c, 4000) for cid, c in configs.items()}
+    keys = {cid: model_key(c) for cid, c in configs.items()}
+    bundles = bundle_class(sorted(configs), 2, costs, keys)
+    totals = [sum(costs[c] for c in b) for b in bundles]
+    assert sorted(c for b in bundles for c in b) == sorted(configs)
+    assert max(totals) - min(totals) <= max(costs.values()) - min(costs.values())
+    for bundle in bundles:  # same keys next to each other inside a bundle
+        seen = [keys[c] for c in bundle]
+        assert seen == sorted(seen)
+    assert bundle_class(sorted(configs), 2, costs, keys) == bundles  # deterministic
+
+
+def test_the_learning_rate_is_not_part_of_the_model_key():
+    assert model_key(_config("a", lr=0.1)) == model_key(_config("b", lr=0.001, batch=8))
+    assert model_key(_config("a")) != model_key(_config("a", hparams={"units": 8}))
+    assert model_key(_config("a")) != model_key({**_config("a"), "optimizer": "sgd"})
+    assert model_key(_config("a")) != model_key({**_config("a"), "optimizer_params": {"learning_rate": 0.1,
+                                                                                      "clipnorm": 1.0}})
+
+
+def test_make_bundles_splits_each_class():
+    classes = [[f"c{o}{i}" for i in range(5)] for o in range(4)]
+    configs = {cid: _config(cid) for cls in classes for cid in cls}
+    one = make_bundles(classes, configs, rows=4000, shards=4, slots=1, hops=12, bundle_size=1)
+    assert [len(b) for b in one] == [5, 5, 5, 5] and all(len(x) == 1 for b in one for x in b)
+    two = make_bundles(classes, configs, rows=4000, shards=4, slots=1, hops=12, bundle_size=2)
+    assert [[len(x) for x in b] for b in two] == [[2, 2, 1]] * 4
+    auto = make_bundles(classes, configs, rows=4000, shards=4, slots=1, hops=12)
+    assert [len(b) for b in auto] == [1, 1, 1, 1]  # 20 cheap hops: one chain per slot
+    for per_class, cls in zip(auto, classes):
+        assert sorted(c for b in per_class for c in b) == sorted(cls)
+
+
+def test_bundle_names_stay_readable():
+    assert bundle_name(3, ["c001-aaaaaa", "c002-bbbbbb"]) == "b3: c001-aaaaaa, c002-bbbbbb"
+    long = bundle_name(1, [f"c{i:03d}-abcdef" for i in range(64)])
+    assert len(long) <= 200 and long.endswith("more") and long.startswith("b1: c000-abcdef, c001-abcdef")
+
+
+@pytest.mark.parametrize("value", [0, -1, "many", 1.5, True])
+def test_schedule_rejects_a_bad_bundle_size(value):
+    with pytest.raises(SpecError, match=r"schedule.bundle_size=.*must be \"auto\" or an integer >= 1. Fix:"):
+        ScheduleSpec(bundle_size=value)
+    with pytest.raises(SpecError, match=r"schedule.threads_per_hop=.*Fix:"):
+        ScheduleSpec(threads_per_hop=value)
+
+
+def test_the_plan_records_which_configurations_share_a_bundle():
+    from tests.test_spec import spec_dict
+
+    spec = spec_dict()
+    spec["search"]["space"]["params"]["learning_rate"] = [1e-3, 3e-3, 1e-2, 3e-2]
+    spec["schedule"] = {**spec.get("schedule", {}), "shards": 2, "bundle_size": 2}
+    run = resolve_run(spec, None, dag_id="d", run_id="r")
+    plan = Plan.from_dict(make_plan(run, rows=500).to_dict())  # survives the JSON round trip
+    assert plan.bundle_size == 2 and plan.shard_rows == 500
+    ids = sorted(c["config_id"] for c in run.configs)
+    for cls, bundles in zip(plan.classes, plan.class_bundles()):
+        assert sorted(c for b in bundles for c in b) == sorted(cls)
+        assert all(len(b) <= 2 for b in bundles)
+    assert sorted(plan.bundle_of()) == ids
+    # the same configurations get the same offset classes and visit orders whatever the bundling
+    single = make_plan(resolve_run({**spec, "schedule": {**spec["schedule"], "bundle_size": 1}}, None,
+                                   dag_id="d", run_id="r"), rows=500)
+    assert single.classes == plan.classes and single.visit_order == plan.visit_order
