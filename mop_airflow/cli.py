@@ -294,7 +294,11 @@ def _cmd_champion_publish(args: argparse.Namespace) -> int:
 
 
 def _port_free(port: int) -> bool:
+    """Whether Airflow's api-server could listen on ``port``. It binds with SO_REUSEADDR (uvicorn does),
+    so the check does too: the connections of an Airflow just stopped wait in TIME_WAIT for a minute
+    and must not keep `up` from starting again, while a socket that really listens still refuses."""
     with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind(("127.0.0.1", port))
         except OSError:

@@ -6,6 +6,7 @@ scheduler and dag-processor started by `up`, stopped by Ctrl-C (SIGINT)."""
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -16,7 +17,7 @@ import pytest
 from mop_airflow.airflow.local import airflow_env, free_port
 from mop_airflow.airflow.rest import AirflowAPI
 from mop_airflow.airflow.run_status import find_run
-from mop_airflow.cli import OK, UNAVAILABLE, USAGE, main
+from mop_airflow.cli import OK, UNAVAILABLE, USAGE, _port_free, main
 from tests.conftest import dag_file
 from tests.test_end_to_end import tiny_spec, write_digits
 
@@ -153,3 +154,21 @@ def test_commands_say_what_is_wrong_with_exit_codes_scripts_can_rely_on(tmp_path
         main(["status"])
     assert usage.value.code == USAGE
     assert dict(os.environ) == environment  # in-process calls leave the environment (and later tasks' logs) alone
+
+
+def test_the_port_check_lets_a_stopped_servers_waiting_connections_be_but_refuses_a_listener():
+    listener = socket.socket()
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    port = listener.getsockname()[1]
+    assert not _port_free(port)  # something really listens: `up` must refuse
+    client = socket.create_connection(("127.0.0.1", port))
+    server, _ = listener.accept()
+    server.close()  # the server closes first, as a stopped api-server does: its end waits in TIME_WAIT
+    client.close()
+    listener.close()
+    with socket.socket() as plain, pytest.raises(OSError):  # the old check's bind: refused for a minute
+        plain.bind(("127.0.0.1", port))
+    assert _port_free(port)  # uvicorn binds with SO_REUSEADDR, and so does the check now
+
