@@ -48,6 +48,23 @@ def _wait_for_line(proc: subprocess.Popen, text: str, timeout: float) -> list[st
     raise AssertionError(f"no {text!r} from `mop-airflow up` (exit {proc.poll()}):\n{''.join(lines)}")
 
 
+def _up(folder: Path, home: Path, port: int, env: dict) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "mop_airflow.cli", "up", "--dags-folder", str(folder),
+                             "--port", str(port), "--home", str(home)],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+def _unpause_when_parsed(api: AirflowAPI) -> None:
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        try:
+            api.get(f"/dags/{DAG_ID}")
+            break
+        except RuntimeError:
+            time.sleep(1)
+    api.call("PATCH", f"/dags/{DAG_ID}", json={"is_paused": False})
+
+
 @pytest.mark.integration
 def test_up_status_report_and_dags_test_on_your_own_dag_folder(tmp_path):
     folder = tmp_path / "my_dags"
@@ -60,9 +77,7 @@ def test_up_status_report_and_dags_test_on_your_own_dag_folder(tmp_path):
     home, port = tmp_path / "home", free_port()
     env = {**os.environ, "MOP_AIRFLOW_HOME": str(home)}
     env.pop("MOP_AIRFLOW_API_URL", None)
-    up = subprocess.Popen([sys.executable, "-m", "mop_airflow.cli", "up", "--dags-folder", str(folder),
-                           "--port", str(port), "--home", str(home)],
-                          env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    up = _up(folder, home, port, env)
     try:
         lines = _wait_for_line(up, "Airflow UI:", timeout=240)
         out = "".join(lines)
@@ -72,14 +87,7 @@ def test_up_status_report_and_dags_test_on_your_own_dag_folder(tmp_path):
         with AirflowAPI(f"http://127.0.0.1:{port}") as api:
             pools = {p["name"]: p["slots"] for p in api.paged("/pools", "pools")}
             assert pools["mop_shard_0"] == pools["mop_shard_1"] == 2
-            deadline = time.time() + 120
-            while time.time() < deadline:
-                try:
-                    api.get(f"/dags/{DAG_ID}")
-                    break
-                except RuntimeError:
-                    time.sleep(1)
-            api.call("PATCH", f"/dags/{DAG_ID}", json={"is_paused": False})
+            _unpause_when_parsed(api)
             # a conf naming one typed field of the trigger form, through the REST API
             run_id = api.call("POST", f"/dags/{DAG_ID}/dagRuns",
                               json={"logical_date": None, "conf": {"batch_size": [64]}})["dag_run_id"]
@@ -177,12 +185,6 @@ def test_the_port_check_lets_a_stopped_servers_waiting_connections_be_but_refuse
     assert _port_free(port)  # uvicorn binds with SO_REUSEADDR, and so does the check now
 
 
-def _up(folder: Path, home: Path, port: int, env: dict) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "mop_airflow.cli", "up", "--dags-folder", str(folder),
-                             "--port", str(port), "--home", str(home)],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
-
-
 def _stop(up: subprocess.Popen, sig: int) -> str:
     up.send_signal(sig)
     rest, _ = up.communicate(timeout=90)
@@ -213,14 +215,7 @@ def test_up_stopped_half_way_starts_again_at_once_and_runs_are_read_from_the_sto
     try:
         _wait_for_line(up, "Airflow UI:", timeout=240)
         with AirflowAPI(url) as api:
-            deadline = time.time() + 120
-            while time.time() < deadline:
-                try:
-                    api.get(f"/dags/{DAG_ID}")
-                    break
-                except RuntimeError:
-                    time.sleep(1)
-            api.call("PATCH", f"/dags/{DAG_ID}", json={"is_paused": False})
+            _unpause_when_parsed(api)
             disturbed = api.call("POST", f"/dags/{DAG_ID}/dagRuns", json={"logical_date": None})["dag_run_id"]
         hops = RunLayout(store, DAG_ID, disturbed).hops_glob
         deadline = time.time() + 300
