@@ -1,5 +1,8 @@
-"""`mop-airflow` command: run your DAGs on a local Airflow, follow a run, fetch its report, score
-data with its model or export it, pools, example data, schedules, the demo.
+"""`mop-airflow` command: run your DAGs on a local Airflow, follow a run, fetch its report, list a
+DAG's runs, score data with its model or export it, pools, example data, schedules, the demo.
+
+Reading a run needs no Airflow: with ``--store`` (or when Airflow cannot be reached and the run is in
+the default store) `report`, `status --once` and `runs` read the store alone and say so.
 
 Exit codes, the same for every command: 0 done (a followed run succeeded); 1 the run or the work
 failed; 2 bad usage or input; 3 Airflow or the store could not be reached, or the DAG or run does
@@ -75,52 +78,154 @@ def _api(args: argparse.Namespace):
     return AirflowAPI(url, args.username, os.environ.get("MOP_AIRFLOW_API_PASSWORD"))
 
 
+def _default_store_root(args: argparse.Namespace) -> str:
+    """Where runs write when their spec names no store: ``<home>/store``, as `mop-airflow up` sets it up."""
+    return str(Path(args.home).absolute() / "store")
+
+
+def _airflow_or_store(args: argparse.Namespace, online, offline, *, what: str = "the run") -> int:
+    """``online(api)`` with Airflow's answers, or ``offline(store)`` from the files alone: with ``--store``
+    (Airflow not asked), or when Airflow cannot be reached and the default store has the run.
+    ``offline=None``: Airflow is needed (following a run needs its state as it changes)."""
+    from mop_airflow.errors import AirflowApiError, StoreError  # noqa: PLC0415
+    from mop_airflow.stored_runs import find_stored_run, open_store  # noqa: PLC0415
+
+    try:
+        if args.store and offline is not None:
+            return offline(open_store(args.store))
+        with _api(args) as api:
+            try:
+                return online(api)
+            except AirflowApiError as exc:
+                if exc.status is not None or offline is None:  # Airflow answered (no such run, no access)
+                    raise
+                unreachable = exc
+        root = _default_store_root(args)
+        store = open_store(root)
+        try:
+            find_stored_run(store, args.dag_id, getattr(args, "run_id", None))
+        except StoreError:
+            run = f"run {args.run_id!r}" if getattr(args, "run_id", None) else "run"
+            return _fail(f"{unreachable}; and the default store {store.root} has no {run} of DAG {args.dag_id!r} "
+                         "to read instead. Fix: start Airflow (`mop-airflow up`), point --api-url at it, or pass "
+                         "--store ROOT (the store the DAG's spec names)", UNAVAILABLE)
+        print(f"mop-airflow: Airflow not reachable at {api.base_url}; read {what} from the store at {store.root}",
+              file=sys.stderr)
+        return offline(store)
+    except (AirflowApiError, StoreError) as exc:
+        hint = ("; following a run needs Airflow. Fix: start it, or add --once to read the run from the store"
+                if offline is None and getattr(exc, "status", 0) is None else "")
+        return _fail(f"{exc}{hint}", UNAVAILABLE)
+
+
 def _cmd_status(args: argparse.Namespace) -> int:
     from mop_airflow.airflow.run_status import failed_tasks  # noqa: PLC0415
     from mop_airflow.airflow.watch import watch  # noqa: PLC0415
-    from mop_airflow.errors import AirflowApiError, StoreError  # noqa: PLC0415
 
-    with _api(args) as api:
-        try:
-            ref = watch(api, args.dag_id, args.run_id, follow=not args.once, interval=args.interval,
-                        store_root=args.store)
-        except (AirflowApiError, StoreError) as exc:
-            return _fail(str(exc), UNAVAILABLE)
+    def online(api) -> int:
+        ref = watch(api, args.dag_id, args.run_id, follow=not args.once, interval=args.interval,
+                    store_root=args.store)
         if ref.state == "failed":
             names = [f"{ti['task_id']}" + (f" [{ti['rendered_map_index']}]" if ti.get("rendered_map_index") else "")
                      for ti in failed_tasks(api, ref)]
             print(f"run {ref.run_id} failed; failed tasks: {', '.join(names) or 'none recorded'} "
                   "(their logs are in the Airflow UI)")
             return FAILED
-    return OK
+        return OK
+
+    def offline(store) -> int:
+        from mop_airflow.progress import run_progress  # noqa: PLC0415
+        from mop_airflow.stored_runs import find_stored_run  # noqa: PLC0415
+
+        run = find_stored_run(store, args.dag_id, args.run_id)
+        progress = run_progress(run.layout, run.record.metric, run.record.direction)
+        # no time left: the store cannot tell a run still training from a stopped one
+        print(f"{run.state_line}: "
+              + ("no hop plan yet (the data was being validated and sharded)" if progress is None
+               else progress.summary_line(eta=False)))
+        return OK
+
+    return _airflow_or_store(args, online, offline if args.once else None)
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
     from mop_airflow.airflow.run_status import find_run  # noqa: PLC0415
-    from mop_airflow.errors import AirflowApiError, StoreError  # noqa: PLC0415
+    from mop_airflow.stored_runs import find_stored_run  # noqa: PLC0415
+
+    def online(api) -> int:
+        ref = find_run(api, args.dag_id, args.run_id)
+        return _write_report(args, ref.layout(), ref.run_id, ref.state, failed=ref.state == "failed")
+
+    def offline(store) -> int:
+        run = find_stored_run(store, args.dag_id, args.run_id)
+        return _write_report(args, run.layout, run.run_id, run.state_line, failed=False)
+
+    return _airflow_or_store(args, online, offline)
+
+
+def _write_report(args: argparse.Namespace, layout, run_id: str, state: str, *, failed: bool) -> int:
+    from mop_airflow.errors import StoreError  # noqa: PLC0415
     from mop_airflow.local_report import challenge_decision, fetch_report, print_challenge, print_leaderboard  # noqa: PLC0415
 
-    with _api(args) as api:
-        try:
-            ref = find_run(api, args.dag_id, args.run_id)
-        except AirflowApiError as exc:
-            return _fail(str(exc), UNAVAILABLE)
-    layout = ref.layout(args.store)
     if layout is None or not layout.store.exists(layout.plan_uri):
-        return _fail(f"run {ref.run_id} of {args.dag_id} ({ref.state}) has not planned its hops yet: nothing "
-                     "to report", FAILED if ref.state == "failed" else UNAVAILABLE)
-    out = Path(args.out or Path(args.home) / "reports" / args.dag_id / ref.run_id.replace(":", "_"))
-    try:
-        board, files = fetch_report(layout, out)
-    except StoreError as exc:
-        return _fail(str(exc), UNAVAILABLE)
-    print(f"{args.dag_id} / {ref.run_id}: {ref.state}")
+        return _fail(f"run {run_id} of {args.dag_id} ({state}) has not planned its hops yet: nothing "
+                     "to report", FAILED if failed else UNAVAILABLE)
+    out = Path(args.out or Path(args.home) / "reports" / args.dag_id / run_id.replace(":", "_"))
+    board, files = fetch_report(layout, out)
+    print(f"{args.dag_id} / {run_id}: {state}")
     print_leaderboard(board)
     try:
         print_challenge(challenge_decision(layout))
     except StoreError as exc:  # the leaderboard is what was asked for: a missing decision only warns
         print(f"(champion decision not read: {exc})", file=sys.stderr)
     print("\nwritten: " + ", ".join(str(f) for f in files))
+    return OK
+
+
+def _cmd_runs(args: argparse.Namespace) -> int:
+    from mop_airflow.stored_runs import stored_runs  # noqa: PLC0415
+
+    def online(api) -> int:
+        from mop_airflow.airflow.run_status import find_run  # noqa: PLC0415
+        from mop_airflow.stored_runs import read_stored_run  # noqa: PLC0415
+
+        rows = []
+        for run in api.get(f"/dags/{args.dag_id}/dagRuns", order_by="-run_after", limit=args.limit)["dag_runs"]:
+            ref = find_run(api, args.dag_id, run["dag_run_id"])
+            layout = ref.layout()
+            stored = read_stored_run(layout) if layout and layout.store.exists(layout.run_record_uri) else None
+            rows.append((ref.run_id, ref.state, stored.winner if stored else None))
+        return _print_runs(f"Runs of {args.dag_id} (Airflow at {api.base_url})", rows)
+
+    def offline(store) -> int:
+        runs = stored_runs(store, args.dag_id)[:args.limit]
+        if not runs:
+            return _fail(f"no run of DAG {args.dag_id!r} in the store {store.root}. Fix: check the DAG id and "
+                         "--store (the store root the DAG's spec names)", UNAVAILABLE)
+        from mop_airflow.stored_runs import UNFINISHED, UNFINISHED_NOTE  # noqa: PLC0415
+
+        footer = f"\n{UNFINISHED}: {UNFINISHED_NOTE}" if any(r.state == UNFINISHED for r in runs) else ""
+        return _print_runs(f"Runs of {args.dag_id} (the store at {store.root}; Airflow not asked)",
+                           [(r.run_id, r.state, r.winner) for r in runs], footer)
+
+    return _airflow_or_store(args, online, offline, what="the runs")
+
+
+def _print_runs(title: str, rows, footer: str = "") -> int:
+    """One line per run, newest first: id, state, the report's winner and its metric."""
+    if not rows:
+        print(f"{title}: no runs yet")
+        return OK
+    table = [("run_id", "state", "winner", "metric")] + [
+        (run_id, state, winner[0] if winner else "-",
+         f"{winner[1]}={winner[2]:.4f}" if winner and isinstance(winner[2], (int, float)) else "-")
+        for run_id, state, winner in rows]
+    widths = [max(len(row[c]) for row in table) for c in range(3)]
+    print(f"{title}, newest first")
+    for row in table:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[3])
+    if footer:
+        print(footer)
     return OK
 
 
@@ -131,7 +236,7 @@ def _run_layout(args: argparse.Namespace):
 
     run_id = getattr(args, "run_id", None)
     if args.store:
-        from mop_airflow.training.predict import run_layout  # noqa: PLC0415
+        from mop_airflow.stored_runs import run_layout  # noqa: PLC0415
 
         return run_layout(args.store, args.dag_id, run_id)
     from mop_airflow.airflow.run_status import find_run  # noqa: PLC0415
@@ -148,7 +253,7 @@ def _run_layout(args: argparse.Namespace):
 def _store(args: argparse.Namespace):
     """The store of the DAG's runs: ``--store``, else the one its latest run recorded (asked of Airflow)."""
     if args.store:
-        from mop_airflow.training.predict import open_store  # noqa: PLC0415
+        from mop_airflow.stored_runs import open_store  # noqa: PLC0415
 
         return open_store(args.store)
     return _run_layout(args).store
@@ -294,7 +399,11 @@ def _cmd_champion_publish(args: argparse.Namespace) -> int:
 
 
 def _port_free(port: int) -> bool:
+    """Whether Airflow's api-server could listen on ``port``. It binds with SO_REUSEADDR (uvicorn does),
+    so the check does too: the connections of an Airflow just stopped wait in TIME_WAIT for a minute
+    and must not keep `up` from starting again, while a socket that really listens still refuses."""
     with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind(("127.0.0.1", port))
         except OSError:
@@ -403,11 +512,15 @@ def build_parser() -> argparse.ArgumentParser:
         cmd.add_argument("--username", default=os.environ.get("MOP_AIRFLOW_API_USER"),
                          help="an Airflow user who may read the DAG (default $MOP_AIRFLOW_API_USER; the password "
                               "comes from $MOP_AIRFLOW_API_PASSWORD)")
-        cmd.add_argument("--store", help="read the run's files from this root (a path or a URI) instead of the "
-                                         "one it recorded (the same store seen from this computer)")
+        cmd.add_argument("--store", help="read the runs from this store root (a path or a URI) alone, without "
+                                         "asking Airflow (the store the DAG's spec names, seen from this computer)")
         cmd.add_argument("--home", default=home, help=argparse.SUPPRESS)
 
-    status = sub.add_parser("status", help="follow a run: hops done, shards busy or idle, best so far, time left")
+    status = sub.add_parser("status", help="follow a run: hops done, shards busy or idle, best so far, time left",
+                            description="Follow a run through Airflow. With --once it prints one line and exits; "
+                                        "then --store (or Airflow unreachable and the run in the default store) "
+                                        "reads it from the store alone, where a run is finished (report written) "
+                                        "or unfinished.")
     api_options(status)
     status.add_argument("--once", action="store_true", help="print the progress once and exit")
     status.add_argument("--interval", type=float, default=3.0, help="seconds between updates (default 3)")
@@ -417,6 +530,15 @@ def build_parser() -> argparse.ArgumentParser:
     api_options(report)
     report.add_argument("--out", help=f"where to write (default {home}/reports/DAG_ID/RUN_ID)")
     report.set_defaults(func=_cmd_report)
+
+    runs = sub.add_parser("runs", help="a DAG's runs, newest first, with their state, winner and metric",
+                          description="Asks Airflow for the runs and their state, and the store for each run's "
+                                      "winner. With --store (or Airflow unreachable and runs in the default store) "
+                                      "the store alone: a run is finished (report written) or unfinished.")
+    runs.add_argument("dag_id")
+    connection_options(runs)
+    runs.add_argument("--limit", type=int, default=20, help="at most this many runs (default 20)")
+    runs.set_defaults(func=_cmd_runs)
 
     predict = sub.add_parser(
         "predict", help="score a Parquet/CSV source with a run's best model (or a configuration's last checkpoint)",
@@ -509,7 +631,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    for name in ("shards", "slots", "k", "batch_rows"):
+    for name in ("shards", "slots", "k", "batch_rows", "limit"):
         value = getattr(args, name, None)
         if value is not None and value < 1:
             return _fail(f"--{name.replace('_', '-')} must be at least 1", USAGE)

@@ -70,7 +70,8 @@ class MopPredictOperator(MopBaseOperator):
         from mop_airflow.errors import SpecError  # noqa: PLC0415
         from mop_airflow.layout import RunLayout  # noqa: PLC0415
         from mop_airflow.store import Store  # noqa: PLC0415
-        from mop_airflow.training.predict import champion_layout, predict, run_layout  # noqa: PLC0415 - Keras
+        from mop_airflow.stored_runs import run_layout  # noqa: PLC0415
+        from mop_airflow.training.predict import champion_layout, predict  # noqa: PLC0415 - Keras
 
         spec = self.store_spec(context)
         if self.model_run_id == CHAMPION:  # the run the DAG's registry names as its champion, now

@@ -31,7 +31,7 @@ from mop_airflow.data.inputs import InputSpec, input_columns, to_arrays
 from mop_airflow.errors import DataValidationError, SpecError, StoreError
 from mop_airflow.layout import RunLayout
 from mop_airflow.records import Manifest, RunRecord
-from mop_airflow.report import last_saved_hop, latest_reported_run
+from mop_airflow.report import last_saved_hop
 from mop_airflow.store import Store
 
 MODES = ("response", "prob", "top_k")
@@ -56,14 +56,6 @@ class RunModel:
         return [dataclasses.replace(spec, stored=None) for spec in manifest_inputs(self.manifest)]
 
 
-def open_store(store_root: str, *, storage_options: Mapping[str, Any] | None = None,
-               conn_id: str | None = None) -> Store:
-    """The store at ``store_root``: a URI, or a local folder (made absolute, as ``file://``)."""
-    if "://" not in store_root:
-        store_root = "file://" + os.path.abspath(os.path.expanduser(store_root))
-    return Store(store_root, storage_options, conn_id)
-
-
 def champion_layout(store: Store, dag_id: str) -> tuple[RunLayout, dict[str, Any]]:
     """The run folder of ``dag_id``'s current champion and its registry entry; :class:`StoreError`
     when the DAG has published none."""
@@ -74,27 +66,6 @@ def champion_layout(store: Store, dag_id: str) -> tuple[RunLayout, dict[str, Any
                          "id and the store, publish a reported run with `mop-airflow champion publish DAG_ID "
                          "RUN_ID`, or name a run instead")
     return RunLayout(store, champion["dag_id"], champion["run_id"]), champion
-
-
-def run_layout(store_root: str, dag_id: str, run_id: str | None = None, *,
-               storage_options: Mapping[str, Any] | None = None, conn_id: str | None = None) -> RunLayout:
-    """The run folder ``<store_root>/<dag_id>/<run_id>/`` without asking Airflow.
-
-    Without ``run_id``: the DAG's run whose report was written last. :class:`StoreError` when the
-    run (or any reported run) is not there.
-    """
-    store = open_store(store_root, storage_options=storage_options, conn_id=conn_id)
-    if run_id is not None:
-        layout = RunLayout(store, dag_id, run_id)
-        if not store.exists(layout.run_record_uri):
-            raise StoreError(f"no run {run_id!r} of DAG {dag_id!r} in the store {store.root} (looked for "
-                             f"{layout.run_record_uri}). Fix: check the ids and --store")
-        return layout
-    latest = latest_reported_run(store, dag_id)
-    if latest is None:
-        raise StoreError(f"no reported run of DAG {dag_id!r} in the store {store.root}. Fix: check the DAG id and "
-                         "--store, or wait for a run's report task")
-    return RunLayout(store, dag_id, latest)
 
 
 def load_run_model(layout: RunLayout, config_id: str | None = None) -> RunModel:

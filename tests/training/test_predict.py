@@ -16,7 +16,8 @@ import pytest
 from mop_airflow.errors import DataValidationError, SpecError, StoreError
 from mop_airflow.layout import RunLayout
 from mop_airflow.store import Store
-from mop_airflow.training.predict import load_run_model, predict, run_layout
+from mop_airflow.stored_runs import run_layout
+from mop_airflow.training.predict import load_run_model, predict
 from tests.conftest import write_dag_file
 
 pytestmark = pytest.mark.integration
