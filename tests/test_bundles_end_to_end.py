@@ -34,7 +34,7 @@ def test_bundle_sizes_give_the_same_metrics_per_configuration(airflow_db, tmp_pa
             "metrics": sorted((m["config_id"], m["iteration"], m["train_loss"], m["val_loss"])
                               for m in store.read_json(layout.report_uri("metrics.json"))),
             "task_instances": len(tis), "states": {ti.state for ti in tis},
-            "reused": sum(h["model_reused"] for h in hops), "hops": len(hops),
+            "reused": sum(h["model_reused"] for h in hops), "hops": len(hops), "layout": layout,
         }
     one, two, auto = results[1], results[2], results["auto"]
     for other in (two, auto):
@@ -48,3 +48,13 @@ def test_bundle_sizes_give_the_same_metrics_per_configuration(airflow_db, tmp_pa
     assert auto["bundles"] == two["bundles"] and auto["task_instances"] == 8
     assert one["reused"] == 0 and two["reused"] == auto["reused"] == 8  # the second of each bundle, every hop
     assert {s for r in results.values() for s in r["states"]} == {"success"}
+
+    # the results page says which configurations share a bundle
+    from mop_airflow.records import RunRecord
+    from mop_airflow.results import run_results
+
+    layout = auto["layout"]
+    page = run_results(layout, RunRecord.read(store, layout.run_record_uri))
+    assert page["plan"]["bundles"] == [b for per in auto["bundles"] for b in per]
+    for config in page["configs"]:
+        assert config["config_id"] in page["plan"]["bundles"][config["bundle"]]

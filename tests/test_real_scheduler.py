@@ -156,6 +156,11 @@ def test_a_bundle_hop_killed_half_way_is_retried_and_trains_only_the_rest(airflo
         if dag_id == KILLED:  # both bundles' hop 1 died once and succeeded on the second try
             assert sorted(task_id.split(".", 1)[1] for task_id, _ in retried) == ["hop_1_shard_0", "hop_1_shard_1"]
             assert all(tis[key]["try_number"] == 2 and tis[key]["state"] == "success" for key in retried)
+            # the retry's log has a folding section per configuration of its bundle
+            ti = tis[retried[0]]
+            log = airflow.task_log(dag_id, run_id, ti["task_id"], 2, ti["map_index"])
+            for cid in ti["rendered_map_index"].split(": ", 1)[1].split(", "):
+                assert f"::group::{cid}: hop 1 on shard" in log
         else:
             assert retried == []
     killed = {h["config_id"]: h for h in hops[KILLED] if h["t"] == 1}

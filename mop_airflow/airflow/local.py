@@ -75,9 +75,9 @@ def airflow_env(home: Path, dags_folder: Path, port: int, extra: Mapping[str, st
         # Pick up a new DAG file within seconds instead of minutes.
         "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
         "AIRFLOW__SCHEDULER__ENABLE_HEALTH_CHECK": "False",
-        # A hop that is ready waits for the scheduler's next loop, which sleeps up to 1 s when idle by
-        # default: about half of the ~1 s hand-off measured between two hops (benchmarks/demo_grid.py).
-        "AIRFLOW__SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME": "0.2",
+        # [scheduler] scheduler_idle_sleep_time stays Airflow's 1 s: 0.2 s made the demo grid's DAG run
+        # no faster on 2 cores (185 s against 165 s back to back, benchmarks/demo_grid.py --airflow-env):
+        # the busier scheduler takes CPU from the hops, and the hand-off is paid per bundle now.
         "AIRFLOW__LOGGING__LOGGING_LEVEL": "INFO",
         "TF_CPP_MIN_LOG_LEVEL": "2",
         # Every shard pool runs on this one machine: a hop task takes one TensorFlow thread
