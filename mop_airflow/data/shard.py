@@ -63,9 +63,9 @@ def shard_dataset(data: DataSpec, store: Store, dag_id: str, shards: int, seed: 
 
 def plan_sharding(data: DataSpec, store: Store, dag_id: str, shards: int, seed: int) -> ShardingPlan:
     """List the source (and a separate validation source), fingerprint it and cut it into slices."""
-    listing = list_source(data.source, data.storage_options, data.conn_id)
-    held = (list_source(data.validation, data.storage_options, data.conn_id, role="data.validation")
-            if isinstance(data.validation, str) else None)
+    listing = list_source(data.source, data.storage_options, data.conn_id, labels=data.labels)
+    held = (list_source(data.validation, data.storage_options, data.conn_id, role="data.validation",
+                        labels=data.labels) if isinstance(data.validation, str) else None)
     try:
         inputs = resolve_inputs(listing.columns, data.features, data.label)
     except DataValidationError:
@@ -205,6 +205,7 @@ class _Placement:
     def __init__(self, plan: ShardingPlan, data: DataSpec) -> None:
         listing = plan.listing
         self.shards, self.seed, self.shuffle = plan.shards, plan.seed, data.shuffle
+        self.listing_format = listing.format
         self.total = listing.total_rows
         self.held_out = 0 if plan.held is not None else holdout_rows(self.total, data.validation)
         self.offsets = np.cumsum([0] + [f.rows for f in listing.files])
@@ -216,6 +217,8 @@ class _Placement:
         n = batch.table.num_rows
         if piece.role == "validation":
             return np.full(n, self.shards, dtype=np.int64)
+        if self.shuffle == "files" and self.listing_format == "images":  # each row is a file of its own
+            return np.asarray(self.file_part, dtype=np.int64)[batch.file_index + np.arange(n)]
         if self.shuffle == "files":
             return np.full(n, self.file_part[batch.file_index], dtype=np.int64)
         rows = self.offsets[batch.file_index] + batch.first_row + np.arange(n, dtype=np.int64)
@@ -401,6 +404,10 @@ def shard_fingerprint(*, listing: SourceListing, validation: float | str, held: 
         "seed": seed,
         "shuffle": shuffle,
     }
+    for name, source in (("labels_file", listing), ("validation_labels_file", held)):
+        # Only image sources with a labels file add the key: other sources keep their fingerprint.
+        if source is not None and (source.images or {}).get("labels"):
+            key[name] = source.images["labels"]
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 
 

@@ -228,7 +228,8 @@ def predict(layout: RunLayout | None, source: str, out: str, *, mode: str = "res
             config_id: str | None = None, id_column: str | None = None, batch_rows: int | None = None,
             storage_options: Mapping[str, Any] | None = None, conn_id: str | None = None,
             run_model: RunModel | None = None) -> dict[str, Any]:
-    """Score ``source`` (a Parquet/CSV file, folder, glob or prefix) into the Parquet file ``out``.
+    """Score ``source`` (a Parquet/CSV file, folder, glob or prefix, or one of image files) into the
+    Parquet file ``out``; the rows of an image source carry their file's ``path`` beside ``row_id``.
 
     ``storage_options`` and ``conn_id`` open the source and ``out``. Returns what was written:
     ``uri``, ``rows`` (input rows scored), ``mode``, ``columns``, ``config_id``, ``model``.
@@ -236,14 +237,16 @@ def predict(layout: RunLayout | None, source: str, out: str, *, mode: str = "res
     import pyarrow as pa  # noqa: PLC0415
     import pyarrow.parquet as pq  # noqa: PLC0415
 
-    from mop_airflow.data.source import iter_batches, list_source, open_dataset, rows_per_batch  # noqa: PLC0415
+    from mop_airflow.data.source import iter_batches, list_source, rows_per_batch, source_schema  # noqa: PLC0415
 
     if run_model is None:
         run_model = load_run_model(layout, config_id)
     manifest, inputs = run_model.manifest, run_model.inputs
     check_mode(mode, k, manifest)
-    listing = list_source(source, storage_options, conn_id, role="--source")
-    schema = open_dataset(listing, storage_options, conn_id).schema
+    listing = list_source(source, storage_options, conn_id, role="--source", scoring=True)
+    schema = source_schema(listing, storage_options, conn_id)
+    if listing.format == "images" and id_column is None:
+        id_column = "path"  # a folder of images: each score names its file, relative to the source
     check_source_schema(schema, inputs, source, id_column)
     columns = list(dict.fromkeys([*input_columns(inputs), *([id_column] if id_column else [])]))
     rows = batch_rows or rows_per_batch(listing, 64)
