@@ -34,9 +34,9 @@ def is_image(path: str) -> bool:
     return path.lower().endswith(IMAGE_SUFFIXES)
 
 
-def list_images(fs: Any, infos: Mapping[str, Mapping[str, Any]], base: str, *, uri: str, protocol: str,
+def list_images(fs: Any, infos: Mapping[str, tuple[int, str]], base: str, *, uri: str, protocol: str,
                 labels: Mapping[str, str] | None, folders: list[str], scoring: bool = False) -> SourceListing:
-    """The listing of an image source: ``infos`` maps each image file's path to its fsspec info.
+    """The listing of an image source: ``infos`` maps each image file's path to its size and version.
 
     ``folders`` are the folders directly below ``base`` (empty class folders show only there).
     With ``labels`` (``{"path", "file_column"}``) the labels file is read (it is small: one row
@@ -44,7 +44,7 @@ def list_images(fs: Any, infos: Mapping[str, Mapping[str, Any]], base: str, *, u
     without a label (outside any class folder, or without a row) is a layout problem and left
     out, so that no later check names it again, unless ``scoring`` (predict needs no label).
     """
-    from mop_airflow.data.source import file_uri, version_of  # noqa: PLC0415 - source imports this module
+    from mop_airflow.data.source import file_uri  # noqa: PLC0415 - source imports this module
 
     paths = sorted(infos)
     relative = [_relative(p, base) for p in paths]
@@ -61,8 +61,8 @@ def list_images(fs: Any, infos: Mapping[str, Mapping[str, Any]], base: str, *, u
                        and f.name not in (IMAGE, PATH)})
         details = {"layout": "labels", "labels": labels_file, "problems": problems}
         labelled = [rel in rows for rel in relative]
-    files = [SourceFile(uri=file_uri(protocol, p), rows=1, bytes=int(infos[p].get("size") or 0),
-                        version=version_of(infos[p])) for p, ok in zip(paths, labelled) if ok or scoring]
+    files = [SourceFile(uri=file_uri(protocol, p), rows=1, bytes=infos[p][0], version=infos[p][1])
+             for p, ok in zip(paths, labelled) if ok or scoring]
     return SourceListing(uri=uri, format="images", files=files, schema=schema, base=file_uri(protocol, base),
                          images=details)
 

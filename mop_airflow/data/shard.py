@@ -30,6 +30,7 @@ import base64
 import dataclasses
 import hashlib
 import json
+import re
 from contextlib import ExitStack
 from datetime import datetime, timezone
 from typing import Any
@@ -81,6 +82,30 @@ def plan_sharding(data: DataSpec, store: Store, dag_id: str, shards: int, seed: 
     return ShardingPlan(fingerprint=fingerprint, folder=folder, listing=listing, held=held,
                         slices=make_slices(listing, held, data.slice_mb), inputs=[i.to_dict() for i in inputs],
                         classes=classes, shards=shards, seed=seed, reused=reused, schema=schema)
+
+
+def write_plan(plan: ShardingPlan, store: Store, uri: str) -> str:
+    """Write ``plan`` as ``plan.write`` does (``ShardingPlan.read`` reads it), its files one at a time.
+
+    The plan is the one record that grows with the number of files: for a folder of 631,000 images
+    ``plan.write`` (a dict and a JSON string of everything at once) took the listing task from 0.5
+    to 1.1 GB (measured); written file by file it holds one file's JSON at a time.
+    """
+    files = {"listing": plan.listing.files, "held": plan.held.files if plan.held is not None else []}
+    hollow = {name: dataclasses.replace(source, files=f"\0{name}\0")  # a marker to cut the JSON at
+              for name, source in (("listing", plan.listing), ("held", plan.held)) if source is not None}
+    head = json.dumps(dataclasses.replace(plan, **hollow).to_dict(), sort_keys=True)
+    with store.open_write(uri) as handle:
+        # re.split with a group: the text between markers at even indexes, the markers' names between
+        for i, piece in enumerate(re.split(r'"\\u0000(listing|held)\\u0000"', head)):
+            if i % 2 == 0:
+                handle.write(piece.encode())
+                continue
+            handle.write(b"[")
+            for k, entry in enumerate(files[piece]):
+                handle.write((", " if k else "").encode() + json.dumps(entry.to_dict(), sort_keys=True).encode())
+            handle.write(b"]")
+    return uri
 
 
 def make_slices(listing: SourceListing, held: SourceListing | None, slice_mb: float) -> list[DataSlice]:

@@ -72,6 +72,10 @@ def list_source(uri: str, storage_options: Mapping[str, Any] | None = None, conn
         return list_images(fs, images, base, uri=uri, protocol=_protocol(fs), labels=labels, folders=folders,
                            scoring=scoring)
     paths = list(infos)
+    if paths and labels:
+        raise DataValidationError(uri, [
+            f"{role}: data.labels={labels['path']!r} names a labels file for a folder of images, but {uri} holds "
+            "tables; remove data.labels (a table's label is a column), or point the source at the images"])
     if not paths:
         raise DataValidationError(uri, [
             f"{role}: no .parquet, .pq or .csv files at {uri}, and no images ({', '.join(IMAGE_SUFFIXES)}); point it "
@@ -214,24 +218,41 @@ def _fs_or_error(uri: str, storage_options: Any, conn_id: str | None, role: str)
                                         "local path, file://, or s3:// URI"]) from exc
 
 
-def _expand(fs: Any, root: str) -> tuple[dict[str, Any], str]:
-    """The data and image files under ``root`` (a file, a folder or a glob), sorted, each with the
-    info the listing returned (one request per page of 1,000 files on S3, not one per file), and
-    the folder they sit in."""
+def _expand(fs: Any, root: str) -> tuple[dict[str, tuple[int, str]], str]:
+    """The data and image files under ``root`` (a file, a folder or a glob), sorted, each with its
+    size and version from the listing itself (one request per page of 1,000 files on S3, not one
+    per file), and the folder they sit in.
+
+    A folder is walked one directory at a time and only (size, version) kept per file: fsspec's
+    info dicts take about 1 KB a file, over 600 MB for 600,000 images.
+    """
+    def wanted(path: str, base: str) -> bool:
+        return bool(file_format(path) or is_image(path)) and not _hidden(path, base)
+
     if any(ch in root for ch in _GLOB_CHARS):
         base = root.split("*")[0].split("?")[0].split("[")[0].rsplit("/", 1)[0]
         matched = fs.glob(root, detail=True)
-        return {p: info for p, info in sorted(matched.items()) if info.get("type") != "directory"
-                and (file_format(p) or is_image(p)) and not _hidden(p, base)}, base
+        return {p: _size_and_version(info) for p, info in sorted(matched.items())
+                if info.get("type") != "directory" and wanted(p, base)}, base
     if fs.isdir(root):
-        found = fs.find(root, detail=True)
-        return {p: info for p, info in sorted(found.items()) if (file_format(p) or is_image(p))
-                and not _hidden(p, root)}, root
+        found: dict[str, tuple[int, str]] = {}
+        for folder, _, files in fs.walk(root, detail=True):
+            for name, info in files.items():
+                path = info.get("name") or f"{folder.rstrip('/')}/{name}"
+                if wanted(path, root):
+                    found[path] = _size_and_version(info)
+            if _protocol(fs) != "file":
+                fs.invalidate_cache(folder)  # s3fs would keep every page's info dicts
+        return dict(sorted(found.items())), root
     if fs.exists(root):
         if not (file_format(root) or is_image(root)):
             raise ValueError(f"{root} is neither a .parquet/.pq nor a .csv file, nor an image")
-        return {root: fs.info(root)}, posixpath.dirname(root)
+        return {root: _size_and_version(fs.info(root))}, posixpath.dirname(root)
     return {}, root
+
+
+def _size_and_version(info: Mapping[str, Any]) -> tuple[int, str]:
+    return int(info.get("size") or 0), version_of(info)
 
 
 def _folders(fs: Any, root: str) -> list[str]:

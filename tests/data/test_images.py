@@ -125,6 +125,20 @@ def test_a_glob_of_jpeg_files_with_shuffle_files(tmp_path, store):
     assert sorted(e.rows for e in manifest.shards) == [4, 4, 5]  # files dealt one by one, balanced
 
 
+@pytest.mark.parametrize("separate_validation", [False, True])
+def test_the_plan_is_written_file_by_file_and_reads_back_whole(tmp_path, store, separate_validation):
+    from mop_airflow.data.shard import write_plan
+    from mop_airflow.records import ShardingPlan
+
+    class_folders(tmp_path / "train", per_class=3)
+    class_folders(tmp_path / "valid", per_class=2)
+    data = images_spec(tmp_path / "train", validation=str(tmp_path / "valid") if separate_validation else 0.25)
+    plan = plan_sharding(data, store, "dag", 2, 0)
+    write_plan(plan, store, store.uri("plan.json"))
+    assert ShardingPlan.read(store, store.uri("plan.json")) == plan
+    assert len(plan.listing.files) == 9 and (plan.held is not None) == separate_validation
+
+
 def test_resize_and_color_mode_decode_as_declared(tmp_path, store):
     root = tmp_path / "train"
     for name, size, mode in (("a", (9, 7), "L"), ("b", (3, 3), "RGB"), ("c", (4, 5), "RGBA")):
@@ -308,6 +322,13 @@ def test_a_missing_labels_file_or_column_is_named(tmp_path):
     with pytest.raises(DataValidationError, match=r"labels file labels.csv has no column 'name' \(it has 'file', "
                                                   r"'age', 'weight'\); name the column of image paths"):
         validate_source(data, shards=2, max_batch_size=2)
+
+
+def test_a_labels_file_beside_tables_is_refused(tmp_path):
+    pq.write_table(pa.table({"x0": [1.0], "label": [0]}), str(tmp_path / "part.parquet"))
+    with pytest.raises(DataValidationError, match=r"data.labels='labels.csv' names a labels file for a folder of "
+                                                  r"images, but .* holds tables; remove data.labels"):
+        list_source(str(tmp_path), labels={"path": "labels.csv", "file_column": "file"})
 
 
 # -- S3 ------------------------------------------------------------------------------------------
