@@ -298,6 +298,16 @@ def test_the_image_folder_example_trains_on_png_class_folders_and_scores_a_folde
     assert scores.column_names == ["row_id", "path", "response"] and out["rows"] == len(threes) == 183
     assert scores["row_id"].to_pylist() == list(range(183)) and scores["path"].to_pylist() == threes
     assert np.mean(np.asarray(scores["response"].to_pylist()) == "3") > 0.7
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "ok.png").write_bytes(open(os.path.join(folder, "3", threes[0]), "rb").read())
+    (broken / "cut.png").write_bytes(open(os.path.join(folder, "3", threes[1]), "rb").read()[:40])
+    from mop_airflow.errors import DataValidationError
+
+    with pytest.raises(DataValidationError, match=r"column 'image': 1 image\(s\) cannot be decoded: not an image, or "
+                                                  r"truncated \(file cut.png\); replace or remove them"):
+        predict(layout, str(broken), str(tmp_path / "broken.parquet"), mode="response")
+    assert not (tmp_path / "broken.parquet").exists()
 
 
 def test_the_image_folder_example_reads_its_folders_from_an_s3_prefix(airflow_db, tmp_path, s3_endpoint, monkeypatch):

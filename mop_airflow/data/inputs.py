@@ -13,7 +13,7 @@ import fnmatch
 import io
 import math
 from dataclasses import asdict, dataclass
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
@@ -129,13 +129,22 @@ def input_shapes(inputs: list[InputSpec]) -> dict[str, tuple[int, ...]]:
     return {spec.name: spec.shape for spec in inputs}
 
 
-def to_arrays(table: Any, inputs: list[InputSpec], *, where: str = "") -> Any:
-    """The model's input for ``table``'s rows: one array for one input, else a dict by input name."""
-    arrays = {spec.name: _input_array(table, spec, where) for spec in inputs}
+def to_arrays(table: Any, inputs: list[InputSpec], *, where: str = "",
+              name_rows: Callable[[tuple[int, ...], int], str] | None = None) -> Any:
+    """The model's input for ``table``'s rows: one array for one input, else a dict by input name.
+
+    ``name_rows(rows, count)`` words the rows a problem names (an image source names its files).
+    """
+    arrays = {spec.name: _input_array(table, spec, where, name_rows) for spec in inputs}
     return arrays[inputs[0].name] if len(inputs) == 1 else arrays
 
 
-def _input_array(table: Any, spec: InputSpec, where: str) -> np.ndarray:
+def _sentences(problems: list[Problem], name_rows: Callable[[tuple[int, ...], int], str] | None) -> list[str]:
+    return [p.sentence(rows=name_rows(p.rows, p.count) if name_rows else None) for p in problems]
+
+
+def _input_array(table: Any, spec: InputSpec, where: str,
+                 name_rows: Callable[[tuple[int, ...], int], str] | None = None) -> np.ndarray:
     dtype = np.dtype(spec.dtype)
     if spec.kind == "columns":
         x = np.empty((table.num_rows, len(spec.columns)), dtype=np.float32)
@@ -148,11 +157,11 @@ def _input_array(table: Any, spec: InputSpec, where: str) -> np.ndarray:
     if spec.kind == "tensor":
         flat, problems = tensor_values(column, spec)
         if problems:
-            raise DataValidationError(where or spec.columns[0], [p.sentence() for p in problems])
+            raise DataValidationError(where or spec.columns[0], _sentences(problems, name_rows))
         return flat.reshape((table.num_rows, *spec.shape)).astype(dtype, copy=False)
     images, problems = decode_images(column, spec)
     if problems:
-        raise DataValidationError(where or spec.columns[0], [p.sentence() for p in problems])
+        raise DataValidationError(where or spec.columns[0], _sentences(problems, name_rows))
     return images.astype(dtype, copy=False)
 
 

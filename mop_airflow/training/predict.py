@@ -237,6 +237,7 @@ def predict(layout: RunLayout | None, source: str, out: str, *, mode: str = "res
     import pyarrow as pa  # noqa: PLC0415
     import pyarrow.parquet as pq  # noqa: PLC0415
 
+    from mop_airflow.data.images import rows_named  # noqa: PLC0415
     from mop_airflow.data.source import iter_batches, list_source, rows_per_batch, source_schema  # noqa: PLC0415
 
     if run_model is None:
@@ -260,8 +261,12 @@ def predict(layout: RunLayout | None, source: str, out: str, *, mode: str = "res
             for batch in iter_batches(listing, columns, batch_rows=rows, storage_options=storage_options,
                                       conn_id=conn_id):
                 _check_rows(batch.table, inputs, batch.file.uri, batch.first_row)
-                x = to_arrays(batch.table, inputs, where=f"{batch.file.uri} (the batch of its rows {batch.first_row}-"
-                                                         f"{batch.first_row + batch.table.num_rows - 1})")
+                if listing.format == "images":  # a bad image is named by its file
+                    x = to_arrays(batch.table, inputs, where=source, name_rows=lambda rows, count, first=batch.file_index:
+                                  rows_named(listing, [(first, r) for r in rows], count))
+                else:
+                    x = to_arrays(batch.table, inputs, where=f"{batch.file.uri} (the batch of its rows "
+                                                             f"{batch.first_row}-{batch.first_row + batch.table.num_rows - 1})")
                 y = np.asarray(run_model.model.predict(x, batch_size=min(1024, batch.table.num_rows), verbose=0))
                 ids = pa.array(np.arange(scored, scored + batch.table.num_rows, dtype=np.int64))
                 table = _result_table(y, mode, k, classes, ids, batch.table[id_column] if id_column else None,
