@@ -115,6 +115,20 @@ def test_declared_classes_order_the_labels(tmp_path, store):
     assert all(("eel", "dog", "cat")[label] == CLASSES[int(v) // 4] for v, label in zip(x[:, 0, 0, 0], y))
 
 
+def test_a_separate_validation_folder_is_the_hold_out(tmp_path, store):
+    class_folders(tmp_path / "train", per_class=4)
+    class_folders(tmp_path / "valid", per_class=2, classes=("cat", "dog"))
+    data = images_spec(tmp_path / "train", validation=str(tmp_path / "valid"))
+    assert validate_source(data, shards=2, max_batch_size=2)["validation_rows"] == 4
+    manifest = shard_dataset(data, store, "dag", 2, 0)
+    assert manifest.classes == list(CLASSES) and manifest.total_rows == 12 and manifest.validation.rows == 4
+    assert sorted(first_pixels(store, manifest.validation, manifest, tmp_path / "c")) == [0, 1, 2, 3]
+    class_folders(tmp_path / "valid", per_class=1, classes=("fox",))  # a class the training folders lack
+    with pytest.raises(DataValidationError, match=r"label column 'label': 1 value is not among the training labels "
+                                                  r"\['cat', 'dog', 'eel'\] \(values 'fox'\)"):
+        validate_source(data, shards=2, max_batch_size=2)
+
+
 def test_a_glob_of_jpeg_files_with_shuffle_files(tmp_path, store):
     class_folders(tmp_path / "train", per_class=6, suffix="jpg", fmt="JPEG")
     (tmp_path / "train" / "dog" / "extra.png").write_bytes(image_bytes(99))  # the glob leaves it out
