@@ -1,15 +1,18 @@
 """The data path's tasks on synthetic sources of growing size: wall time, MB/s and peak RSS per step.
 
-    python benchmarks/data_scale.py                       # 0.5 and 2 GB, tabular + tensor images + PNG images
+    python benchmarks/data_scale.py                       # 0.5 and 2 GB, tabular, tensor, PNG and folder images
+    python benchmarks/data_scale.py --kinds folder        # a folder of PNG files alone
     python benchmarks/data_scale.py --sizes 0.5 2 8       # add 8 GB (about 20 minutes on 2 cores)
     python benchmarks/data_scale.py --kinds tabular --sizes 1 --workers 1 2
 
-Every source is a folder of ~128 MB Parquet files generated into a temporary folder (deleted at the
-end, with the store and the shard cache):
+Every source is generated into a temporary folder (deleted at the end, with the store and the
+shard cache); all but the last are folders of ~128 MB Parquet files:
 
 - ``tabular``: 64 float32 feature columns and an integer label;
 - ``tensor``: 32x32x3 uint8 images as a fixed-size list column;
-- ``png``: the same kind of images as PNG bytes (decoded on the worker).
+- ``png``: the same kind of images as PNG bytes (decoded on the worker);
+- ``folder``: the same PNG images as files, one folder per class (``<label>/<i>.png``): one row
+  per file, so files/s is printed too. It has no whole-file read (no table to read).
 
 The steps are the DAG's tasks, each in its own process, so its peak RSS (``VmHWM``) is the
 step's alone:
@@ -53,6 +56,8 @@ def generate(kind: str, folder: str, gigabytes: float, seed: int = 0) -> tuple[i
 
     os.makedirs(folder, exist_ok=True)
     rng = np.random.default_rng(seed)
+    if kind == "folder":
+        return _generate_folder(folder, gigabytes, rng)
     row_bytes = {"tabular": 64 * 4 + 8, "tensor": 3072 + 8, "png": 3200}[kind]
     rows_per_file = max(1000, FILE_MB * 1_000_000 // row_bytes)
     target = gigabytes * 1e9
@@ -79,6 +84,22 @@ def generate(kind: str, folder: str, gigabytes: float, seed: int = 0) -> tuple[i
     return rows, written
 
 
+def _generate_folder(folder: str, gigabytes: float, rng: np.random.Generator) -> tuple[int, int]:
+    """PNG files in ten class folders, written until they hold ``gigabytes``."""
+    for label in range(10):
+        os.makedirs(os.path.join(folder, str(label)), exist_ok=True)
+    written = rows = 0
+    while written < gigabytes * 1e9:
+        images = rng.integers(0, 256, (1000, 32, 32, 3), dtype=np.uint8)
+        for image in images:
+            data = _png(image)
+            with open(os.path.join(folder, str(rows % 10), f"{rows:08d}.png"), "wb") as handle:
+                handle.write(data)
+            written += len(data)
+            rows += 1
+    return rows, written
+
+
 def _png(image: np.ndarray) -> bytes:
     from PIL import Image
 
@@ -89,9 +110,10 @@ def _png(image: np.ndarray) -> bytes:
 
 def data_spec(kind: str, source: str) -> dict:
     features = {"tabular": "x*", "tensor": {"image": {"shape": [32, 32, 3]}},
-                "png": {"image": {"shape": [32, 32, 3], "decode": "image"}}}[kind]
-    return {"source": source, "label": "label", "features": features, "classes": list(range(10)),
-            "validation": 0.1}
+                "png": {"image": {"shape": [32, 32, 3], "decode": "image"}},
+                "folder": {"image": {"shape": [32, 32, 3], "decode": "image"}}}[kind]
+    classes = [str(c) for c in range(10)] if kind == "folder" else list(range(10))  # folder names are text
+    return {"source": source, "label": "label", "features": features, "classes": classes, "validation": 0.1}
 
 
 # -- the steps, each run in a child process -------------------------------------------------------------
@@ -111,10 +133,10 @@ def step(name: str, kind: str, source: str, store_root: str, cache: str, slice_m
 
         out["rows"] = pq.read_table(source).num_rows
     elif name == "list_data":
-        from mop_airflow.data.shard import plan_sharding
+        from mop_airflow.data.shard import plan_sharding, write_plan
 
         plan = plan_sharding(data, store, "bench", SHARDS, 0)
-        plan.write(store, plan_uri)
+        write_plan(plan, store, plan_uri)
         out["slices"] = len(plan.slices)
     elif name == "scatter":
         from mop_airflow.data.shard import scatter_slice
@@ -205,7 +227,7 @@ def _peak_rss_mb() -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", type=float, nargs="+", default=[0.5, 2.0], help="source sizes in GB")
-    parser.add_argument("--kinds", nargs="+", default=["tabular", "tensor", "png"])
+    parser.add_argument("--kinds", nargs="+", default=["tabular", "tensor", "png", "folder"])
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2], help="scatter worker counts to compare")
     parser.add_argument("--slice-mb", type=float, default=256.0, help="data.slice_mb: MB of files per scatter task")
     parser.add_argument("--tmp", default=None, help="where to generate (default: the system temp folder)")
@@ -228,17 +250,20 @@ def main() -> None:
           f"{os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB RAM, "
           f"Python {platform.python_version()}; data.batch_mb=128 (default), data.slice_mb={args.slice_mb:g}; "
           f"{SHARDS} shards")
-    print(f"{'kind':8} {'GB':>5} {'files':>5} {'rows':>10}  {'step':18} {'wall s':>7} {'MB/s':>7} {'peak RSS MB':>11}")
+    print(f"{'kind':8} {'GB':>5} {'files':>7} {'rows':>10}  {'step':18} {'wall s':>7} {'MB/s':>7} {'files/s':>8} "
+          f"{'peak RSS MB':>11}")
     for kind in args.kinds:
         for size in args.sizes:
             root = tempfile.mkdtemp(prefix="mop-data-scale-", dir=args.tmp)
             try:
                 source = os.path.join(root, "source")
                 rows, nbytes = generate(kind, source, size)
-                files = len(os.listdir(source))
+                files = sum(len(names) for _, _, names in os.walk(source))
                 store_root = "file://" + os.path.join(root, "store")
                 steps: list[tuple[str, str, list[list[int]] | None]] = [("whole-file read", "whole-file read", None),
                                                                          ("list_data", "list_data", None)]
+                if kind == "folder":
+                    steps = steps[1:]
                 for n in args.workers:
                     steps.append((f"scatter x{n}", "scatter", n))
                 steps += [("shard", "shard", None), ("stage", "stage", None), ("hop", "hop", None)]
@@ -251,7 +276,7 @@ def main() -> None:
                     result = run_steps(name, kind, source, store_root, os.path.join(root, "cache"), args.slice_mb,
                                        workers)
                     if "error" in result:
-                        print(f"{kind:8} {nbytes / 1e9:5.2f} {files:5} {rows:10}  {label:18} failed: {result['error']}")
+                        print(f"{kind:8} {nbytes / 1e9:5.2f} {files:7} {rows:10}  {label:18} failed: {result['error']}")
                         continue
                     slices = result.get("slices", slices)
                     step_bytes = nbytes / SHARDS if name in ("hop", "stage") else nbytes
@@ -259,8 +284,11 @@ def main() -> None:
                         label = f"list_data ({slices} sl.)"
                     elif result.get("streamed"):
                         label = "hop (streamed)"
-                    print(f"{kind:8} {nbytes / 1e9:5.2f} {files:5} {rows:10}  {label:18} {result['seconds']:7.1f} "
-                          f"{step_bytes / 1e6 / result['seconds']:7.0f} {result['peak_rss_mb']:11.0f}", flush=True)
+                    per_second = (f"{files / (SHARDS if name in ('hop', 'stage') else 1) / result['seconds']:8.0f}"
+                                  if kind == "folder" else f"{'':8}")
+                    print(f"{kind:8} {nbytes / 1e9:5.2f} {files:7} {rows:10}  {label:18} {result['seconds']:7.1f} "
+                          f"{step_bytes / 1e6 / result['seconds']:7.0f} {per_second} {result['peak_rss_mb']:11.0f}",
+                          flush=True)
             finally:
                 shutil.rmtree(root, ignore_errors=True)
 

@@ -444,11 +444,12 @@ def _cmd_up(args: argparse.Namespace) -> int:
 def _cmd_example_data(args: argparse.Namespace) -> int:
     from mop_airflow.examples.mnist1d_data import write_mnist1d  # noqa: PLC0415
 
-    from mop_airflow.examples.sklearn_data import write_digits, write_friedman  # noqa: PLC0415
+    from mop_airflow.examples.sklearn_data import write_digit_images, write_digits, write_friedman  # noqa: PLC0415
 
     out = write_mnist1d(args.dir, num_samples=args.num_samples)
     print(f"train: {out['train']}\nvalidation: {out['test']}")
     print(f"digits (8x8 images as a tensor column): {write_digits(args.dir)}")
+    print(f"digit images (8x8 PNG files, a folder per class): {write_digit_images(args.dir)}")
     print(f"friedman (regression, CSV files): {write_friedman(args.dir)}")
     return OK
 
@@ -598,7 +599,8 @@ def build_parser() -> argparse.ArgumentParser:
     sync.add_argument("--dags-folder", help="create the pools every mop_airflow DAG in this folder needs")
     sync.set_defaults(func=_cmd_pools_sync)
 
-    data = sub.add_parser("example-data", help="generate MNIST-1D, digits and Friedman #1 (offline) as Parquet/CSV")
+    data = sub.add_parser("example-data", help="generate MNIST-1D, digits (Parquet and PNG folders) and Friedman #1 "
+                                                "(offline)")
     data.add_argument("--dir", default=os.path.join(home, "data"))
     data.add_argument("--num-samples", type=int, default=20000)
     data.set_defaults(func=_cmd_example_data)

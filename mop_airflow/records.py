@@ -231,11 +231,12 @@ class SourceListing(Record):
     """A source resolved into files (a file, folder, glob or prefix) with the schema they share."""
 
     uri: str
-    format: str  # "parquet" or "csv"
+    format: str  # "parquet", "csv" or "images" (one file per row: mop_airflow.data.images)
     files: list[SourceFile]
     schema: dict[str, str]
     partitions: list[str] = field(default_factory=list)  # hive keys, e.g. ["year"]
-    base: str | None = None  # the folder hive partitions are read below
+    base: str | None = None  # the folder hive partitions (or image paths) are read below
+    images: dict[str, Any] | None = None  # an image folder's layout, labels file and layout problems
 
     @property
     def total_rows(self) -> int:

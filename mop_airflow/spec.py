@@ -70,7 +70,9 @@ class DataSpec:
     """Where the training data is and what its columns mean.
 
     ``source`` is a Parquet or CSV file, a folder of them (hive partitions allowed), a glob or an
-    ``s3://`` prefix. ``features`` lists numeric columns, is one glob pattern such as ``"x*"``, or
+    ``s3://`` prefix; or a folder, glob or prefix of image files (:mod:`mop_airflow.data.images`),
+    one class folder per label, or beside a ``labels`` file (CSV or Parquet: a ``file`` column of
+    paths relative to the source, the label and any extra feature columns). ``features`` lists numeric columns, is one glob pattern such as ``"x*"``, or
     maps model inputs to columns: ``{"image": {"shape": [32, 32, 3]}}`` (a list column, reshaped),
     ``{"photo": {"shape": [32, 32, 3], "decode": "image"}}`` (PNG/JPEG bytes, decoded on the worker)
     or ``{"tabular": {"columns": "x*"}}`` (scalar columns stacked). ``task`` is ``classification``
@@ -95,6 +97,8 @@ class DataSpec:
     shuffle: str = "rows"
     batch_mb: float = 128.0
     slice_mb: float = 1024.0
+    # Image folders only: "labels.csv" (file column "file"), or {"path": ..., "file_column": ...}.
+    labels: str | Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.source, str) or not self.source.strip():
@@ -142,10 +146,34 @@ class DataSpec:
                             "use e.g. 1024: each sharding task reads about this much of the source")
         object.__setattr__(self, "storage_options", _options("data.storage_options", self.storage_options))
         _optional_name("data.conn_id", self.conn_id)
+        if self.labels is not None:
+            object.__setattr__(self, "labels", _check_labels(self.labels))
 
 
-_KNOWN_SUFFIXES = (".parquet", ".pq", ".csv")
-_FEATURE_KEYS = {"column", "columns", "shape", "decode", "dtype"}
+_IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp")
+_KNOWN_SUFFIXES = (".parquet", ".pq", ".csv", *_IMAGE_SUFFIXES)
+_FEATURE_KEYS = {"column", "columns", "shape", "decode", "dtype", "resize", "interpolation", "color_mode"}
+# Keras's names (image_dataset_from_directory); Pillow has no lanczos5, gaussian or mitchellcubic filter.
+INTERPOLATIONS = ("bilinear", "nearest", "bicubic", "area", "lanczos3")
+COLOR_MODES = {"grayscale": 1, "rgb": 3, "rgba": 4}
+
+
+def _check_labels(labels: Any) -> dict[str, str]:
+    """``data.labels`` as ``{"path": ..., "file_column": ...}``, from a path or such a dict."""
+    fix = ("set data.labels to the labels file beside the images, e.g. 'labels.csv', or "
+           "{'path': 'labels.csv', 'file_column': 'filename'}")
+    if isinstance(labels, str):
+        labels = {"path": labels}
+    if not isinstance(labels, Mapping) or set(labels) - {"path", "file_column"}:
+        raise SpecError("data.labels", labels, "must be a path or a dict with 'path' and 'file_column'", fix)
+    path, column = labels.get("path"), labels.get("file_column", "file")
+    if not isinstance(path, str) or not path.lower().split("?")[0].endswith((".csv", ".parquet", ".pq")):
+        raise SpecError("data.labels", labels.get("path"), "must name a .csv, .parquet or .pq file", fix)
+    if not isinstance(column, str) or not column:
+        raise SpecError("data.labels.file_column", column, "must be a column name",
+                        "name the labels file's column of image paths, e.g. 'file'")
+    return {"path": path, "file_column": column}
+
 
 
 def _check_source_form(name: str, uri: str) -> None:
@@ -153,8 +181,46 @@ def _check_source_form(name: str, uri: str) -> None:
     last = uri.lower().split("?")[0].rstrip("/").rsplit("/", 1)[-1]
     if "." in last and not any(ch in last for ch in "*?[") and not last.endswith(_KNOWN_SUFFIXES) \
             and last.rsplit(".", 1)[-1].isalpha() and not uri.endswith("/"):
-        raise SpecError(name, uri, "must be a .parquet, .pq or .csv file, a folder or glob of them, or a prefix",
+        raise SpecError(name, uri, "must be a .parquet, .pq or .csv file, an image file (.jpg, .jpeg, .png, .bmp, "
+                        ".gif, .webp), a folder or glob of them, or a prefix",
                         "convert the data to Parquet or CSV, or rename the file with its format's extension")
+
+
+def _check_image_options(field_name: str, column_spec: dict) -> None:
+    """``resize``, ``interpolation`` and ``color_mode``, with Keras's names and meanings, on images only."""
+    options = [key for key in ("resize", "interpolation", "color_mode") if key in column_spec]
+    if not options:
+        return
+    shape = column_spec["shape"]
+    if column_spec.get("decode") != "image":
+        raise SpecError(f"{field_name}.{options[0]}", column_spec[options[0]], "applies to images only",
+                        "add decode='image' for encoded image bytes, or remove the option")
+    resize = column_spec.get("resize")
+    if resize is not None:
+        if (not isinstance(resize, (list, tuple)) or len(resize) != 2
+                or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 1 for d in resize)):
+            raise SpecError(f"{field_name}.resize", resize, "must be [height, width] in pixels",
+                            f"use the shape's height and width, e.g. {shape[:2]}")
+        if list(resize) != list(shape[:2]):
+            raise SpecError(f"{field_name}.resize", resize, f"must match the height and width of shape {shape}",
+                            f"set resize to {shape[:2]}, the size the model takes")
+        column_spec["resize"] = list(resize)
+    if "interpolation" in column_spec:
+        if resize is None:
+            raise SpecError(f"{field_name}.interpolation", column_spec["interpolation"], "only applies with resize",
+                            f"add resize: {shape[:2]} or remove interpolation")
+        if column_spec["interpolation"] not in INTERPOLATIONS:
+            raise SpecError(f"{field_name}.interpolation", column_spec["interpolation"],
+                            f"must be one of {', '.join(INTERPOLATIONS)}", "use 'bilinear' (Keras's default)")
+    mode = column_spec.get("color_mode")
+    if mode is not None:
+        if mode not in COLOR_MODES:
+            raise SpecError(f"{field_name}.color_mode", mode, f"must be one of {', '.join(COLOR_MODES)}",
+                            "use 'rgb' for 3 channels, 'grayscale' for 1 or 'rgba' for 4")
+        if COLOR_MODES[mode] != shape[-1]:
+            raise SpecError(f"{field_name}.color_mode", mode, f"gives {COLOR_MODES[mode]} channel(s), but shape "
+                            f"{shape} declares {shape[-1]}", f"make the shape's last entry {COLOR_MODES[mode]}, "
+                            "or pick the color_mode of the declared channels")
 
 
 def _check_features(features: Any, label: str) -> Any:
@@ -200,6 +266,7 @@ def _check_features(features: Any, label: str) -> Any:
                 if column_spec.get("decode") == "image" and len(shape) != 3:
                     raise SpecError(f"{field_name}.shape", shape, "an image's shape is [height, width, channels]",
                                     "e.g. [32, 32, 3] for RGB or [28, 28, 1] for grey images")
+                _check_image_options(field_name, column_spec)
                 if column_spec.get("dtype", "float32") not in ("float32", "float16", "uint8", "int32"):
                     raise SpecError(f"{field_name}.dtype", column_spec["dtype"],
                                     "must be float32, float16, uint8 or int32", "leave it out for float32")

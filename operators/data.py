@@ -20,12 +20,12 @@ class MopListDataOperator(MopBaseOperator):
     ui_color = "#fdf2d0"
 
     def work(self, context: Any) -> list[int]:
-        from mop_airflow.data.shard import plan_sharding  # noqa: PLC0415
+        from mop_airflow.data.shard import plan_sharding, write_plan  # noqa: PLC0415
 
         run = self.resolved_run(context)
         layout = self.layout(context)
         plan = plan_sharding(run.data, layout.store, run.dag_id, run.schedule.shards, run.schedule.seed)
-        plan.write(layout.store, layout.sharding_plan_uri)
+        write_plan(plan, layout.store, layout.sharding_plan_uri)
         self.log.info("%d file(s), %d rows, %.1f MB in %d slice(s); shards %s (fingerprint %s)",
                       len(plan.listing.files), plan.listing.total_rows, plan.listing.total_bytes / 1e6,
                       len(plan.slices), "exist and are reused" if plan.reused else "will be written", plan.fingerprint)

@@ -24,7 +24,8 @@ def hops(dag):
     return [t for t in dag.tasks if ".hop_" in t.task_id]
 
 
-SELECTION_DAGS = {"mop_mnist1d", "mop_mnist1d_hyperband", "mop_digits", "mop_friedman", "mop_digits_retrain"}
+SELECTION_DAGS = {"mop_mnist1d", "mop_mnist1d_hyperband", "mop_digits", "mop_digit_images", "mop_friedman",
+                  "mop_digits_retrain"}
 
 
 def selection_dags(dagbag):

@@ -5,6 +5,7 @@ scikit-learn's bundled digits (1,797 rows x 64 features, 10 classes), 2 shards, 
 """
 
 import json
+import os
 
 import numpy as np
 import pyarrow as pa
@@ -270,3 +271,67 @@ def test_the_regression_example_ranks_by_validation_mae(airflow_db, tmp_path):
     assert values == sorted(values) and len(values) == 4
     # Friedman #1's target has a standard deviation near 5; predicting its mean gives an MAE near 4
     assert values[0] < 3.5
+
+
+def test_the_image_folder_example_trains_on_png_class_folders_and_scores_a_folder(airflow_db, tmp_path):
+    from mop_airflow.examples.sklearn_data import digit_images_data_spec, write_digit_images
+    from mop_airflow.training.predict import predict
+
+    folder = write_digit_images(str(tmp_path))
+    root = f"file://{tmp_path / 'store'}"
+    dag_run = run_dag(_example_spec("mop_digit_images", digit_images_data_spec(str(tmp_path)), root),
+                      "mop_e2e_digit_images")
+    assert dag_run.state == "success"
+    store = Store(root)
+    layout = RunLayout(store, "mop_e2e_digit_images", dag_run.run_id)
+    manifest = store.read_json(layout.manifest_pointer_uri)
+    assert manifest["classes"] == [str(d) for d in range(10)]  # the folder names, sorted
+    assert manifest["inputs"][0]["shape"] == [8, 8, 1] and manifest["inputs"][0]["color_mode"] == "grayscale"
+    assert sum(shard["rows"] for shard in manifest["shards"]) + manifest["validation"]["rows"] == 1797
+    board = store.read_json(layout.report_uri("leaderboard.json"))["leaderboard"]
+    assert len(board) == 4 and board[0]["val_accuracy"] > 0.7  # one pass over 8x8 digits; chance is 0.1
+
+    # Scoring a folder of images: one row per file, keyed by row_id and the file's path.
+    threes = sorted(os.listdir(os.path.join(folder, "3")))
+    out = predict(layout, os.path.join(folder, "3"), str(tmp_path / "threes.parquet"), mode="response")
+    scores = pq.read_table(out["uri"].removeprefix("file://"))
+    assert scores.column_names == ["row_id", "path", "response"] and out["rows"] == len(threes) == 183
+    assert scores["row_id"].to_pylist() == list(range(183)) and scores["path"].to_pylist() == threes
+    assert np.mean(np.asarray(scores["response"].to_pylist()) == "3") > 0.7
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "ok.png").write_bytes(open(os.path.join(folder, "3", threes[0]), "rb").read())
+    (broken / "cut.png").write_bytes(open(os.path.join(folder, "3", threes[1]), "rb").read()[:40])
+    from mop_airflow.errors import DataValidationError
+
+    with pytest.raises(DataValidationError, match=r"column 'image': 1 image\(s\) cannot be decoded: not an image, or "
+                                                  r"truncated \(file cut.png\); replace or remove them"):
+        predict(layout, str(broken), str(tmp_path / "broken.parquet"), mode="response")
+    assert not (tmp_path / "broken.parquet").exists()
+
+
+def test_the_image_folder_example_reads_its_folders_from_an_s3_prefix(airflow_db, tmp_path, s3_endpoint, monkeypatch):
+    import s3fs
+
+    from mop_airflow.examples.sklearn_data import digit_images_data_spec, write_digit_images
+
+    make_bucket(s3_endpoint, "mop-images-e2e")
+    conn = {"conn_type": "aws", "login": "test", "password": "test", "extra": {"endpoint_url": s3_endpoint}}
+    monkeypatch.setenv("AIRFLOW_CONN_MOP_S3_IMAGES", json.dumps(conn))
+    folder = write_digit_images(str(tmp_path))
+    s3fs.S3FileSystem(key="test", secret="test", client_kwargs={"endpoint_url": s3_endpoint}).put(
+        folder, "mop-images-e2e/digit_images", recursive=True)
+    data = {**digit_images_data_spec(), "source": "s3://mop-images-e2e/digit_images/", "conn_id": "mop_s3_images"}
+    spec = _example_spec("mop_digit_images", data, "s3://mop-images-e2e/runs")
+    spec["store"].update(conn_id="mop_s3_images", cache_dir=str(tmp_path / "cache"))
+    dag_run = run_dag(spec, "mop_e2e_digit_images_s3")
+    assert dag_run.state == "success"
+    store = Store("s3://mop-images-e2e/runs", conn_id="mop_s3_images")
+    layout = RunLayout(store, "mop_e2e_digit_images_s3", dag_run.run_id)
+    manifest = store.read_json(layout.manifest_pointer_uri)
+    assert manifest["classes"] == [str(d) for d in range(10)]
+    assert sum(shard["rows"] for shard in manifest["shards"]) + manifest["validation"]["rows"] == 1797
+    plan = store.read_json(layout.sharding_plan_uri)
+    assert plan["listing"]["files"][0]["uri"] == "s3://mop-images-e2e/digit_images/0/0000.png"
+    board = store.read_json(layout.report_uri("leaderboard.json"))["leaderboard"]
+    assert len(board) == 4 and board[0]["val_accuracy"] > 0.7

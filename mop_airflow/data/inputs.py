@@ -13,7 +13,7 @@ import fnmatch
 import io
 import math
 from dataclasses import asdict, dataclass
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
@@ -57,15 +57,29 @@ class InputSpec:
     # How shards store a tensor column: None = as the source's list; else the element dtype of a
     # fixed-size binary column holding each row's values back to back (fast to write and read).
     stored: str | None = None
+    # Images: decode to this [height, width] with Keras's interpolation name, and convert to the
+    # color_mode (rgb, grayscale, rgba); without color_mode an image must have the declared channels.
+    resize: tuple[int, int] | None = None
+    interpolation: str = "bilinear"
+    color_mode: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "columns": list(self.columns), "shape": list(self.shape)}
+        out = {**asdict(self), "columns": list(self.columns), "shape": list(self.shape)}
+        # Left out unless set, so the shards of sources without them keep their fingerprint.
+        if self.resize is None:
+            out.pop("resize"), out.pop("interpolation")
+        else:
+            out["resize"] = list(self.resize)
+        if self.color_mode is None:
+            out.pop("color_mode")
+        return out
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "InputSpec":
         return cls(name=data["name"], kind=data["kind"], columns=tuple(data["columns"]),
                    shape=tuple(int(d) for d in data["shape"]), dtype=data.get("dtype", "float32"),
-                   stored=data.get("stored"))
+                   stored=data.get("stored"), resize=tuple(data["resize"]) if data.get("resize") else None,
+                   interpolation=data.get("interpolation", "bilinear"), color_mode=data.get("color_mode"))
 
     @property
     def size(self) -> int:
@@ -84,7 +98,10 @@ def resolve_inputs(columns: list[str], features: Any, label: str) -> list[InputS
             else:
                 kind = "image" if spec.get("decode") == "image" else "tensor"
                 out.append(InputSpec(name, kind, (spec.get("column", name),), tuple(spec["shape"]),
-                                     spec.get("dtype", "float32")))
+                                     spec.get("dtype", "float32"),
+                                     resize=tuple(spec["resize"]) if spec.get("resize") else None,
+                                     interpolation=spec.get("interpolation", "bilinear"),
+                                     color_mode=spec.get("color_mode")))
         return out
     names = resolve_columns(candidates, features, "data.features")
     return [InputSpec(SCALAR_INPUT, "columns", tuple(names), (len(names),))]
@@ -112,13 +129,22 @@ def input_shapes(inputs: list[InputSpec]) -> dict[str, tuple[int, ...]]:
     return {spec.name: spec.shape for spec in inputs}
 
 
-def to_arrays(table: Any, inputs: list[InputSpec], *, where: str = "") -> Any:
-    """The model's input for ``table``'s rows: one array for one input, else a dict by input name."""
-    arrays = {spec.name: _input_array(table, spec, where) for spec in inputs}
+def to_arrays(table: Any, inputs: list[InputSpec], *, where: str = "",
+              name_rows: Callable[[tuple[int, ...], int], str] | None = None) -> Any:
+    """The model's input for ``table``'s rows: one array for one input, else a dict by input name.
+
+    ``name_rows(rows, count)`` words the rows a problem names (an image source names its files).
+    """
+    arrays = {spec.name: _input_array(table, spec, where, name_rows) for spec in inputs}
     return arrays[inputs[0].name] if len(inputs) == 1 else arrays
 
 
-def _input_array(table: Any, spec: InputSpec, where: str) -> np.ndarray:
+def _sentences(problems: list[Problem], name_rows: Callable[[tuple[int, ...], int], str] | None) -> list[str]:
+    return [p.sentence(rows=name_rows(p.rows, p.count) if name_rows else None) for p in problems]
+
+
+def _input_array(table: Any, spec: InputSpec, where: str,
+                 name_rows: Callable[[tuple[int, ...], int], str] | None = None) -> np.ndarray:
     dtype = np.dtype(spec.dtype)
     if spec.kind == "columns":
         x = np.empty((table.num_rows, len(spec.columns)), dtype=np.float32)
@@ -131,11 +157,11 @@ def _input_array(table: Any, spec: InputSpec, where: str) -> np.ndarray:
     if spec.kind == "tensor":
         flat, problems = tensor_values(column, spec)
         if problems:
-            raise DataValidationError(where or spec.columns[0], [p.sentence() for p in problems])
+            raise DataValidationError(where or spec.columns[0], _sentences(problems, name_rows))
         return flat.reshape((table.num_rows, *spec.shape)).astype(dtype, copy=False)
     images, problems = decode_images(column, spec)
     if problems:
-        raise DataValidationError(where or spec.columns[0], [p.sentence() for p in problems])
+        raise DataValidationError(where or spec.columns[0], _sentences(problems, name_rows))
     return images.astype(dtype, copy=False)
 
 
@@ -223,8 +249,19 @@ def packed_values(column: Any, spec: InputSpec) -> np.ndarray:
 
 
 # -- images ------------------------------------------------------------------------------------
+MODE_OF_CHANNELS = {1: "L", 3: "RGB", 4: "RGBA"}
+COLOR_MODE_MODES = {"grayscale": "L", "rgb": "RGB", "rgba": "RGBA"}
+# Keras's interpolation names as Pillow filters ("area" averages the covered pixels: Pillow's box).
+RESAMPLING = {"nearest": 0, "bilinear": 2, "bicubic": 3, "area": 4, "lanczos3": 1}
+
+
 def decode_images(column: Any, spec: InputSpec, first_row: int = 0) -> tuple[np.ndarray, list[Problem]]:
-    """Decode PNG/JPEG bytes (or the ``{bytes, path}`` struct of dataset exports) to ``spec.shape``."""
+    """Decode encoded images (JPEG, PNG, BMP, GIF's first frame, WebP; or the ``{bytes, path}``
+    struct of dataset exports) to ``spec.shape``, resized and converted as the spec says.
+
+    Pillow decodes: on small images it beats TensorFlow's decoders, whose per-call cost is larger
+    than the decoding itself, and a scatter task need not import TensorFlow (README, "Data at scale").
+    """
     import pyarrow as pa  # noqa: PLC0415
     from PIL import Image  # noqa: PLC0415
 
@@ -239,20 +276,27 @@ def decode_images(column: Any, spec: InputSpec, first_row: int = 0) -> tuple[np.
             "decode='image'; store PNG/JPEG bytes (or a {{bytes, path}} struct), or use 'shape' without 'decode' "
             "for a list column")]
     height, width, channels = spec.shape
-    mode = {1: "L", 3: "RGB", 4: "RGBA"}.get(channels)
+    mode = COLOR_MODE_MODES[spec.color_mode] if spec.color_mode else MODE_OF_CHANNELS.get(channels)
     out = np.empty((len(column), height, width, channels), dtype=np.uint8)
-    undecodable, wrong_size, sizes = [], [], []
+    undecodable, wrong_size, sizes, wrong_channels, found_channels = [], [], [], [], []
     for i, raw in enumerate(column.to_pylist()):
         if raw is None:
             undecodable.append(i)
             continue
         try:
             with Image.open(io.BytesIO(raw)) as image:
-                if image.size != (width, height):
+                if spec.color_mode is None and channels not in _channels(image):
+                    wrong_channels.append(i)
+                    found_channels.append(min(_channels(image)))
+                    continue
+                if spec.resize is None and image.size != (width, height):
                     wrong_size.append(i)
                     sizes.append(f"{image.size[1]}x{image.size[0]}")
                     continue
-                pixels = np.asarray(image.convert(mode) if mode and image.mode != mode else image)
+                decoded = image.convert(mode) if mode and image.mode != mode else image
+                if spec.resize is not None and decoded.size != (width, height):
+                    decoded = decoded.resize((width, height), RESAMPLING[spec.interpolation])
+                pixels = np.asarray(decoded)
         except Exception:  # noqa: BLE001 - any decoder error means the bytes are not an image
             undecodable.append(i)
             continue
@@ -260,14 +304,32 @@ def decode_images(column: Any, spec: InputSpec, first_row: int = 0) -> tuple[np.
     problems = []
     if undecodable:
         problems.append(_problem(name, "image_decode", undecodable, first_row,
-                                 f"column {name!r}: {{count}} row(s) are not decodable PNG/JPEG images ({{rows}}); "
-                                 "replace or remove them"))
+                                 f"column {name!r}: {{count}} image(s) cannot be decoded: not an image, or "
+                                 "truncated ({rows}); replace or remove them"))
     if wrong_size:
         problems.append(_problem(name, "image_size", wrong_size, first_row,
                                  f"column {name!r}: {{count}} image(s) are not {height}x{width} (height x width) as "
                                  f"declared in shape {list(spec.shape)} ({{rows}}; sizes such as "
-                                 f"{', '.join(sorted(set(sizes))[:3])}); resize them or fix the declared shape"))
+                                 f"{', '.join(sorted(set(sizes))[:3])}); resize them, add \"resize\": "
+                                 f"[{height}, {width}] to the input to resize while decoding, or fix the shape"))
+    if wrong_channels:
+        problems.append(_problem(name, "image_channels", wrong_channels, first_row,
+                                 f"column {name!r}: {{count}} image(s) have {_counts(found_channels)} channel(s), "
+                                 f"not the {channels} declared in shape {list(spec.shape)} ({{rows}}); convert "
+                                 "them, or add \"color_mode\": \"" + {1: "grayscale", 3: "rgb", 4: "rgba"}.get(
+                                     channels, "rgb") + "\" to the input to convert while decoding"))
     return out, problems
+
+
+def _channels(image: Any) -> set[int]:
+    """The channel counts an image decodes to as it is: a palette image takes any of 1, 3 or 4."""
+    if image.mode == "P":
+        return {1, 3, 4}
+    return {len(image.getbands())}
+
+
+def _counts(values: list[int]) -> str:
+    return " or ".join(str(v) for v in sorted(set(values)))
 
 
 def _first(rows: np.ndarray, offset: int = 0, limit: int = 5) -> str:

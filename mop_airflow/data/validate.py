@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mop_airflow.data.expectations import EXAMPLES, Check, gx_context, suite, suspect, validate_batch
+from mop_airflow.data.images import layout_problems, rows_named
 from mop_airflow.data.inputs import InputSpec, Problem, decode_images, input_columns, resolve_inputs, tensor_values
 from mop_airflow.data.source import iter_batches, list_source, rows_per_batch
 from mop_airflow.data.table import MAX_FOUND_CLASSES, count_labels, holdout_rows, min_rows_for, sorted_labels
@@ -34,11 +35,12 @@ def validate_source(data: DataSpec, *, shards: int, max_batch_size: int) -> dict
     every failure, merged over all batches; returns a summary with the classes found. (A DAG runs
     the same checks spread over its ``scatter`` tasks, one slice of files each, and merges them.)
     """
-    listing = list_source(data.source, data.storage_options, data.conn_id)
+    listing = list_source(data.source, data.storage_options, data.conn_id, labels=data.labels)
     held, held_failures = None, []
     if isinstance(data.validation, str):
         try:
-            held = list_source(data.validation, data.storage_options, data.conn_id, role="data.validation")
+            held = list_source(data.validation, data.storage_options, data.conn_id, role="data.validation",
+                               labels=data.labels)
         except DataValidationError as exc:  # still report what is wrong with the source
             held_failures = [f"validation file {data.validation}: {f}" for f in exc.failures]
     checks = DataChecks.plan(data, listing, held, shards=shards, max_batch_size=max_batch_size,
@@ -71,6 +73,10 @@ class DataChecks:
     def plan(cls, data: DataSpec, listing: SourceListing, held: SourceListing | None, *, shards: int,
              max_batch_size: int, failures: list[str] | tuple[str, ...] = ()) -> "DataChecks":
         failures = list(failures)
+        # An image folder's layout problems, found while listing, join the rows' findings.
+        failures += layout_problems(listing, data.classes, "data.source")
+        if held is not None:
+            failures += layout_problems(held, data.classes, "data.validation")
         try:
             inputs = resolve_inputs(listing.columns, data.features, data.label)
         except DataValidationError as exc:  # keep going: the label and row checks still say something
@@ -220,14 +226,17 @@ class _Role:
                     Check("expect_column_values_to_not_be_in_set", "target_finite", data.label,
                            {"value_set": [float("inf"), float("-inf")]}),
                 ]
-            elif data.classes:
+            elif data.classes and (self.listing.images or {}).get("layout") != "folders":
+                # (A class folder's name missing from data.classes is one sentence per folder, from the listing.)
                 self.checks.append(Check("expect_column_values_to_be_in_set", "in_classes", data.label,
                                           {"value_set": list(data.classes)}))
         self.checks.append(Check("expect_table_row_count_to_be_between", "rows", None,
                                   {"min_value": self.min_rows}, per_batch=False))
 
     def where_rows(self, examples: list[tuple[int, int]], count: int) -> str:
-        """Row numbers as a user finds them: in the file, named when the source has several."""
+        """Row numbers as a user finds them: in the file, named when the source has several (an image: its file)."""
+        if self.listing.format == "images":
+            return rows_named(self.listing, examples, count)
         several = len(self.listing.files) > 1
         shown = [f"{_file_name(self.listing.files[f].uri)}:{r}" if several else str(r) for f, r in examples]
         more = ", ..." if count > len(shown) else ""

@@ -1,7 +1,8 @@
 """Model builders for the image and regression examples: ``build(hparams) -> keras.Model`` (uncompiled).
 
 They read the input's shape from ``hparams["input_shape"]`` and the output size from
-``hparams["num_outputs"]`` (classes, or 1 for regression), both injected from the data.
+``hparams["num_outputs"]`` (classes, or 1 for regression), both injected from the data. The image
+builders take ``rescale`` (e.g. 1/255 for pixels decoded from image files, as Keras's ``Rescaling``).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ def cnn2d(hparams: dict[str, Any]) -> keras.Model:
     """A small 2-D CNN for images of shape (height, width, channels)."""
     filters = int(hparams.get("filters", 16))
     return keras.Sequential([
-        keras.Input(tuple(hparams["input_shape"])),
+        *_inputs(hparams),
         keras.layers.Conv2D(filters, 3, padding="same", activation="relu"),
         keras.layers.Conv2D(filters, 3, padding="same", activation="relu"),
         keras.layers.MaxPooling2D(2),
@@ -28,11 +29,19 @@ def cnn2d(hparams: dict[str, Any]) -> keras.Model:
 def flat_mlp(hparams: dict[str, Any]) -> keras.Model:
     """An MLP on any input shape (flattened): the baseline a CNN has to beat."""
     return keras.Sequential([
-        keras.Input(tuple(hparams["input_shape"])),
+        *_inputs(hparams),
         keras.layers.Flatten(),
         keras.layers.Dense(int(hparams.get("units", 64)), activation="relu"),
         keras.layers.Dense(int(hparams["num_outputs"]), activation="softmax"),
     ])
+
+
+def _inputs(hparams: dict[str, Any]) -> list[Any]:
+    """The input, rescaled when ``rescale`` is given."""
+    layers: list[Any] = [keras.Input(tuple(hparams["input_shape"]))]
+    if hparams.get("rescale") is not None:
+        layers.append(keras.layers.Rescaling(float(hparams["rescale"])))
+    return layers
 
 
 def regressor(hparams: dict[str, Any]) -> keras.Model:

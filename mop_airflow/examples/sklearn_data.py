@@ -2,6 +2,8 @@
 
 - ``digits/``: the 1,797 8x8 handwritten digits as a tensor column ``pixels`` (a fixed-size list of
   64 float32 in [0, 1], declared with shape ``[8, 8, 1]``) and ``label``, in four Parquet files;
+- ``digit_images/``: the same digits as 8x8 grayscale PNG files, one folder per class
+  (``digit_images/<digit>/<i>.png``): the layout of Keras's ``image_dataset_from_directory``;
 - ``friedman/``: Friedman's regression problem #1 (``make_friedman1``, 4,000 rows, ``x0..x9`` and a
   numeric ``y``) as four CSV files.
 
@@ -15,6 +17,7 @@ import os
 import numpy as np
 
 DIGITS = "digits"
+DIGIT_IMAGES = "digit_images"
 FRIEDMAN = "friedman"
 PARTS = 4
 
@@ -33,6 +36,25 @@ def write_digits(directory: str) -> str:
         _write_atomic(os.path.join(folder, f"part-{part}.parquet"),
                       lambda path, t=pa.table({"pixels": pixels, "label": y[rows].astype(np.int64)}):
                       pq.write_table(t, path))
+    return folder
+
+
+def write_digit_images(directory: str) -> str:
+    """Write ``<directory>/digit_images/<digit>/<i>.png`` (8x8, grayscale 0-255); returns the folder."""
+    import io  # noqa: PLC0415
+
+    from PIL import Image  # noqa: PLC0415
+    from sklearn.datasets import load_digits  # noqa: PLC0415
+
+    x, y = load_digits(return_X_y=True)
+    folder = os.path.join(os.path.abspath(os.path.expanduser(directory)), DIGIT_IMAGES)
+    pixels = np.clip(x * 16, 0, 255).astype(np.uint8).reshape(-1, 8, 8)  # 0-16 in the data set
+    for i, (image, digit) in enumerate(zip(pixels, y)):
+        os.makedirs(os.path.join(folder, str(digit)), exist_ok=True)
+        buffer = io.BytesIO()
+        Image.fromarray(image, "L").save(buffer, format="PNG")
+        _write_atomic(os.path.join(folder, str(digit), f"{i:04d}.png"),
+                      lambda path, data=buffer.getvalue(): open(path, "wb").write(data))
     return folder
 
 
@@ -55,6 +77,12 @@ def digits_data_spec(directory: str | None = None) -> dict:
     """The digits folder as 8x8x1 images from a tensor column; classes are found by validation."""
     return {"source": os.path.join(_data_dir(directory), DIGITS), "label": "label", "validation": 0.2,
             "features": {"pixels": {"shape": [8, 8, 1]}}}
+
+
+def digit_images_data_spec(directory: str | None = None) -> dict:
+    """The digit PNG folders: the label is the class folder's name; the models rescale 0-255 to 0-1."""
+    return {"source": os.path.join(_data_dir(directory), DIGIT_IMAGES), "label": "label", "validation": 0.2,
+            "features": {"image": {"shape": [8, 8, 1], "decode": "image", "color_mode": "grayscale"}}}
 
 
 def friedman_data_spec(directory: str | None = None) -> dict:

@@ -199,7 +199,8 @@ def predict(layout: RunLayout | None, source: str, out: str, *, mode: str = "res
             config_id: str | None = None, id_column: str | None = None, batch_rows: int | None = None,
             storage_options: Mapping[str, Any] | None = None, conn_id: str | None = None,
             run_model: RunModel | None = None) -> dict[str, Any]:
-    """Score ``source`` (a Parquet/CSV file, folder, glob or prefix) into the Parquet file ``out``.
+    """Score ``source`` (a Parquet/CSV file, folder, glob or prefix, or one of image files) into the
+    Parquet file ``out``; the rows of an image source carry their file's ``path`` beside ``row_id``.
 
     ``storage_options`` and ``conn_id`` open the source and ``out``. Returns what was written:
     ``uri``, ``rows`` (input rows scored), ``mode``, ``columns``, ``config_id``, ``model``.
@@ -207,14 +208,17 @@ def predict(layout: RunLayout | None, source: str, out: str, *, mode: str = "res
     import pyarrow as pa  # noqa: PLC0415
     import pyarrow.parquet as pq  # noqa: PLC0415
 
-    from mop_airflow.data.source import iter_batches, list_source, open_dataset, rows_per_batch  # noqa: PLC0415
+    from mop_airflow.data.images import rows_named  # noqa: PLC0415
+    from mop_airflow.data.source import iter_batches, list_source, rows_per_batch, source_schema  # noqa: PLC0415
 
     if run_model is None:
         run_model = load_run_model(layout, config_id)
     manifest, inputs = run_model.manifest, run_model.inputs
     check_mode(mode, k, manifest)
-    listing = list_source(source, storage_options, conn_id, role="--source")
-    schema = open_dataset(listing, storage_options, conn_id).schema
+    listing = list_source(source, storage_options, conn_id, role="--source", scoring=True)
+    schema = source_schema(listing, storage_options, conn_id)
+    if listing.format == "images" and id_column is None:
+        id_column = "path"  # a folder of images: each score names its file, relative to the source
     check_source_schema(schema, inputs, source, id_column)
     columns = list(dict.fromkeys([*input_columns(inputs), *([id_column] if id_column else [])]))
     rows = batch_rows or rows_per_batch(listing, 64)
@@ -228,8 +232,12 @@ def predict(layout: RunLayout | None, source: str, out: str, *, mode: str = "res
             for batch in iter_batches(listing, columns, batch_rows=rows, storage_options=storage_options,
                                       conn_id=conn_id):
                 _check_rows(batch.table, inputs, batch.file.uri, batch.first_row)
-                x = to_arrays(batch.table, inputs, where=f"{batch.file.uri} (the batch of its rows {batch.first_row}-"
-                                                         f"{batch.first_row + batch.table.num_rows - 1})")
+                if listing.format == "images":  # a bad image is named by its file
+                    x = to_arrays(batch.table, inputs, where=source, name_rows=lambda rows, count, first=batch.file_index:
+                                  rows_named(listing, [(first, r) for r in rows], count))
+                else:
+                    x = to_arrays(batch.table, inputs, where=f"{batch.file.uri} (the batch of its rows "
+                                                             f"{batch.first_row}-{batch.first_row + batch.table.num_rows - 1})")
                 y = np.asarray(run_model.model.predict(x, batch_size=min(1024, batch.table.num_rows), verbose=0))
                 ids = pa.array(np.arange(scored, scored + batch.table.num_rows, dtype=np.int64))
                 table = _result_table(y, mode, k, classes, ids, batch.table[id_column] if id_column else None,

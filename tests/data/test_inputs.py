@@ -133,7 +133,7 @@ def _not_a_list(columns):
     (_wrong_length, ["column 'pixels': 2 row(s) hold a tensor of the wrong length (rows 4, 9, counted from 0",
                      "shape [8, 8, 1] needs 64 values"]),
     (_nan_in_tensor, ["column 'pixels': 2 row(s) hold NaN, inf or null values inside the tensor (rows 2, 11,"]),
-    (_undecodable, ["column 'photo': 1 row(s) are not decodable PNG/JPEG images (row 3, counted from 0)"]),
+    (_undecodable, ["column 'photo': 1 image(s) cannot be decoded: not an image, or truncated (row 3, counted from 0)"]),
     (_wrong_image_size, ["column 'photo': 1 image(s) are not 8x8 (height x width) as declared", "row 6,",
                          "sizes such as 10x8"]),
     (_text_target, ["label column 'label': type string is not numeric, but data.task is 'regression'"]),
