@@ -77,7 +77,7 @@ def bundle_class(members: Sequence[str], count: int, costs: Mapping[str, float],
     in as few bundles as possible, so a task builds and traces few models. Deterministic.
     """
     count = max(1, min(count, len(members)))
-    ordered = sorted(members, key=lambda c: (keys[c], -costs[c], c))
+    ordered = _lined_up(members, costs, keys)
     total = sum(costs[c] for c in ordered)
     bundles: list[list[str]] = [[]]
     done = 0.0
@@ -92,6 +92,11 @@ def bundle_class(members: Sequence[str], count: int, costs: Mapping[str, float],
     return bundles
 
 
+def _lined_up(members: Sequence[str], costs: Mapping[str, float], keys: Mapping[str, str]) -> list[str]:
+    """By model key (configurations sharing a compiled model side by side), then longest first, then id."""
+    return sorted(members, key=lambda c: (keys[c], -costs[c], c))
+
+
 def make_bundles(classes: Sequence[Sequence[str]], configs: Mapping[str, Mapping[str, Any]], *, rows: int,
                  shards: int, slots: int, hops: int, bundle_size: int | str = "auto") -> list[list[list[str]]]:
     """Every offset class split into bundles: ``result[o]`` lists class ``o``'s bundles."""
@@ -104,21 +109,16 @@ def make_bundles(classes: Sequence[Sequence[str]], configs: Mapping[str, Mapping
 def split_classes(classes: Sequence[Sequence[str]], costs: Mapping[str, float], keys: Mapping[str, str], *,
                   shards: int, slots: int, hops: int, bundle_size: int | str = "auto") -> list[list[list[str]]]:
     """:func:`make_bundles` from estimated hop seconds and model keys per configuration."""
-    n = sum(len(cls) for cls in classes)
-    total = chain_count(n, shards=shards, slots=slots, hops=hops, cost_per_hop=sum(costs[c] for cls in classes
-                                                                                   for c in cls),
-                        bundle_size=bundle_size)
-    out: list[list[list[str]]] = []
-    for cls in classes:
-        if not cls:
-            out.append([])
-        elif bundle_size != "auto":  # exactly bundle_size each (the last may hold fewer), in model-key order
-            ordered = sorted(cls, key=lambda c: (keys[c], -costs[c], c))
-            size = int(bundle_size)
-            out.append([ordered[i:i + size] for i in range(0, len(ordered), size)])
-        else:  # the chains spread over the classes in proportion to their size, at least one each
-            out.append(bundle_class(cls, max(1, round(total * len(cls) / n)), costs, keys))
-    return out
+    if bundle_size != "auto":  # exactly bundle_size each (the last may hold fewer), in model-key order
+        size = int(bundle_size)
+        return [[ordered[i:i + size] for i in range(0, len(ordered), size)]
+                for ordered in (_lined_up(cls, costs, keys) for cls in classes)]
+    members = [c for cls in classes for c in cls]
+    total = chain_count(len(members), shards=shards, slots=slots, hops=hops,
+                        cost_per_hop=sum(costs[c] for c in members))
+    # the chains spread over the classes in proportion to their size, at least one each
+    return [bundle_class(cls, max(1, round(total * len(cls) / len(members))), costs, keys) if cls else []
+            for cls in classes]
 
 
 def bundle_name(index: int, config_ids: Sequence[str]) -> str:

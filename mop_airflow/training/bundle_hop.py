@@ -11,7 +11,7 @@ a task killed half-way trains only the rest, with the same results.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Callable
 
 from mop_airflow.errors import StoreError
@@ -99,6 +99,6 @@ def run_bundle_hop(layout: RunLayout, run: RunRecord, manifest: Manifest, bundle
                  cid, record.t, record.iteration, record.hop, record.shard, record.train_metrics["loss"],
                  f", val {record.val_metrics}" if record.val_metrics else "", record.train_metrics["train_seconds"],
                  "reused" if record.model_reused else "built")
-    out = BundleAssignment.start(bundle.bundle, carried) if len(carried) != len(bundle.assignments) else \
-        replace(bundle, assignments=carried)
-    return BundleHop(records=records, skipped=skipped, failed=failed, out=out)
+    # renamed for the configurations still in it: a failed one leaves the bundle's next hops
+    return BundleHop(records=records, skipped=skipped, failed=failed,
+                     out=BundleAssignment.start(bundle.bundle, carried))
