@@ -136,7 +136,7 @@ Policy = Callable[[Workload], Result]
 
 def run_mop(w: Workload, priority: str = "remaining") -> Result:
     """This DAG: the task plan replayed by the library's own simulator."""
-    plan = build_task_plan(w.shards, w.iterations, priority=priority)
+    plan = build_task_plan(w.shards, w.iterations, priority=priority, configurations=len(w.ids), bundle_size=1)
     classes = w.classes
     sim = simulate(plan, lambda group, expanded: classes[group.offset], lambda cid, t, shard: w.cost[cid],
                    slots=w.slots)
@@ -293,14 +293,15 @@ def bundles_table(seeds: range) -> None:
     print("-" * len(head))
     for n, p, slots, iterations, durations, models in BUNDLE_SCALES:
         loads = [make_workload(n, p, iterations=iterations, slots=slots, durations=durations, seed=s) for s in seeds]
-        plan = build_task_plan(p, iterations)
         scale = f"{n} x {p} shards x {slots} slot(s) x {iterations} it., {durations}, {models} model(s)"
         for rule in BUNDLE_RULES:
+            # the DAG a spec with this bundle_size renders: its chains per class, as parsed
+            plan = build_task_plan(p, iterations, configurations=n, slots=slots, bundle_size=rule)
             spans, effs, instances = [], [], 0
             for w in loads:
                 keys = {cid: f"model{i % models}" for i, cid in enumerate(w.ids)}
                 bundles = split_classes(w.classes, w.cost, keys, shards=p, slots=slots, hops=iterations * p,
-                                        bundle_size=rule)
+                                        bundle_size=rule, chains=[c.chains for c in plan.groups])
                 instances = sum(len(b) for b in bundles) * iterations * p
                 sim = simulate_bundles(plan, bundles, lambda cid, t, shard, w=w: w.cost[cid], slots=slots,
                                        task_seconds=TASK_SECONDS, config_seconds=CONFIG_SECONDS,

@@ -62,8 +62,9 @@ if __package__ in (None, ""):  # run as a script from a checkout: make the packa
 
 from mop_airflow.layout import RunLayout  # noqa: E402
 from mop_airflow.records import HopRecord, Plan, RunRecord  # noqa: E402
+from mop_airflow.spec import MopSpec  # noqa: E402
 from mop_airflow.store import Store  # noqa: E402
-from mop_airflow.task_plan import build_task_plan  # noqa: E402
+from mop_airflow.task_plan import spec_task_plan  # noqa: E402
 
 from mop_airflow.simulation import Simulation, lower_bound, simulate, simulate_bundles  # noqa: E402
 
@@ -301,7 +302,7 @@ def main() -> int:
     handoff = hand_offs(hops, pool_spans, stages_end, slots)
     latency = statistics.median(h["to_start"] for h in handoff.values())
 
-    plan = build_task_plan(p, iterations, priority=plan_record.priority)
+    plan = spec_task_plan(MopSpec.from_dict(run_record.spec), plan_record.priority)  # the DAG's own plan
     per_class_ids = [[f"b{k}" for k in range(sum(map(len, bundles[:o])), sum(map(len, bundles[:o + 1])))]
                      for o in range(p)]
 

@@ -54,10 +54,28 @@ def chain_count(configurations: int, *, shards: int, slots: int, hops: int, cost
         return math.ceil(configurations / int(bundle_size))
     busy = min(configurations, shards * slots)
     chains = min(configurations, CHAINS_PER_SLOT * shards * slots)
-    amortised = math.floor(cost_per_hop / (AMORTISE * FIXED_SECONDS))
+    amortised = math.inf if math.isinf(cost_per_hop) else math.floor(cost_per_hop / (AMORTISE * FIXED_SECONDS))
     chains = max(busy, min(chains, amortised))
     within_budget = max(min(configurations, shards), TASK_INSTANCE_BUDGET // max(hops, 1))
     return max(1, min(chains, within_budget))
+
+
+def chains_per_class(configurations: int, *, shards: int, slots: int, hops: int,
+                     bundle_size: int | str = "auto") -> int:
+    """How many chains each offset class renders: fixed when the DAG is parsed, from the spec's own
+    search space (a run's bundles then fill at most that many; extra chains are skipped).
+
+    With ``"auto"`` it is :func:`chain_count` before the cost rule (the shard's rows are unknown at
+    parse time), so a run of cheap hops fills fewer chains than it has.
+    """
+    if configurations <= 0:
+        return 1
+    classes = min(configurations, shards)
+    largest = math.ceil(configurations / shards)  # the deal gives classes sizes that differ by at most one
+    if bundle_size != "auto":
+        return max(1, math.ceil(largest / int(bundle_size)))
+    total = chain_count(configurations, shards=shards, slots=slots, hops=hops, cost_per_hop=math.inf)
+    return max(1, min(largest, math.ceil(total / classes)))
 
 
 def model_key(config: Mapping[str, Any]) -> str:
@@ -98,27 +116,36 @@ def _lined_up(members: Sequence[str], costs: Mapping[str, float], keys: Mapping[
 
 
 def make_bundles(classes: Sequence[Sequence[str]], configs: Mapping[str, Mapping[str, Any]], *, rows: int,
-                 shards: int, slots: int, hops: int, bundle_size: int | str = "auto") -> list[list[list[str]]]:
-    """Every offset class split into bundles: ``result[o]`` lists class ``o``'s bundles."""
+                 shards: int, slots: int, hops: int, bundle_size: int | str = "auto",
+                 chains: Sequence[int] | None = None) -> list[list[list[str]]]:
+    """Every offset class split into bundles: ``result[o]`` lists class ``o``'s bundles, at most
+    ``chains[o]`` of them (the chains the DAG rendered for the class)."""
     members = [cid for cls in classes for cid in cls]
     return split_classes(classes, {cid: hop_cost(configs[cid], rows) for cid in members},
                          {cid: model_key(configs[cid]) for cid in members}, shards=shards, slots=slots, hops=hops,
-                         bundle_size=bundle_size)
+                         bundle_size=bundle_size, chains=chains)
 
 
 def split_classes(classes: Sequence[Sequence[str]], costs: Mapping[str, float], keys: Mapping[str, str], *,
-                  shards: int, slots: int, hops: int, bundle_size: int | str = "auto") -> list[list[list[str]]]:
-    """:func:`make_bundles` from estimated hop seconds and model keys per configuration."""
+                  shards: int, slots: int, hops: int, bundle_size: int | str = "auto",
+                  chains: Sequence[int] | None = None) -> list[list[list[str]]]:
+    """:func:`make_bundles` from estimated hop seconds and model keys per configuration.
+
+    A class needing more bundles than the ``chains`` rendered for it (a trigger conf that widened
+    the search space, or a fixed ``bundle_size`` too small for it) gets that many larger ones.
+    """
+    caps = list(chains) if chains is not None else [len(cls) for cls in classes]
     if bundle_size != "auto":  # exactly bundle_size each (the last may hold fewer), in model-key order
         size = int(bundle_size)
-        return [[ordered[i:i + size] for i in range(0, len(ordered), size)]
-                for ordered in (_lined_up(cls, costs, keys) for cls in classes)]
+        return [[ordered[i:i + size] for i in range(0, len(ordered), size)] if math.ceil(len(ordered) / size) <= cap
+                else bundle_class(ordered, cap, costs, keys)
+                for ordered, cap in zip((_lined_up(cls, costs, keys) for cls in classes), caps)]
     members = [c for cls in classes for c in cls]
     total = chain_count(len(members), shards=shards, slots=slots, hops=hops,
                         cost_per_hop=sum(costs[c] for c in members))
     # the chains spread over the classes in proportion to their size, at least one each
-    return [bundle_class(cls, max(1, round(total * len(cls) / len(members))), costs, keys) if cls else []
-            for cls in classes]
+    return [bundle_class(cls, min(cap, max(1, round(total * len(cls) / len(members)))), costs, keys) if cls else []
+            for cls, cap in zip(classes, caps)]
 
 
 def bundle_name(index: int, config_ids: Sequence[str]) -> str:

@@ -134,6 +134,7 @@ class Plan(Record):
     rung0_bundles: dict[str, list[list[list[str]]]] = field(default_factory=dict)
     bundle_size: int | str = 1
     shard_rows: int | None = None  # a shard's rows, which the bundles' cost estimate used
+    chains: dict[str, int] = field(default_factory=dict)  # chains the DAG rendered per class group: the most bundles
 
     def class_bundles(self) -> list[list[list[str]]]:
         """The bundles of each offset class of a plain search."""

@@ -73,10 +73,14 @@ def with_warm_start(run: RunRecord) -> RunRecord:
     return dataclasses.replace(run, warm_start=found)
 
 
-def make_plan(run: RunRecord, priority: str = DEFAULT_PRIORITY, *, rows: int | None = None) -> Plan:
+def make_plan(run: RunRecord, priority: str = DEFAULT_PRIORITY, *, rows: int | None = None,
+              chains: Mapping[str, int] | None = None) -> Plan:
     """Deal the configurations into offset classes (a plain search) or brackets (an adaptive one),
     and split every class into bundles (:mod:`mop_airflow.bundling`); ``rows`` is a shard's row count
-    (for the cost estimate; unknown before the data is sharded)."""
+    (for the cost estimate; unknown before the data is sharded), ``chains`` the chains the DAG
+    rendered per class group (``class_0``, ``bracket_1.rung_0.class_2``): a class gets at most that
+    many bundles."""
+    chains = dict(chains or {})
     schedule = run.schedule
     p, seed = schedule.shards, schedule.seed
     ids = [c["config_id"] for c in run.configs]
@@ -86,8 +90,8 @@ def make_plan(run: RunRecord, priority: str = DEFAULT_PRIORITY, *, rows: int | N
         return Plan(shards=p, iterations=schedule.iterations, seed=seed, priority=priority,
                     model_hops_total=len(ids) * end, classes=classes,
                     visit_order=visit_order(classes, start=0, end=end, shards=p),
-                    bundles=bundle_classes(run, classes, hops=end, rows=rows), bundle_size=schedule.bundle_size,
-                    shard_rows=rows)
+                    bundles=bundle_classes(run, classes, hops=end, rows=rows, chains=class_chains(chains, "", p)),
+                    bundle_size=schedule.bundle_size, shard_rows=rows, chains=chains)
     from mop_airflow.search.adaptive import adaptive_plan, brackets_of, split_by_bracket  # noqa: PLC0415
 
     adaptive = adaptive_plan(run.adaptive, p)
@@ -98,22 +102,33 @@ def make_plan(run: RunRecord, priority: str = DEFAULT_PRIORITY, *, rows: int | N
     return Plan(shards=p, iterations=-(-longest // p), seed=seed, priority=priority,
                 model_hops_total=adaptive.total_hops, brackets={str(s): m for s, m in brackets.items()},
                 rung0_classes=rung0, adaptive=adaptive.to_dict(), bundle_size=schedule.bundle_size, shard_rows=rows,
-                rung0_bundles={s: bundle_classes(run, classes, hops=first_hops[s], rows=rows)
-                               for s, classes in rung0.items()})
+                rung0_bundles={s: bundle_classes(run, classes, hops=first_hops[s], rows=rows,
+                                                 chains=class_chains(chains, f"bracket_{s}.rung_0.", p))
+                               for s, classes in rung0.items()}, chains=chains)
 
 
 # A shard's rows when the data is not sharded yet (a provisional plan): only the costs' ratios matter then.
 ROWS_UNKNOWN = 1000
 
 
-def bundle_classes(run: RunRecord, classes: list[list[str]], *, hops: int, rows: int | None) -> list[list[list[str]]]:
-    """``classes`` split into bundles by ``schedule.bundle_size`` (:func:`mop_airflow.bundling.make_bundles`)."""
+def class_chains(chains: Mapping[str, int], prefix: str, shards: int) -> list[int] | None:
+    """The chains of classes ``<prefix>class_0`` .. ``class_<shards - 1>`` (a class the DAG has no chain
+    for gets none), or None when the DAG said nothing (a plan made outside a DAG: no cap)."""
+    if not chains:
+        return None
+    return [chains.get(f"{prefix}class_{o}", 0) for o in range(shards)]
+
+
+def bundle_classes(run: RunRecord, classes: list[list[str]], *, hops: int, rows: int | None,
+                   chains: list[int] | None = None) -> list[list[list[str]]]:
+    """``classes`` split into bundles by ``schedule.bundle_size`` (:func:`mop_airflow.bundling.make_bundles`),
+    at most ``chains[o]`` for class ``o``."""
     from mop_airflow.bundling import make_bundles  # noqa: PLC0415
 
     schedule = run.schedule
     return make_bundles(classes, {c["config_id"]: c for c in run.configs}, rows=rows or ROWS_UNKNOWN,
                         shards=schedule.shards, slots=schedule.slots_per_shard, hops=hops,
-                        bundle_size=schedule.bundle_size)
+                        bundle_size=schedule.bundle_size, chains=chains)
 
 
 def rung_classes(config_ids: list[str], *, shards: int, seed: int, bracket: int, rung: int) -> list[list[str]]:

@@ -15,7 +15,7 @@ from typing import Any
 from mop_airflow.errors import StoreError
 from mop_airflow.layout import RunLayout
 from mop_airflow.records import HopRecord, Plan, RunRecord, RungDecision
-from mop_airflow.resolve import bundle_classes, rung_classes
+from mop_airflow.resolve import bundle_classes, class_chains, rung_classes
 from mop_airflow.search.promotion import promote
 
 
@@ -52,7 +52,8 @@ def decide_rung(layout: RunLayout, run: RunRecord, plan: Plan, *, bracket: int, 
                  "iterations_done": by_id[entry["config_id"]]["iterations_done"]} for entry in pruned],
         next_classes=next_classes,
         # promote re-bundles the survivors: fewer configurations make fewer, smaller bundles
-        next_bundles=bundle_classes(run, next_classes, hops=end - start, rows=plan.shard_rows),
+        next_bundles=bundle_classes(run, next_classes, hops=end - start, rows=plan.shard_rows,
+                                    chains=class_chains(plan.chains, f"bracket_{bracket}.rung_{rung + 1}.", shards)),
     )
     decision.write(layout.store, layout.rung_decision_uri(bracket, rung))
     return decision

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 from mop_airflow.schedule import deal_classes, hash_seed
-from mop_airflow.task_plan import ClassGroup, TaskPlan
+from mop_airflow.task_plan import ClassGroup, TaskPlan, TaskSpec
 
 @dataclass(frozen=True)
 class HopEvent:
@@ -45,8 +45,9 @@ class Simulation:
 
 
 Members = Callable[[ClassGroup, Mapping[str, Sequence[str]]], Sequence[str]]
-"""``members(group, expanded)``: the configurations ``group`` expands over, given the members of
-every group expanded before it (a later rung's survivors come from its previous rung's groups)."""
+"""``members(group, expanded)``: what the chains of ``group`` carry (configurations, or bundles),
+given what every group expanded before it carries (a later rung's survivors come from its previous
+rung's groups). Chain ``k`` carries the ``k``-th; chains past the list are skipped."""
 Seconds = Callable[[str, int, int], float]
 
 
@@ -54,14 +55,15 @@ def simulate(plan: TaskPlan, members: Members, seconds: Seconds, *, slots: int,
              task_seconds: float = 0.0) -> Simulation:
     """Replay ``plan`` as Airflow runs it and return every model-hop's start and end.
 
-    - ``members(group, expanded)`` lists the configurations a class group expands over, asked
-      when its source task finishes (see :data:`Members`).
-    - ``seconds(config_id, t, shard)`` is the training time of one hop; every task also pays
-      ``task_seconds`` of fixed cost (Airflow's start-up), hops included.
+    - ``members(group, expanded)`` lists what a class group's chains carry, asked when its source
+      task finishes (see :data:`Members`); a chain with nothing to carry is skipped at once, as the
+      source task skips it in Airflow.
+    - ``seconds(unit, t, shard)`` is the training time of one hop of what a chain carries; every
+      task also pays ``task_seconds`` of fixed cost (Airflow's start-up), hops included.
     - A shard pool runs at most ``slots`` hops at once; tasks outside shard pools never wait.
-    - A free slot takes the ready hop with the highest priority weight, then the lowest map index,
-      then the earliest task in the plan (Airflow's scheduler order; the last tie is the order in
-      which the database returns rows, which the plan order stands in for).
+    - A free slot takes the ready hop with the highest priority weight, then the earliest task in the
+      plan (Airflow's scheduler order within one run; the last tie is the order in which the database
+      returns rows, which the plan order stands in for).
     """
     tasks = {spec.task_id: spec for spec in plan.tasks}
     order = {spec.task_id: k for k, spec in enumerate(plan.tasks)}
@@ -69,108 +71,76 @@ def simulate(plan: TaskPlan, members: Members, seconds: Seconds, *, slots: int,
     for spec in plan.tasks:
         for up in spec.upstream:
             downstream[up].append(spec.task_id)
+    sourced: dict[str, list[ClassGroup]] = defaultdict(list)
+    for group in plan.groups:
+        sourced[group.source].append(group)
 
-    # A task instance is (task_id, map_index); unmapped tasks have map index -1.
-    expanded: dict[str, list[str]] = {}           # group id -> configurations, once its source finished
-    waiting: dict[tuple[str, int], int] = {}      # instance -> upstream instances not yet done
-    done: set[str] = set()                        # unmapped tasks done, or mapped tasks with all instances done
-    remaining: dict[str, int] = {}                # mapped task -> instances not yet done
-    ready: dict[str, list[tuple[int, int, int, str]]] = defaultdict(list)   # pool -> heap
-    running: list[tuple[float, int, tuple[str, int], int]] = []               # (end, seq, instance, slot)
+    expanded: dict[str, list[str]] = {}   # group id -> what its chains carry, once its source finished
+    waiting = {spec.task_id: len(spec.upstream) for spec in plan.tasks}
+    done: set[str] = set()
+    ready: dict[str, list[tuple[int, int, str]]] = defaultdict(list)   # pool -> heap
+    running: list[tuple[float, int, str, int]] = []                    # (end, seq, task id, slot)
     free_slots = {f"shard:{s}": list(range(slots)) for s in range(plan.shards)}
     events: list[HopEvent] = []
     seq = 0
     now = 0.0
 
-    def pool_of(spec) -> str:
+    def pool_of(spec: TaskSpec) -> str:
         return f"shard:{spec.args['shard']}" if spec.pool else "free"
 
-    def instances(task_id: str) -> list[int]:
-        group = tasks[task_id].group
-        return [-1] if group is None else list(range(len(expanded[group])))
+    def carried(spec: TaskSpec) -> str | None:
+        units = expanded[spec.group]
+        return units[spec.args["chain"]] if spec.args["chain"] < len(units) else None
 
-    def make_ready(instance: tuple[str, int]) -> None:
-        spec = tasks[instance[0]]
-        heapq.heappush(ready[pool_of(spec)], (-spec.priority_weight, instance[1], order[spec.task_id], spec.task_id))
-
-    def unmapped_upstream_done(spec) -> bool:
-        return all(up in done for up in spec.upstream if tasks[up].group != spec.group or spec.group is None)
-
-    def arm(task_id: str) -> None:
-        """Create the instances of ``task_id`` once what they wait for can be counted."""
-        spec = tasks[task_id]
-        if spec.group is not None and spec.group not in expanded:
-            return
-        if not unmapped_upstream_done(spec):
-            return
-        mapped_up = [up for up in spec.upstream if spec.group is not None and tasks[up].group == spec.group]
-        idx = instances(task_id)
-        if not idx:  # an empty expansion: the group's tasks are skipped at once
-            finish_task(task_id)
-            return
-        remaining[task_id] = len(idx)
-        for m in idx:
-            key = (task_id, m)
-            if key in waiting:
-                continue
-            waiting[key] = len(mapped_up)
-            if not mapped_up:
-                make_ready(key)
-
-    def finish_task(task_id: str) -> None:
-        done.add(task_id)
-        spec = tasks[task_id]
-        for g in plan.groups:
-            if g.source == task_id and g.group_id not in expanded:
-                expanded[g.group_id] = list(members(g, dict(expanded)))
-                for member_task in (s.task_id for s in plan.tasks if s.group == g.group_id):
-                    arm(member_task)
-        for down in downstream[task_id]:
-            if tasks[down].group is not None and tasks[down].group == spec.group:
-                continue  # instance-level edges inside a mapped group are handled in complete()
-            arm(down)
-
-    def complete(instance: tuple[str, int]) -> None:
-        task_id, m = instance
-        spec = tasks[task_id]
-        for down in downstream[task_id]:
-            if spec.group is not None and tasks[down].group == spec.group and (down, m) in waiting:
-                waiting[(down, m)] -= 1
-                if waiting[(down, m)] == 0:
-                    make_ready((down, m))
-        remaining[task_id] -= 1
-        if remaining[task_id] == 0:
-            finish_task(task_id)
+    def complete(first: str) -> None:
+        stack = [first]
+        while stack:
+            task_id = stack.pop()
+            done.add(task_id)
+            for group in sourced[task_id]:
+                expanded[group.group_id] = list(members(group, dict(expanded)))
+                if len(expanded[group.group_id]) > group.chains:
+                    raise ValueError(f"{group.group_id} has {group.chains} chain(s) but {len(expanded[group.group_id])} "
+                                     "bundles to carry: build the plan with enough chains, or bundle first")
+            for down in downstream[task_id]:
+                waiting[down] -= 1
+                if waiting[down]:
+                    continue
+                spec = tasks[down]
+                if spec.kind == "hop" and carried(spec) is None:
+                    stack.append(down)  # skipped: nothing to carry, takes no slot
+                else:
+                    heapq.heappush(ready[pool_of(spec)], (-spec.priority_weight, order[down], down))
 
     for spec in plan.tasks:
-        if not spec.upstream and spec.group is None:
-            arm(spec.task_id)
+        if not spec.upstream:
+            heapq.heappush(ready[pool_of(spec)], (-spec.priority_weight, order[spec.task_id], spec.task_id))
 
     while True:
         for pool, heap in ready.items():
             slots_here = free_slots.get(pool)
             while heap and (slots_here is None or slots_here):
-                _, m, _, task_id = heapq.heappop(heap)
+                _, _, task_id = heapq.heappop(heap)
                 spec = tasks[task_id]
                 slot = slots_here.pop(0) if slots_here is not None else -1
                 duration = task_seconds
                 if spec.kind == "hop":
-                    cid = expanded[spec.group][m]
-                    duration += seconds(cid, spec.args["t"], spec.args["shard"])
-                    events.append(HopEvent(cid, task_id, spec.args["t"], spec.args["shard"], slot, now, now + duration))
+                    unit = carried(spec)
+                    duration += seconds(unit, spec.args["t"], spec.args["shard"])
+                    events.append(HopEvent(unit, task_id, spec.args["t"], spec.args["shard"], slot, now, now + duration))
                 seq += 1
-                heapq.heappush(running, (now + duration, seq, (task_id, m), slot))
+                heapq.heappush(running, (now + duration, seq, task_id, slot))
         if not running:
             break
         # Everything that ends at the same instant completes before a free slot is filled: the
         # scheduler sees all of them in one loop and ranks every hop they made ready together.
         now = running[0][0]
         while running and running[0][0] == now:
-            _, _, instance, slot = heapq.heappop(running)
+            _, _, task_id, slot = heapq.heappop(running)
             if slot >= 0:
-                free_slots[pool_of(tasks[instance[0]])].append(slot)
-                free_slots[pool_of(tasks[instance[0]])].sort()
-            complete(instance)
+                free_slots[pool_of(tasks[task_id])].append(slot)
+                free_slots[pool_of(tasks[task_id])].sort()
+            complete(task_id)
     unfinished = [t for t in tasks if t not in done]
     if unfinished:
         raise RuntimeError(f"the simulation stalled with {len(unfinished)} tasks never run, e.g. {unfinished[:3]}")
@@ -238,7 +208,20 @@ def stand_in_members(plan: TaskPlan, config_ids: Sequence[str], *, adaptive: Any
 
 def estimate_seconds(plan: TaskPlan, configurations: int, *, seconds_per_hop: float, slots: int,
                      adaptive: Any = None, task_seconds: float = 0.0) -> Simulation:
-    """The plan replayed with every hop taking ``seconds_per_hop`` (plus ``task_seconds`` per task)."""
+    """The plan replayed with every configuration's hop taking ``seconds_per_hop`` (plus
+    ``task_seconds`` per task): each class's configurations fill its chains as evenly as they can."""
     ids = [f"c{i:04d}" for i in range(configurations)]
-    return simulate(plan, stand_in_members(plan, ids, adaptive=adaptive), lambda cid, t, shard: seconds_per_hop,
-                    slots=slots, task_seconds=task_seconds)
+    per_config = stand_in_members(plan, ids, adaptive=adaptive)
+    carried: dict[str, list[str]] = {}
+
+    def members(group: ClassGroup, expanded: Mapping[str, Sequence[str]]) -> list[str]:
+        configs = {g: [cid for unit in units for cid in carried[unit]] for g, units in expanded.items()}
+        mine = list(per_config(group, configs))
+        chains = min(group.chains, len(mine))
+        units = [f"{group.group_id}/{k}" for k in range(chains)]
+        for k, unit in enumerate(units):
+            carried[unit] = mine[k::chains]
+        return units
+
+    return simulate(plan, members, lambda unit, t, shard: seconds_per_hop * len(carried[unit]), slots=slots,
+                    task_seconds=task_seconds)

@@ -1,32 +1,39 @@
 """The DAG as plain data: every task's id, kind, pool, queue, upstreams and priority weight.
 
-Built from what fixes the DAG's shape (shards, iterations, the adaptive plan), never from the
-search space, which changes per run. :mod:`mop_airflow.airflow.dag` renders it into Airflow
-operators and :func:`mop_airflow.simulation.simulate` replays it, so both see the same plan.
-Imports no Airflow.
+Built from what fixes the DAG's shape (shards, iterations, the adaptive plan, and how many chains
+each offset class holds), never from a run's configurations, which change per run.
+:mod:`mop_airflow.airflow.dag` renders it into Airflow operators and
+:func:`mop_airflow.simulation.simulate` replays it, so both see the same plan. Imports no Airflow.
 
 Shape of a plain search (``p`` shards, ``T = iterations * p`` hops)::
 
     preflight >> list_data >> scatter[k] >> shard >> plan >> stage_shard_<s>     (s = 0..p-1)
                 scatter is mapped over the source's slices of files (validate + write parts)
     plan >> check_models     builds each distinct model once on the data's shapes
-    class_<o>   a mapped task group over the configurations of offset class o, whose list
-                stage_shard_<o> returns; its hop t is task hop_<t>_shard_<(o+t) mod p> on that
-                shard's pool and queue; a hop waits only for the same configuration's previous hop
-    every class's last hop >> report >> publish
+    class_<o>.chain_<k>   a plain chain of hop tasks: chain k carries bundle k of offset class o,
+                whose list stage_shard_<o> returns; its hop t is task hop_<t>_shard_<(o+t) mod p> on
+                that shard's pool and queue, and waits only for the same chain's previous hop
+    every chain's last hop >> report >> publish
     publish     emits the DAG's champion Asset event when the run's winner beats the champion
 
+Chains are plain (unmapped) tasks because Airflow's scheduler checks every waiting task instance
+in every loop, and a mapped one costs several queries there (measured: 2,560 waiting hop tasks
+took 3.6-4.3 s per scheduling decision mapped, 0.55 s plain). How many chains a class renders is
+fixed at parse time (:func:`mop_airflow.bundling.chains_per_class`); a run fills as many as its
+bundles need and the stage task skips the rest.
+
 An adaptive search (Hyperband, successive halving) puts brackets side by side; rung ``i`` of
-bracket ``b`` has ``deal_<o>`` tasks that list offset class o's configurations (from the plan at
-rung 0, from the previous rung's promote task later), the class groups of the rung's hops, and a
+bracket ``b`` has ``deal_<o>`` tasks that list offset class o's bundles (from the plan at rung 0,
+from the previous rung's promote task later), the class chains of the rung's hops, and a
 ``promote`` task that ranks the rung (none after a bracket's last rung).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
+from mop_airflow.bundling import chains_per_class
 from mop_airflow.schedule import DEFAULT_PRIORITY, priority_weight, shard_at
 
 # Past the failed configuration of a chain, its group-mates' chains go on; a promote step runs as
@@ -45,8 +52,7 @@ def shard_pool(shard: int) -> str:
 class TaskSpec:
     """One task: ``task_id`` is the full id, group prefixes included (``bracket_1.rung_0.promote``).
 
-    ``group`` names the mapped class group a hop belongs to: one instance per configuration, and
-    inside the group instance ``i`` of a task waits only for instance ``i`` of its upstream.
+    ``group`` names the offset class a hop belongs to; ``args["chain"]`` which of its chains.
     """
 
     task_id: str
@@ -62,15 +68,16 @@ class TaskSpec:
 
 @dataclass(frozen=True)
 class ClassGroup:
-    """A mapped task group over offset class ``offset``: its hops ``start``..``end - 1``."""
+    """Offset class ``offset``'s ``chains`` chains of hops ``start``..``end - 1``."""
 
     group_id: str
-    source: str  # the task whose return value lists the group's assignments
+    source: str  # the task whose return value lists the class's bundles; chain k takes bundle k
     offset: int
     start: int
     end: int
     bracket: int | None = None
     rung: int = 0
+    chains: int = 1
 
 
 @dataclass(frozen=True)
@@ -83,18 +90,28 @@ class TaskPlan:
     def group_tasks(self, group_id: str) -> list[TaskSpec]:
         return [spec for spec in self.tasks if spec.group == group_id]
 
+    def chains(self) -> dict[str, int]:
+        """How many chains each class group holds: the most bundles a run may give it."""
+        return {group.group_id: group.chains for group in self.groups}
+
     @property
     def hop_tasks(self) -> int:
         return sum(1 for spec in self.tasks if spec.kind == "hop")
 
 
 def build_task_plan(shards: int, iterations: int, adaptive: Any = None, *,
-                    priority: str = DEFAULT_PRIORITY, publish: bool = True) -> TaskPlan:
+                    priority: str = DEFAULT_PRIORITY, publish: bool = True, configurations: int | None = None,
+                    slots: int = 1, bundle_size: int | str = "auto") -> TaskPlan:
     """The task plan for ``shards`` shards and ``iterations`` iterations, or an adaptive plan's rungs.
 
     ``adaptive`` is a :class:`~mop_airflow.search.hyperband.HyperbandPlan` or ``Bracket``;
     ``publish`` adds the task after the report that publishes a winner as the DAG's champion.
+    ``configurations`` (a plain search's count in the spec), ``slots`` and ``bundle_size`` say how
+    many chains each class holds (:func:`~mop_airflow.bundling.chains_per_class`; one without a count).
     """
+    def chains(n: int | None, hops: int) -> int:
+        return 1 if n is None else chains_per_class(n, shards=shards, slots=slots, hops=hops, bundle_size=bundle_size)
+
     builder = _Builder(shards, priority)
     builder.add("preflight", "preflight")
     builder.add("list_data", "list_data", ("preflight",))
@@ -107,17 +124,34 @@ def build_task_plan(shards: int, iterations: int, adaptive: Any = None, *,
     ready = [*stages, builder.add("check_models", "check_models", ("plan",))]
     if adaptive is None:
         end = iterations * shards
-        finals = [builder.chain(f"class_{o}", source=stages[o], offset=o, start=0, end=end, chain_end=end,
-                                wait_for=ready) for o in range(shards)]
+        per_class = chains(configurations, end)
+        finals = [last for o in range(shards)
+                  for last in builder.chain(f"class_{o}", source=stages[o], offset=o, start=0, end=end, chain_end=end,
+                                            chains=per_class, wait_for=ready)]
     else:
-        finals = _adaptive(builder, adaptive, ready)
+        finals = _adaptive(builder, adaptive, ready, chains)
     builder.add("report", "report", tuple(finals), trigger_rule=REPORT_JOIN)
     if publish:
         builder.add("publish", "publish", ("report",))
     return TaskPlan(shards=shards, tasks=tuple(builder.tasks), groups=tuple(builder.groups), priority=priority)
 
 
-def _adaptive(builder: "_Builder", adaptive: Any, ready: list[str]) -> list[str]:
+def configuration_count(spec: Any) -> int:
+    """How many configurations a plain search's own space gives (a trigger conf may change it per run)."""
+    space = spec.search.space
+    return space.size() if space.method == "grid" else int(space.num_samples)
+
+
+def spec_task_plan(spec: Any, priority: str = DEFAULT_PRIORITY) -> TaskPlan:
+    """The task plan a :class:`~mop_airflow.spec.MopSpec` renders: its shape, and how many chains each
+    class holds for the spec's own search space."""
+    adaptive = spec.adaptive_plan()
+    return build_task_plan(spec.schedule.shards, spec.schedule.iterations, adaptive, priority=priority,
+                           publish=spec.publish.enabled, configurations=None if adaptive else configuration_count(spec),
+                           slots=spec.schedule.slots_per_shard, bundle_size=spec.schedule.bundle_size)
+
+
+def _adaptive(builder: "_Builder", adaptive: Any, ready: list[str], chains: Any) -> list[str]:
     from mop_airflow.search.adaptive import brackets_of, rung_spans  # noqa: PLC0415
 
     p, finals = builder.shards, []
@@ -127,16 +161,16 @@ def _adaptive(builder: "_Builder", adaptive: Any, ready: list[str]) -> list[str]
         gate: tuple[str, ...] = tuple(ready)
         for span in spans:
             prefix = f"bracket_{bracket.s}.rung_{span.i}"
-            lasts = []
+            lasts: list[str] = []
             # A rung holds at most n_i configurations and the deal fills classes 0, 1, ... first,
             # so a rung of fewer configurations than shards needs only n_i classes: the long late
             # rungs of a bracket (1-3 configurations) would otherwise render p chains each.
             for o in range(min(p, span.n_i)):
                 deal = builder.add(f"{prefix}.deal_{o}", "deal", gate,
                                    args={"bracket": bracket.s, "rung": span.i, "offset": o, "start": span.start})
-                lasts.append(builder.chain(f"{prefix}.class_{o}", source=deal, offset=o, start=span.start,
-                                           end=span.end, chain_end=chain_end, bracket=bracket.s, rung=span.i,
-                                           rung_end=True))
+                lasts += builder.chain(f"{prefix}.class_{o}", source=deal, offset=o, start=span.start,
+                                       end=span.end, chain_end=chain_end, bracket=bracket.s, rung=span.i,
+                                       rung_end=True, chains=chains(span.n_i, span.end - span.start))
             if span.last:
                 finals += lasts
             else:
@@ -161,18 +195,26 @@ class _Builder:
         return task_id
 
     def chain(self, group_id: str, *, source: str, offset: int, start: int, end: int, chain_end: int,
-              bracket: int | None = None, rung: int = 0, rung_end: bool = False,
-              wait_for: list[str] | tuple[str, ...] = ()) -> str:
-        """The hops ``start``..``end - 1`` of one offset class; returns the last hop's task id."""
-        self.groups.append(ClassGroup(group_id, source, offset, start, end, bracket, rung))
+              chains: int = 1, bracket: int | None = None, rung: int = 0, rung_end: bool = False,
+              wait_for: list[str] | tuple[str, ...] = ()) -> list[str]:
+        """The hops ``start``..``end - 1`` of one offset class, ``chains`` chains of them; returns
+        each chain's last hop. The source task learns the chains' first hops (``args["heads"]``): it
+        skips the ones its run has no bundle for."""
+        self.groups.append(ClassGroup(group_id, source, offset, start, end, bracket, rung, chains))
         width = len(str(max(chain_end - 1, 0)))
-        previous: tuple[str, ...] = (source, *[w for w in wait_for if w != source])
-        last = source
-        for t in range(start, end):
-            s = shard_at(offset, t, self.shards)
-            last = self.add(f"{group_id}.hop_{t:0{width}d}_shard_{s}", "hop", previous, group=group_id,
-                            pool=shard_pool(s), queue=shard_pool(s),
-                            weight=priority_weight(self.priority, t, chain_end),
-                            args={"t": t, "shard": s, "rung_end": rung_end and t == end - 1})
-            previous = (last,)
-        return last
+        heads, lasts = [], []
+        for k in range(chains):
+            previous: tuple[str, ...] = (source, *[w for w in wait_for if w != source])
+            for t in range(start, end):
+                s = shard_at(offset, t, self.shards)
+                last = self.add(f"{group_id}.chain_{k}.hop_{t:0{width}d}_shard_{s}", "hop", previous, group=group_id,
+                                pool=shard_pool(s), queue=shard_pool(s),
+                                weight=priority_weight(self.priority, t, chain_end),
+                                args={"t": t, "shard": s, "chain": k, "rung_end": rung_end and t == end - 1})
+                if t == start:
+                    heads.append(last)
+                previous = (last,)
+            lasts.append(previous[0])
+        at = next(i for i, spec in enumerate(self.tasks) if spec.task_id == source)
+        self.tasks[at] = replace(self.tasks[at], args={**self.tasks[at].args, "heads": heads})
+        return lasts

@@ -3,8 +3,9 @@
 ``plan`` writes the run record and the hop plan (every configuration's offset class and visit
 order) before anything trains. ``stage_shard_<s>`` runs on shard ``s``'s queue: its worker copies
 the shard (and the validation set) into its local cache once; in a plain search it also lists the
-configurations of offset class ``s``, which its class group expands over. In an adaptive search a
-``deal_<o>`` task lists offset class ``o`` of each rung.
+bundles of offset class ``s``: the class's chain ``k`` takes bundle ``k``, and the chains the run has
+no bundle for are skipped here. In an adaptive search a ``deal_<o>`` task does the same for offset
+class ``o`` of each rung.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import socket
 from typing import Any
 
+from mop_airflow.errors import TrainingError
 from mop_airflow.records import Assignment, BundleAssignment, HopRecord, Manifest, Plan, StageRecord
 from mop_airflow.resolve import make_plan
 from mop_airflow.schedule import DEFAULT_PRIORITY
@@ -22,9 +24,11 @@ from mop_airflow.operators.base import MopBaseOperator
 class MopPlanOperator(MopBaseOperator):
     ui_color = "#e3f4e1"
 
-    def __init__(self, *, priority: str = DEFAULT_PRIORITY, **kwargs: Any) -> None:
+    def __init__(self, *, priority: str = DEFAULT_PRIORITY, chains: dict[str, int] | None = None,
+                 **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.priority = priority
+        self.chains = chains  # class group id -> chains the DAG rendered: a class holds at most that many bundles
 
     def work(self, context: Any) -> dict[str, Any]:
         from mop_airflow.search.hyperband import format_plan  # noqa: PLC0415
@@ -32,7 +36,7 @@ class MopPlanOperator(MopBaseOperator):
         run = self.resolved_run(context)
         layout = self.layout(context)
         manifest = Manifest.read(layout.store, layout.manifest_pointer_uri)
-        plan = make_plan(run, self.priority, rows=max(e.rows for e in manifest.shards))
+        plan = make_plan(run, self.priority, rows=max(e.rows for e in manifest.shards), chains=self.chains)
         run.write(layout.store, layout.run_record_uri)
         plan.write(layout.store, layout.plan_uri)
         for o, bundles in enumerate(plan.class_bundles()):
@@ -47,10 +51,28 @@ class MopPlanOperator(MopBaseOperator):
 
 
 def bundle_items(bundles: list[list[str]], first: int, resume: Any) -> list[dict[str, Any]]:
-    """What a class group expands over: one item per bundle (``first`` is its first global index),
-    each configuration's assignment from ``resume(config_id)``."""
+    """What a class's chains take: one item per bundle (``first`` is its first global index), each
+    configuration's assignment from ``resume(config_id)``."""
     return [BundleAssignment.start(first + j, [resume(cid) for cid in members]).to_dict()
             for j, members in enumerate(bundles)]
+
+
+def hand_to_chains(context: Any, items: list[dict[str, Any]], heads: list[str]) -> list[dict[str, Any]]:
+    """Return ``items`` for the chains whose first hops are ``heads``, skipping the chains past them.
+
+    Skipping here (Airflow's own skip of downstream tasks) keeps an unused chain from taking a
+    slot of its shard's pool just to find out it has nothing to train.
+    """
+    if len(items) > len(heads):
+        raise TrainingError(f"{len(items)} bundles for {len(heads)} chains: the run was planned with more chains "
+                            "than this DAG has. Fix: re-parse the DAG file and clear the run")
+    unused = heads[len(items):]
+    if not unused:
+        return items
+    from airflow.sdk.exceptions import DownstreamTasksSkipped  # noqa: PLC0415
+
+    context["ti"].xcom_push(key="return_value", value=items)  # what the used chains read
+    raise DownstreamTasksSkipped(tasks=list(unused))
 
 
 class MopStageShardOperator(MopBaseOperator):
@@ -58,10 +80,11 @@ class MopStageShardOperator(MopBaseOperator):
 
     ui_color = "#e3f4e1"
 
-    def __init__(self, *, shard: int, deals: bool = True, **kwargs: Any) -> None:
+    def __init__(self, *, shard: int, deals: bool = True, heads: list[str] | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.shard = shard
         self.deals = deals
+        self.heads = list(heads or [])  # the first hop of each chain of this shard's class
 
     def work(self, context: Any) -> list[dict[str, Any]] | None:
         """The bundles of offset class ``shard`` (one mapped instance each), after caching the shard."""
@@ -82,8 +105,9 @@ class MopStageShardOperator(MopBaseOperator):
         if not self.deals:
             return None
         per_class = Plan.read(layout.store, layout.plan_uri).class_bundles()
-        return bundle_items(per_class[self.shard], sum(len(b) for b in per_class[:self.shard]),
-                            lambda cid: Assignment(config_id=cid, t=-1, checkpoint=None))
+        items = bundle_items(per_class[self.shard], sum(len(b) for b in per_class[:self.shard]),
+                             lambda cid: Assignment(config_id=cid, t=-1, checkpoint=None))
+        return hand_to_chains(context, items, self.heads)
 
 
 class MopDealOperator(MopBaseOperator):
@@ -91,8 +115,10 @@ class MopDealOperator(MopBaseOperator):
 
     ui_color = "#e3f4e1"
 
-    def __init__(self, *, bracket: int, rung: int, offset: int, start: int, **kwargs: Any) -> None:
+    def __init__(self, *, bracket: int, rung: int, offset: int, start: int, heads: list[str] | None = None,
+                 **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        self.heads = list(heads or [])  # the first hop of each chain of this class
         self.bracket = bracket
         self.rung = rung
         self.offset = offset
@@ -104,8 +130,9 @@ class MopDealOperator(MopBaseOperator):
         layout = self.layout(context)
         per_class = rung_bundles(layout, Plan.read(layout.store, layout.plan_uri), self.bracket, self.rung)
         last = self.start - 1
-        return bundle_items(per_class[self.offset], sum(len(b) for b in per_class[:self.offset]),
-                            lambda cid: self._resume(layout, cid, last))
+        items = bundle_items(per_class[self.offset], sum(len(b) for b in per_class[:self.offset]),
+                             lambda cid: self._resume(layout, cid, last))
+        return hand_to_chains(context, items, self.heads)
 
     @staticmethod
     def _resume(layout: Any, cid: str, last: int) -> Assignment:

@@ -1,7 +1,8 @@
 """One hop of a bundle of configurations on one shard: the MOP training operator.
 
-Each bundle's hops are a chain of mapped task instances in its offset class's task group: a hop
-waits only for the same bundle's previous hop and a slot of its shard's pool. The work is
+Each bundle's hops are a chain of plain tasks in its offset class's task group: a hop waits only
+for its chain's previous hop and a slot of its shard's pool. A chain's first hop picks its bundle
+from the list its class's stage (or deal) task returned; later hops get it from the hop before. The work is
 :func:`mop_airflow.training.bundle_hop.run_bundle_hop`, which trains the bundle's configurations
 one after another; this operator maps Airflow's context onto it and its outcome onto task states.
 """
@@ -28,21 +29,41 @@ class MopTrainHopOperator(MopBaseOperator):
     template_fields = ("bundle",)
     ui_color = "#fbe3e0"
 
-    def __init__(self, *, bundle: Mapping[str, Any], t: int, shard: int, rung_end: bool = False,
+    def __init__(self, *, bundle: Any, t: int, shard: int, rung_end: bool = False, pick: int | None = None,
                  **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.bundle = bundle
+        self.bundle = bundle  # a BundleAssignment as a dict, or (with ``pick``) the class's list of them
+        self.pick = pick
         self.t = t
         self.shard = shard
         self.rung_end = rung_end  # an adaptive rung ends here: always evaluate, promotion needs the metric
+
+    def picked(self) -> Mapping[str, Any] | None:
+        """This chain's bundle, or None when the run gave its class fewer bundles than it has chains."""
+        if self.pick is None:
+            return self.bundle
+        listed = self.bundle or []
+        return listed[self.pick] if self.pick < len(listed) else None
+
+    @property
+    def bundle_name(self) -> str:
+        """What Airflow shows beside the task instance: ``b2: c001-6e7014, c005-0c54d0``."""
+        try:
+            picked = self.picked()
+        except (TypeError, KeyError, IndexError):  # not rendered yet
+            return ""
+        return picked.get("name", "") if isinstance(picked, Mapping) else ""
 
     def work(self, context: Any) -> dict[str, Any]:
         from mop_airflow.training.bundle_hop import run_bundle_hop  # noqa: PLC0415
         from mop_airflow.training.model_hop import Where  # noqa: PLC0415
 
+        picked = self.picked()
+        if picked is None:  # the stage task skips such chains; this is the guard if it could not
+            raise AirflowSkipException(f"this run has no bundle for chain {self.pick} of this class")
         layout = self.layout(context)
         run = self.run_record(layout)
-        bundle = BundleAssignment.from_dict(self.bundle)
+        bundle = BundleAssignment.from_dict(picked)
         ti = context["ti"]
         opened: list[str] = []
 

@@ -122,12 +122,12 @@ def test_the_task_plan_imports_no_airflow_and_is_deterministic():
 @pytest.mark.parametrize("adaptive", [None, {"method": "hyperband", "R": 9, "eta": 3}])
 def test_the_rendered_dag_is_exactly_the_task_plan(adaptive):
     from mop_airflow.airflow.dag import build_mop_dag
+    from mop_airflow.task_plan import spec_task_plan
     from mop_airflow.spec import MopSpec
 
     spec = adaptive_spec(adaptive, shards=3) if adaptive else spec_dict(schedule__shards=3, schedule__iterations=2)
     dag = build_mop_dag(spec, dag_id="rendered")
-    mop = MopSpec.from_dict(spec)
-    plan = build_task_plan(3, mop.schedule.iterations, mop.adaptive_plan())
+    plan = spec_task_plan(MopSpec.from_dict(spec))
     assert {t.task_id for t in dag.tasks} == {s.task_id for s in plan.tasks}
     for s in plan.tasks:
         task = dag.get_task(s.task_id)
@@ -138,51 +138,74 @@ def test_the_rendered_dag_is_exactly_the_task_plan(adaptive):
             assert task.pool == s.pool
         if s.queue:
             assert task.queue == s.queue
-    for group in plan.groups:  # every offset class is a mapped group over its source task's list
+    for group in plan.groups:  # every offset class is a plain group of plain chains (no mapping)
         rendered = dag.task_group_dict[group.group_id]
-        assert type(rendered).__name__ == "MappedTaskGroup"
-        # before a run the graph says what the group is: a set of models, one per configuration
-        assert rendered.group_display_name == f"class {group.offset} bundles"
-        assert rendered.tooltip.startswith("Bundles of models: one mapped instance per bundle")
+        assert type(rendered).__name__ == "TaskGroup"
+        assert rendered.group_display_name == f"class {group.offset}"
+        assert rendered.tooltip.startswith(f"Offset class {group.offset}: {group.chains} chain(s) of hop tasks")
+        assert sorted(rendered.children) == [f"{group.group_id}.chain_{k}" for k in range(group.chains)]
+        # the class's source task knows every chain's first hop: it skips the ones a run does not fill
+        heads = dag.get_task(group.source).heads
+        assert heads == [f"{group.group_id}.chain_{k}.hop_{min(s.args['t'] for s in plan.group_tasks(group.group_id)):0{len(heads[0].split('hop_')[1].split('_')[0])}d}_shard_{group.offset}"
+                         for k in range(group.chains)]
+    assert not any(type(t).__name__ == "MappedOperator" and ".hop_" in t.task_id for t in dag.tasks)
     for s in plan.tasks:
         if s.kind == "hop":  # labelled by hop and shard; each instance by its bundle's configurations once dealt
             task = dag.get_task(s.task_id)
             assert task.task_display_name == f"hop {s.args['t']} on shard {s.args['shard']}"
-            assert task.map_index_template == "{{ task.bundle['name'] }}"
+            assert task.map_index_template == "{{ task.bundle_name }}"
 
 
-def test_shape_depends_only_on_shards_and_iterations():
+def test_shape_depends_only_on_shards_iterations_and_the_spaces_size():
     from mop_airflow.airflow.dag import build_mop_dag
+    from mop_airflow.spec import MopSpec
 
-    a = build_mop_dag(spec_dict(), dag_id="a")
-    other = spec_dict()
-    other["search"]["space"]["params"]["learning_rate"] = [1e-4, 1e-3, 1e-2, 1e-1]
-    b = build_mop_dag(other, dag_id="b")
     edges = lambda dag: sorted((u, t.task_id) for t in dag.tasks for u in t.upstream_task_ids)  # noqa: E731
-    assert edges(a) == edges(b)
+    base = spec_dict(schedule__bundle_size=1)
+    a = build_mop_dag(base, dag_id="a")
+    same_size = spec_dict(schedule__bundle_size=1)
+    values = same_size["search"]["space"]["params"]["learning_rate"]
+    same_size["search"]["space"]["params"]["learning_rate"] = [v * 3 for v in values]
+    assert edges(build_mop_dag(same_size, dag_id="b")) == edges(a)  # other values, as many configurations
+    wider = spec_dict(schedule__bundle_size=1)
+    wider["search"]["space"]["params"]["learning_rate"] = values + [v * 3 for v in values]
+    b = build_mop_dag(wider, dag_id="c")
+    # twice the configurations, one per bundle: twice the chains per class, the same chain shape
+    assert len(hops(b)) == 2 * len(hops(a))
+    chains_of = lambda dag: {t.task_id.rsplit(".", 1)[0] for t in hops(dag)}  # noqa: E731
+    assert len(chains_of(b)) == 2 * len(chains_of(a))
+    shards = MopSpec.from_dict(base).schedule.shards
+    assert {c.split(".")[1] for c in chains_of(b)} == {f"chain_{k}" for k in range(2 * len(chains_of(a)) // shards)}
 
 
 @pytest.mark.parametrize("shards, iterations", [(1, 1), (3, 2), (4, 3)])
 def test_a_hop_waits_only_for_the_same_configurations_previous_hop(shards, iterations):
     from mop_airflow.airflow.dag import build_mop_dag
+    from mop_airflow.spec import MopSpec
 
-    dag = build_mop_dag(spec_dict(schedule__shards=shards, schedule__iterations=iterations), dag_id="shape")
+    spec = spec_dict(schedule__shards=shards, schedule__iterations=iterations, schedule__bundle_size=1)
+    dag = build_mop_dag(spec, dag_id="shape")
     end = shards * iterations
-    assert len(hops(dag)) == shards * end  # one task per offset class and hop; configurations are mapped
+    chains = -(-len(MopSpec.from_dict(spec).configurations()) // shards)  # one configuration each, bundle_size 1
+    assert len(hops(dag)) == shards * chains * end  # one task per chain and hop
     width = len(str(end - 1))
     for o in range(shards):
-        for t in range(end):
-            s = shard_at(o, t, shards)
-            task = dag.get_task(f"class_{o}.hop_{t:0{width}d}_shard_{s}")
-            assert task.pool == task.queue == shard_pool(s)
-            if t == 0:  # the class's list comes from its stage task; every shard is staged and
-                # every model built once on the data's shapes first
-                assert task.upstream_task_ids == {f"stage_shard_{k}" for k in range(shards)} | {"check_models"}
-            else:  # no barrier: one upstream task, the same class's previous hop
-                prev = shard_at(o, t - 1, shards)
-                assert task.upstream_task_ids == {f"class_{o}.hop_{t - 1:0{width}d}_shard_{prev}"}
-            assert task.priority_weight == end - t  # most remaining hops first (chosen by simulation)
-    last = {f"class_{o}.hop_{end - 1:0{width}d}_shard_{shard_at(o, end - 1, shards)}" for o in range(shards)}
+        for k in range(chains):
+            for t in range(end):
+                s = shard_at(o, t, shards)
+                task = dag.get_task(f"class_{o}.chain_{k}.hop_{t:0{width}d}_shard_{s}")
+                assert task.pool == task.queue == shard_pool(s)
+                if t == 0:  # the class's list comes from its stage task; every shard is staged and
+                    # every model built once on the data's shapes first
+                    assert task.upstream_task_ids == {f"stage_shard_{k}" for k in range(shards)} | {"check_models"}
+                    assert task.pick == k  # chain k takes the class's bundle k
+                else:  # no barrier: one upstream task, the same chain's previous hop
+                    prev = shard_at(o, t - 1, shards)
+                    assert task.upstream_task_ids == {f"class_{o}.chain_{k}.hop_{t - 1:0{width}d}_shard_{prev}"}
+                    assert task.pick is None
+                assert task.priority_weight == end - t  # most remaining hops first (chosen by simulation)
+    last = {f"class_{o}.chain_{k}.hop_{end - 1:0{width}d}_shard_{shard_at(o, end - 1, shards)}"
+            for o in range(shards) for k in range(chains)}
     assert dag.get_task("report").upstream_task_ids == last
     assert dag.get_task("preflight").downstream_task_ids == {"list_data"}
     assert dag.get_task("shard").upstream_task_ids == {"scatter"}
@@ -216,19 +239,20 @@ def test_hyperband_dag_has_a_promote_task_between_rungs():
     assert promotes == ["bracket_1.rung_0.promote", "bracket_2.rung_0.promote", "bracket_2.rung_1.promote"]
     promote = dag.get_task("bracket_2.rung_1.promote")
     # rung 1 of bracket 2 trains from 1 to 3 iterations: its classes' last hop is global hop 5
-    assert promote.upstream_task_ids == {f"bracket_2.rung_1.class_{o}.hop_05_shard_{shard_at(o, 5, 2)}"
-                                         for o in range(2)}
+    # rung 1 holds 3 configurations on 2 shards: 2 classes, each with 2 chains (one per slot and a spare)
+    assert promote.upstream_task_ids == {f"bracket_2.rung_1.class_{o}.chain_{k}.hop_05_shard_{shard_at(o, 5, 2)}"
+                                         for o in range(2) for k in range(2)}
     assert promote.downstream_task_ids == {"bracket_2.rung_2.deal_0"}  # rung 2 holds 1 configuration
     # a promoted configuration resumes: rung 2 starts at global hop 6 (3 iterations x 2 shards)
     deal = dag.get_task("bracket_2.rung_2.deal_0")
     assert deal.start == 6
-    first = dag.get_task("bracket_2.rung_2.class_0.hop_06_shard_0")
+    first = dag.get_task("bracket_2.rung_2.class_0.chain_0.hop_06_shard_0")
     assert first.upstream_task_ids == {"bracket_2.rung_2.deal_0"}
     # a rung renders one class per configuration it can hold, at most one per shard: the last
     # rungs of brackets 2 and 1 hold 1 configuration, bracket 0 holds 3 (on 2 shards: 2 classes)
     assert dag.get_task("report").upstream_task_ids == {
-        f"bracket_{b}.rung_{r}.class_{o}.hop_17_shard_{shard_at(o, 17, 2)}" for b, r, n in ((2, 2, 1), (1, 1, 1), (0, 0, 2))
-        for o in range(n)}
+        f"bracket_{b}.rung_{r}.class_{o}.chain_{k}.hop_17_shard_{shard_at(o, 17, 2)}"
+        for b, r, n, chains in ((2, 2, 1, 1), (1, 1, 1, 1), (0, 0, 2, 2)) for o in range(n) for k in range(chains)}
     # rung 0 of every bracket waits for the shards to be staged and the models checked, then deals
     assert dag.get_task("bracket_0.rung_0.deal_1").upstream_task_ids == {"stage_shard_0", "stage_shard_1",
                                                                          "check_models"}

@@ -20,7 +20,8 @@ def uneven(ids):
 
 
 def run(classes, cost, *, shards, iterations, slots=1, priority="remaining"):
-    plan = build_task_plan(shards, iterations, priority=priority)
+    plan = build_task_plan(shards, iterations, priority=priority, configurations=sum(len(c) for c in classes),
+                           bundle_size=1)  # a chain per configuration
     return simulate(plan, lambda group, expanded: classes[group.offset], lambda cid, t, shard: cost[cid], slots=slots)
 
 
@@ -157,6 +158,7 @@ def test_priority_weight_values_and_unknown_rules():
 def test_hop_tasks_carry_the_rules_weights():
     plan = build_task_plan(3, 2)
     hops = [spec for spec in plan.tasks if spec.kind == "hop" and spec.group == "class_1"]
+    assert {spec.args["chain"] for spec in hops} == {0}
     assert [(spec.args["t"], spec.args["shard"], spec.priority_weight) for spec in hops] == [
         (0, 1, 6), (1, 2, 5), (2, 0, 4), (3, 1, 3), (4, 2, 2), (5, 0, 1)]
     assert {spec.priority_weight for spec in build_task_plan(3, 2, priority="none").tasks if spec.kind == "hop"} == {1}
@@ -165,11 +167,11 @@ def test_hop_tasks_carry_the_rules_weights():
 @pytest.mark.parametrize("rule,first,makespan", [
     ("remaining", "b", 5.0),  # b's hop 0 (weight 2) beats c's hop 1 (weight 1)
     ("done", "c", 5.5),       # c's hop 1 (weight 2) beats b's hop 0 (weight 1)
-    ("none", "c", 5.5),       # equal weights: the lower map index (c is 0 in its class, b is 1)
+    ("none", "b", 5.0),       # equal weights: the earlier task in the plan (class 0's chains come before class 1's)
 ])
 def test_a_free_slot_takes_the_highest_weight_first(rule, first, makespan):
     # p=2 shards, 1 iteration, 1 slot; class 0 = (a, b) starts on shard 0, class 1 = (c,) on shard 1.
-    #   0.0: a hop 0 on shard 0 (a before b: equal weights, lower map index); c hop 0 on shard 1
+    #   0.0: a hop 0 on shard 0 (a before b: equal weights, a's chain comes first); c hop 0 on shard 1
     #   0.5: c hop 0 ends; c hop 1 waits for shard 0, where b hop 0 has waited since 0.0
     #   1.0: a hop 0 ends: shard 0's one slot has two ready hops, and the rule picks one
     cost = {"a": 1.0, "b": 2.0, "c": 0.5}
@@ -207,7 +209,7 @@ def test_an_adaptive_plan_simulates_every_model_hop():
     hyperband = adaptive_plan({"method": "hyperband", "R": 9, "eta": 3}, p)
     # s=2: 9 configurations x 4 hops, 3 x 8 more, 1 x 24 more; s=1: 5 x 12, 1 x 24 more; s=0: 3 x 36
     assert hyperband.total_hops == 36 + 24 + 24 + 60 + 24 + 108 == 276
-    plan = build_task_plan(p, 0, hyperband)
+    plan = build_task_plan(p, 0, hyperband, bundle_size=1)  # a chain per configuration of every rung
     ids = [f"c{i:02d}" for i in range(hyperband.total_configurations)]
     keep = {(spec.args["bracket"], spec.args["rung"]): spec.args["keep"] for spec in plan.tasks
             if spec.kind == "promote"}
@@ -230,11 +232,12 @@ def test_the_estimate_of_a_plan_with_equal_hops_reaches_the_lower_bound_when_slo
     # 8 configurations, 4 shards, 2 iterations, 1 slot: 2 per class, 8 hops each. The two of a class
     # alternate on each shard and no shard ever idles: 8 x 8 hops / 4 shards = 16 hop times, the
     # lower bound (a chain alone is only 8 hop times)
-    sim = estimate_seconds(build_task_plan(4, 2), 8, seconds_per_hop=2.0, slots=1)
+    sim = estimate_seconds(build_task_plan(4, 2, configurations=8, bundle_size=1), 8, seconds_per_hop=2.0, slots=1)
     assert len(sim.events) == 8 * 8 and sim.makespan == pytest.approx(2.0 * 16)
     assert sim.busy_fraction == pytest.approx(1.0)
     hb = adaptive_plan({"method": "hyperband", "R": 9, "eta": 3}, 4)
-    sim = estimate_seconds(build_task_plan(4, 0, hb), hb.total_configurations, seconds_per_hop=1.0, slots=1,
+    sim = estimate_seconds(build_task_plan(4, 0, hb, bundle_size=1), hb.total_configurations, seconds_per_hop=1.0,
+                           slots=1,
                            adaptive=hb)
     assert len(sim.events) == hb.total_hops == 276
     assert sim.makespan >= 276 / 4  # never better than the work spread over the 4 shards

@@ -1,9 +1,9 @@
 """Spec -> Airflow DAG: render the pure task plan (:mod:`mop_airflow.task_plan`) into operators.
 
 The plan decides every task id, pool, queue, upstream and priority weight; this module only
-instantiates operators from it. Each offset class becomes a mapped task group over the bundles
-of configurations its source task lists, so every bundle's hops form their own chain of task
-instances (instance ``i`` of a hop waits only for instance ``i`` of the previous hop). Rendering
+instantiates operators from it. Each offset class becomes a task group of plain chains of hop
+tasks; chain ``k`` carries bundle ``k`` of the configurations its source task lists, and each hop
+waits only for its own chain's previous hop. Rendering
 is plain data work (no TensorFlow, no Great Expectations): the DAG file parses in well under a
 second.
 """
@@ -14,7 +14,7 @@ import copy
 import datetime as dt
 from typing import Any, Mapping, Sequence
 
-from airflow.sdk import DAG, Asset, Param, TaskGroup, task_group
+from airflow.sdk import DAG, Asset, Param, TaskGroup
 
 from mop_airflow.operators.check_models import MopCheckModelsOperator
 from mop_airflow.operators.data import MopListDataOperator, MopScatterOperator, MopShardOperator
@@ -29,7 +29,7 @@ from mop_airflow.champion import champion_asset_uri
 from mop_airflow.schedule import DEFAULT_PRIORITY
 from mop_airflow.search.adaptive import brackets_of
 from mop_airflow.spec import MopSpec
-from mop_airflow.task_plan import ClassGroup, TaskPlan, TaskSpec, build_task_plan
+from mop_airflow.task_plan import ClassGroup, TaskPlan, TaskSpec, configuration_count, spec_task_plan
 from mop_airflow.trigger_form import form_fields, rung_iterations
 
 # Every task retries twice, 10 s and then 20 s later: a hop that dies with its worker resumes from
@@ -54,7 +54,7 @@ def _description(spec: MopSpec) -> str:
     adaptive = spec.adaptive_plan()
     if adaptive is None:
         space = spec.search.space
-        count = space.size() if space.method == "grid" else space.num_samples
+        count = configuration_count(spec)
         return (f"{space.method.capitalize()} search, {count} configurations by default; models hop across {p} "
                 f"shards for {schedule.iterations} iteration(s) of {schedule.epochs_per_hop} epoch(s) per hop")
     brackets = brackets_of(adaptive)
@@ -103,8 +103,7 @@ def build_mop_dag(
     workers import arbitrary code.
     """
     spec = spec if isinstance(spec, MopSpec) else MopSpec.from_dict(spec)
-    plan = build_task_plan(spec.schedule.shards, spec.schedule.iterations, spec.adaptive_plan(), priority=priority,
-                           publish=spec.publish.enabled)
+    plan = spec_task_plan(spec, priority)
     p, slots = spec.schedule.shards, spec.schedule.slots_per_shard
     dag = DAG(
         dag_id=dag_id,
@@ -167,7 +166,7 @@ class _Renderer:
             op = MopPreflightOperator(spec=self.spec, pools=self.pools,
                                       builder_modules=self.builder_modules, **kwargs)
         elif spec.kind == "plan":
-            op = MopPlanOperator(priority=self.plan.priority, **kwargs)
+            op = MopPlanOperator(priority=self.plan.priority, chains=self.plan.chains(), **kwargs)
         elif spec.kind == "publish":  # its outlet: the Asset downstream DAGs schedule on
             op = MopPublishOperator(outlets=[champion_asset(self.dag_id)], **kwargs)
         elif spec.kind == "scatter":  # one instance per slice of files that list_data returns
@@ -179,14 +178,15 @@ class _Renderer:
             self.ops[up] >> op
         return op
 
-    def _container(self, path: str) -> TaskGroup | None:
-        """The plain (unmapped) task group ``path`` names (``bracket_2.rung_0``) and its parents, made on first use."""
+    def _container(self, path: str, label: str | None = None) -> TaskGroup | None:
+        """The task group ``path`` names (``bracket_2.rung_0``) and its parents, made on first use;
+        ``label`` names the innermost one when it is not a bracket or a rung."""
         parts = path.split(".") if path else []
         parent = None
         for depth in range(1, len(parts) + 1):
             prefix = ".".join(parts[:depth])
             if prefix not in self.containers:
-                label, tooltip = self._describe(parts[:depth])
+                label, tooltip = (label, "") if depth == len(parts) and label else self._describe(parts[:depth])
                 kwargs = {"parent_group": parent} if parent is not None else {}
                 self.containers[prefix] = TaskGroup(group_id=parts[depth - 1], group_display_name=label,
                                                     tooltip=tooltip, **kwargs)
@@ -209,37 +209,29 @@ class _Renderer:
                 f"Rung {rung.i} trains its {rung.n_i} configuration(s) to {rung.r_i} iteration(s); {keep}.")
 
     def _class_group(self, group: ClassGroup) -> None:
-        """A mapped task group: one instance per configuration of the class, each hop on its shard's pool."""
-        specs = self.plan.group_tasks(group.group_id)
-        made: list[Any] = []
+        """Offset class ``group``: a task group of plain chains, chain k carrying the class's bundle k;
+        each hop on its shard's pool and waiting only for its own chain's previous hop."""
         p = self.plan.shards
-        about = (f"Bundles of models: one mapped instance per bundle of the configurations dealt to offset class "
-                 f"{group.offset}, named by its configurations once the run has dealt them. A bundle's hop t trains "
-                 f"each of its models in turn on shard ({group.offset} + t) mod {p} and waits only for the same "
-                 f"bundle's previous hop.")
-
-        @task_group(group_id=group.group_id.rsplit(".", 1)[-1],
-                    group_display_name=f"class {group.offset} bundles",
-                    tooltip=about, doc_md=about)
-        def chain(bundle: Any) -> Any:
-            previous = bundle
-            for spec in specs:
-                op = MopTrainHopOperator(bundle=previous, map_index_template="{{ task.bundle['name'] }}",
-                                         task_display_name=f"hop {spec.args['t']} on shard {spec.args['shard']}",
-                                         **self._common(spec), **spec.args)
-                made.append(op)
-                previous = op.output
-            return made[-1]
-
-        container = self._container(group.group_id.rpartition(".")[0])
-        if container is not None:
-            with container:
-                rendered = chain.expand(bundle=self.ops[group.source].output)
-        else:
-            rendered = chain.expand(bundle=self.ops[group.source].output)
-        for up in specs[0].upstream:
-            if up != group.source:
-                self.ops[up] >> made[0]
-        self.ops[group.group_id] = rendered
-        for spec, op in zip(specs, made):
+        about = (f"Offset class {group.offset}: {group.chains} chain(s) of hop tasks. Chain k trains bundle k of the "
+                 f"configurations dealt to this class; its hop t trains each configuration of the bundle in turn on "
+                 f"shard ({group.offset} + t) mod {p}. A chain the run has no bundle for is skipped.")
+        parent = self._container(group.group_id.rpartition(".")[0])
+        outer = TaskGroup(group_id=group.group_id.rsplit(".", 1)[-1], group_display_name=f"class {group.offset}",
+                          tooltip=about, **({"parent_group": parent} if parent is not None else {}))
+        self.containers[group.group_id] = outer
+        self.ops[group.group_id] = outer
+        source = self.ops[group.source]
+        for spec in self.plan.group_tasks(group.group_id):
+            k = spec.args["chain"]
+            first = spec.args["t"] == group.start
+            container = self._container(spec.task_id.rpartition(".")[0], f"chain {k}")
+            op = MopTrainHopOperator(
+                # a chain's first hop takes its bundle from the class's list; later hops from the hop before
+                bundle=source.output if first else self.ops[spec.upstream[0]].output, pick=k if first else None,
+                map_index_template="{{ task.bundle_name }}", task_group=container,
+                task_display_name=f"hop {spec.args['t']} on shard {spec.args['shard']}",
+                **self._common(spec), **{key: v for key, v in spec.args.items() if key != "chain"})
+            for up in spec.upstream:
+                if up != group.source and not (not first and up == spec.upstream[0]):
+                    self.ops[up] >> op
             self.ops[spec.task_id] = op
