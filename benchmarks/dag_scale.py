@@ -86,7 +86,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from mop_airflow.search.adaptive import adaptive_plan, brackets_of, rung_spans  # noqa: E402
-from mop_airflow.task_plan import build_task_plan  # noqa: E402
+from mop_airflow.spec import MopSpec  # noqa: E402
+from mop_airflow.task_plan import build_task_plan, spec_task_plan  # noqa: E402
 
 IMPORT_TIMEOUT = 30.0  # [core] dagbag_import_timeout default
 PROCESSOR_TIMEOUT = 50.0  # [dag_processor] dag_file_processor_timeout default
@@ -159,16 +160,18 @@ def pct(values: list[float], q: float) -> float:
 
 # -- shape arithmetic (plain data, no Airflow) -------------------------------------------------------
 def plan_of(shape: Shape):
+    """The task plan the shape's DAG renders (its chains per class included), and the time it took."""
     adaptive = adaptive_plan(shape.adaptive, shape.shards) if shape.adaptive else None
+    spec = MopSpec.from_dict(spec_for(shape, Path(tempfile.gettempdir())))
     started = time.perf_counter()
-    plan = build_task_plan(shape.shards, shape.iterations, adaptive)
+    plan = spec_task_plan(spec)
     return plan, adaptive, time.perf_counter() - started
 
 
 def expected_instances(shape: Shape, configs: int | None = None) -> dict[str, int]:
-    """Task instances of one run: unmapped tasks once, each hop task once per bundle of its class
-    (``schedule.bundle_size: "auto"`` on this benchmark's tiny data; an empty class's hop task still
-    gets one skipped instance)."""
+    """Task instances of one run: every task once (hop chains are plain tasks). ``hop_instances`` are
+    the hops that train (the chains this benchmark's tiny data fills, ``schedule.bundle_size:
+    "auto"``), ``empty`` the hops of chains the run leaves unused (skipped by their stage task)."""
     from mop_airflow.bundling import split_classes  # noqa: PLC0415
     from mop_airflow.schedule import deal_classes  # noqa: PLC0415
 
@@ -182,18 +185,14 @@ def expected_instances(shape: Shape, configs: int | None = None) -> dict[str, in
         classes = deal_classes([f"c{i:04d}" for i in range(n)], shards=p, seed=0)
         ids = [c for cls in classes for c in cls]
         bundles = split_classes(classes, {c: 0.01 for c in ids}, {c: "mlp" for c in ids}, shards=p, slots=1,
-                                hops=hops_per_class)
+                                hops=hops_per_class, chains=[g.chains for g in plan.groups])
         hop_instances = sum(len(b) for b in bundles) * hops_per_class
-        empty = max(0, p - n) * hops_per_class
+        empty = plan.hop_tasks - hop_instances
     else:
         n = adaptive.total_configurations
         model_hops = adaptive.total_hops
-        hop_instances = model_hops  # an upper bound: rungs bundle too, into fewer task instances
-        classes_per: dict[tuple[int | None, int], int] = {}
-        for group in plan.groups:
-            classes_per[(group.bracket, group.rung)] = classes_per.get((group.bracket, group.rung), 0) + 1
-        empty = sum(max(0, classes_per.get((bracket.s, span.i), 0) - span.n_i) * (span.end - span.start)
-                    for bracket in brackets_of(adaptive) for span in rung_spans(bracket))
+        hop_instances = min(model_hops, plan.hop_tasks)  # an upper bound: rungs bundle too
+        empty = plan.hop_tasks - hop_instances
     return {"configs": n, "control": control, "model_hops": model_hops, "hop_instances": hop_instances,
             "empty": empty, "total": control + hop_instances + empty}
 
@@ -798,16 +797,16 @@ def print_size(shape: Shape, configs: list[int]) -> dict[str, Any]:
         say(f"  hops per configuration T = iterations x shards = {hops}; hop tasks = shards x T = {plan.hop_tasks}")
         for n in configs:
             e = expected_instances(shape, n)
-            empty = f" + {e['empty']} skipped (empty classes)" if e["empty"] else ""
-            say(f"  task instances for {n:>4} configurations: {e['total']:>7}  (= {e['control']} unmapped + "
-                f"{e['hop_instances']} bundle hops for {n} x {hops} model hops{empty})")
+            empty = f" + {e['empty']} skipped (chains the run does not fill)" if e["empty"] else ""
+            say(f"  task instances for {n:>4} configurations: {e['total']:>7}  (= {e['control']} control + "
+                f"{e['hop_instances']} bundle hops for {n} x {hops} model hops{empty}; every hop a plain task)")
     else:
         e = expected_instances(shape)
         say(f"  the plan draws {e['configs']} configurations and trains {e['model_hops']} model hops "
             f"(promoted configurations resume)")
-        empty = f" + {e['empty']} skipped hop instances of classes a rung leaves empty" if e["empty"] else ""
-        say(f"  task instances of a run: {e['total']}  (= {e['control']} unmapped + {e['model_hops']} model hops"
-            f"{empty}; a rung has one class group per shard, at most one per configuration)")
+        say(f"  task instances of a run: {e['total']}  (= {e['control']} control + {e['hop_instances'] + e['empty']} "
+            f"hop tasks, in which {e['model_hops']} model hops train in bundles; a rung has one class per shard, at "
+            f"most one per configuration)")
     return {"tasks": len(plan.tasks), "hop_tasks": plan.hop_tasks, "plan_seconds_inproc": plan_seconds}
 
 

@@ -125,12 +125,12 @@ def test_the_first_task_creates_missing_pools_and_the_run_succeeds_on_shard_pool
     tis = airflow.task_instances(DAG_ID, run_id)
     train = [ti for ti in tis if ".hop_" in ti["task_id"]]
     # 2 configurations x 2 hops on 2 one-slot shards: a bundle each (enough to keep both slots busy),
-    # each bundle's hop a mapped task instance named by its configurations
+    # each bundle's hop a plain task instance named by its configurations
     assert len(train) == 4 and all(ti["state"] == "success" for ti in train)
     for ti in train:
         shard = ti["task_id"].rsplit("_", 1)[1]
         assert ti["pool"] == ti["queue"] == f"mop_shard_{shard}"
-        assert ti["map_index"] >= 0 and re.fullmatch(r"b[01]: c00\d-\w{6}", ti["rendered_map_index"])
+        assert ti["map_index"] == -1 and re.fullmatch(r"b[01]: c00\d-\w{6}", ti["rendered_map_index"])
     store = Store(f"file://{airflow.root / 'store'}")
     board = store.read_json(RunLayout(store, DAG_ID, run_id).report_uri("leaderboard.json"))
     assert len(board["leaderboard"]) == 2 and board["leaderboard"][0]["val_accuracy"] > 0.5
@@ -154,7 +154,8 @@ def test_a_bundle_hop_killed_half_way_is_retried_and_trains_only_the_rest(airflo
         tis = {(ti["task_id"], ti["map_index"]): ti for ti in airflow.task_instances(dag_id, run_id)}
         retried = sorted(key for key, ti in tis.items() if ti["try_number"] > 1)
         if dag_id == KILLED:  # both bundles' hop 1 died once and succeeded on the second try
-            assert sorted(task_id.split(".", 1)[1] for task_id, _ in retried) == ["hop_1_shard_0", "hop_1_shard_1"]
+            assert sorted(task_id.split(".", 1)[1] for task_id, _ in retried) == ["chain_0.hop_1_shard_0",
+                                                                                  "chain_0.hop_1_shard_1"]
             assert all(tis[key]["try_number"] == 2 and tis[key]["state"] == "success" for key in retried)
             # the retry's log has a folding section per configuration of its bundle
             ti = tis[retried[0]]
