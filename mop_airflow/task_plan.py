@@ -56,7 +56,7 @@ class TaskSpec:
     """
 
     task_id: str
-    kind: str  # preflight, list_data, scatter, shard, plan, stage, check_models, deal, hop, promote, report, publish
+    kind: str  # preflight, list_data, scatter, shard, plan, stage, check_models, deal, hop, promote, report, publish, result
     upstream: tuple[str, ...] = ()
     group: str | None = None
     pool: str | None = None
@@ -101,13 +101,15 @@ class TaskPlan:
 
 def build_task_plan(shards: int, iterations: int, adaptive: Any = None, *,
                     priority: str = DEFAULT_PRIORITY, publish: bool = True, configurations: int | None = None,
-                    slots: int = 1, bundle_size: int | str = "auto") -> TaskPlan:
+                    slots: int = 1, bundle_size: int | str = "auto", result: bool = False) -> TaskPlan:
     """The task plan for ``shards`` shards and ``iterations`` iterations, or an adaptive plan's rungs.
 
     ``adaptive`` is a :class:`~mop_airflow.search.hyperband.HyperbandPlan` or ``Bracket``;
     ``publish`` adds the task after the report that publishes a winner as the DAG's champion.
     ``configurations`` (a plain search's count in the spec), ``slots`` and ``bundle_size`` say how
     many chains each class holds (:func:`~mop_airflow.bundling.chains_per_class`; one without a count).
+    ``result`` ends the plan with a task that succeeds whether or not the winner was published (a
+    MopTaskGroup's last task: what tasks downstream of the group wait for and read).
     """
     def chains(n: int | None, hops: int) -> int:
         return 1 if n is None else chains_per_class(n, shards=shards, slots=slots, hops=hops, bundle_size=bundle_size)
@@ -130,9 +132,11 @@ def build_task_plan(shards: int, iterations: int, adaptive: Any = None, *,
                                             chains=per_class, wait_for=ready)]
     else:
         finals = _adaptive(builder, adaptive, ready, chains)
-    builder.add("report", "report", tuple(finals), trigger_rule=REPORT_JOIN)
+    last = builder.add("report", "report", tuple(finals), trigger_rule=REPORT_JOIN)
     if publish:
-        builder.add("publish", "publish", ("report",))
+        last = builder.add("publish", "publish", ("report",))
+    if result:
+        builder.add("result", "result", (last,), trigger_rule=REPORT_JOIN)
     return TaskPlan(shards=shards, tasks=tuple(builder.tasks), groups=tuple(builder.groups), priority=priority)
 
 
@@ -142,13 +146,13 @@ def configuration_count(spec: Any) -> int:
     return space.size() if space.method == "grid" else int(space.num_samples)
 
 
-def spec_task_plan(spec: Any, priority: str = DEFAULT_PRIORITY) -> TaskPlan:
+def spec_task_plan(spec: Any, priority: str = DEFAULT_PRIORITY, *, result: bool = False) -> TaskPlan:
     """The task plan a :class:`~mop_airflow.spec.MopSpec` renders: its shape, and how many chains each
-    class holds for the spec's own search space."""
+    class holds for the spec's own search space (``result``: see :func:`build_task_plan`)."""
     adaptive = spec.adaptive_plan()
     return build_task_plan(spec.schedule.shards, spec.schedule.iterations, adaptive, priority=priority,
                            publish=spec.publish.enabled, configurations=None if adaptive else configuration_count(spec),
-                           slots=spec.schedule.slots_per_shard, bundle_size=spec.schedule.bundle_size)
+                           slots=spec.schedule.slots_per_shard, bundle_size=spec.schedule.bundle_size, result=result)
 
 
 def _adaptive(builder: "_Builder", adaptive: Any, ready: list[str], chains: Any) -> list[str]:

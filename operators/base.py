@@ -20,6 +20,7 @@ from mop_airflow.errors import DataValidationError, PoolsMissingError, SpecError
 
 from mop_airflow.layout import RunLayout
 from mop_airflow.records import RunRecord
+from mop_airflow.selection import conf_of, selection_id, task_id_in
 from mop_airflow.spec import StoreSpec
 from mop_airflow.store import Store
 
@@ -32,9 +33,11 @@ NOT_RETRIED = (SpecError, DataValidationError, PoolsMissingError, TrainingError)
 class MopBaseOperator(BaseOperator):
     ui_color = "#e8f1fb"
 
-    def __init__(self, *, store: Mapping[str, Any], **kwargs: Any) -> None:
+    def __init__(self, *, store: Mapping[str, Any], selection: str | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.store = dict(store)
+        # the MopTaskGroup this task belongs to (None: a whole MOP DAG); it names the run's folders
+        self.selection = selection
 
     def execute(self, context: Any) -> Any:
         try:
@@ -47,18 +50,21 @@ class MopBaseOperator(BaseOperator):
 
     def store_spec(self, context: Mapping[str, Any]) -> StoreSpec:
         """The DAG's store, or the one the trigger conf names (the run record is written there)."""
-        override = (context.get("params") or {}).get("store")
+        override = (conf_of(context.get("params") or {}, self.selection) or {}).get("store")
         return StoreSpec(**{**self.store, **(override if isinstance(override, Mapping) else {})})
 
     def layout(self, context: Mapping[str, Any]) -> RunLayout:
-        return RunLayout(Store.from_spec(self.store_spec(context)), context["dag"].dag_id, context["run_id"])
+        return RunLayout(Store.from_spec(self.store_spec(context)), self.selection_id(context), context["run_id"])
+
+    def selection_id(self, context: Mapping[str, Any]) -> str:
+        """What names this selection's run folders, registry and Asset (:mod:`mop_airflow.selection`)."""
+        return selection_id(context["dag"].dag_id, self.selection)
 
     @staticmethod
     def run_record(layout: RunLayout) -> RunRecord:
         """The run record the plan task wrote: every task after it reads the run from here."""
         return RunRecord.read(layout.store, layout.run_record_uri)
 
-    @staticmethod
-    def resolved_run(context: Mapping[str, Any]) -> RunRecord:
+    def resolved_run(self, context: Mapping[str, Any]) -> RunRecord:
         """The run record as preflight resolved it, before the plan task writes it to the store."""
-        return RunRecord.from_dict(context["ti"].xcom_pull(task_ids="preflight"))
+        return RunRecord.from_dict(context["ti"].xcom_pull(task_ids=task_id_in(self.selection, "preflight")))

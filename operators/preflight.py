@@ -13,6 +13,7 @@ from typing import Any, Mapping, Sequence
 from mop_airflow.airflow.pools import POOL_MODES, ensure_pools, required_pools
 from mop_airflow.errors import SpecError
 from mop_airflow.resolve import resolve_run, with_warm_start
+from mop_airflow.selection import conf_of
 
 from mop_airflow.operators.base import MopBaseOperator
 
@@ -28,10 +29,20 @@ def running_in_dag_test() -> bool:
     return isinstance(getattr(task_runner, "SUPERVISOR_COMMS", None), InProcessSupervisorComms)
 
 
+# data.source and data.validation may be Jinja templates (an upstream task's XCom, a date), rendered
+# when the run starts; a MopTaskGroup turns an XComArg there into such a template.
+TEMPLATED_DATA = ("source", "validation")
+
+
 class MopPreflightOperator(MopBaseOperator):
+    template_fields = ("data_templates",)
+
     def __init__(self, *, spec: Mapping[str, Any], pools: str = "create",
                  builder_modules: Sequence[str] | None = None, **kwargs: Any) -> None:
         super().__init__(store=spec["store"], **kwargs)
+        data = spec.get("data") or {}
+        self.data_templates = {key: data[key] for key in TEMPLATED_DATA
+                               if isinstance(data.get(key), str) and "{{" in data[key]}
         if pools not in POOL_MODES:
             raise SpecError("pools", pools, f"must be one of {list(POOL_MODES)}",
                             "pass build_mop_dag(pools='create'), 'check' or 'off'")
@@ -42,9 +53,9 @@ class MopPreflightOperator(MopBaseOperator):
     def work(self, context: Any) -> dict[str, Any]:
         # The trigger conf as given (the form sends its sections, the REST API and CLI what they name);
         # params would also hold the DAG's defaults and hide a misspelt section.
-        conf = getattr(context.get("dag_run"), "conf", None)
-        run = with_warm_start(resolve_run(self.spec, conf, dag_id=context["dag"].dag_id, run_id=context["run_id"],
-                                          allowed_modules=self.builder_modules))
+        conf = conf_of(getattr(context.get("dag_run"), "conf", None), self.selection)
+        run = with_warm_start(resolve_run(self.rendered_spec(), conf, dag_id=self.selection_id(context),
+                                          run_id=context["run_id"], allowed_modules=self.builder_modules))
         if run.warm_start:
             sources = sorted({f"{w['run_id']}/{w['config_id']}" for w in run.warm_start.values()})
             self.log.info("%d of %d configurations start warm from %s", len(run.warm_start), len(run.configs),
@@ -63,3 +74,17 @@ class MopPreflightOperator(MopBaseOperator):
         self.log.info("%d configurations, %d shards, %s; pools %s", len(run.configs), schedule.shards, length,
                       ", ".join(pools))
         return run.to_dict()
+
+    def rendered_spec(self) -> dict[str, Any]:
+        """The spec with its data templates as this run rendered them; one that renders to nothing fails here."""
+        if not self.data_templates:
+            return self.spec
+        data = dict(self.spec["data"])
+        for key, value in self.data_templates.items():
+            template = self.spec["data"][key]
+            if value is None or not str(value).strip() or str(value).strip() in ("None", "[]", "{}"):
+                raise SpecError(f"data.{key}", template, f"rendered to no data ({value!r}) for this run",
+                                "make the upstream task return the path or URI of its data (a non-empty string), "
+                                "or check the task id the template pulls from")
+            data[key] = str(value).strip()
+        return {**self.spec, "data": data}

@@ -40,7 +40,32 @@ class MopReportOperator(MopBaseOperator):
             self.log.info("TensorBoard: tensorboard --logdir %s", tracked["tensorboard"])
         if tracked["mlflow_run_id"]:
             self.log.info("MLflow: parent run %s", tracked["mlflow_run_id"])
-        return {"best_config_id": best["config_id"], metric: best[metric], "report_uri": layout.report_uri(""),
-                "best_model_uri": summary["best_model_uri"], "publish": decision["publish"],
+        # what a task downstream of a MopTaskGroup gets (``selection.output``): enough to load the winner
+        return {"best_config_id": best["config_id"], metric: best[metric], "metric": metric, "value": best[metric],
+                "direction": run.direction, "report_uri": layout.report_uri(""),
+                "leaderboard_uri": layout.report_uri("leaderboard.json"), "run_folder": layout.run_uri,
+                "store_root": layout.store.root, "selection_id": layout.dag_id, "run_id": layout.run_id, "best_model_uri": summary["best_model_uri"],
+                "publish": decision["publish"],
+                "champion": {"publish": decision["publish"], "reason": decision["reason"],
+                             "champion_config_id": (decision.get("champion") or {}).get("config_id")},
                 "tensorboard_uri": tracked["tensorboard"],
                 "mlflow_run_id": tracked["mlflow_run_id"]}
+
+
+class MopResultOperator(MopBaseOperator):
+    """A MopTaskGroup's last task: the run's summary (the report task's), whether the winner was
+    published or the champion stayed (a skipped publish task), so that tasks downstream of the group run
+    either way and ``selection.output`` is what they read."""
+
+    ui_color = "#ece3f8"
+
+    def work(self, context: Any) -> dict[str, Any]:
+        from mop_airflow.selection import task_id_in  # noqa: PLC0415
+
+        summary = context["ti"].xcom_pull(task_ids=task_id_in(self.selection, "report"))
+        if not isinstance(summary, dict):
+            from mop_airflow.errors import StoreError  # noqa: PLC0415
+
+            raise StoreError(f"the report task of {self.selection_id(context)} left no summary in XCom "
+                             f"(found {summary!r}). Fix: clear the report task of this run")
+        return summary

@@ -1,0 +1,173 @@
+"""The pure task plan (:mod:`mop_airflow.task_plan`) instantiated as Airflow operators, into the
+current DAG or task group.
+
+The plan decides every task id, pool, queue, upstream and priority weight; this module only
+instantiates operators from it, for a whole MOP DAG (:func:`mop_airflow.airflow.dag.build_mop_dag`)
+or a :class:`~mop_airflow.airflow.group.MopTaskGroup`. Each offset class becomes a task group of
+plain chains of hop tasks; chain ``k`` carries bundle ``k`` of the configurations its source task
+lists, and each hop waits only for its own chain's previous hop. Rendering is plain data work (no
+TensorFlow, no Great Expectations): a DAG file parses in well under a second.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any, Sequence
+
+from airflow.sdk import Asset, TaskGroup
+
+from mop_airflow import resolve
+from mop_airflow.champion import champion_asset_uri
+from mop_airflow.operators.check_models import MopCheckModelsOperator
+from mop_airflow.operators.data import MopListDataOperator, MopScatterOperator, MopShardOperator
+from mop_airflow.operators.plan import MopDealOperator, MopPlanOperator, MopStageShardOperator
+from mop_airflow.operators.preflight import MopPreflightOperator
+from mop_airflow.operators.promote import MopPromoteOperator
+from mop_airflow.operators.publish import MopPublishOperator
+from mop_airflow.operators.report import MopReportOperator, MopResultOperator
+from mop_airflow.operators.train import MopTrainHopOperator
+from mop_airflow.search.adaptive import brackets_of
+from mop_airflow.selection import selection_id, task_id_in
+from mop_airflow.spec import MopSpec
+from mop_airflow.task_plan import ClassGroup, TaskPlan, TaskSpec
+
+# Every task retries twice, 10 s and then 20 s later: a hop that dies with its worker resumes from
+# its configuration's last checkpoint (the one its assignment names). Errors a retry cannot fix
+# fail at once (mop_airflow.operators.base.NOT_RETRIED). Override with default_args.
+RETRIES = {"retries": 2, "retry_delay": dt.timedelta(seconds=10), "retry_exponential_backoff": 2.0,
+           "max_retry_delay": dt.timedelta(minutes=5)}
+
+OPERATORS = {"list_data": MopListDataOperator, "shard": MopShardOperator, "stage": MopStageShardOperator,
+             "deal": MopDealOperator, "promote": MopPromoteOperator, "report": MopReportOperator,
+             "check_models": MopCheckModelsOperator, "result": MopResultOperator}
+
+
+def champion_asset(selection: str) -> Asset:
+    """The Asset ``mop://<selection id>/champion``: schedule a DAG on it to act on every new champion."""
+    return Asset(uri=champion_asset_uri(selection), name=champion_asset_uri(selection), group="mop_airflow")
+
+
+def render_selection(spec: MopSpec, plan: TaskPlan, *, dag_id: str, group: str | None = None, pools: str = "create",
+                     builder_modules: Sequence[str] | None = None) -> dict[str, Any]:
+    """Instantiate ``plan`` in the current DAG or task group; returns the operators by plan task id.
+
+    ``group`` is the MopTaskGroup's id (None for a whole MOP DAG).
+    """
+    allowed = list(builder_modules) if builder_modules is not None else resolve.builder_modules(spec)
+    renderer = _Renderer(plan, spec.to_dict(), dag_id=dag_id, group=group, pools=pools,
+                         builder_modules=allowed, adaptive=spec.adaptive_plan())
+    renderer.render()
+    return renderer.ops
+
+
+class _Renderer:
+    def __init__(self, plan: TaskPlan, spec: dict[str, Any], *, dag_id: str, group: str | None, pools: str,
+                 builder_modules: list[str], adaptive: Any = None) -> None:
+        self.plan = plan
+        self.group = group
+        self.selection = selection_id(dag_id, group)
+        self.spec = spec
+        self.pools = pools
+        self.builder_modules = builder_modules
+        self.brackets = {b.s: b for b in brackets_of(adaptive)} if adaptive is not None else {}
+        self.ops: dict[str, Any] = {}
+        self.containers: dict[str, TaskGroup] = {}
+
+    def render(self) -> None:
+        groups = {g.group_id: g for g in self.plan.groups}
+        for spec in self.plan.tasks:
+            if spec.task_id.startswith("bracket_") and spec.task_id.split(".")[0] not in self.containers:
+                # Listed in the graph and grid as created: bracket 0, 1, 2..., not in the paper's s_max-first loop.
+                for s in sorted(self.brackets):
+                    self._container(f"bracket_{s}")
+            if spec.group is None:
+                self.ops[spec.task_id] = self._operator(spec)
+            elif spec.group not in self.ops:
+                self._class_group(groups[spec.group])
+
+    def _common(self, spec: TaskSpec) -> dict[str, Any]:
+        return {"task_id": spec.task_id.rsplit(".", 1)[-1], "store": self.spec["store"], "selection": self.group,
+                "priority_weight": spec.priority_weight, "weight_rule": "absolute", "trigger_rule": spec.trigger_rule,
+                **({"pool": spec.pool} if spec.pool else {}), **({"queue": spec.queue} if spec.queue else {})}
+
+    def _operator(self, spec: TaskSpec) -> Any:
+        kwargs = {**self._common(spec), **{k: v for k, v in spec.args.items()}}
+        if "heads" in kwargs:  # task ids in Airflow: inside a group, prefixed by its id
+            kwargs["heads"] = [task_id_in(self.group, head) for head in kwargs["heads"]]
+        container = self._container(spec.task_id.rpartition(".")[0])
+        if container is not None:
+            kwargs["task_group"] = container
+        if spec.kind == "preflight":
+            kwargs.pop("store")
+            op = MopPreflightOperator(spec=self.spec, pools=self.pools,
+                                      builder_modules=self.builder_modules, **kwargs)
+        elif spec.kind == "plan":
+            op = MopPlanOperator(priority=self.plan.priority, chains=self.plan.chains(), **kwargs)
+        elif spec.kind == "publish":  # its outlet: the Asset downstream DAGs schedule on
+            op = MopPublishOperator(outlets=[champion_asset(self.selection)], **kwargs)
+        elif spec.kind == "scatter":  # one instance per slice of files that list_data returns
+            op = MopScatterOperator.partial(map_index_template="slice {{ task.slice_index }}", **kwargs).expand(
+                slice_index=self.ops[spec.upstream[0]].output)
+        else:
+            op = OPERATORS[spec.kind](**kwargs)
+        for up in spec.upstream:
+            self.ops[up] >> op
+        return op
+
+    def _container(self, path: str, label: str | None = None) -> TaskGroup | None:
+        """The task group ``path`` names (``bracket_2.rung_0``) and its parents, made on first use;
+        ``label`` names the innermost one when it is not a bracket or a rung."""
+        parts = path.split(".") if path else []
+        parent = None
+        for depth in range(1, len(parts) + 1):
+            prefix = ".".join(parts[:depth])
+            if prefix not in self.containers:
+                label, tooltip = (label, "") if depth == len(parts) and label else self._describe(parts[:depth])
+                kwargs = {"parent_group": parent} if parent is not None else {}
+                self.containers[prefix] = TaskGroup(group_id=parts[depth - 1], group_display_name=label,
+                                                    tooltip=tooltip, **kwargs)
+            parent = self.containers[prefix]
+        return parent
+
+    def _describe(self, parts: list[str]) -> tuple[str, str]:
+        """A bracket's or rung's label and tooltip, from the adaptive plan."""
+        bracket = self.brackets[int(parts[0].split("_")[1])]
+        if len(parts) == 1:
+            rungs = (f"each rung keeps the best 1/{bracket.eta} ({' -> '.join(str(r.n_i) for r in bracket.rungs)} "
+                     f"configurations)" if len(bracket.rungs) > 1 else "one rung, nothing is pruned")
+            return (f"bracket s={bracket.s} ({bracket.n} configs)",
+                    f"Bracket s={bracket.s}: {bracket.n} configurations start at {bracket.rungs[0].r_i} "
+                    f"iteration(s); {rungs}.")
+        rung = bracket.rungs[int(parts[1].split("_")[1])]
+        keep = (f"then promote keeps the best {rung.keep} and prunes the rest" if rung.keep
+                else "the bracket's last rung")
+        return (f"rung {rung.i} ({rung.n_i} x {rung.r_i} it.)",
+                f"Rung {rung.i} trains its {rung.n_i} configuration(s) to {rung.r_i} iteration(s); {keep}.")
+
+    def _class_group(self, group: ClassGroup) -> None:
+        """Offset class ``group``: a task group of plain chains, chain k carrying the class's bundle k;
+        each hop on its shard's pool and waiting only for its own chain's previous hop."""
+        p = self.plan.shards
+        about = (f"Offset class {group.offset}: {group.chains} chain(s) of hop tasks. Chain k trains bundle k of the "
+                 f"configurations dealt to this class; its hop t trains each configuration of the bundle in turn on "
+                 f"shard ({group.offset} + t) mod {p}. A chain the run has no bundle for is skipped.")
+        parent = self._container(group.group_id.rpartition(".")[0])
+        outer = TaskGroup(group_id=group.group_id.rsplit(".", 1)[-1], group_display_name=f"class {group.offset}",
+                          tooltip=about, **({"parent_group": parent} if parent is not None else {}))
+        self.containers[group.group_id] = outer
+        self.ops[group.group_id] = outer
+        source = self.ops[group.source]
+        for spec in self.plan.group_tasks(group.group_id):
+            k = spec.args["chain"]
+            first = spec.args["t"] == group.start
+            container = self._container(spec.task_id.rpartition(".")[0], f"chain {k}")
+            op = MopTrainHopOperator(
+                # a chain's first hop takes its bundle from the class's list; later hops from the hop before
+                bundle=source.output if first else self.ops[spec.upstream[0]].output, pick=k if first else None,
+                map_index_template="{{ task.bundle_name }}", task_group=container,
+                task_display_name=f"hop {spec.args['t']} on shard {spec.args['shard']}",
+                **self._common(spec), **{key: v for key, v in spec.args.items() if key != "chain"})
+            for up in spec.upstream:
+                if up != group.source and not (not first and up == spec.upstream[0]):
+                    self.ops[up] >> op
+            self.ops[spec.task_id] = op
