@@ -187,7 +187,8 @@ def report_bundle_hops(count: int, passes: int) -> bool:
     print(f"\nwhole bundle hops (run_bundle_hop, digits flat_mlp, {n} configurations, a fresh task session per hop, "
           "hop 2 evaluates), seconds per configuration:")
     for name, walls in (("fit", fit_walls), ("stepwise", step_walls)):
-        print(f"  {name:<9} hop 1 {walls[0] / n:6.3f}   hop 2 {walls[1] / n:6.3f}   (bundle: {walls[0]:.2f}s, {walls[1]:.2f}s)")
+        print(f"  {name:<9} hop 1 {walls[0] / n:6.3f}   hop 2 {walls[1] / n:6.3f}   "
+              f"(bundle: {walls[0]:.2f}s, {walls[1]:.2f}s)")
     same = fit_sha == step_sha
     print(f"every configuration's checkpoint identical on both paths (sha256): {same}")
     return same
@@ -219,7 +220,8 @@ def main() -> int:
     configs = configurations(args.configs, args.model, args.passes)
     print(f"machine: {machine()}; TensorFlow intra-op threads {threads}")
     print(f"{args.configs} configurations of one compiled {args.model} ({args.data}: shard of {len(y)} rows, "
-          f"{len(yv)} validation rows, {args.passes} pass(es) per hop, batch sizes {sorted({c['batch_size'] for c in configs})})")
+          f"{len(yv)} validation rows, {args.passes} pass(es) per hop, "
+          f"batch sizes {sorted({c['batch_size'] for c in configs})})")
 
     paths = {"fit": False, "stepwise": True}
     build(configs[0], x.shape[1], classes)  # TensorFlow's and Keras's one-time start-up, paid by neither path
@@ -249,7 +251,8 @@ def main() -> int:
         extra = sorted(r["train"] + r["evaluate"] - r["floor"] for r in done)
         overhead[name] = statistics.median(extra)
         print(f"  {name:<9} {statistics.median(r['train'] for r in done):7.3f} "
-              f"{statistics.median(r['evaluate'] for r in done):9.3f} {statistics.median(r['floor'] for r in done):7.3f} "
+              f"{statistics.median(r['evaluate'] for r in done):9.3f} "
+              f"{statistics.median(r['floor'] for r in done):7.3f} "
               f"{overhead[name]:9.3f} {extra[int(0.9 * (len(extra) - 1))]:13.3f}")
     total = {name: sum(r["train"] + r["evaluate"] for r in done) / args.reps for name, done in rows.items()}
     print(f"\nbundle hop of {args.configs} configurations (train + evaluate): fit {total['fit']:.2f}s, "

@@ -56,23 +56,26 @@ def train_pass(model: keras.Model, x: Any, y: np.ndarray, *, batch_size: int) ->
     """
     model.make_train_function()
     model.reset_metrics()
+    logs: Any = {}
     for batch in _batches(x, y, batch_size):
         logs = model.train_function(iter([batch]))
-        if not math.isfinite(float(logs["loss"])):
+        loss = logs.get("loss") if isinstance(logs, dict) else None
+        if loss is not None and not math.isfinite(float(loss)):
             break
     # fit ends every call with this, stopped early or not (it swaps in the moving averages of an
     # optimizer with use_ema=True)
     model.optimizer.finalize_variable_values(model.trainable_weights)
-    return _epoch_logs(model)
+    return _epoch_logs(model, logs)
 
 
 def evaluate_arrays(model: keras.Model, x: Any, y: np.ndarray, *, batch_size: int) -> dict[str, float]:
     """What ``model.evaluate(x, y, batch_size=batch_size, return_dict=True)`` returns, batch by batch."""
     model.make_test_function()
     model.reset_metrics()
+    logs: Any = {}
     for batch in _batches(x, y, batch_size):
-        model.test_function(iter([batch]))
-    return _epoch_logs(model)
+        logs = model.test_function(iter([batch]))
+    return _epoch_logs(model, logs)
 
 
 def _batches(x: Any, y: np.ndarray, batch_size: int) -> Iterator[tuple[Any, np.ndarray]]:
@@ -84,7 +87,19 @@ def _batches(x: Any, y: np.ndarray, batch_size: int) -> Iterator[tuple[Any, np.n
         yield rows, y[start:end]
 
 
-def _epoch_logs(model: keras.Model) -> dict[str, float]:
-    """The model's metrics as fit and evaluate report them (get_metrics_result already flattens the
-    compiled metrics): sorted by name, Python floats."""
-    return {name: float(np.asarray(value)) for name, value in sorted(model.get_metrics_result().items())}
+def _epoch_logs(model: keras.Model, logs: Any) -> dict[str, float]:
+    """What fit and evaluate report at the end: the model's metrics, or the last step's logs when a
+    custom train/test step returns other names; flattened, sorted by name, Python floats."""
+    metrics = model.get_metrics_result()
+    chosen = metrics if not isinstance(logs, dict) or set(logs) == set(metrics) else logs
+    return _flat_floats(chosen)
+
+
+def _flat_floats(logs: dict[str, Any]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for name, value in sorted(logs.items()):
+        if isinstance(value, dict):
+            out.update(_flat_floats(value))
+        else:
+            out[name] = float(np.asarray(value))
+    return out
