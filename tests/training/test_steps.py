@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import math
 
+import keras
 import numpy as np
 import pytest
 
 from mop_airflow.errors import TrainingError
 from mop_airflow.training.builder import build_model
 from mop_airflow.training.hop import evaluate, train_on_shard
-from mop_airflow.training.steps import stepwise_supported
+from mop_airflow.training.steps import stepwise_supported, train_pass
 from tests.training.toys import make_config
 
 SEED = 5
@@ -117,3 +118,27 @@ def test_evaluate_equals_model_evaluate_with_a_partial_batch(toy_data):
     ours = evaluate(model, x, y, batch_size=32)  # 100 rows: the last batch has 4
     assert ours == evaluate(model, x, y, batch_size=32, stepwise=False)
     assert list(ours) == ["val_accuracy", "val_loss", "val_sparse_top_k_categorical_accuracy"]
+
+
+class _ExtraLogs(keras.Sequential):
+    """A custom train step that reports one more value than the model's metrics."""
+
+    def train_step(self, data):
+        logs = super().train_step(data)
+        return {**logs, "double_loss": logs["loss"] * 2}
+
+
+def test_a_custom_train_step_reports_what_fit_reports(toy_data):
+    x, y = toy_data
+    results = []
+    for stepwise in (True, False):
+        keras.utils.set_random_seed(SEED)
+        model = _ExtraLogs([keras.Input((6,)), keras.layers.Dense(3, activation="softmax")], name="extra_logs")
+        model.compile(optimizer="adam", loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+        if stepwise:
+            results.append(train_pass(model, x, y, batch_size=8))
+        else:
+            history = model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)
+            results.append({name: float(values[-1]) for name, values in history.history.items()})
+    assert results[0] == results[1]
+    assert list(results[0]) == ["accuracy", "double_loss", "loss"]
