@@ -15,6 +15,7 @@ import keras
 import numpy as np
 
 from mop_airflow.errors import TrainingError
+from mop_airflow.training.steps import as_keras_arrays, evaluate_arrays, stepwise_supported, train_pass
 
 
 def batch_order(n_rows: int, *, seed: int, iteration: int, shard: int, epoch: int) -> np.ndarray:
@@ -24,22 +25,31 @@ def batch_order(n_rows: int, *, seed: int, iteration: int, shard: int, epoch: in
 
 
 def train_on_shard(model: keras.Model, x: Any, y: np.ndarray, *, batch_size: int, epochs: int,
-                   seed: int, iteration: int, shard: int) -> dict[str, float | int]:
+                   seed: int, iteration: int, shard: int, stepwise: bool = True) -> dict[str, float | int]:
     """Train ``epochs`` passes over the shard, each in the order :func:`batch_order` gives.
 
-    ``x`` is an array, or a dict of arrays for a model with several inputs. ``model.fit(shuffle=False)``
-    on the permuted arrays runs exactly the optimizer steps that ``train_on_batch`` would run on the
-    same batches (tested), with far less per-batch overhead.
+    ``x`` is an array, or a dict of arrays for a model with several inputs. Each pass runs the
+    model's traced train step batch by batch (:mod:`~mop_airflow.training.steps`): exactly the
+    optimizer steps, losses and metrics of ``model.fit(shuffle=False)`` on the permuted arrays
+    (tested bit for bit), without the ~0.1 s of input pipeline ``fit`` builds per call, which a
+    bundle would pay per pass and per configuration. ``stepwise=False`` runs ``fit`` itself (the
+    reference; also taken where the step-by-step path is not known to be exact).
     Returns the hop's mean training loss and compiled metrics (Keras epoch means, averaged over the
     passes, which all have the same number of batches), optimizer ``steps``, ``samples`` and
-    ``train_seconds``: the fit calls only, not building or restoring the model, but including
+    ``train_seconds``: the training calls only, not building or restoring the model, but including
     Keras's tracing of the train step, which a fresh model pays once per hop (~0.5 s on CPU for
     the MNIST-1D demo models).
     """
-    def one_pass(epoch: int, callbacks: list) -> Any:
+    stepwise = stepwise and stepwise_supported(model)
+    if stepwise:
+        x, y = as_keras_arrays(x, y)
+
+    def one_pass(epoch: int) -> dict[str, float]:
         order = batch_order(len(y), seed=seed, iteration=iteration, shard=shard, epoch=epoch)
-        return model.fit(_take(x, order), y[order], batch_size=batch_size, epochs=1, shuffle=False, verbose=0,
-                         callbacks=callbacks)
+        if stepwise:
+            return train_pass(model, _take(x, order), y[order], batch_size=batch_size)
+        return _last_epoch(model.fit(_take(x, order), y[order], batch_size=batch_size, epochs=1, shuffle=False,
+                                     verbose=0, callbacks=[keras.callbacks.TerminateOnNaN()]))
 
     return _train(model, len(y), epochs, one_pass, iteration=iteration, shard=shard)
 
@@ -54,11 +64,11 @@ def train_streamed(model: keras.Model, path: str, load: Any, *, batch_size: int,
 
     n_rows = count_rows(path)
 
-    def one_pass(epoch: int, callbacks: list) -> Any:
+    def one_pass(epoch: int) -> dict[str, float]:
         batches = stream_batches(path, load, batch_size=batch_size, window_rows=window_rows, seed=seed,
                                  iteration=iteration, shard=shard, epoch=epoch)
-        return model.fit(batches, steps_per_epoch=math.ceil(n_rows / batch_size), epochs=1, shuffle=False, verbose=0,
-                         callbacks=callbacks)
+        return _last_epoch(model.fit(batches, steps_per_epoch=math.ceil(n_rows / batch_size), epochs=1, shuffle=False,
+                                     verbose=0, callbacks=[keras.callbacks.TerminateOnNaN()]))
 
     return _train(model, n_rows, epochs, one_pass, iteration=iteration, shard=shard)
 
@@ -70,13 +80,11 @@ def _train(model: keras.Model, n_rows: int, epochs: int, one_pass: Any, *, itera
     if epochs < 1:
         raise TrainingError(f"epochs_per_hop={epochs} must be >= 1. Fix: set epochs_per_hop to 1 or more")
     steps_before = int(model.optimizer.iterations.numpy())
-    # Stops at the first non-finite batch loss instead of wasting the rest of the hop.
-    stop_on_nan = keras.callbacks.TerminateOnNaN()
     per_epoch: list[dict[str, float]] = []
     started = time.perf_counter()
     for epoch in range(epochs):
-        history = one_pass(epoch, [stop_on_nan])
-        logs = {name: float(values[-1]) for name, values in history.history.items()}
+        # A pass stops at the first non-finite batch loss instead of wasting the rest of the hop.
+        logs = one_pass(epoch)
         if not math.isfinite(logs.get("loss", math.nan)):
             raise TrainingError(f"diverged: loss={logs.get('loss')} at iteration {iteration} on shard {shard} "
                                 f"(pass {epoch + 1} of {epochs} of the hop). Fix: lower the learning rate, "
@@ -90,13 +98,24 @@ def _train(model: keras.Model, n_rows: int, epochs: int, one_pass: Any, *, itera
     return summary
 
 
+def _last_epoch(history: Any) -> dict[str, float]:
+    return {name: float(values[-1]) for name, values in history.history.items()}
+
+
 def _take(x: Any, rows: np.ndarray) -> Any:
     return {name: values[rows] for name, values in x.items()} if isinstance(x, dict) else x[rows]
 
 
-def evaluate(model: keras.Model, x: np.ndarray, y: np.ndarray, *, batch_size: int) -> dict[str, float]:
-    """Validation loss and every compiled metric, prefixed ``val_`` like Keras's fit history."""
-    results = model.evaluate(x, y, batch_size=batch_size, verbose=0, return_dict=True)
+def evaluate(model: keras.Model, x: Any, y: np.ndarray, *, batch_size: int, stepwise: bool = True) -> dict[str, float]:
+    """Validation loss and every compiled metric, prefixed ``val_`` like Keras's fit history.
+
+    Batch by batch on the model's traced test step, exactly what ``model.evaluate`` returns without
+    its input pipeline (``stepwise=False``: ``model.evaluate`` itself).
+    """
+    if stepwise and len(y) and stepwise_supported(model):
+        results = evaluate_arrays(model, *as_keras_arrays(x, y), batch_size=batch_size)
+    else:
+        results = model.evaluate(x, y, batch_size=batch_size, verbose=0, return_dict=True)
     return {f"val_{name}": float(value) for name, value in results.items()}
 
 

@@ -90,3 +90,16 @@ def fixed_input(hparams: dict[str, Any]) -> keras.Model:
 def seven_outputs(hparams: dict[str, Any]) -> keras.Model:
     """Ignores the number of classes."""
     return keras.Sequential([keras.Input((hparams["input_dim"],)), keras.layers.Dense(7, activation="softmax")])
+
+
+def two_inputs(hparams: dict[str, Any]) -> keras.Model:
+    """A functional model with one named input per entry of ``input_shapes`` (a dict of arrays)."""
+    inputs = {name: keras.Input(shape, name=name) for name, shape in hparams["input_shapes"].items()}
+    merged = keras.layers.Concatenate()([keras.layers.Flatten()(inputs[name]) for name in sorted(inputs)])
+    hidden = keras.layers.Dropout(0.2)(keras.layers.Dense(10, activation="relu")(merged))
+    return keras.Model(inputs, keras.layers.Dense(hparams["num_classes"], activation="softmax")(hidden))
+
+
+def regression_mlp(hparams: dict[str, Any]) -> keras.Model:
+    return keras.Sequential([keras.Input(hparams["input_shape"]), keras.layers.Dense(8, activation="relu"),
+                             keras.layers.Dense(hparams["num_outputs"])])

@@ -1,0 +1,105 @@
+"""Train and evaluate in-memory arrays one batch at a time on the step Keras traced for the model.
+
+``model.fit`` and ``model.evaluate`` build a tf.data pipeline, its iterator, data adapters and a
+callback list on every call: about 0.1 s a call on a CPU, paid per pass and per configuration of a
+bundle, often more than the training itself on a small shard. Here the model's own
+``train_function`` / ``test_function`` (the ``tf.function`` that ``fit`` and ``train_on_batch`` run)
+is called on numpy slices of the very batches ``fit(shuffle=False)`` would make, in the same
+order, with the same metric resets: the same optimizer steps on the same rows, so the variables,
+the loss and the metrics come out bit for bit as from ``fit`` (tests/training/test_steps.py).
+
+Only where that equivalence is known to hold: the TensorFlow backend and no distribution
+strategy (a strategy would replicate a plain batch to every replica instead of splitting it).
+Elsewhere callers keep ``fit``/``evaluate`` (:func:`stepwise_supported`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Iterator
+
+import keras
+import numpy as np
+
+
+def stepwise_supported(model: keras.Model) -> bool:
+    """Whether :func:`train_pass` and :func:`evaluate_arrays` give exactly what ``fit``/``evaluate`` give."""
+    if keras.backend.backend() != "tensorflow":
+        return False  # other backends' train_function takes other arguments
+    import tensorflow as tf  # noqa: PLC0415
+
+    # Keras keeps the strategy a model was built under in a private attribute; reading it with a
+    # default keeps a Keras that renames it on the safe side (fit) only when a strategy is active.
+    return not tf.distribute.has_strategy() and getattr(model, "_distribute_strategy", None) is None
+
+
+def as_keras_arrays(x: Any, y: np.ndarray) -> tuple[Any, np.ndarray]:
+    """``x`` and ``y`` with the dtypes Keras's array adapter gives ``fit``: floats other than floatx
+    (float64 from pandas or Parquet doubles) cast to floatx, everything else as it is."""
+    floatx = np.dtype(keras.config.floatx())
+
+    def cast(values: np.ndarray) -> np.ndarray:
+        values = np.asarray(values)
+        return values.astype(floatx) if np.issubdtype(values.dtype, np.floating) and values.dtype != floatx else values
+
+    inputs = {name: cast(values) for name, values in x.items()} if isinstance(x, dict) else cast(x)
+    return inputs, cast(y)
+
+
+def train_pass(model: keras.Model, x: Any, y: np.ndarray, *, batch_size: int) -> dict[str, float]:
+    """One pass over ``x``/``y`` in their row order, in batches of ``batch_size`` (the last one partial).
+
+    Returns what ``model.fit(..., epochs=1, shuffle=False)`` records as the epoch's logs: the loss
+    and compiled metrics as Keras's running means over the pass (weighted by batch size). Stops after
+    the first batch whose running mean loss is not finite, as ``TerminateOnNaN`` does; the returned
+    loss is then that non-finite mean.
+    """
+    model.make_train_function()
+    model.reset_metrics()
+    logs: Any = {}
+    for batch in _batches(x, y, batch_size):
+        logs = model.train_function(iter([batch]))
+        loss = logs.get("loss") if isinstance(logs, dict) else None
+        if loss is not None and not math.isfinite(float(loss)):
+            break
+    # fit ends every call with this, stopped early or not (it swaps in the moving averages of an
+    # optimizer with use_ema=True)
+    model.optimizer.finalize_variable_values(model.trainable_weights)
+    return _epoch_logs(model, logs)
+
+
+def evaluate_arrays(model: keras.Model, x: Any, y: np.ndarray, *, batch_size: int) -> dict[str, float]:
+    """What ``model.evaluate(x, y, batch_size=batch_size, return_dict=True)`` returns, batch by batch."""
+    model.make_test_function()
+    model.reset_metrics()
+    logs: Any = {}
+    for batch in _batches(x, y, batch_size):
+        logs = model.test_function(iter([batch]))
+    return _epoch_logs(model, logs)
+
+
+def _batches(x: Any, y: np.ndarray, batch_size: int) -> Iterator[tuple[Any, np.ndarray]]:
+    if batch_size < 1:
+        raise ValueError(f"batch_size={batch_size} must be >= 1. Fix: set the configuration's batch_size to 1 or more")
+    for start in range(0, len(y), batch_size):
+        end = start + batch_size
+        rows = {name: values[start:end] for name, values in x.items()} if isinstance(x, dict) else x[start:end]
+        yield rows, y[start:end]
+
+
+def _epoch_logs(model: keras.Model, logs: Any) -> dict[str, float]:
+    """What fit and evaluate report at the end: the model's metrics, or the last step's logs when a
+    custom train/test step returns other names; flattened, sorted by name, Python floats."""
+    metrics = model.get_metrics_result()
+    chosen = metrics if not isinstance(logs, dict) or set(logs) == set(metrics) else logs
+    return _flat_floats(chosen)
+
+
+def _flat_floats(logs: dict[str, Any]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for name, value in sorted(logs.items()):
+        if isinstance(value, dict):
+            out.update(_flat_floats(value))
+        else:
+            out[name] = float(np.asarray(value))
+    return out
