@@ -72,6 +72,21 @@ def test_two_groups_keep_their_own_ids_assets_and_shared_pools():
     assert not {t for t in dag.task_ids if t.startswith("mlps.")} & {t for t in dag.task_ids if t.startswith("cnns.")}
 
 
+def test_a_group_inside_another_task_group_is_named_by_its_full_id():
+    from airflow.sdk import TaskGroup
+
+    from mop_airflow import MopTaskGroup
+
+    with _dag("nested") as dag:
+        with TaskGroup("region_eu"):
+            selection = MopTaskGroup(spec_dict(), group_id="sel")
+    assert selection.selection_id == "nested.region_eu.sel"
+    preflight = dag.get_task("region_eu.sel.preflight")
+    assert preflight.selection == "region_eu.sel"  # it pulls and names everything with the full prefix
+    assert dag.get_task("region_eu.sel.stage_shard_0").heads[0].startswith("region_eu.sel.class_0.chain_0.")
+    assert "region_eu.sel.learning_rate" in dag.params
+
+
 def test_group_errors_name_the_field_the_rule_and_the_fix():
     from mop_airflow import MopTaskGroup
 

@@ -61,17 +61,25 @@ class MopTaskGroup(TaskGroup):
         parsed = MopSpec.from_dict(raw)
         # The DAG's own default_args win over the group's retry default; the group's argument over both.
         defaults = {**{k: v for k, v in RETRIES.items() if k not in (dag.default_args or {})}, **(default_args or {})}
-        super().__init__(group_id=group_id, dag=dag, default_args=defaults,
-                         tooltip=group_kwargs.pop("tooltip", f"Model selection ({parsed.search.space.method} search, "
-                                                  f"{parsed.schedule.shards} shards) with model hopper parallelism"),
-                         **group_kwargs)
-        self.selection_id = selection_id(dag.dag_id, group_id)
+        from airflow.sdk.exceptions import DuplicateTaskIdFound  # noqa: PLC0415
+
+        try:
+            super().__init__(group_id=group_id, dag=dag, default_args=defaults,
+                             tooltip=group_kwargs.pop("tooltip", f"Model selection ({parsed.search.space.method} "
+                                                      f"search, {parsed.schedule.shards} shards) with model hopper "
+                                                      "parallelism"), **group_kwargs)
+        except DuplicateTaskIdFound as exc:
+            raise SpecError("MopTaskGroup.group_id", group_id, f"is already used in DAG {dag.dag_id!r} ({exc})",
+                            "give each MopTaskGroup its own group_id, e.g. 'selection_b'") from exc
+        # inside another task group, Airflow prefixes the id with the parents': the selection is named by it all
+        full = self.group_id
+        self.selection_id = selection_id(dag.dag_id, full)
         self.spec = parsed
-        for name, param in group_params(parsed, group_id).items():
+        for name, param in group_params(parsed, full).items():
             dag.params[name] = param
         with self:
             ops = render_selection(parsed, spec_task_plan(parsed, priority, result=True), dag_id=dag.dag_id,
-                                   group=group_id, pools=pools, builder_modules=builder_modules)
+                                   group=full, pools=pools, builder_modules=builder_modules)
         for task in upstream:  # the tasks data.source / data.validation pull from run first
             task >> ops["preflight"]
         self.output = ops["result"].output
