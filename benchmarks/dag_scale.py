@@ -3,9 +3,9 @@
 For each shape (plain MOP: ``shards x iterations``; adaptive: Hyperband R=81, eta=3 on p shards)
 the script prints:
 
-1. size: tasks in the DAG, hop tasks (one per offset class and global hop, p x T for a plain
-   search with T = iterations x p), and the task instances a run creates for a number of
-   configurations (every hop task is mapped over its class's configurations at run time).
+1. size: tasks in the DAG, hop tasks (one per chain and global hop: p classes x the chains each
+   renders x T for a plain search with T = iterations x p), and the task instances a run creates
+   (every hop task is a plain task; a run fills the chains its bundles need and skips the rest).
 2. parsing: seconds to import the DAG file in a fresh interpreter after ``import airflow.sdk``
    (what the dag-processor pays per parse, bounded by ``[core] dagbag_import_timeout``, 30 s by
    default), and ``build_task_plan`` alone (the plain-data plan, no Airflow).
@@ -667,6 +667,7 @@ def run_on_airflow(shape: Shape, home: Path, dag_file: Path, args: argparse.Name
         "AIRFLOW__CORE__PARALLELISM": str(args.parallelism),
         "AIRFLOW__LOGGING__NAMESPACE_LEVELS": "airflow.jobs.scheduler_job_runner=DEBUG",
         "AIRFLOW__DAG_PROCESSOR__PRINT_STATS_INTERVAL": "30",
+        "AIRFLOW__DAG_PROCESSOR__DAG_FILE_PROCESSOR_TIMEOUT": str(int(args.processor_timeout)),
     }
     notes: list[str] = []
     t0 = time.time()
@@ -791,7 +792,7 @@ def print_size(shape: Shape, configs: list[int]) -> dict[str, Any]:
     plan, adaptive, plan_seconds = plan_of(shape)
     p = shape.shards
     say(f"  tasks in the DAG: {len(plan.tasks)}  (hop tasks {plan.hop_tasks}, other {len(plan.tasks) - plan.hop_tasks}; "
-        f"{len(plan.groups)} mapped class groups)")
+        f"{len(plan.groups)} class groups of {sum(g.chains for g in plan.groups)} plain chains)")
     if adaptive is None:
         hops = shape.iterations * p
         say(f"  hops per configuration T = iterations x shards = {hops}; hop tasks = shards x T = {plan.hop_tasks}")
@@ -1119,6 +1120,8 @@ def main() -> int:
     parser.add_argument("--setup-timeout", type=float, default=600.0, help="bound on trigger -> every shard staged")
     parser.add_argument("--parse-timeout", type=float, default=300.0, help="bound on parse + serialize per shape")
     parser.add_argument("--parallelism", type=int, default=4, help="LocalExecutor slots ([core] parallelism)")
+    parser.add_argument("--processor-timeout", type=float, default=PROCESSOR_TIMEOUT,
+                        help="[dag_processor] dag_file_processor_timeout of the embedded Airflow (Airflow's default: 50)")
     parser.add_argument("--configs", default="16,64,256", help="configuration counts for the task-instance table")
     parser.add_argument("--page-budget", type=float, default=120.0, help="bound on rendering one UI page")
     parser.add_argument("--skip-scheduler", action="store_true")
@@ -1161,8 +1164,9 @@ def main() -> int:
             elif not parse.get("serialize"):
                 entry["run"] = RunResult(skipped="the file is not parsed and serialized within the budget, so the "
                                                  "dag-processor would time out and the scheduler would never see it")
-            elif parse["parse"]["seconds"] + parse["serialize"]["seconds"] > PROCESSOR_TIMEOUT:
-                entry["run"] = RunResult(skipped="parse + serialize exceeds dag_file_processor_timeout")
+            elif parse["parse"]["seconds"] + parse["serialize"]["seconds"] > args.processor_timeout:
+                entry["run"] = RunResult(skipped="parse + serialize exceeds dag_file_processor_timeout "
+                                                 f"({args.processor_timeout:.0f}s; raise it with --processor-timeout)")
             else:
                 say(f"  scheduler: starting Airflow; steady window {args.window:.0f}s ...")
                 try:
