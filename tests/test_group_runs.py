@@ -31,19 +31,26 @@ pytestmark = pytest.mark.integration
 DAG, GROUP, OTHER = "etl", "model_selection", "challenger"
 
 
-def as_group_run(layout: RunLayout, root: Path, selection: str) -> RunLayout:
+def as_group_run(layout: RunLayout, root: Path, selection: str, run_id: str | None = None) -> RunLayout:
     """Copy the run's folder (and its shards) to ``root/<selection>/`` as a group's tasks would have written
-    it: every record naming the store, the DAG's folder or the DAG id names the selection's instead."""
-    old_root = layout.store.local_path(layout.store.root)
-    target = RunLayout(Store(f"file://{root}"), selection, layout.run_id)
+    it (as run ``run_id``, by default the same): every record naming the store, the DAG's folder, the
+    DAG id or the run id names the selection's instead."""
+    old_root, run_id = layout.store.local_path(layout.store.root), run_id or layout.run_id
+    target = RunLayout(Store(f"file://{root}"), selection, run_id)
     new = target.store.local_path(target.run_uri)
     shutil.copytree(layout.store.local_path(layout.run_uri), new)
     shutil.copytree(f"{old_root}/{layout.dag_id}/shards", f"{root}/{selection}/shards", dirs_exist_ok=True)
+    moves = [(layout.store.local_path(layout.run_uri) + "/", new + "/"),
+             (f"{old_root}/{layout.dag_id}/", f"{root}/{selection}/"), (old_root, str(root))]
     for path in [*Path(new).rglob("*.json"), *Path(root, selection, "shards").rglob("*.json")]:
-        text = path.read_text().replace(f"{old_root}/{layout.dag_id}/", f"{root}/{selection}/")
-        data = json.loads(text.replace(old_root, str(root)))
+        text = path.read_text()
+        for before, after in moves:
+            text = text.replace(before, after)
+        data = json.loads(text)
         if isinstance(data, dict) and data.get("dag_id") == layout.dag_id:
             data["dag_id"] = selection
+        if isinstance(data, dict) and data.get("run_id") == layout.run_id:
+            data["run_id"] = run_id
         path.write_text(json.dumps(data))
     return target
 
@@ -264,3 +271,21 @@ def test_status_and_report_through_airflow_ask_for_the_groups_tasks(groups, caps
     assert np.isfinite(board[0]["val_accuracy"])
     assert main(["report", DAG, "r1", "--group", "nope"]) == USAGE
     assert f"its groups: {OTHER}, {GROUP}" in capsys.readouterr().err
+
+
+def test_with_airflow_unreachable_the_groups_runs_are_read_from_the_default_store(groups, capsys, tmp_path):
+    from mop_airflow.airflow.local import free_port
+
+    _, _, root, done, _ = groups
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "store").symlink_to(root)  # the default store <home>/store is where the group's runs are
+    offline = ["--api-url", f"http://127.0.0.1:{free_port()}", "--home", str(home)]
+    assert main(["runs", DAG, "--group", GROUP, *offline]) == OK
+    captured = capsys.readouterr()
+    assert "Airflow not reachable at" in captured.err and "read the runs from the store at" in captured.err
+    assert next(line for line in captured.out.splitlines() if line.startswith(done.run_id)).split()[1] == "finished"
+    assert main(["status", DAG, "--once", *offline]) == USAGE
+    assert f"--group {OTHER}" in capsys.readouterr().err
+    assert main(["status", DAG, "no_such_run", "--once", "--group", GROUP, *offline]) == UNAVAILABLE
+    assert f"has no run 'no_such_run' of '{DAG}.{GROUP}' to read instead" in capsys.readouterr().err
