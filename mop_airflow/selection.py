@@ -11,9 +11,7 @@ Imports no Airflow.
 
 from __future__ import annotations
 
-from typing import Iterable
-
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 SEPARATOR = "."
 

@@ -289,3 +289,52 @@ def test_with_airflow_unreachable_the_groups_runs_are_read_from_the_default_stor
     assert f"--group {OTHER}" in capsys.readouterr().err
     assert main(["status", DAG, "no_such_run", "--once", "--group", GROUP, *offline]) == UNAVAILABLE
     assert f"has no run 'no_such_run' of '{DAG}.{GROUP}' to read instead" in capsys.readouterr().err
+
+
+REAL_GROUPS_DAG = """
+import datetime as dt, json
+from airflow.providers.standard.operators.empty import EmptyOperator
+from airflow.sdk import DAG
+from mop_airflow import MopTaskGroup
+
+with DAG("real_groups", schedule=None, start_date=dt.datetime(2024, 1, 1, tzinfo=dt.timezone.utc)) as dag:
+    extract = EmptyOperator(task_id="extract")
+    extract >> [MopTaskGroup(json.loads(%(spec)r), group_id=group, pools="off") for group in ("first", "second")]
+"""
+
+
+def test_a_real_dag_of_two_task_groups_is_read_back_group_by_group(airflow_db, session_dir, tmp_path, capsys):
+    """Two MopTaskGroups run by dag.test(): every command reads each group's own run, registry and Asset."""
+    pytest.importorskip("mop_airflow.airflow.group", reason="MopTaskGroup is not in this tree yet")
+    import importlib.util
+
+    from tests.test_end_to_end import tiny_spec, write_digits
+
+    write_digits(tmp_path / "digits.parquet")
+    spec = tiny_spec(tmp_path / "digits.parquet", f"file://{tmp_path / 'store'}", iterations=1)
+    spec["search"]["space"]["params"]["learning_rate"] = [1e-2]
+    path = session_dir / "dags" / "real_groups.py"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(REAL_GROUPS_DAG % {"spec": json.dumps(spec)})
+    module_spec = importlib.util.spec_from_file_location("dagfile_real_groups", path)
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    run = module.dag.test()
+    assert run.state == "success"
+
+    root = tmp_path / "store"
+    assert stored_selections(Store(f"file://{root}"), "real_groups") == ["first", "second"]
+    assert _cli(root, "runs", "real_groups") == USAGE
+    assert "in the task groups first, second" in capsys.readouterr().err
+    for group in ("first", "second"):
+        layout = RunLayout(Store(f"file://{root}"), f"real_groups.{group}", run.run_id)
+        best = layout.store.read_json(layout.report_uri("summary.json"))["best"]
+        assert _cli(root, "runs", "real_groups", "--group", group) == OK
+        row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith(run.run_id)).split()
+        assert row[1:] == ["finished", best["config_id"], f"val_accuracy={best['val_accuracy']:.4f}"]
+        assert _cli(root, "status", "real_groups", "--once", "--group", group) == OK
+        assert "finished: model hops 2/2, iteration 1/1" in capsys.readouterr().out
+        assert _cli(root, "champion", "list", "real_groups", "--group", group) == OK
+        out = capsys.readouterr().out
+        assert f"first champion of real_groups.{group}: {best['config_id']}" in out
+        assert layout.report_uri("best_model.keras") in out
