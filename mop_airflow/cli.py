@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from mop_airflow import run_commands
-from mop_airflow.run_commands import DEFAULT_PORT, FAILED, INTERRUPTED, OK, UNAVAILABLE, USAGE  # noqa: F401 - exit codes
+from mop_airflow.run_commands import DEFAULT_PORT, FAILED, INTERRUPTED, OK, UNAVAILABLE, USAGE
 from mop_airflow.run_commands import fail as _fail
 
 

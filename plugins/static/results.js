@@ -88,7 +88,8 @@
       result.body.runs.forEach(function (run) {
         var href = "runs/" + enc(run.dag_id) + "/" + enc(run.run_id);
         var groups = run.groups || [];
-        tbody.appendChild(el("tr", {"data-dag-id": run.dag_id, "data-run-id": run.run_id, "data-groups": groups.join(" ")},
+        tbody.appendChild(el("tr", {"data-dag-id": run.dag_id, "data-run-id": run.run_id,
+          "data-groups": groups.join(" ")},
           el("td", {text: run.dag_id}),
           el("td", {}, el("a", {href: href, text: run.run_id})),
           // a run of MopTaskGroups: one model selection per group, each with its own results
