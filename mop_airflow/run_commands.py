@@ -46,6 +46,11 @@ def _selection(args: argparse.Namespace) -> str:
     return selection_id(args.dag_id, args.group)
 
 
+def _named(args: argparse.Namespace) -> str:
+    """The selection for a person: ``DAG 'etl'``, or ``DAG 'etl' (group 'model_selection')``."""
+    return f"DAG {args.dag_id!r}" + (f" (group {args.group!r})" if args.group else "")
+
+
 def _group_flag(args: argparse.Namespace) -> str:
     return f" --group {args.group}" if args.group else ""
 
@@ -119,7 +124,7 @@ def _airflow_or_store(args: argparse.Namespace, online, offline, *, what: str = 
             find_stored_run(store, _selection(args), getattr(args, "run_id", None))
         except StoreError:
             run = f"run {args.run_id!r}" if getattr(args, "run_id", None) else "run"
-            return fail(f"{unreachable}; and the default store {store.root} has no {run} of {_selection(args)!r} "
+            return fail(f"{unreachable}; and the default store {store.root} has no {run} of {_named(args)} "
                         "to read instead. Fix: start Airflow (`mop-airflow up`), point --api-url at it, or pass "
                         "--store ROOT (the store the DAG's spec names)", UNAVAILABLE)
         print(f"mop-airflow: Airflow not reachable at {client.base_url}; read {what} from the store at {store.root}",
@@ -219,7 +224,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
     def offline(store) -> int:
         runs = stored_runs(store, selection)[:args.limit]
         if not runs:
-            return fail(f"no run of {selection!r} in the store {store.root}. Fix: check the DAG id, --group and "
+            return fail(f"no run of {_named(args)} in the store {store.root}. Fix: check the DAG id, --group and "
                         "--store (the store root the DAG's spec names)", UNAVAILABLE)
         from mop_airflow.stored_runs import UNFINISHED, UNFINISHED_NOTE  # noqa: PLC0415
 

@@ -43,7 +43,7 @@ from mop_airflow.results import (
     read_chunks,
     run_results,
 )
-from mop_airflow.selection import SEPARATOR, group_of, selection_id, selections_of, task_id_in
+from mop_airflow.selection import SEPARATOR, group_of, selection_id, selections_of, task_id_in, whole_first
 from mop_airflow.store import Store
 
 PREFLIGHT, PREFLIGHT_OPERATOR = "preflight", "MopPreflightOperator"
@@ -163,7 +163,7 @@ def _find_run(session: Any, dag_id: str, run_id: str) -> tuple[DagRun, dict[str 
     by_group = {group_of(ti.task_id, PREFLIGHT): ti for ti in preflights}
     if not by_group:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"{dag_id} is not a mop_airflow DAG: its runs have no results")
-    return dag_run, {group: by_group[group] for group in selections_of(ti.task_id for ti in preflights)}
+    return dag_run, {group: by_group[group] for group in whole_first(by_group)}
 
 
 def _selection(preflights: dict[str | None, TaskInstance], dag_id: str, run_id: str,

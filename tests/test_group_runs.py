@@ -288,7 +288,7 @@ def test_with_airflow_unreachable_the_groups_runs_are_read_from_the_default_stor
     assert main(["status", DAG, "--once", *offline]) == USAGE
     assert f"--group {OTHER}" in capsys.readouterr().err
     assert main(["status", DAG, "no_such_run", "--once", "--group", GROUP, *offline]) == UNAVAILABLE
-    assert f"has no run 'no_such_run' of '{DAG}.{GROUP}' to read instead" in capsys.readouterr().err
+    assert f"has no run 'no_such_run' of DAG '{DAG}' (group '{GROUP}') to read instead" in capsys.readouterr().err
 
 
 REAL_GROUPS_DAG = """
