@@ -1,8 +1,8 @@
 """`mop-airflow` command: run your DAGs on a local Airflow, follow a run, fetch its report, list a
 DAG's runs, score data with its model or export it, pools, example data, schedules, the demo.
 
-Reading a run needs no Airflow: with ``--store`` (or when Airflow cannot be reached and the run is in
-the default store) `report`, `status --once` and `runs` read the store alone and say so.
+The commands that read runs (and ``--group`` for a MopTaskGroup's selection) are
+:mod:`mop_airflow.run_commands`; this module holds the rest and the parser.
 
 Exit codes, the same for every command: 0 done (a followed run succeeded); 1 the run or the work
 failed; 2 bad usage or input; 3 Airflow or the store could not be reached, or the DAG or run does
@@ -19,13 +19,9 @@ import sys
 import time
 from pathlib import Path
 
-OK, FAILED, USAGE, UNAVAILABLE, INTERRUPTED = 0, 1, 2, 3, 130
-DEFAULT_PORT = 8080
-
-
-def _fail(message: str, code: int) -> int:
-    print(f"mop-airflow: {message}", file=sys.stderr)
-    return code
+from mop_airflow import run_commands
+from mop_airflow.run_commands import DEFAULT_PORT, FAILED, INTERRUPTED, OK, UNAVAILABLE, USAGE
+from mop_airflow.run_commands import fail as _fail
 
 
 def _cmd_pools_sync(args: argparse.Namespace) -> int:
@@ -67,335 +63,6 @@ def _quiet_airflow_import():
         else:
             os.environ[key] = previous
 
-
-def _api(args: argparse.Namespace):
-    from mop_airflow.airflow.rest import AirflowAPI  # noqa: PLC0415
-
-    url = args.api_url or os.environ.get("MOP_AIRFLOW_API_URL")
-    if not url:  # the Airflow `mop-airflow up` started from this folder, else Airflow's default port
-        marker = Path(args.home) / "airflow" / "api_url"
-        url = marker.read_text().strip() if marker.exists() else f"http://localhost:{DEFAULT_PORT}"
-    return AirflowAPI(url, args.username, os.environ.get("MOP_AIRFLOW_API_PASSWORD"))
-
-
-def _default_store_root(args: argparse.Namespace) -> str:
-    """Where runs write when their spec names no store: ``<home>/store``, as `mop-airflow up` sets it up."""
-    return str(Path(args.home).absolute() / "store")
-
-
-def _airflow_or_store(args: argparse.Namespace, online, offline, *, what: str = "the run") -> int:
-    """``online(api)`` with Airflow's answers, or ``offline(store)`` from the files alone: with ``--store``
-    (Airflow not asked), or when Airflow cannot be reached and the default store has the run.
-    ``offline=None``: Airflow is needed (following a run needs its state as it changes)."""
-    from mop_airflow.errors import AirflowApiError, StoreError  # noqa: PLC0415
-    from mop_airflow.stored_runs import find_stored_run, open_store  # noqa: PLC0415
-
-    try:
-        if args.store and offline is not None:
-            return offline(open_store(args.store))
-        with _api(args) as api:
-            try:
-                return online(api)
-            except AirflowApiError as exc:
-                if exc.status is not None or offline is None:  # Airflow answered (no such run, no access)
-                    raise
-                unreachable = exc
-        root = _default_store_root(args)
-        store = open_store(root)
-        try:
-            find_stored_run(store, args.dag_id, getattr(args, "run_id", None))
-        except StoreError:
-            run = f"run {args.run_id!r}" if getattr(args, "run_id", None) else "run"
-            return _fail(f"{unreachable}; and the default store {store.root} has no {run} of DAG {args.dag_id!r} "
-                         "to read instead. Fix: start Airflow (`mop-airflow up`), point --api-url at it, or pass "
-                         "--store ROOT (the store the DAG's spec names)", UNAVAILABLE)
-        print(f"mop-airflow: Airflow not reachable at {api.base_url}; read {what} from the store at {store.root}",
-              file=sys.stderr)
-        return offline(store)
-    except (AirflowApiError, StoreError) as exc:
-        hint = ("; following a run needs Airflow. Fix: start it, or add --once to read the run from the store"
-                if offline is None and getattr(exc, "status", 0) is None else "")
-        return _fail(f"{exc}{hint}", UNAVAILABLE)
-
-
-def _cmd_status(args: argparse.Namespace) -> int:
-    from mop_airflow.airflow.run_status import failed_tasks  # noqa: PLC0415
-    from mop_airflow.airflow.watch import watch  # noqa: PLC0415
-
-    def online(api) -> int:
-        ref = watch(api, args.dag_id, args.run_id, follow=not args.once, interval=args.interval,
-                    store_root=args.store)
-        if ref.state == "failed":
-            names = [f"{ti['task_id']}" + (f" [{ti['rendered_map_index']}]" if ti.get("rendered_map_index") else "")
-                     for ti in failed_tasks(api, ref)]
-            print(f"run {ref.run_id} failed; failed tasks: {', '.join(names) or 'none recorded'} "
-                  "(their logs are in the Airflow UI)")
-            return FAILED
-        return OK
-
-    def offline(store) -> int:
-        from mop_airflow.progress import run_progress  # noqa: PLC0415
-        from mop_airflow.stored_runs import find_stored_run  # noqa: PLC0415
-
-        run = find_stored_run(store, args.dag_id, args.run_id)
-        progress = run_progress(run.layout, run.record.metric, run.record.direction)
-        # no time left: the store cannot tell a run still training from a stopped one
-        print(f"{run.state_line}: "
-              + ("no hop plan yet (the data was being validated and sharded)" if progress is None
-               else progress.summary_line(eta=False)))
-        return OK
-
-    return _airflow_or_store(args, online, offline if args.once else None)
-
-
-def _cmd_report(args: argparse.Namespace) -> int:
-    from mop_airflow.airflow.run_status import find_run  # noqa: PLC0415
-    from mop_airflow.stored_runs import find_stored_run  # noqa: PLC0415
-
-    def online(api) -> int:
-        ref = find_run(api, args.dag_id, args.run_id)
-        return _write_report(args, ref.layout(), ref.run_id, ref.state, failed=ref.state == "failed")
-
-    def offline(store) -> int:
-        run = find_stored_run(store, args.dag_id, args.run_id)
-        return _write_report(args, run.layout, run.run_id, run.state_line, failed=False)
-
-    return _airflow_or_store(args, online, offline)
-
-
-def _write_report(args: argparse.Namespace, layout, run_id: str, state: str, *, failed: bool) -> int:
-    from mop_airflow.errors import StoreError  # noqa: PLC0415
-    from mop_airflow.local_report import challenge_decision, fetch_report, print_challenge, print_leaderboard  # noqa: PLC0415
-
-    if layout is None or not layout.store.exists(layout.plan_uri):
-        return _fail(f"run {run_id} of {args.dag_id} ({state}) has not planned its hops yet: nothing "
-                     "to report", FAILED if failed else UNAVAILABLE)
-    out = Path(args.out or Path(args.home) / "reports" / args.dag_id / run_id.replace(":", "_"))
-    board, files = fetch_report(layout, out)
-    print(f"{args.dag_id} / {run_id}: {state}")
-    print_leaderboard(board)
-    try:
-        print_challenge(challenge_decision(layout))
-    except StoreError as exc:  # the leaderboard is what was asked for: a missing decision only warns
-        print(f"(champion decision not read: {exc})", file=sys.stderr)
-    print("\nwritten: " + ", ".join(str(f) for f in files))
-    return OK
-
-
-def _cmd_runs(args: argparse.Namespace) -> int:
-    from mop_airflow.stored_runs import stored_runs  # noqa: PLC0415
-
-    def online(api) -> int:
-        from mop_airflow.airflow.run_status import find_run  # noqa: PLC0415
-        from mop_airflow.stored_runs import read_stored_run  # noqa: PLC0415
-
-        rows = []
-        for run in api.get(f"/dags/{args.dag_id}/dagRuns", order_by="-run_after", limit=args.limit)["dag_runs"]:
-            ref = find_run(api, args.dag_id, run["dag_run_id"])
-            layout = ref.layout()
-            stored = read_stored_run(layout) if layout and layout.store.exists(layout.run_record_uri) else None
-            rows.append((ref.run_id, ref.state, stored.winner if stored else None))
-        return _print_runs(f"Runs of {args.dag_id} (Airflow at {api.base_url})", rows)
-
-    def offline(store) -> int:
-        runs = stored_runs(store, args.dag_id)[:args.limit]
-        if not runs:
-            return _fail(f"no run of DAG {args.dag_id!r} in the store {store.root}. Fix: check the DAG id and "
-                         "--store (the store root the DAG's spec names)", UNAVAILABLE)
-        from mop_airflow.stored_runs import UNFINISHED, UNFINISHED_NOTE  # noqa: PLC0415
-
-        footer = f"\n{UNFINISHED}: {UNFINISHED_NOTE}" if any(r.state == UNFINISHED for r in runs) else ""
-        return _print_runs(f"Runs of {args.dag_id} (the store at {store.root}; Airflow not asked)",
-                           [(r.run_id, r.state, r.winner) for r in runs], footer)
-
-    return _airflow_or_store(args, online, offline, what="the runs")
-
-
-def _print_runs(title: str, rows, footer: str = "") -> int:
-    """One line per run, newest first: id, state, the report's winner and its metric."""
-    if not rows:
-        print(f"{title}: no runs yet")
-        return OK
-    table = [("run_id", "state", "winner", "metric")] + [
-        (run_id, state, winner[0] if winner else "-",
-         f"{winner[1]}={winner[2]:.4f}" if winner and isinstance(winner[2], (int, float)) else "-")
-        for run_id, state, winner in rows]
-    widths = [max(len(row[c]) for row in table) for c in range(3)]
-    print(f"{title}, newest first")
-    for row in table:
-        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[3])
-    if footer:
-        print(footer)
-    return OK
-
-
-def _run_layout(args: argparse.Namespace):
-    """The run's folder (without a RUN_ID argument, the DAG's latest run): under ``--store`` without
-    asking Airflow, else where the run recorded it."""
-    from mop_airflow.errors import StoreError  # noqa: PLC0415
-
-    run_id = getattr(args, "run_id", None)
-    if args.store:
-        from mop_airflow.stored_runs import run_layout  # noqa: PLC0415
-
-        return run_layout(args.store, args.dag_id, run_id)
-    from mop_airflow.airflow.run_status import find_run  # noqa: PLC0415
-
-    with _api(args) as api:
-        ref = find_run(api, args.dag_id, run_id)
-    layout = ref.layout()
-    if layout is None:
-        raise StoreError(f"run {ref.run_id} of {args.dag_id} ({ref.state}) has not recorded its store yet: "
-                         "no model to use")
-    return layout
-
-
-def _store(args: argparse.Namespace):
-    """The store of the DAG's runs: ``--store``, else the one its latest run recorded (asked of Airflow)."""
-    if args.store:
-        from mop_airflow.stored_runs import open_store  # noqa: PLC0415
-
-        return open_store(args.store)
-    return _run_layout(args).store
-
-
-def _champion_layout(args: argparse.Namespace):
-    """The folder of the run the DAG's registry names as its current champion."""
-    from mop_airflow.training.predict import champion_layout  # noqa: PLC0415
-
-    layout, entry = champion_layout(_store(args), args.dag_id)
-    print(f"champion of {args.dag_id}: version {entry['version']}, {entry['config_id']} of run {entry['run_id']} "
-          f"({entry['metric']}={entry['value']:.6g})")
-    return layout
-
-
-def _model_command(args: argparse.Namespace, work) -> int:
-    """Run ``work(layout)`` with the exit codes of the module docstring."""
-    from mop_airflow.errors import (AirflowApiError, DataValidationError, SpecError,  # noqa: PLC0415
-                                    StoreError, TrainingError)
-
-    if args.champion:
-        for name, value in (("RUN_ID", args.run_id), ("--config", getattr(args, "config", None))):
-            if value is not None:
-                return _fail(f"{name}={value!r}: cannot be combined with --champion, which already names the model "
-                             "(the run the DAG's registry names as champion, its best model). Fix: pass either "
-                             f"--champion or {name}", USAGE)
-    try:
-        return work(_champion_layout(args) if args.champion else _run_layout(args))
-    except (AirflowApiError, StoreError) as exc:
-        return _fail(str(exc), UNAVAILABLE)
-    except (SpecError, DataValidationError) as exc:
-        return _fail(str(exc), USAGE)
-    except TrainingError as exc:
-        return _fail(str(exc), FAILED)
-
-
-def _cmd_predict(args: argparse.Namespace) -> int:
-    from mop_airflow.training.predict import predict  # noqa: PLC0415
-
-    def work(layout) -> int:
-        done = predict(layout, args.source, args.out, mode=args.mode, k=args.k, config_id=args.config,
-                       id_column=args.id, batch_rows=args.batch_rows)
-        print(f"{done['rows']} row(s) scored ({done['mode']}: {', '.join(done['columns'])}) with configuration "
-              f"{done['config_id']} of {layout.dag_id} / {layout.run_id}\nwritten: {done['uri']}")
-        return OK
-
-    return _model_command(args, work)
-
-
-def _cmd_export_best(args: argparse.Namespace) -> int:
-    from mop_airflow.training.export import export_for_serving  # noqa: PLC0415
-
-    def work(layout) -> int:
-        written = export_for_serving(layout, args.out, fmt=args.format)
-        print(f"best model of {layout.dag_id} / {layout.run_id} exported\n"
-              + "\n".join(f"written: {uri}" for uri in written.values()))
-        return OK
-
-    return _model_command(args, work)
-
-
-def _champion_command(args: argparse.Namespace, work) -> int:
-    """Run ``work(store)`` on the DAG's store with the exit codes of the module docstring."""
-    from mop_airflow.errors import AirflowApiError, SpecError, StoreError  # noqa: PLC0415
-
-    try:
-        return work(_store(args))
-    except (AirflowApiError, StoreError) as exc:
-        return _fail(str(exc), UNAVAILABLE)
-    except SpecError as exc:
-        return _fail(str(exc), USAGE)
-
-
-def _entry_line(entry) -> str:
-    return (f"version {entry['version']}: {entry['config_id']} of run {entry['run_id']} "
-            f"({entry['metric']}={entry['value']:.6g}), published {entry['published_at'][:19].replace('T', ' ')} "
-            f"by {entry.get('published_by', 'run')}: {entry.get('reason', '')}")
-
-
-def _cmd_champion_list(args: argparse.Namespace) -> int:
-    from mop_airflow.champion import read_registry, registry_uri  # noqa: PLC0415
-
-    def work(store) -> int:
-        history = read_registry(store, args.dag_id)
-        if not history:
-            print(f"{args.dag_id}: no champion published yet ({registry_uri(store, args.dag_id)} has no entry)")
-            return OK
-        rows = [(("*" if i == len(history) - 1 else " "), str(e["version"]),
-                 e["published_at"][:19].replace("T", " "), e["run_id"], e["config_id"],
-                 f"{e['metric']}={e['value']:.6g}", e.get("published_by", "run"), e.get("reason", ""))
-                for i, e in enumerate(history)]
-        header = (" ", "version", "published_at (UTC)", "run_id", "config", "metric", "by", "reason")
-        widths = [max(len(r[c]) for r in [header, *rows]) for c in range(len(header) - 1)]
-        print(f"Champion registry of {args.dag_id} ({registry_uri(store, args.dag_id)}), oldest first")
-        for row in [header, *rows]:
-            print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[-1])
-        champion = history[-1]
-        print(f"\n* current champion: {_entry_line(champion)}\n  model: {champion['model_uri']}")
-        return OK
-
-    return _champion_command(args, work)
-
-
-def _emit_champion_event(args: argparse.Namespace, entry) -> int:
-    """The champion Asset event through Airflow's REST API, as the DAG's publish task emits it."""
-    from mop_airflow.champion import asset_extra, champion_asset_uri  # noqa: PLC0415
-    from mop_airflow.errors import AirflowApiError  # noqa: PLC0415
-
-    uri = champion_asset_uri(args.dag_id)
-    again = (f"`mop-airflow champion publish {args.dag_id} {entry['version']}` (safe: the champion is not "
-             "appended again, only the event is emitted), or "
-             f"create the event on the Asset {uri} in the Airflow UI")
-    with _api(args) as api:
-        try:
-            asset = next((a for a in api.paged("/assets", "assets", uri_pattern=uri) if a["uri"] == uri), None)
-            if asset is None:
-                return _fail(f"the registry was updated (version {entry['version']} is the champion), but Airflow at "
-                             f"{api.base_url} knows no Asset {uri}: no parsed DAG has the publish task of "
-                             f"{args.dag_id}, so downstream DAGs were not told. Fix: deploy DAG {args.dag_id} with "
-                             f"publish enabled (or check --api-url), then run {again}", UNAVAILABLE)
-            event = api.call("POST", "/assets/events", json={"asset_id": asset["id"], "extra": asset_extra(entry)})
-        except AirflowApiError as exc:
-            return _fail(f"the registry was updated (version {entry['version']} is the champion), but the Asset "
-                         f"event on {uri} was not emitted, so downstream DAGs were not told: {exc}. Fix: start "
-                         f"Airflow or pass --api-url (and --username), then run {again}; or pass --no-event to "
-                         "update only the registry", UNAVAILABLE)
-    print(f"Asset event {event.get('id')} emitted on {uri}: DAGs scheduled on it will run with the new champion")
-    return OK
-
-
-def _cmd_champion_publish(args: argparse.Namespace) -> int:
-    from mop_airflow.champion import republish  # noqa: PLC0415
-
-    def work(store) -> int:
-        entry = republish(store, args.dag_id, args.which)
-        print(f"{args.dag_id}: champion is now {_entry_line(entry)}\nmodel: {entry['model_uri']}")
-        if args.no_event:
-            print("no Asset event emitted (--no-event): DAGs scheduled on the champion Asset were not told")
-            return OK
-        return _emit_champion_event(args, entry)
-
-    return _champion_command(args, work)
 
 
 def _port_free(port: int) -> bool:
@@ -515,6 +182,9 @@ def build_parser() -> argparse.ArgumentParser:
                               "comes from $MOP_AIRFLOW_API_PASSWORD)")
         cmd.add_argument("--store", help="read the runs from this store root (a path or a URI) alone, without "
                                          "asking Airflow (the store the DAG's spec names, seen from this computer)")
+        cmd.add_argument("--group", metavar="ID",
+                         help="the model selection of the DAG's MopTaskGroup ID (its runs, registry and Asset are "
+                              "<dag_id>.<ID>); needed when the DAG holds its selections in task groups")
         cmd.add_argument("--home", default=home, help=argparse.SUPPRESS)
 
     status = sub.add_parser("status", help="follow a run: hops done, shards busy or idle, best so far, time left",
@@ -525,12 +195,12 @@ def build_parser() -> argparse.ArgumentParser:
     api_options(status)
     status.add_argument("--once", action="store_true", help="print the progress once and exit")
     status.add_argument("--interval", type=float, default=3.0, help="seconds between updates (default 3)")
-    status.set_defaults(func=_cmd_status)
+    status.set_defaults(func=run_commands.cmd_status)
 
     report = sub.add_parser("report", help="print a run's leaderboard and write its report and plots to a folder")
     api_options(report)
     report.add_argument("--out", help=f"where to write (default {home}/reports/DAG_ID/RUN_ID)")
-    report.set_defaults(func=_cmd_report)
+    report.set_defaults(func=run_commands.cmd_report)
 
     runs = sub.add_parser("runs", help="a DAG's runs, newest first, with their state, winner and metric",
                           description="Asks Airflow for the runs and their state, and the store for each run's "
@@ -539,7 +209,7 @@ def build_parser() -> argparse.ArgumentParser:
     runs.add_argument("dag_id")
     connection_options(runs)
     runs.add_argument("--limit", type=int, default=20, help="at most this many runs (default 20)")
-    runs.set_defaults(func=_cmd_runs)
+    runs.set_defaults(func=run_commands.cmd_runs)
 
     predict = sub.add_parser(
         "predict", help="score a Parquet/CSV source with a run's best model (or a configuration's last checkpoint)",
@@ -558,7 +228,7 @@ def build_parser() -> argparse.ArgumentParser:
                          help="score with the DAG's current champion (the run its registry names), not RUN_ID")
     predict.add_argument("--id", help="a source column to copy into the output beside row_id")
     predict.add_argument("--batch-rows", type=int, default=None, help="rows per batch (default: about 64 MB)")
-    predict.set_defaults(func=_cmd_predict)
+    predict.set_defaults(func=run_commands.cmd_predict)
 
     export = sub.add_parser(
         "export-best", help="copy a run's best model out for serving, with a model card (and a SavedModel)",
@@ -569,7 +239,7 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--format", choices=("keras", "saved_model"), default="keras")
     export.add_argument("--champion", action="store_true",
                         help="export the DAG's current champion (the run its registry names), not RUN_ID")
-    export.set_defaults(func=_cmd_export_best)
+    export.set_defaults(func=run_commands.cmd_export_best)
 
     champion = sub.add_parser(
         "champion", help="a DAG's champion registry: list it, or roll back to an earlier model",
@@ -580,7 +250,7 @@ def build_parser() -> argparse.ArgumentParser:
     listing = champion.add_parser("list", help="print the registry's history, marking the current champion")
     listing.add_argument("dag_id")
     connection_options(listing)
-    listing.set_defaults(func=_cmd_champion_list)
+    listing.set_defaults(func=run_commands.cmd_champion_list)
     again = champion.add_parser(
         "publish", help="make an earlier entry (or a reported run's winner) the champion again",
         description="Append a registry entry naming the chosen model (a rollback keeps the history), then emit "
@@ -590,7 +260,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="a version number from `champion list`, or the id of a run whose report finished")
     again.add_argument("--no-event", action="store_true", help="only update the registry; tell no DAG")
     connection_options(again)
-    again.set_defaults(func=_cmd_champion_publish)
+    again.set_defaults(func=run_commands.cmd_champion_publish)
 
     pools = sub.add_parser("pools", help="manage the per-shard Airflow pools").add_subparsers(dest="action", required=True)
     sync = pools.add_parser("sync", help="create or resize pools mop_shard_0..N-1 (run where `airflow` runs)")

@@ -11,7 +11,7 @@ Imports no Airflow.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 SEPARATOR = "."
 
@@ -47,3 +47,14 @@ def conf_of(conf: Any, group_id: str | None) -> Any:
     if isinstance(nested, Mapping):
         mine.update(nested)
     return mine
+
+
+def selections_of(task_ids: Iterable[str]) -> list[str | None]:
+    """The selections a DAG (or a DAG run) holds, from its task ids: None for a whole MOP DAG's own
+    ``preflight``, each group id for a ``<group>.preflight``; the whole DAG first, then groups by id."""
+    return whole_first(g for g in (group_of(task_id, "preflight") for task_id in task_ids) if g is not False)
+
+
+def whole_first(groups: Iterable[str | None]) -> list[str | None]:
+    """Selections once each, in the order they are listed: the whole DAG (None) first, then groups by id."""
+    return sorted(set(groups), key=lambda group: (group is not None, group or ""))

@@ -18,6 +18,7 @@ from mop_airflow.errors import StoreError
 from mop_airflow.layout import RunLayout
 from mop_airflow.records import RunRecord
 from mop_airflow.report import latest_reported_run
+from mop_airflow.selection import SEPARATOR, whole_first
 from mop_airflow.store import Store, safe_segment
 
 FINISHED, UNFINISHED = "finished", "unfinished"
@@ -112,3 +113,18 @@ def find_stored_run(store: Store, dag_id: str, run_id: str | None = None) -> Sto
         raise StoreError(f"no run of DAG {dag_id!r} in the store {store.root} (no {dag_id}/*/run.json). Fix: check "
                          "the DAG id and --store (the store root the DAG's spec names)")
     return runs[0]
+
+
+def stored_selections(store: Store, dag_id: str) -> list[str | None]:
+    """The model selections of ``dag_id`` with runs in the store: None for the whole DAG (runs under
+    ``<dag_id>/``), and each group id with runs under ``<dag_id>.<group>/`` (:mod:`mop_airflow.selection`).
+
+    A DAG id with a dot in it (``etl.v2``) names a folder as a group of ``etl`` would: the store alone
+    cannot tell them apart, so such a DAG is listed as a group of ``etl`` too."""
+    found: set[str | None] = set()
+    if store.glob(store.uri(safe_segment(dag_id), "*", "run.json")):
+        found.add(None)
+    prefix = safe_segment(dag_id) + SEPARATOR
+    for uri in store.glob(store.uri(prefix + "*", "*", "run.json")):
+        found.add(uri.rstrip("/").split("/")[-3][len(prefix):])
+    return whole_first(found)

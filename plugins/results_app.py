@@ -8,7 +8,10 @@ without the right: 403.
 
 Where a run's files are is what its ``preflight`` task resolved (the run record, XCom
 ``return_value``): the API server reads that from the metadata database and never parses DAG
-files. Reading and shaping the data is :mod:`mop_airflow.results`; this module only finds the run.
+files. A DAG run holds one model selection per preflight task (:mod:`mop_airflow.selection`): the
+whole DAG's (``preflight``), or each MopTaskGroup's (``<group>.preflight``); ``?group=ID`` picks
+one, and without it a run of groups shows its first. Reading and shaping the data is
+:mod:`mop_airflow.results`; this module only finds the run.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from typing import Any
 
 from fastapi import Depends, FastAPI, HTTPException, status
 from fastapi.responses import HTMLResponse, Response, StreamingResponse
-from sqlalchemy import and_, select
+from sqlalchemy import and_, exists, or_, select
 
 from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity
 from airflow.api_fastapi.common.db.common import SessionDep
@@ -40,6 +43,7 @@ from mop_airflow.results import (
     read_chunks,
     run_results,
 )
+from mop_airflow.selection import SEPARATOR, group_of, selection_id, selections_of, task_id_in, whole_first
 from mop_airflow.store import Store
 
 PREFLIGHT, PREFLIGHT_OPERATOR = "preflight", "MopPreflightOperator"
@@ -62,23 +66,25 @@ def create_app() -> FastAPI:
         from airflow.api_fastapi.app import get_auth_manager  # noqa: PLC0415
 
         readable = get_auth_manager().get_authorized_dag_ids(user=user, method="GET")
-        query = (select(DagRun).join(TaskInstance, and_(TaskInstance.dag_id == DagRun.dag_id,
-                                                        TaskInstance.run_id == DagRun.run_id))
-                 .where(TaskInstance.task_id == PREFLIGHT, TaskInstance.operator == PREFLIGHT_OPERATOR,
-                        DagRun.dag_id.in_(readable))
+        mop_run = exists().where(TaskInstance.dag_id == DagRun.dag_id, TaskInstance.run_id == DagRun.run_id,
+                                 _is_preflight())
+        query = (select(DagRun).where(mop_run, DagRun.dag_id.in_(readable))
                  .order_by(DagRun.run_after.desc()).limit(max(1, min(limit, 1000))))
-        return {"runs": [_run_state(run) for run in session.scalars(query)]}
+        runs = session.scalars(query).all()
+        return {"runs": [{**_run_state(run), "groups": groups} for run, groups in zip(runs, _groups(session, runs))]}
 
     @app.get("/runs/{dag_id}/{run_id}", response_class=HTMLResponse, dependencies=[can_read_runs])
-    def run_page(dag_id: str, run_id: str) -> HTMLResponse:
+    def run_page(dag_id: str, run_id: str, group: str | None = None) -> HTMLResponse:
         _checked(dag_id, run_id)
-        return HTMLResponse(_page("run.html", {"dag_id": dag_id, "run_id": run_id}))
+        return HTMLResponse(_page("run.html", {"dag_id": dag_id, "run_id": run_id, "group": group}))
 
     @app.get("/api/runs/{dag_id}/{run_id}", dependencies=[can_read_runs])
-    def run_data(dag_id: str, run_id: str, session: SessionDep) -> dict[str, Any]:
-        dag_run, preflight = _find_run(session, dag_id, run_id)
-        head = {**_run_state(dag_run), "preflight_state": _state(preflight.state)}
-        record = _run_record(session, dag_id, run_id)
+    def run_data(dag_id: str, run_id: str, session: SessionDep, group: str | None = None) -> dict[str, Any]:
+        dag_run, preflights = _find_run(session, dag_id, run_id)
+        group, preflight = _selection(preflights, dag_id, run_id, group)
+        head = {**_run_state(dag_run), "preflight_state": _state(preflight.state), "group": group,
+                "groups": [g for g in preflights if g is not None], "selection_id": selection_id(dag_id, group)}
+        record = _run_record(session, dag_id, run_id, group)
         if record is None:
             waiting = "failed" if head["preflight_state"] in ("failed", "upstream_failed") else "waiting"
             return {**head, "stage": waiting, "message": (
@@ -86,21 +92,22 @@ def create_app() -> FastAPI:
                 else f"preflight has not finished yet (its state: {head['preflight_state'] or 'none'}); "
                      "the plan shows once it has resolved the run")}
         try:
-            return {**run_results(_layout(record, dag_id, run_id), record), **head}
+            return {**run_results(_layout(record, run_id), record), **head}
         except NotARunFolder as exc:
             raise HTTPException(status.HTTP_404_NOT_FOUND, str(exc)) from exc
         except (MopError, OSError) as exc:
             raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, f"the run's store is not readable: {exc}") from exc
 
     @app.get("/api/runs/{dag_id}/{run_id}/files/{name}", dependencies=[can_read_runs])
-    def download(dag_id: str, run_id: str, name: str, session: SessionDep) -> StreamingResponse:
+    def download(dag_id: str, run_id: str, name: str, session: SessionDep,
+                 group: str | None = None) -> StreamingResponse:
         if name not in DOWNLOADS:
             raise HTTPException(status.HTTP_404_NOT_FOUND, f"{name!r} is not a report file that can be downloaded")
-        _find_run(session, dag_id, run_id)
-        record = _run_record(session, dag_id, run_id)
+        group, _ = _selection(_find_run(session, dag_id, run_id)[1], dag_id, run_id, group)
+        record = _run_record(session, dag_id, run_id, group)
         if record is None:
             raise HTTPException(status.HTTP_404_NOT_FOUND, "the run has not been resolved")
-        layout = _layout(record, dag_id, run_id)
+        layout = _layout(record, run_id)
         try:
             check_folder(layout, record)
         except NotARunFolder as exc:
@@ -126,34 +133,68 @@ def _checked(dag_id: str, run_id: str) -> None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, str(exc)) from exc
 
 
-def _find_run(session: Any, dag_id: str, run_id: str) -> tuple[DagRun, TaskInstance]:
-    """The DAG run and its preflight task instance; 404 unless both exist and it is a mop_airflow run."""
+def _is_preflight() -> Any:
+    """A selection's preflight task instance: ``preflight`` or ``<group>.preflight``, of our operator."""
+    return and_(or_(TaskInstance.task_id == PREFLIGHT, TaskInstance.task_id.like(f"%{SEPARATOR}{PREFLIGHT}")),
+                TaskInstance.operator == PREFLIGHT_OPERATOR, TaskInstance.map_index == -1)
+
+
+def _groups(session: Any, runs: list[DagRun]) -> list[list[str]]:
+    """Per DAG run, the MopTaskGroups it holds (empty for a whole MOP DAG's run), in one query."""
+    found: dict[tuple[str, str], list[str]] = {}
+    if runs:
+        rows = session.execute(select(TaskInstance.dag_id, TaskInstance.run_id, TaskInstance.task_id).where(
+            _is_preflight(), TaskInstance.dag_id.in_({r.dag_id for r in runs}),
+            TaskInstance.run_id.in_({r.run_id for r in runs})))
+        for dag_id, run_id, task_id in rows:
+            found.setdefault((dag_id, run_id), []).append(task_id)
+    return [[g for g in selections_of(found.get((r.dag_id, r.run_id), [])) if g is not None] for r in runs]
+
+
+def _find_run(session: Any, dag_id: str, run_id: str) -> tuple[DagRun, dict[str | None, TaskInstance]]:
+    """The DAG run and its selections' preflight task instances (None: the whole DAG's, else by group id);
+    404 unless the run exists and it is a mop_airflow run."""
     _checked(dag_id, run_id)
     dag_run = session.scalar(select(DagRun).where(DagRun.dag_id == dag_id, DagRun.run_id == run_id))
     if dag_run is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no run {run_id!r} of DAG {dag_id!r}")
-    preflight = session.scalar(select(TaskInstance).where(
-        TaskInstance.dag_id == dag_id, TaskInstance.run_id == run_id, TaskInstance.task_id == PREFLIGHT,
-        TaskInstance.map_index == -1))
-    if preflight is None or preflight.operator != PREFLIGHT_OPERATOR:
+    preflights = session.scalars(select(TaskInstance).where(
+        TaskInstance.dag_id == dag_id, TaskInstance.run_id == run_id, _is_preflight())).all()
+    by_group = {group_of(ti.task_id, PREFLIGHT): ti for ti in preflights}
+    if not by_group:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"{dag_id} is not a mop_airflow DAG: its runs have no results")
-    return dag_run, preflight
+    return dag_run, {group: by_group[group] for group in whole_first(by_group)}
 
 
-def _run_record(session: Any, dag_id: str, run_id: str) -> RunRecord | None:
-    """The run as its preflight resolved it (XCom ``return_value``), or None before that."""
-    row = session.scalars(XComModel.get_many(run_id=run_id, key="return_value", task_ids=PREFLIGHT, dag_ids=dag_id,
-                                             map_indexes=-1, limit=1)).first()
+def _selection(preflights: dict[str | None, TaskInstance], dag_id: str, run_id: str,
+               group: str | None) -> tuple[str | None, TaskInstance]:
+    """The selection ``?group=`` names; without it the whole DAG's, or in a run of groups the first."""
+    if not group:
+        group = next(iter(preflights))
+    if group not in preflights:
+        groups = [g for g in preflights if g is not None]
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"run {run_id!r} of DAG {dag_id!r} has no MopTaskGroup "
+                            f"{group!r}: " + (f"its groups are {', '.join(groups)}" if groups else
+                                              "it is a whole MOP DAG's run (leave group out)"))
+    return group, preflights[group]
+
+
+def _run_record(session: Any, dag_id: str, run_id: str, group: str | None) -> RunRecord | None:
+    """The selection's run as its preflight resolved it (XCom ``return_value``), or None before that."""
+    row = session.scalars(XComModel.get_many(run_id=run_id, key="return_value", task_ids=task_id_in(group, PREFLIGHT),
+                                             dag_ids=dag_id, map_indexes=-1, limit=1)).first()
     value = None if row is None else XComModel.deserialize_value(row)
-    if not isinstance(value, dict) or value.get("dag_id") != dag_id or value.get("run_id") != run_id:
+    if (not isinstance(value, dict) or value.get("dag_id") != selection_id(dag_id, group)
+            or value.get("run_id") != run_id):
         return None
     return RunRecord.from_dict(value)
 
 
-def _layout(record: RunRecord, dag_id: str, run_id: str) -> RunLayout:
+def _layout(record: RunRecord, run_id: str) -> RunLayout:
+    """The run's folder, named by its selection id (the record's ``dag_id``: checked by :func:`_run_record`)."""
     spec = record.store
     store = Store(spec.root, spec.storage_options, spec.conn_id, retry_seconds=min(spec.retry_seconds, PAGE_SECONDS))
-    return RunLayout(store, dag_id, run_id)
+    return RunLayout(store, record.dag_id, run_id)
 
 
 def _run_state(run: DagRun) -> dict[str, Any]:

@@ -85,7 +85,7 @@ def test_publish_by_version_and_by_run_id_appends_an_entry(registry, capsys, mon
     def no_airflow(args):
         raise AssertionError("--no-event must not ask Airflow")
 
-    monkeypatch.setattr("mop_airflow.cli._api", no_airflow)
+    monkeypatch.setattr("mop_airflow.run_commands.api", no_airflow)
     assert _cli(tmp, "champion", "publish", DAG, "1", "--no-event") == OK
     out = capsys.readouterr().out
     assert f"{DAG}: champion is now version 3: " in out and "no Asset event emitted (--no-event)" in out

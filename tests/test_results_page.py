@@ -28,7 +28,7 @@ from tests.test_end_to_end import tiny_spec, write_digits
 
 pytestmark = pytest.mark.integration
 
-DAG_ID, OTHER_DAG = "mop_results_page", "plain_other"
+DAG_ID, OTHER_DAG, GROUPS_DAG = "mop_results_page", "plain_other", "mop_groups"
 USERS = {"admin": "Admin", "reader": "mop_reader", "other": "other_reader"}
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
@@ -38,6 +38,27 @@ from airflow.sdk import DAG
 
 with DAG("plain_other", schedule=None):
     EmptyOperator(task_id="noop")
+"""
+# A DAG holding two model selections in task groups, each preflight standing in for a MopTaskGroup's:
+# it returns the run record its group's tasks wrote to the store (the test writes them beforehand).
+GROUPS_DAG_FILE = """import json, os
+from airflow.providers.standard.operators.empty import EmptyOperator
+from airflow.sdk import DAG, BaseOperator, TaskGroup
+
+
+class MopPreflightOperator(BaseOperator):
+    def execute(self, context):
+        group = self.task_id.rsplit(".", 1)[0]
+        path = os.path.join(os.environ["MOP_GROUPS_STORE"], f"mop_groups.{group}", context["run_id"], "run.json")
+        with open(path) as f:
+            return json.load(f)
+
+
+with DAG("mop_groups", schedule=None):
+    extract = EmptyOperator(task_id="extract")
+    for group in ("model_selection", "challenger"):
+        with TaskGroup(group):
+            extract >> MopPreflightOperator(task_id="preflight")
 """
 
 
@@ -104,7 +125,9 @@ def airflow(tmp_path_factory):
     spec = tiny_spec(root / "digits.parquet", f"file://{root / 'store'}")  # 3 configurations x 2 shards x 2 iterations
     dag_file(dags, DAG_ID, spec, pools="off")
     (dags / f"{OTHER_DAG}.py").write_text(OTHER_DAG_FILE)
+    (dags / f"{GROUPS_DAG}.py").write_text(GROUPS_DAG_FILE)
     env = {"MOP_AIRFLOW_HOME": str(root / "mop"), "AIRFLOW__CORE__AUTH_MANAGER": FAB,
+           "MOP_GROUPS_STORE": str(root / "store"),
            "AIRFLOW__API__SECRET_KEY": "results-page-test", "AIRFLOW__API__WORKERS": "1"}
     with LocalAirflow(root / "airflow", dags, extra_env=env) as af:
         cli(af, "users", "create", "--username", "admin", "--password", password("admin"), "--role", "Admin",
@@ -113,7 +136,7 @@ def airflow(tmp_path_factory):
             cli(af, "pools", "set", f"mop_shard_{shard}", "1", f"shard {shard}")
         api = Api(af.base_url)
         deadline = time.time() + 180
-        while api.get(f"/api/v2/dags/{DAG_ID}").status_code != 200 or api.get(f"/api/v2/dags/{OTHER_DAG}").status_code != 200:
+        while any(api.get(f"/api/v2/dags/{dag}").status_code != 200 for dag in (DAG_ID, OTHER_DAG, GROUPS_DAG)):
             assert time.time() < deadline, "the DAGs were not parsed in time"
             assert not api.call("GET", "/importErrors")["import_errors"]
             time.sleep(1)
@@ -445,4 +468,85 @@ def test_a_hyperband_run_shows_its_brackets_and_where_each_configuration_stopped
     rung = page.locator("#brackets tbody tr[data-bracket='1'][data-rung='0'] td").all_inner_texts()
     assert rung[2:6] == ["3", "1", "2", "1"] and rung[6] == f"promoted {first[0]}; pruned 2"
     assert page.locator("#brackets tbody tr").count() == 3  # bracket 1: rungs 0 and 1; bracket 0: rung 0
+    page.context.close()
+
+
+@pytest.fixture(scope="module")
+def group_run(airflow, finished):
+    """A run of the DAG of two groups: model_selection's selection is the finished run written again as
+    the group writes it (reported), challenger's the same without its report (still training)."""
+    from tests.test_group_runs import as_group_run
+
+    run_id = "manual__groups"
+    root = airflow.root / "store"
+    done = as_group_run(finished, root, f"{GROUPS_DAG}.model_selection", run_id)
+    going = as_group_run(finished, root, f"{GROUPS_DAG}.challenger", run_id)
+    shutil.rmtree(going.store.local_path(going.report_uri("")))
+    api = airflow.rest_api
+    api.call("PATCH", f"/dags/{GROUPS_DAG}", json={"is_paused": False})
+    api.call("POST", f"/dags/{GROUPS_DAG}/dagRuns", json={"logical_date": None, "dag_run_id": run_id})
+    assert api.wait_for_run(GROUPS_DAG, run_id, timeout=180) == "success"
+    return done, going
+
+
+def test_a_run_of_task_groups_lists_and_serves_each_groups_selection(airflow, finished, group_run):
+    done, going = group_run
+    api, base = airflow.rest_api, f"/mop/api/runs/{GROUPS_DAG}/{done.run_id}"
+    runs = {(r["dag_id"], r["run_id"]): r for r in api.get("/mop/api/runs").json()["runs"]}
+    assert runs[(GROUPS_DAG, done.run_id)]["groups"] == ["challenger", "model_selection"]
+    assert runs[(DAG_ID, finished.run_id)]["groups"] == []
+
+    board = done.store.read_json(done.report_uri("leaderboard.json"))["leaderboard"]
+    reported = api.get(f"{base}?group=model_selection").json()
+    assert (reported["group"], reported["groups"], reported["selection_id"], reported["stage"]) == (
+        "model_selection", ["challenger", "model_selection"], f"{GROUPS_DAG}.model_selection", "reported")
+    assert reported["dag_id"] == GROUPS_DAG and reported["run_state"] == "success"
+    assert [r["config_id"] for r in reported["leaderboard"]["leaderboard"]] == [r["config_id"] for r in board]
+    assert reported["leaderboard"]["final"] is True and reported["progress"]["hops_done"] == 12
+    training = api.get(base).json()  # no group asked: the run's first group
+    assert (training["group"], training["stage"], training["leaderboard"]["final"]) == ("challenger", "training", False)
+    assert training["progress"]["hops_done"] == 12 and len(training["leaderboard"]["leaderboard"]) == 3
+    missing = api.get(f"{base}?group=nope")
+    assert missing.status_code == 404 and "has no MopTaskGroup 'nope': its groups are challenger, model_selection" \
+        in missing.json()["detail"]
+    assert "it is a whole MOP DAG's run" in api.get(
+        f"/mop/api/runs/{DAG_ID}/{quoted(finished.run_id)}?group=model_selection").json()["detail"]
+
+    model = api.get(f"{base}/files/best_model.keras?group=model_selection")
+    assert model.status_code == 200 and model.content == done.store.read_bytes(done.report_uri("best_model.keras"))
+    assert api.get(f"{base}/files/best_model.keras").status_code == 404  # challenger has no report yet
+    # the same rights as before: the DAG's read permission, whatever the group
+    for route in (f"{base}?group=model_selection", f"{base}/files/best_model.keras?group=model_selection"):
+        assert api.get(route, user="reader").status_code == 403, route
+        assert api.get(route, user=None).status_code == 401, route
+    assert (GROUPS_DAG, done.run_id) not in {(r["dag_id"], r["run_id"])
+                                             for r in api.get("/mop/api/runs", user="reader").json()["runs"]}
+
+
+def test_the_page_of_a_run_of_groups_switches_between_them(airflow, browser, group_run, tmp_path):
+    done, going = group_run
+    page = logged_in(browser, airflow)
+    page.goto(f"{airflow.base_url}/mop/")
+    row = page.locator(f"#runs tbody tr[data-dag-id='{GROUPS_DAG}']")
+    row.wait_for(timeout=60_000)
+    assert row.get_attribute("data-groups") == "challenger model_selection"
+    assert row.locator("td.groups a").all_inner_texts() == ["challenger", "model_selection"]
+    row.locator("td.groups a[data-group='model_selection']").click()
+
+    page.wait_for_function("() => document.body.dataset.stage === 'reported'", timeout=60_000)
+    assert page.locator("#title").inner_text() == f"{GROUPS_DAG} \u00b7 {done.run_id} \u00b7 group model_selection"
+    links = page.locator("#selections a")
+    assert links.all_inner_texts() == ["challenger", "model_selection"]
+    assert page.locator("#selections a.current").inner_text() == "model_selection"
+    assert page.locator("#leaderboard-note").inner_text().startswith("Final, from the run's report")
+    assert page.locator("#leaderboard tbody tr").count() == 3
+    href = page.locator("a[data-file='metrics.json']").get_attribute("href")
+    assert href.endswith(f"/files/metrics.json?group=model_selection")
+    page.screenshot(path=str(tmp_path / "results_page_groups.png"), full_page=True)
+
+    page.locator("#selections a[data-group='challenger']").click()
+    page.wait_for_function("() => document.body.dataset.stage === 'training'", timeout=60_000)
+    assert page.locator("#selections a.current").inner_text() == "challenger"
+    assert page.locator("#leaderboard-note").inner_text().startswith("Provisional")
+    assert page.locator("#downloads a").count() == 0
     page.context.close()

@@ -1,7 +1,9 @@
 """What Airflow knows about a MOP run, asked through its REST API: for ``mop-airflow status`` and ``report``.
 
 The store a run writes to is in its resolved run record, which the run's first task returns as its
-XCom; so a run is found from (dag_id, run_id) alone, whatever store its DAG file configured.
+XCom; so a run is found from (dag_id, run_id) alone, whatever store its DAG file configured. A
+MopTaskGroup's selection is found the same way through its own prefixed tasks
+(``<group>.preflight``), and only its own tasks count as its work (:mod:`mop_airflow.selection`).
 """
 
 from __future__ import annotations
@@ -9,12 +11,13 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterable, Mapping
 
 from mop_airflow.airflow.rest import AirflowAPI
 from mop_airflow.errors import AirflowApiError
 from mop_airflow.layout import RunLayout
 from mop_airflow.records import RunRecord
+from mop_airflow.selection import selection_id, selections_of, task_id_in
 from mop_airflow.store import Store
 from mop_airflow.task_plan import shard_pool
 
@@ -27,6 +30,16 @@ class RunRef:
     run_id: str
     state: str
     record: RunRecord | None  # None until the run's first task (preflight) has resolved it
+    group: str | None = None  # the MopTaskGroup whose selection this is; None: the whole MOP DAG
+
+    @property
+    def selection_id(self) -> str:
+        """What names the run's folder: the DAG id, or ``<dag_id>.<group>``."""
+        return selection_id(self.dag_id, self.group)
+
+    def owns(self, task_id: str) -> bool:
+        """Whether ``task_id`` is one of this selection's tasks (a group's carry its prefix)."""
+        return self.group is None or task_id.startswith(task_id_in(self.group, ""))
 
     def layout(self, store_root: str | None = None) -> RunLayout | None:
         """Where the run's files are; ``store_root`` overrides the recorded store (same credentials)."""
@@ -35,11 +48,19 @@ class RunRef:
         spec = self.record.store
         if store_root:
             spec = dataclasses.replace(spec, root=store_root)
-        return RunLayout(Store.from_spec(spec), self.dag_id, self.run_id)
+        return RunLayout(Store.from_spec(spec), self.selection_id, self.run_id)
 
 
-def find_run(api: AirflowAPI, dag_id: str, run_id: str | None = None, *, record: RunRecord | None = None) -> RunRef:
+def dag_selections(api: AirflowAPI, dag_id: str) -> list[str | None]:
+    """The model selections the DAG holds, from its tasks' ids: None for a whole MOP DAG (a ``preflight``
+    task), each group id for a MopTaskGroup (``<group>.preflight``); empty for any other DAG."""
+    return selections_of(task["task_id"] for task in api.get(f"/dags/{dag_id}/tasks")["tasks"])
+
+
+def find_run(api: AirflowAPI, dag_id: str, run_id: str | None = None, *, group: str | None = None,
+             record: RunRecord | None = None) -> RunRef:
     """The named run, or the DAG's latest; :class:`AirflowApiError` (status 404) when there is none.
+    ``group``: the MopTaskGroup whose selection to read (its preflight is ``<group>.preflight``).
 
     ``record``: the run record already read (it never changes once resolved), so only the state is asked."""
     if run_id is None:
@@ -51,27 +72,34 @@ def find_run(api: AirflowAPI, dag_id: str, run_id: str | None = None, *, record:
         run = api.get(f"/dags/{dag_id}/dagRuns/{run_id}")
     run_id = run["dag_run_id"]
     if record is not None and record.run_id == run_id:
-        return RunRef(dag_id, run_id, run["state"], record)
+        return RunRef(dag_id, run_id, run["state"], record, group)
+    preflight = task_id_in(group, "preflight")
     try:
-        entry = api.get(f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances/preflight/xcomEntries/return_value")
+        entry = api.get(f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{preflight}/xcomEntries/return_value")
     except AirflowApiError as exc:
         if exc.status != 404:
             raise
-        return RunRef(dag_id, run_id, run["state"], None)
+        return RunRef(dag_id, run_id, run["state"], None, group)
     value = entry["value"]
     record = RunRecord.from_dict(json.loads(value) if isinstance(value, str) else value)
-    return RunRef(dag_id, run_id, run["state"], record)
+    return RunRef(dag_id, run_id, run["state"], record, group)
 
 
 def busy_shards(api: AirflowAPI, ref: RunRef, shards: int) -> dict[int, list[str]]:
-    """Shard -> the bundles whose hops are running on its pool now, each named with its configurations
-    (``b2: c001-6e7014, c005-0c54d0``)."""
+    """Shard -> the bundles of this selection whose hops are running on its pool now, each named with its
+    configurations (``b2: c001-6e7014, c005-0c54d0``)."""
+    running = api.paged(f"/dags/{ref.dag_id}/dagRuns/{ref.run_id}/taskInstances", "task_instances", state=["running"])
+    return busy_of(running, ref, shards)
+
+
+def busy_of(task_instances: Iterable[Mapping[str, Any]], ref: RunRef, shards: int) -> dict[int, list[str]]:
+    """:func:`busy_shards` from the task instances the REST API listed: the selection's own hop tasks on
+    a shard pool (another group of the same DAG shares the pools but not the selection)."""
     pools = {shard_pool(s): s for s in range(shards)}
     busy: dict[int, list[str]] = {}
-    for ti in api.paged(f"/dags/{ref.dag_id}/dagRuns/{ref.run_id}/taskInstances", "task_instances",
-                        state=["running"]):
+    for ti in task_instances:
         shard = pools.get(ti.get("pool"))
-        if shard is not None:
+        if shard is not None and ref.owns(ti["task_id"]):
             busy.setdefault(shard, []).append(ti.get("rendered_map_index") or ti["task_id"])
     return busy
 

@@ -38,7 +38,7 @@ def _renderable(ref: RunRef, progress: Progress | None) -> Any:
     from rich.table import Table  # noqa: PLC0415
     from rich.text import Text  # noqa: PLC0415
 
-    head = Text(f"{ref.dag_id} / {ref.run_id}: {ref.state}", style="bold")
+    head = Text(f"{ref.selection_id} / {ref.run_id}: {ref.state}", style="bold")
     if progress is None:
         return Group(head, Text(plain_line(ref, progress).split(": ", 1)[1]))
     bar = Table.grid(padding=(0, 1))
@@ -58,10 +58,11 @@ def _renderable(ref: RunRef, progress: Progress | None) -> Any:
     return Group(*lines)
 
 
-def watch(api: AirflowAPI, dag_id: str, run_id: str | None, *, follow: bool = True, interval: float = 3.0,
-          store_root: str | None = None, out: TextIO | None = None, live: bool | None = None,
+def watch(api: AirflowAPI, dag_id: str, run_id: str | None, *, group: str | None = None, follow: bool = True,
+          interval: float = 3.0, store_root: str | None = None, out: TextIO | None = None, live: bool | None = None,
           timeout: float | None = None, on_line: Callable[[str], None] | None = None) -> RunRef:
-    """Show the run's progress until it ends (or once, ``follow=False``); returns its last state."""
+    """Show the run's progress until it ends (or once, ``follow=False``); returns its last state.
+    ``group``: the MopTaskGroup whose selection to show (its hops only); None for a whole MOP DAG."""
     out = out or sys.stdout
     live = out.isatty() if live is None else live
     deadline = None if timeout is None else time.time() + timeout
@@ -76,7 +77,7 @@ def watch(api: AirflowAPI, dag_id: str, run_id: str | None, *, follow: bool = Tr
         display.start()
     try:
         while True:
-            ref = find_run(api, dag_id, run_id, record=record)
+            ref = find_run(api, dag_id, run_id, group=group, record=record)
             run_id, record = ref.run_id, ref.record
             progress = snapshot(api, ref, store_root)
             if display is not None:
@@ -90,7 +91,7 @@ def watch(api: AirflowAPI, dag_id: str, run_id: str | None, *, follow: bool = Tr
             if not follow or ref.state in FINISHED:
                 return ref
             if deadline is not None and time.time() > deadline:
-                raise TimeoutError(f"run {run_id} of {dag_id} did not finish within {timeout:.0f} s")
+                raise TimeoutError(f"run {run_id} of {ref.selection_id} did not finish within {timeout:.0f} s")
             time.sleep(interval)
     finally:
         if display is not None:

@@ -86,9 +86,16 @@
       var tbody = clear(document.querySelector("#runs tbody"));
       if (!result.body.runs.length) showMessage("No runs of mop_airflow DAGs yet (or none you may read).");
       result.body.runs.forEach(function (run) {
-        tbody.appendChild(el("tr", {"data-dag-id": run.dag_id, "data-run-id": run.run_id},
+        var href = "runs/" + enc(run.dag_id) + "/" + enc(run.run_id);
+        var groups = run.groups || [];
+        tbody.appendChild(el("tr", {"data-dag-id": run.dag_id, "data-run-id": run.run_id,
+          "data-groups": groups.join(" ")},
           el("td", {text: run.dag_id}),
-          el("td", {}, el("a", {href: "runs/" + enc(run.dag_id) + "/" + enc(run.run_id), text: run.run_id})),
+          el("td", {}, el("a", {href: href, text: run.run_id})),
+          // a run of MopTaskGroups: one model selection per group, each with its own results
+          el("td", {"class": "groups"}, groups.length ? groups.map(function (group, i) {
+            return [i ? ", " : null, el("a", {href: href + "?group=" + enc(group), "data-group": group, text: group})];
+          }) : "\u2013"),
           el("td", {}, el("span", {"class": "state state-" + run.run_state, text: run.run_state})),
           el("td", {text: (run.start_date || "").replace("T", " ").slice(0, 19)}),
           el("td", {text: (run.end_date || "").replace("T", " ").slice(0, 19)})));
@@ -100,7 +107,7 @@
   var colors = {};
 
   function refresh() {
-    var url = "../../api/runs/" + enc(context.dag_id) + "/" + enc(context.run_id);
+    var url = "../../api/runs/" + enc(context.dag_id) + "/" + enc(context.run_id) + groupQuery(context.group);
     fetch(url, {credentials: "same-origin", cache: "no-store"}).then(function (response) {
       return response.json().catch(function () { return {}; }).then(function (body) {
         return {ok: response.ok, status: response.status, body: body};
@@ -112,6 +119,7 @@
         return;
       }
       var data = result.body;
+      context.group = data.group;  // the server's choice when none was asked for: later refreshes keep it
       render(data);
       window.mopStages = (window.mopStages || []).concat([data.stage]);
       document.body.dataset.stage = data.stage;
@@ -124,8 +132,28 @@
     });
   }
 
+  function groupQuery(group) {
+    return group ? "?group=" + enc(group) : "";
+  }
+
+  // A run of several MopTaskGroups: one link per group's model selection, the shown one marked.
+  function renderSelections(data) {
+    var nav = clear(document.getElementById("selections"));
+    var groups = data.groups || [];
+    nav.hidden = groups.length < 2;
+    if (nav.hidden) return;
+    nav.appendChild(el("span", {"class": "note", text: "Model selections of this run: "}));
+    groups.forEach(function (group) {
+      var current = group === data.group;
+      nav.appendChild(el("a", {href: groupQuery(group), "data-group": group, "class": current ? "current" : null,
+        "aria-current": current ? "page" : null, text: group}));
+    });
+  }
+
   function render(data) {
-    document.getElementById("title").textContent = data.dag_id + " \u00b7 " + data.run_id;
+    document.getElementById("title").textContent = data.dag_id + " \u00b7 " + data.run_id +
+      (data.group ? " \u00b7 group " + data.group : "");
+    renderSelections(data);
     var status = clear(document.getElementById("status"));
     status.appendChild(el("span", {"class": "state state-" + data.run_state, text: data.run_state || "unknown"}));
     var main = document.getElementById("results");
@@ -421,7 +449,8 @@
       return;
     }
     data.downloads.forEach(function (file) {
-      var href = "../../api/runs/" + enc(context.dag_id) + "/" + enc(context.run_id) + "/files/" + enc(file.name);
+      var href = "../../api/runs/" + enc(context.dag_id) + "/" + enc(context.run_id) + "/files/" + enc(file.name) +
+        groupQuery(data.group);
       var link = el("a", {href: href, download: file.name, "data-file": file.name, text: DOWNLOAD_LABELS[file.name] || file.name});
       link.addEventListener("click", downloadFromTop);
       list.appendChild(el("li", {}, link, " ", el("span", {"class": "note", text: file.name})));
