@@ -156,7 +156,10 @@ def mop_runs(home: Path, bundle_sizes: list[str], airflow_env: dict) -> list[tup
             names = {c["config_id"]: label({"model": c["model"], "batch_size": c["batch_size"],
                                             "learning_rate": c["optimizer_params"]["learning_rate"]})
                      for c in run_json["configs"]}
-            tasks = [ti for ti in af.task_instances(DAG_ID, run_id) if ".hop_" in ti["task_id"]]
+            # hop task instances that ran: a class renders a fixed number of chains and its stage task
+            # skips those the run has no bundle for
+            tasks = [ti for ti in af.task_instances(DAG_ID, run_id)
+                     if ".hop_" in ti["task_id"] and ti["state"] != "skipped"]
             hops = [HopRecord.from_dict(store.read_json(u)) for u in store.glob(f"{layout.run_uri}/hops/*/*.json")]
             out.append((size, seconds, {names[row["config_id"]]: row.get("val_accuracy") for row in board["leaderboard"]},
                         {"task instances": len(tasks), "model hops": len(hops),

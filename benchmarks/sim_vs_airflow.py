@@ -285,7 +285,8 @@ def main() -> int:
         unit["duration"] = unit["end"] - unit["start"]
     pool_spans: dict[str, list[tuple[float, float]]] = {}
     for ti in tis:
-        if (ti["pool"] or "").startswith("mop_shard_") and ti["start_date"] and ti["end_date"]:
+        if ((ti["pool"] or "").startswith("mop_shard_") and ti["state"] != "skipped"
+                and ti["start_date"] and ti["end_date"]):
             pool_spans.setdefault(ti["pool"], []).append((ts(ti["start_date"]), ts(ti["end_date"])))
     stage_tis = [ti for ti in tis if ti["task_id"].startswith("stage_shard_")]
     stages_end = max(ts(ti["end_date"]) for ti in stage_tis)
@@ -382,7 +383,7 @@ def main() -> int:
               f"{busy(simulation, not_work=not_work):>7.1%} {same_order(hops, simulation):>5}/{len(hops)}")
     print(f"  busy: hop task time / (hop window x {p * slots} slots); error: (predicted - measured) / measured; "
           "same order: hops at the same position of their shard's sequence as in the real run")
-    per_pool = {pool: sum(e - s for (s, e) in spans if s >= first - 1e-6) / measured
+    per_pool = {pool: sum(e - s for (s, e) in spans if s >= first - 1e-6) / (measured * slots)
                 for pool, spans in sorted(pool_spans.items())}
     print("measured busy fraction per pool: " + ", ".join(f"{k} {v:.1%}" for k, v in per_pool.items()))
     main_prediction = window(variants[0][1])
