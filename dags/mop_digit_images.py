@@ -7,24 +7,11 @@ classes are found in the folder names ("0" to "9"); the builders rescale the pix
 """
 
 from mop_airflow import build_mop_dag
-from mop_airflow.examples.sklearn_data import digit_images_data_spec
+from mop_airflow.examples.sklearn_data import digit_images_data_spec, digits_search
 
 spec = {
     "data": digit_images_data_spec(),
-    "search": {
-        "space": {
-            "method": "grid",
-            "params": {
-                "model": ["mop_airflow.examples.image_models:cnn2d", "mop_airflow.examples.image_models:flat_mlp"],
-                "optimizer": "adam",
-                "learning_rate": [3e-3, 1e-2],
-                "batch_size": [32],
-                "metrics": ["accuracy"],
-                "hparams": {"rescale": [1 / 255]},
-            },
-        },
-        "metric": "val_accuracy",
-    },
+    "search": digits_search(rescale=[1 / 255]),
     "schedule": {"shards": 2, "iterations": 3, "epochs_per_hop": 1, "seed": 7},
 }
 

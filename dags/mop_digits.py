@@ -6,23 +6,11 @@ column holds each image as 64 numbers, declared with shape [8, 8, 1]; the builde
 """
 
 from mop_airflow import build_mop_dag
-from mop_airflow.examples.sklearn_data import digits_data_spec
+from mop_airflow.examples.sklearn_data import digits_data_spec, digits_search
 
 spec = {
     "data": digits_data_spec(),
-    "search": {
-        "space": {
-            "method": "grid",
-            "params": {
-                "model": ["mop_airflow.examples.image_models:cnn2d", "mop_airflow.examples.image_models:flat_mlp"],
-                "optimizer": "adam",
-                "learning_rate": [3e-3, 1e-2],
-                "batch_size": [32],
-                "metrics": ["accuracy"],
-            },
-        },
-        "metric": "val_accuracy",
-    },
+    "search": digits_search(),
     "schedule": {"shards": 2, "iterations": 3, "epochs_per_hop": 1, "seed": 7},
 }
 

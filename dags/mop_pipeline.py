@@ -13,22 +13,11 @@ import datetime as dt
 from airflow.sdk import dag, task
 
 from mop_airflow import MopTaskGroup
+from mop_airflow.examples.sklearn_data import digits_search
 
 SPEC = {
     "data": {"label": "label", "validation": 0.2, "features": {"pixels": {"shape": [8, 8, 1]}}},
-    "search": {
-        "space": {
-            "method": "grid",
-            "params": {
-                "model": ["mop_airflow.examples.image_models:cnn2d", "mop_airflow.examples.image_models:flat_mlp"],
-                "optimizer": "adam",
-                "learning_rate": [3e-3, 1e-2],
-                "batch_size": [32],
-                "metrics": ["accuracy"],
-            },
-        },
-        "metric": "val_accuracy",
-    },
+    "search": digits_search(),  # a 2-D CNN against an MLP, two learning rates
     "schedule": {"shards": 2, "iterations": 2, "seed": 7},
 }
 

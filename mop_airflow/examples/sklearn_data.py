@@ -91,6 +91,16 @@ def friedman_data_spec(directory: str | None = None) -> dict:
             "task": "regression", "validation": 0.2}
 
 
+def digits_search(**hparams: list) -> dict:
+    """The search section the digits examples share: a 2-D CNN against an MLP, two learning rates,
+    ranked on validation accuracy (``hparams`` adds builder hyperparameters, e.g. ``rescale``)."""
+    params = {"model": ["mop_airflow.examples.image_models:cnn2d", "mop_airflow.examples.image_models:flat_mlp"],
+              "optimizer": "adam", "learning_rate": [3e-3, 1e-2], "batch_size": [32], "metrics": ["accuracy"]}
+    if hparams:
+        params["hparams"] = dict(hparams)
+    return {"space": {"method": "grid", "params": params}, "metric": "val_accuracy"}
+
+
 def _data_dir(directory: str | None) -> str:
     from mop_airflow.spec import default_home  # noqa: PLC0415
 
