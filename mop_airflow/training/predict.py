@@ -63,7 +63,8 @@ def champion_layout(store: Store, dag_id: str) -> tuple[RunLayout, dict[str, Any
     if champion is None:
         raise StoreError(f"DAG {dag_id!r} has no champion in the store {store.root} (no entry in "
                          f"{registry_uri(store, dag_id)}): none of its runs published one yet. Fix: check the DAG "
-                         "id and the store, publish a reported run with `mop-airflow champion publish DAG_ID "
+                         "id and the store (a MopTaskGroup's champion is its group's: add --group ID, or name "
+                         "<dag_id>.<group_id>), publish a reported run with `mop-airflow champion publish DAG_ID "
                          "RUN_ID`, or name a run instead")
     return RunLayout(store, champion["dag_id"], champion["run_id"]), champion
 
