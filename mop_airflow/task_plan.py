@@ -191,9 +191,11 @@ class _Builder:
         priority_weight(priority, 0, 1)  # reject an unknown rule before building anything
         self.tasks: list[TaskSpec] = []
         self.groups: list[ClassGroup] = []
+        self.position: dict[str, int] = {}  # task id -> its index in tasks
 
     def add(self, task_id: str, kind: str, upstream: tuple[str, ...] = (), **fields: Any) -> str:
         # Control tasks outrank every hop: a promote or deal step gates whole chains.
+        self.position[task_id] = len(self.tasks)
         self.tasks.append(TaskSpec(task_id, kind, tuple(upstream), priority_weight=fields.pop("weight", 10**6),
                                    **fields))
         return task_id
@@ -219,6 +221,6 @@ class _Builder:
                     heads.append(last)
                 previous = (last,)
             lasts.append(previous[0])
-        at = next(i for i, spec in enumerate(self.tasks) if spec.task_id == source)
+        at = self.position[source]
         self.tasks[at] = replace(self.tasks[at], args={**self.tasks[at].args, "heads": heads})
         return lasts

@@ -12,6 +12,8 @@ from __future__ import annotations
 from typing import Any
 
 from mop_airflow.champion import challenge
+from mop_airflow.errors import StoreError
+from mop_airflow.selection import task_id_in
 from mop_airflow.report import write_report
 from mop_airflow.tracking import track_run
 
@@ -60,12 +62,8 @@ class MopResultOperator(MopBaseOperator):
     ui_color = "#ece3f8"
 
     def work(self, context: Any) -> dict[str, Any]:
-        from mop_airflow.selection import task_id_in  # noqa: PLC0415
-
         summary = context["ti"].xcom_pull(task_ids=task_id_in(self.selection, "report"))
         if not isinstance(summary, dict):
-            from mop_airflow.errors import StoreError  # noqa: PLC0415
-
             raise StoreError(f"the report task of {self.selection_id(context)} left no summary in XCom "
                              f"(found {summary!r}). Fix: clear the report task of this run")
         return summary

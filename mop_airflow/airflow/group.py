@@ -19,16 +19,16 @@ import copy
 from typing import Any, Mapping, Sequence
 
 from airflow.sdk import Param, TaskGroup
+from airflow.sdk.exceptions import DuplicateTaskIdFound
 
 from mop_airflow.airflow.render import RETRIES, champion_asset, render_selection
 from mop_airflow.errors import SpecError
+from mop_airflow.operators.preflight import TEMPLATED_DATA
 from mop_airflow.schedule import DEFAULT_PRIORITY
 from mop_airflow.selection import selection_id, task_id_in
 from mop_airflow.spec import MopSpec
 from mop_airflow.task_plan import spec_task_plan
 from mop_airflow.trigger_form import form_fields
-
-FROM_UPSTREAM = ("source", "validation")  # the data fields that may name an upstream task's XCom
 
 
 class MopTaskGroup(TaskGroup):
@@ -53,22 +53,16 @@ class MopTaskGroup(TaskGroup):
         if not isinstance(group_id, str) or not group_id.replace("_", "a").replace("-", "a").isalnum():
             raise SpecError("MopTaskGroup.group_id", group_id, "must be letters, digits, '_' or '-'",
                             "e.g. group_id='model_selection'")
-        taken = set(dag.task_group.get_task_group_dict()) | set(dag.task_dict)
-        if group_id in taken:
-            raise SpecError("MopTaskGroup.group_id", group_id, f"is already used by a task or task group of DAG "
-                            f"{dag.dag_id!r}", "give each MopTaskGroup its own group_id, e.g. 'selection_b'")
         raw, upstream = _with_upstream_data(spec, store)
         parsed = MopSpec.from_dict(raw)
         # The DAG's own default_args win over the group's retry default; the group's argument over both.
         defaults = {**{k: v for k, v in RETRIES.items() if k not in (dag.default_args or {})}, **(default_args or {})}
-        from airflow.sdk.exceptions import DuplicateTaskIdFound  # noqa: PLC0415
-
         try:
             super().__init__(group_id=group_id, dag=dag, default_args=defaults,
                              tooltip=group_kwargs.pop("tooltip", f"Model selection ({parsed.search.space.method} "
                                                       f"search, {parsed.schedule.shards} shards) with model hopper "
                                                       "parallelism"), **group_kwargs)
-        except DuplicateTaskIdFound as exc:
+        except DuplicateTaskIdFound as exc:  # Airflow's own check: another task or task group has the id
             raise SpecError("MopTaskGroup.group_id", group_id, f"is already used in DAG {dag.dag_id!r} ({exc})",
                             "give each MopTaskGroup its own group_id, e.g. 'selection_b'") from exc
         # inside another task group, Airflow prefixes the id with the parents': the selection is named by it all
@@ -109,7 +103,7 @@ def _with_upstream_data(spec: MopSpec | Mapping[str, Any], store: Mapping[str, A
     if store is not None:
         raw["store"] = dict(store)
     upstream = []
-    for key in FROM_UPSTREAM:
+    for key in TEMPLATED_DATA:
         value = (raw.get("data") or {}).get(key)
         operator = getattr(value, "operator", None)
         if operator is None:
@@ -123,7 +117,7 @@ def _with_upstream_data(spec: MopSpec | Mapping[str, Any], store: Mapping[str, A
 def _plain(spec: Mapping[str, Any]) -> dict:
     """``spec`` with XComArgs kept as they are (deepcopy would copy the operators they point at)."""
     data = dict(spec.get("data") or {})
-    kept = {key: data[key] for key in FROM_UPSTREAM if getattr(data.get(key), "operator", None) is not None}
+    kept = {key: data[key] for key in TEMPLATED_DATA if getattr(data.get(key), "operator", None) is not None}
     rest = copy.deepcopy({**spec, "data": {k: v for k, v in data.items() if k not in kept}})
     rest["data"].update(kept)
     return rest

@@ -167,7 +167,8 @@ class _Renderer:
                 map_index_template="{{ task.bundle_name }}", task_group=container,
                 task_display_name=f"hop {spec.args['t']} on shard {spec.args['shard']}",
                 **self._common(spec), **{key: v for key, v in spec.args.items() if key != "chain"})
+            carried_by = group.source if first else spec.upstream[0]  # the XComArg above sets that edge
             for up in spec.upstream:
-                if up != group.source and not (not first and up == spec.upstream[0]):
+                if up != carried_by:
                     self.ops[up] >> op
             self.ops[spec.task_id] = op
