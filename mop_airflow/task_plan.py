@@ -18,7 +18,7 @@ Shape of a plain search (``p`` shards, ``T = iterations * p`` hops)::
 
 Chains are plain (unmapped) tasks because Airflow's scheduler checks every waiting task instance
 in every loop, and a mapped one costs several queries there (measured: 2,560 waiting hop tasks
-took 3.6-4.3 s per scheduling decision mapped, 0.55 s plain). How many chains a class renders is
+took 3.6-4.4 s per scheduling decision mapped, 0.55 s plain: benchmarks/scheduling_decision.py). How many chains a class renders is
 fixed at parse time (:func:`mop_airflow.bundling.chains_per_class`); a run fills as many as its
 bundles need and the stage task skips the rest.
 
