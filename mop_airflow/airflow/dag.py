@@ -91,5 +91,5 @@ def build_mop_dag(
         **dag_kwargs,
     )
     with dag:
-        render_selection(spec, plan, dag_id=dag_id, pools=pools, builder_modules=builder_modules)
+        render_selection(spec, plan, dag=dag, pools=pools, builder_modules=builder_modules)
     return dag

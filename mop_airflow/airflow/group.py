@@ -72,7 +72,7 @@ class MopTaskGroup(TaskGroup):
         for name, param in group_params(parsed, full).items():
             dag.params[name] = param
         with self:
-            ops = render_selection(parsed, spec_task_plan(parsed, priority, result=True), dag_id=dag.dag_id,
+            ops = render_selection(parsed, spec_task_plan(parsed, priority, result=True), dag=dag,
                                    group=full, pools=pools, builder_modules=builder_modules)
         for task in upstream:  # the tasks data.source / data.validation pull from run first
             task >> ops["preflight"]
