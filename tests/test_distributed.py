@@ -85,18 +85,30 @@ def spec_for(source, store_root):
 
 def kill_shard_worker_mid_hop(af, run_id, worker, timeout=300):
     """Wait for a hop (past the first, so a checkpoint exists) running on ``worker``'s queue for a few
-    seconds, SIGKILL the worker with it, start a new one for the queue; return the hop's task id."""
+    seconds, SIGKILL the worker with it, start a new one for the queue; return the hop's task id.
+
+    A bundle hop of this tiny spec trains for well under a second once TensorFlow is imported, so on a
+    busy machine the hop can finish between the poll that saw it running and the kill. Such a hop was
+    not interrupted (it stays a success on its first try): the kill is then repeated on a later hop.
+    """
     deadline = time.time() + timeout
+    finished_first = set()
     while time.time() < deadline and af.run_state(DAG_ID, run_id) not in ("success", "failed"):
         for ti in af.task_instances(DAG_ID, run_id):
+            key = (ti["task_id"], ti["map_index"])
             hop = ".hop_" in ti["task_id"] and ".hop_0" not in ti["task_id"]
-            if ti["state"] != "running" or ti["queue"] != worker.queues[0] or not hop:
+            if ti["state"] != "running" or ti["queue"] != worker.queues[0] or not hop or key in finished_first:
                 continue
             started = dt.datetime.fromisoformat(ti["start_date"])
             if (dt.datetime.now(dt.timezone.utc) - started).total_seconds() > 1:  # the hop has begun
                 af.kill(f"worker-{worker.name}")
                 af.start_worker(worker)
-                return ti["task_id"], ti["map_index"]
+                time.sleep(2)  # a success the hop reported just before it died has landed by now
+                after = next(t for t in af.task_instances(DAG_ID, run_id) if (t["task_id"], t["map_index"]) == key)
+                if after["state"] == "success":
+                    finished_first.add(key)
+                    break
+                return key
         time.sleep(0.5)
     raise TimeoutError(f"no hop ran on {worker.queues[0]} for long enough to be killed before the run ended")
 
@@ -127,8 +139,9 @@ def test_mop_on_celery_workers_per_shard(postgres_db, redis_broker, s3_endpoint,
         tis = af.task_instances(DAG_ID, run_id)
         assert state == "success", [(ti["task_id"], ti["state"]) for ti in tis if ti["state"] != "success"]
         retried = next(ti for ti in tis if (ti["task_id"], ti["map_index"]) == killed)
-        assert retried["try_number"] == 2 and retried["state"] == "success"
-        assert [ti for ti in tis if ti["try_number"] > 1] == [retried]  # only the killed hop ran twice
+        assert retried["try_number"] == 2 and retried["state"] == "success", retried
+        twice = [(ti["task_id"], ti["try_number"]) for ti in tis if ti["try_number"] > 1]
+        assert twice == [(retried["task_id"], 2)]  # only the killed hop ran twice
         hosts = {name: f"{socket.getfqdn()}-{name}" for name in ("shard0", "shard1", "control")}
         train = [ti for ti in tis if (".hop_" in ti["task_id"] or ti["task_id"].startswith("stage_shard_"))
                  and ti["state"] != "skipped"]
