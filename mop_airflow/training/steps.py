@@ -8,6 +8,13 @@ is called on numpy slices of the very batches ``fit(shuffle=False)`` would make,
 order, with the same metric resets: the same optimizer steps on the same rows, so the variables,
 the loss and the metrics come out bit for bit as from ``fit`` (tests/training/test_steps.py).
 
+The step is traced once per model for any batch size (:func:`_step_function`). Keras's own
+``train_function`` fed numpy batches traced it up to three times: for the first batch's exact
+shape, again because the first trace created the compiled metrics' variables, and again for a
+partial last batch. Each trace costs 0.2-0.5 s on a CPU, more than a small shard's whole pass
+(benchmarks/bundle_overhead.py); ``fit`` avoids them with a tf.data iterator whose batch size is
+unknown and metrics it builds beforehand, which is what this does for plain arrays.
+
 Only where that equivalence is known to hold: the TensorFlow backend and no distribution
 strategy (a strategy would replicate a plain batch to every replica instead of splitting it).
 Elsewhere callers keep ``fit``/``evaluate`` (:func:`stepwise_supported`).
@@ -16,7 +23,8 @@ Elsewhere callers keep ``fit``/``evaluate`` (:func:`stepwise_supported`).
 from __future__ import annotations
 
 import math
-from typing import Any, Iterator
+import weakref
+from typing import Any, Callable, Iterator
 
 import keras
 import numpy as np
@@ -54,11 +62,10 @@ def train_pass(model: keras.Model, x: Any, y: np.ndarray, *, batch_size: int) ->
     the first batch whose running mean loss is not finite, as ``TerminateOnNaN`` does; the returned
     loss is then that non-finite mean.
     """
-    model.make_train_function()
     model.reset_metrics()
     logs: Any = {}
     for batch in _batches(x, y, batch_size):
-        logs = model.train_function(iter([batch]))
+        logs = _step_function(model, "train", batch)(batch)
         loss = logs.get("loss") if isinstance(logs, dict) else None
         if loss is not None and not math.isfinite(float(loss)):
             break
@@ -70,21 +77,60 @@ def train_pass(model: keras.Model, x: Any, y: np.ndarray, *, batch_size: int) ->
 
 def evaluate_arrays(model: keras.Model, x: Any, y: np.ndarray, *, batch_size: int) -> dict[str, float]:
     """What ``model.evaluate(x, y, batch_size=batch_size, return_dict=True)`` returns, batch by batch."""
-    model.make_test_function()
     model.reset_metrics()
     logs: Any = {}
     for batch in _batches(x, y, batch_size):
-        logs = model.test_function(iter([batch]))
+        logs = _step_function(model, "test", batch)(batch)
     return _epoch_logs(model, logs)
+
+
+# A model's traced steps, kept as long as the model (a bundle reuses a compiled model across configurations).
+_STEPS: "weakref.WeakKeyDictionary[keras.Model, dict[str, Callable[[Any], Any]]]" = weakref.WeakKeyDictionary()
+
+
+def _step_function(model: keras.Model, kind: str, batch: tuple[Any, np.ndarray]) -> Callable[[Any], Any]:
+    """``model.train_step`` or ``test_step`` as a ``tf.function`` traced once, for batches of any size
+    with the structure and dtypes of ``batch``.
+
+    It is what Keras's ``train_function`` runs for one batch without a distribution strategy
+    (``strategy.run`` of the default strategy calls the step as it is, without AutoGraph). The
+    compiled metrics are built first, on one row, so the trace creates no variable (a trace that
+    creates one is traced again), then reset; the model's own state is left as it was.
+    """
+    steps = _STEPS.setdefault(model, {})
+    if kind in steps:
+        return steps[kind]
+    step = model.train_step if kind == "train" else model.test_step
+    if model.run_eagerly:
+        steps[kind] = step
+        return step
+    import tensorflow as tf  # noqa: PLC0415
+
+    first = _rows(batch[0], 0, 1), batch[1][:1]
+    # a forward pass on one row; any state it moves (a stateful RNN, a seed generator) is put back
+    state = list(model.non_trainable_variables)
+    values = [v.numpy() for v in state]
+    model.compute_metrics(first[0], first[1], model(first[0], training=False))
+    model.reset_metrics()  # called at a pass's first batch: the pass counts from zero
+    for variable, value in zip(state, values):
+        variable.assign(value)
+    function = tf.function(step, reduce_retracing=True, jit_compile=bool(model.jit_compile), autograph=False)
+    any_rows = tf.nest.map_structure(
+        lambda rows: tf.TensorSpec((None, *np.shape(rows)[1:]), tf.as_dtype(np.asarray(rows).dtype)), first)
+    function.get_concrete_function(any_rows)  # later batches of every size dispatch to this trace
+    steps[kind] = function
+    return function
+
+
+def _rows(x: Any, start: int, end: int) -> Any:
+    return {name: values[start:end] for name, values in x.items()} if isinstance(x, dict) else x[start:end]
 
 
 def _batches(x: Any, y: np.ndarray, batch_size: int) -> Iterator[tuple[Any, np.ndarray]]:
     if batch_size < 1:
         raise ValueError(f"batch_size={batch_size} must be >= 1. Fix: set the configuration's batch_size to 1 or more")
     for start in range(0, len(y), batch_size):
-        end = start + batch_size
-        rows = {name: values[start:end] for name, values in x.items()} if isinstance(x, dict) else x[start:end]
-        yield rows, y[start:end]
+        yield _rows(x, start, start + batch_size), y[start:start + batch_size]
 
 
 def _epoch_logs(model: keras.Model, logs: Any) -> dict[str, float]:

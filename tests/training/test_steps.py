@@ -13,7 +13,7 @@ import pytest
 from mop_airflow.errors import TrainingError
 from mop_airflow.training.builder import build_model
 from mop_airflow.training.hop import evaluate, train_on_shard
-from mop_airflow.training.steps import stepwise_supported, train_pass
+from mop_airflow.training.steps import _STEPS, stepwise_supported, train_pass
 from tests.training.toys import make_config
 
 SEED = 5
@@ -92,6 +92,20 @@ def test_a_model_reused_with_another_batch_size_still_equals_a_fresh_fit(toy_dat
     theirs = train_on_shard(fresh, x, y, batch_size=24, epochs=2, seed=SEED, iteration=0, shard=1, stepwise=False)
     assert_same_state(reused, fresh)
     assert without_time(ours) == without_time(theirs)
+
+
+def test_a_model_s_steps_are_traced_once_for_every_batch_size(toy_data):
+    """A partial last batch, another configuration's batch size, the validation rows: one trace each
+    for training and evaluation (a trace costs 0.2-0.5 s on a CPU, more than a small shard's pass)."""
+    x, y = toy_data
+    model = build_model(make_config(), input_shapes={"features": (6,)}, num_classes=3, seed=SEED)
+    train_on_shard(model, x, y, batch_size=8, epochs=2, seed=SEED, iteration=0, shard=0)  # 12 x 8 rows, then 4
+    train_on_shard(model, x, y, batch_size=24, epochs=1, seed=SEED, iteration=0, shard=1)
+    evaluate(model, x[:30], y[:30], batch_size=16)
+    evaluate(model, x, y, batch_size=32)
+    traced = {kind: function.experimental_get_tracing_count() for kind, function in _STEPS[model].items()}
+    assert traced == {"train": 1, "test": 1}
+    assert int(model.optimizer.iterations.numpy()) == 2 * math.ceil(100 / 8) + math.ceil(100 / 24)
 
 
 def test_divergence_stops_at_the_same_batch_with_the_same_error(toy_data):
