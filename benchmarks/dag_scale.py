@@ -1008,8 +1008,8 @@ def print_limits(results: dict[str, dict[str, Any]], args: argparse.Namespace) -
     if sizes:
         per_task = statistics.median(s["bytes"] / t for t, s in sizes)
         biggest = max(sizes, key=lambda x: x[0])
-        say(f"serialization: ~{per_task / 1024:.1f} KB per task (median over shapes; each task carries a copy of the DAG "
-            f"params, i.e. the spec's data, search and schedule sections); {biggest[0]} tasks -> "
+        say(f"serialization: ~{per_task / 1024:.1f} KB per task (median over shapes; the trigger form's params "
+            f"are the DAG's alone, never copied into tasks); {biggest[0]} tasks -> "
             f"{human_bytes(biggest[1]['bytes'])} per DAG version row, {human_bytes(biggest[1]['zlib_bytes'])} compressed; "
             f"loading it back takes {fmt_s(results_deser(results, biggest[0]))}")
     # scheduler
