@@ -136,6 +136,15 @@ def test_the_first_task_creates_missing_pools_and_the_run_succeeds_on_shard_pool
     assert len(board["leaderboard"]) == 2 and board["leaderboard"][0]["val_accuracy"] > 0.5
 
 
+def test_the_task_execution_api_is_built_at_start_not_in_the_first_task(airflow):
+    """The api-server builds its task execution API on its first request (about 4 s on two cores):
+    LocalAirflow asks for it when it starts, before any task's first call (``/run``) needs it."""
+    log = (airflow.home / "logs" / "api-server.log").read_text()
+    warm_up = re.search(r"method=GET path=/execution/health .*status_code=200", log)
+    first_task = re.search(r"method=PATCH path=/execution/task-instances/\S+/run", log)
+    assert warm_up and first_task and warm_up.start() < first_task.start()
+
+
 def test_a_bundle_hop_killed_half_way_is_retried_and_trains_only_the_rest(airflow):
     """SIGKILL the process training hop 1 of each bundle half-way, in its second configuration: the
     scheduler retries it, the retry skips the configuration already committed and trains the other
