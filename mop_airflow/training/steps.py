@@ -11,8 +11,8 @@ the loss and the metrics come out bit for bit as from ``fit`` (tests/training/te
 The step is traced once per model for any batch size (:func:`_step_function`). Keras's own
 ``train_function`` fed numpy batches traced it up to three times: for the first batch's exact
 shape, again because the first trace created the compiled metrics' variables, and again for a
-partial last batch. Each trace costs 0.2-0.5 s on a CPU, more than a small shard's whole pass
-(benchmarks/bundle_overhead.py); ``fit`` avoids them with a tf.data iterator whose batch size is
+partial last batch. Each trace cost 0.2-0.5 s on a 2-core CPU for the demo's MLP and CNN, more
+than a small shard's whole pass; ``fit`` avoids them with a tf.data iterator whose batch size is
 unknown and metrics it builds beforehand, which is what this does for plain arrays.
 
 Only where that equivalence is known to hold: the TensorFlow backend and no distribution
