@@ -24,6 +24,8 @@ import json
 import math
 from typing import Any, Mapping, Sequence
 
+from mop_airflow.schedule import deal_classes, seeded_order
+
 CHAINS_PER_SLOT = 2
 AMORTISE = 4.0
 FIXED_SECONDS = 2.0  # a hop task's start and hand-off on the embedded Airflow, measured (README, Performance)
@@ -31,6 +33,9 @@ TASK_INSTANCE_BUDGET = 2000
 # A rough CPU cost model for balancing before anything has trained: per optimizer step and per row.
 STEP_SECONDS = 0.004
 ROW_SECONDS = 2e-5
+# Building a model and tracing its train and test steps, paid once per distinct model a task trains
+# (the demo grid's fresh hops, 2-core machine: 0.15 s build, ~0.7 s of tracing in the first steps).
+BUILD_SECONDS = 1.0
 NAME_CHARS = 200  # Airflow shows the rendered map index in the grid; keep it readable
 
 
@@ -86,6 +91,37 @@ def model_key(config: Mapping[str, Any]) -> str:
                        config.get("loss"), config.get("metrics") or []], sort_keys=True, default=str)
 
 
+def deal(config_ids: Sequence[str], costs: Mapping[str, float], keys: Mapping[str, str], *, shards: int,
+         seed: int) -> list[list[str]]:
+    """The offset classes: the seeded round-robin deal (:func:`~mop_airflow.schedule.deal_classes`),
+    or the same class sizes filled with configurations that share a model, whichever makes the
+    costliest class's estimated hop shorter.
+
+    A class's hop is estimated as its configurations' ``costs`` plus ``BUILD_SECONDS`` per distinct
+    model key in it (its tasks build and trace each once). The seeded deal mixes models across
+    classes; when hops are short next to a build (the demo grid: 8 configurations, 2 models), classes
+    of one model each build half as many models, and when hops are long the seeded deal stays.
+    Uniform configurations always get the seeded deal (the simulator replays it). Deterministic.
+    """
+    dealt = [list(c) for c in deal_classes(config_ids, shards=shards, seed=seed)]
+    by_key: dict[str, list[str]] = {}
+    for cid in sorted(seeded_order(config_ids, seed=seed), key=lambda c: -costs[c]):  # stable: seeded ties
+        by_key.setdefault(keys[cid], []).append(cid)
+    # Each model's configurations side by side, its costliest and cheapest alternating, so the
+    # classes cut from the line hold a similar mix of costs.
+    grouped_order = [cid for key in sorted(by_key) for cid in _ends_inward(by_key[key])]
+    grouped, at = [], 0
+    for cls in dealt:
+        grouped.append(grouped_order[at:at + len(cls)])
+        at += len(cls)
+
+    def costliest(classes: list[list[str]]) -> float:
+        return max((sum(costs[c] for c in cls) + BUILD_SECONDS * len({keys[c] for c in cls}) for cls in classes),
+                   default=0.0)
+
+    return grouped if costliest(grouped) < costliest(dealt) else dealt
+
+
 def bundle_class(members: Sequence[str], count: int, costs: Mapping[str, float],
                  keys: Mapping[str, str]) -> list[list[str]]:
     """Split one offset class into ``count`` bundles of about equal estimated cost.
@@ -113,6 +149,18 @@ def bundle_class(members: Sequence[str], count: int, costs: Mapping[str, float],
 def _lined_up(members: Sequence[str], costs: Mapping[str, float], keys: Mapping[str, str]) -> list[str]:
     """By model key (configurations sharing a compiled model side by side), then longest first, then id."""
     return sorted(members, key=lambda c: (keys[c], -costs[c], c))
+
+
+def _ends_inward(ordered: list[str]) -> list[str]:
+    """``[a, b, c, d, e]`` -> ``[a, e, b, d, c]``."""
+    return [ordered[k // 2] if k % 2 == 0 else ordered[-(k // 2) - 1] for k in range(len(ordered))]
+
+
+def deal_configs(config_ids: Sequence[str], configs: Mapping[str, Mapping[str, Any]], *, rows: int, shards: int,
+                 seed: int) -> list[list[str]]:
+    """:func:`deal` from the configurations themselves (estimated hop cost over ``rows`` rows, model key)."""
+    return deal(config_ids, {c: hop_cost(configs[c], rows) for c in config_ids},
+                {c: model_key(configs[c]) for c in config_ids}, shards=shards, seed=seed)
 
 
 def make_bundles(classes: Sequence[Sequence[str]], configs: Mapping[str, Mapping[str, Any]], *, rows: int,

@@ -15,7 +15,7 @@ from typing import Any, Mapping, Sequence
 
 from mop_airflow.errors import SpecError
 from mop_airflow.records import Plan, RunRecord
-from mop_airflow.schedule import DEFAULT_PRIORITY, deal_classes, hash_seed, visit_order
+from mop_airflow.schedule import DEFAULT_PRIORITY, hash_seed, visit_order
 from mop_airflow.spec import MopSpec
 from mop_airflow.trigger_form import apply_conf
 
@@ -85,7 +85,7 @@ def make_plan(run: RunRecord, priority: str = DEFAULT_PRIORITY, *, rows: int | N
     p, seed = schedule.shards, schedule.seed
     ids = [c["config_id"] for c in run.configs]
     if run.adaptive is None:
-        classes = [list(c) for c in deal_classes(ids, shards=p, seed=seed)]
+        classes = deal_run(run, ids, rows=rows, seed=seed)
         end = schedule.iterations * p
         return Plan(shards=p, iterations=schedule.iterations, seed=seed, priority=priority,
                     model_hops_total=len(ids) * end, classes=classes,
@@ -97,7 +97,7 @@ def make_plan(run: RunRecord, priority: str = DEFAULT_PRIORITY, *, rows: int | N
     adaptive = adaptive_plan(run.adaptive, p)
     brackets = split_by_bracket(ids, adaptive)
     longest = max(b.rungs[-1].hops_i for b in brackets_of(adaptive))
-    rung0 = {str(s): rung_classes(m, shards=p, seed=seed, bracket=s, rung=0) for s, m in brackets.items()}
+    rung0 = {str(s): rung_classes(run, m, rows=rows, seed=seed, bracket=s, rung=0) for s, m in brackets.items()}
     first_hops = {str(b.s): b.rungs[0].hops_i for b in brackets_of(adaptive)}
     return Plan(shards=p, iterations=-(-longest // p), seed=seed, priority=priority,
                 model_hops_total=adaptive.total_hops, brackets={str(s): m for s, m in brackets.items()},
@@ -131,7 +131,16 @@ def bundle_classes(run: RunRecord, classes: list[list[str]], *, hops: int, rows:
                         bundle_size=schedule.bundle_size, chains=chains)
 
 
-def rung_classes(config_ids: list[str], *, shards: int, seed: int, bracket: int, rung: int) -> list[list[str]]:
+def deal_run(run: RunRecord, config_ids: list[str], *, rows: int | None, seed: int) -> list[list[str]]:
+    """``config_ids`` of ``run`` dealt into offset classes (:func:`mop_airflow.bundling.deal`)."""
+    from mop_airflow.bundling import deal_configs  # noqa: PLC0415
+
+    return deal_configs(config_ids, {c["config_id"]: c for c in run.configs}, rows=rows or ROWS_UNKNOWN,
+                        shards=run.schedule.shards, seed=seed)
+
+
+def rung_classes(run: RunRecord, config_ids: list[str], *, rows: int | None, seed: int, bracket: int,
+                 rung: int) -> list[list[str]]:
     """The offset classes of one rung of an adaptive search (survivors are dealt again at every rung,
     so a rung of few configurations still spreads over the shards)."""
-    return [list(c) for c in deal_classes(config_ids, shards=shards, seed=hash_seed(seed, bracket, rung))]
+    return deal_run(run, config_ids, rows=rows, seed=hash_seed(seed, bracket, rung))

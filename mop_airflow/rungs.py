@@ -43,7 +43,7 @@ def decide_rung(layout: RunLayout, run: RunRecord, plan: Plan, *, bracket: int, 
     shards = plan.shards
     results = [_result(layout, cid, run.metric, start, end, shards) for cid in sorted(members)]
     promoted, pruned = promote(results, keep=keep, direction=run.direction)
-    next_classes = rung_classes(promoted, shards=shards, seed=plan.seed, bracket=bracket, rung=rung + 1)
+    next_classes = rung_classes(run, promoted, rows=plan.shard_rows, seed=plan.seed, bracket=bracket, rung=rung + 1)
     by_id = {r["config_id"]: r for r in results}
     decision = RungDecision(
         bracket=bracket, rung=rung, metric=run.metric, direction=run.direction, keep=keep,

@@ -43,11 +43,17 @@ def priority_weight(rule: str, t: int, end: int) -> int:
 
 def deal_classes(config_ids: Sequence[str], *, shards: int, seed: int) -> tuple[tuple[str, ...], ...]:
     """Deal the configurations round-robin, in a seeded order, into one offset class per shard."""
+    ids = seeded_order(config_ids, seed=seed)
+    return tuple(tuple(ids[o::shards]) for o in range(shards))
+
+
+def seeded_order(config_ids: Sequence[str], *, seed: int) -> list[str]:
+    """The configurations in the seeded order :func:`deal_classes` deals them in."""
     ids = list(config_ids)
     if len(set(ids)) != len(ids):
         raise ValueError("configuration ids must be unique")
     random.Random(f"mop-plan:{seed}").shuffle(ids)
-    return tuple(tuple(ids[o::shards]) for o in range(shards))
+    return ids
 
 
 def visit_order(classes: Sequence[Sequence[str]], *, start: int, end: int, shards: int) -> dict[str, list[int]]:

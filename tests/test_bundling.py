@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from mop_airflow.bundling import (CHAINS_PER_SLOT, TASK_INSTANCE_BUDGET, bundle_class, bundle_name, chain_count,
-                                  hop_cost, make_bundles, model_key)
+from mop_airflow.bundling import (BUILD_SECONDS, CHAINS_PER_SLOT, TASK_INSTANCE_BUDGET, bundle_class, bundle_name,
+                                  chain_count, deal, deal_configs, hop_cost, make_bundles, model_key)
 from mop_airflow.errors import SpecError
 from mop_airflow.records import Plan
+from mop_airflow.schedule import deal_classes
 from mop_airflow.resolve import make_plan, resolve_run
 from mop_airflow.spec import ScheduleSpec
 
@@ -60,6 +61,44 @@ def test_bundles_balance_cost_and_keep_model_keys_together():
         seen = [keys[c] for c in bundle]
         assert seen == sorted(seen)
     assert bundle_class(sorted(configs), 2, costs, keys) == bundles  # deterministic
+
+
+def _demo_grid():
+    """The demo grid's 8 configurations: MLP and CNN x 2 learning rates x batch 32, 128."""
+    configs = [_config(f"c{i}", model=model, lr=lr, batch=batch)
+               for i, (model, lr, batch) in enumerate((m, lr, b) for m in ("ex:mlp", "ex:cnn")
+                                                      for lr in (3e-3, 1e-2) for b in (32, 128))]
+    return {c["config_id"]: c for c in configs}
+
+
+def test_short_hops_deal_each_model_s_configurations_into_the_same_classes():
+    configs = _demo_grid()
+    classes = deal_configs(list(configs), configs, rows=4000, shards=4, seed=42)
+    assert sorted(len(c) for c in classes) == [2, 2, 2, 2]  # the seeded deal's sizes
+    assert sorted(c for cls in classes for c in cls) == sorted(configs)
+    # one model per class (4 models to build per round of hops instead of up to 8), and each class
+    # holds one configuration of each batch size: the costs stay balanced
+    for cls in classes:
+        assert len({configs[c]["model"] for c in cls}) == 1
+        assert sorted(configs[c]["batch_size"] for c in cls) == [32, 128]
+    assert classes == deal_configs(list(configs), configs, rows=4000, shards=4, seed=42)  # deterministic
+
+
+def test_the_seeded_deal_stays_when_grouping_by_model_would_unbalance_the_classes():
+    # two models: one with 3 costly configurations, one with 3 cheap ones, on 3 shards. Grouped
+    # classes would each hold one model but the costliest class would cost 2 x 10 + a build.
+    costs = {"a1": 10.0, "a2": 10.0, "a3": 10.0, "b1": 0.1, "b2": 0.1, "b3": 0.1}
+    keys = {c: c[0] for c in costs}
+    ids = sorted(costs)
+    dealt = deal(ids, costs, keys, shards=3, seed=0)
+    assert dealt == [list(c) for c in deal_classes(ids, shards=3, seed=0)]
+    # the same configurations, all of one model and one cost: nothing to gain, the seeded deal
+    same = {c: 1.0 for c in ids}
+    assert deal(ids, same, {c: "m" for c in ids}, shards=3, seed=5) == [list(c) for c in deal_classes(ids, shards=3,
+                                                                                                     seed=5)]
+    # builds that cost more than the hops: one model per class
+    cheap = {c: BUILD_SECONDS / 100 for c in ids}
+    assert sorted(map(sorted, deal(ids, cheap, keys, shards=2, seed=0))) == [["a1", "a2", "a3"], ["b1", "b2", "b3"]]
 
 
 def test_the_learning_rate_is_not_part_of_the_model_key():
