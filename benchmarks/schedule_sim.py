@@ -49,7 +49,10 @@ Bundles (``--bundles``): the unit of Airflow work is the hop of a bundle of conf
 the embedded Airflow: ``TASK_SECONDS`` per task instance (start-up and scheduler hand-off),
 ``MODEL_SECONDS`` per distinct model in a task (Keras building it and tracing its train step) and
 ``CONFIG_SECONDS`` per configuration (restoring and saving its state). Efficiency there is the
-pure-training lower bound over the makespan, so the fixed costs count against it.
+pure-training lower bound over the makespan, so the fixed costs count against it. Every rule deals
+the configurations as the plan task does (:func:`mop_airflow.bundling.deal`: each model's
+configurations in the same classes when that makes the costliest class's hop shorter); "auto,
+seeded" is "auto" with the seeded deal alone, for comparison.
 
     python benchmarks/schedule_sim.py [--seeds 10] [--iterations 3] [--quick] [--bundles]
 """
@@ -283,24 +286,27 @@ BUNDLE_SCALES = ((8, 4, 1, 3, "equal", 2), (256, 4, 2, 1, "equal", 1), (256, 4, 
 
 
 def bundles_table(seeds: range) -> None:
-    from mop_airflow.bundling import split_classes  # noqa: PLC0415
+    from mop_airflow.bundling import deal, split_classes  # noqa: PLC0415
     from mop_airflow.simulation import simulate_bundles  # noqa: PLC0415
 
     print(f"bundles: fixed cost {TASK_SECONDS} s per task instance, {MODEL_SECONDS} s per model built in a task, "
           f"{CONFIG_SECONDS} s per configuration; efficiency = pure-training lower bound / makespan")
-    head = f"{'scale':<50} {'bundle_size':>11} {'task instances':>15} {'efficiency':>16} {'makespan mean':>14}"
+    head = f"{'scale':<50} {'bundle_size':>13} {'task instances':>15} {'efficiency':>16} {'makespan mean':>14}"
     print(head)
     print("-" * len(head))
     for n, p, slots, iterations, durations, models in BUNDLE_SCALES:
         loads = [make_workload(n, p, iterations=iterations, slots=slots, durations=durations, seed=s) for s in seeds]
         scale = f"{n} x {p} shards x {slots} slot(s) x {iterations} it., {durations}, {models} model(s)"
-        for rule in BUNDLE_RULES:
+        for rule, by_model in [*((r, True) for r in BUNDLE_RULES), ("auto", False)]:
             # the DAG a spec with this bundle_size renders: its chains per class, as parsed
             plan = build_task_plan(p, iterations, configurations=n, slots=slots, bundle_size=rule)
             spans, effs, instances = [], [], 0
             for w in loads:
                 keys = {cid: f"model{i % models}" for i, cid in enumerate(w.ids)}
-                bundles = split_classes(w.classes, w.cost, keys, shards=p, slots=slots, hops=iterations * p,
+                # the plan task's deal (each model's configurations together when that shortens the
+                # costliest class), or the seeded deal alone (what the plan did before)
+                classes = deal(w.ids, w.cost, keys, shards=p, seed=w.seed) if by_model else w.classes
+                bundles = split_classes(classes, w.cost, keys, shards=p, slots=slots, hops=iterations * p,
                                         bundle_size=rule, chains=[c.chains for c in plan.groups])
                 instances = sum(len(b) for b in bundles) * iterations * p
                 sim = simulate_bundles(plan, bundles, lambda cid, t, shard, w=w: w.cost[cid], slots=slots,
@@ -308,7 +314,8 @@ def bundles_table(seeds: range) -> None:
                                        model_seconds=MODEL_SECONDS, keys=keys)
                 spans.append(sim.makespan)
                 effs.append(w.lower_bound / sim.makespan)
-            print(f"{scale:<50} {str(rule):>11} {instances:>15} {statistics.mean(effs):>7.3f} ({min(effs):.3f})"
+            label = str(rule) if by_model else f"{rule}, seeded"
+            print(f"{scale:<50} {label:>13} {instances:>15} {statistics.mean(effs):>7.3f} ({min(effs):.3f})"
                   f" {statistics.mean(spans):>12.1f} s")
         print()
 
