@@ -6,6 +6,9 @@ bundle lives inside one offset class (its configurations share the visit order),
 itself, and its configurations' results never depend on who shares it (each keeps its own seed,
 batch order, checkpoint and record).
 
+Which configurations share an offset class (:func:`deal`): the seeded deal, or each model's
+configurations together when hops are short next to building a model.
+
 How many bundles (``schedule.bundle_size: "auto"``), in this order:
 
 1. enough chains to keep every slot busy: at most ``CHAINS_PER_SLOT`` per shard slot, and never
