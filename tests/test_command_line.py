@@ -273,3 +273,12 @@ def test_up_stopped_half_way_starts_again_at_once_and_runs_are_read_from_the_sto
     assert once.stdout.startswith("finished: model hops 8/8, iteration 2/2, best val_accuracy ")
     missing = cli("report", DAG_ID, "no_such_run", "--api-url", url, env=env)
     assert missing.returncode == UNAVAILABLE and "has no run 'no_such_run' of DAG" in missing.stderr
+
+
+def test_the_embedded_scheduler_loops_every_0_2_s_when_idle_unless_the_environment_says_otherwise(tmp_path,
+                                                                                                    monkeypatch):
+    key = "AIRFLOW__SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME"
+    monkeypatch.delenv(key, raising=False)
+    assert airflow_env(tmp_path / "airflow", tmp_path, 8080)[key] == "0.2"
+    monkeypatch.setenv(key, "1")
+    assert airflow_env(tmp_path / "airflow", tmp_path, 8080)[key] == "1"
