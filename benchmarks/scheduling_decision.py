@@ -9,7 +9,12 @@ nothing: only the scheduler's cost is measured. After the first decision the sta
 done without pushing an XCom, so the mapped groups stay unexpanded: every hop still waits, which
 is the state most of a run's hop tasks are in.
 
-    python benchmarks/scheduling_decision.py [--chains 16] [--hops 160] [--repeats 3]
+``--done F`` also marks the first F of every plain chain's hops done before the timed decisions, as
+in the middle of a run: Airflow's trigger-rule check scans every finished task instance of the run
+for each waiting one, so a decision's cost grows with waiting x finished, not with the tasks alone.
+``--profile`` prints where one decision of the plain chains spends its time.
+
+    python benchmarks/scheduling_decision.py [--chains 16] [--hops 160] [--repeats 3] [--done 0.5] [--profile]
 
 Prints the seconds of each decision (the first includes loading the DAG run), per shape.
 """
@@ -61,7 +66,7 @@ with DAG("mapped_groups", schedule=None, start_date=START):
 '''
 
 MEASURE = '''
-import sys, time, datetime as dt
+import cProfile, pstats, sys, time, datetime as dt
 from airflow.utils import db
 db.resetdb()
 from airflow.dag_processing.bundles.manager import DagBundlesManager
@@ -81,6 +86,8 @@ with create_session() as session:
             bundle.initialize()
         sync_bag_to_db(BundleDagBag(dag_folder=bundle.path, bundle_path=bundle.path, bundle_name=bundle.name),
                        bundle.name, bundle.version)
+DONE, PROFILE = float(sys.argv[2]), sys.argv[3] == "1"
+HOPS = int(__import__("os").environ["MOP_BENCH_HOPS"])
 for dag_id in ("plain_chains", "mapped_groups"):
     with create_session() as session:
         dag = SerializedDagModel.get_dag(dag_id, session=session)
@@ -98,7 +105,19 @@ for dag_id in ("plain_chains", "mapped_groups"):
             if i == 0:  # the stage task "finishes": the first hops become schedulable, the rest wait
                 for ti in info.schedulable_tis:
                     ti.state = State.SUCCESS
+                if dag_id == "plain_chains" and DONE:  # and, mid-run, the first hops of every chain are done
+                    hops = int(DONE * HOPS)
+                    for ti in info.tis:
+                        if ti.task_id != "stage" and int(ti.task_id.rsplit("_", 1)[1]) < hops:
+                            ti.state = State.SUCCESS
                 session.flush()
+        if PROFILE and dag_id == "plain_chains":
+            profile = cProfile.Profile()
+            profile.enable()
+            run.task_instance_scheduling_decisions(session=session)
+            profile.disable()
+            print("profile:", flush=True)
+            pstats.Stats(profile, stream=sys.stdout).sort_stats("tottime").print_stats(12)
         session.rollback()
 '''
 
@@ -108,7 +127,11 @@ def main() -> int:
     parser.add_argument("--chains", type=int, default=16, help="hop chains (one per offset class)")
     parser.add_argument("--hops", type=int, default=160, help="hops per chain (iterations x shards)")
     parser.add_argument("--repeats", type=int, default=3, help="decisions timed per shape")
+    parser.add_argument("--done", type=float, default=0.0, help="fraction of every plain chain's hops marked done")
+    parser.add_argument("--profile", action="store_true", help="profile one decision of the plain chains")
     args = parser.parse_args()
+    if not 0 <= args.done < 1:
+        parser.error(f"--done {args.done}: give a fraction of the hops, at least 0 and below 1 (e.g. 0.5)")
     load = os.getloadavg()
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}; "
           f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
@@ -121,9 +144,13 @@ def main() -> int:
                "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}",
                "AIRFLOW__CORE__DAGS_FOLDER": str(home / "dags"), "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
                "MOP_BENCH_CHAINS": str(args.chains), "MOP_BENCH_HOPS": str(args.hops)}
-        done = subprocess.run([sys.executable, "-c", MEASURE, str(args.repeats)], env=env, capture_output=True,
+        done = subprocess.run([sys.executable, "-c", MEASURE, str(args.repeats), str(args.done),
+                               "1" if args.profile else "0"], env=env, capture_output=True,
                               text=True, timeout=1800)
-        print("\n".join(line for line in done.stdout.splitlines() if ": decision " in line))
+        lines = done.stdout.splitlines()
+        print("\n".join(line for line in lines if ": decision " in line))
+        if args.profile and "profile:" in lines:
+            print("\n".join(lines[lines.index("profile:"):]))
         if done.returncode:
             print(done.stderr[-3000:], file=sys.stderr)
         return done.returncode
