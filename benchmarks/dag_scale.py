@@ -1071,8 +1071,8 @@ def print_limits(results: dict[str, dict[str, Any]], args: argparse.Namespace) -
                     text += f"; {page['view']} page drawn {drawn}, {page['counts'].get('dom', 0)} DOM elements"
             say(text)
     # past the limits
-    say("past the limits (tasks = shards x shards x iterations hop tasks + shards + 5; task instances = "
-        "configurations x shards x iterations hops):")
+    say("past the limits (tasks = shards x shards x iterations hop tasks, one chain per offset class, plus the "
+        "control tasks; a run has one task instance per task, each hop task training its bundle):")
     alternatives = [("16 shards x 20 iterations, epochs_per_hop=1", 16, 20, None),
                     ("16 shards x 5 iterations, epochs_per_hop=4 (same 20 passes)", 16, 5, None),
                     ("8 shards x 20 iterations, epochs_per_hop=1 (bigger shards)", 8, 20, None),
@@ -1096,9 +1096,9 @@ def print_limits(results: dict[str, dict[str, Any]], args: argparse.Namespace) -
         "every k iterations) but does not shrink the DAG; for Hyperband a smaller R with epochs_per_hop > 1, or fewer "
         "shards; if a big DAG must stay, raise [core] dagbag_import_timeout, [dag_processor] "
         "dag_file_processor_timeout and min_file_process_interval (the file only changes when you edit it)")
-    say("  for the scheduler: keep a run's task instances (configurations x shards x iterations hops, and never fewer "
-        "than the DAG's tasks) within the loop budget above: fewer configurations per run (search in batches), "
-        "fewer shards, epochs_per_hop > 1 with fewer iterations")
+    say("  for the scheduler: keep a run's task instances (the DAG's tasks: offset classes x chains x shards x "
+        "iterations hops, whatever the number of configurations) within the loop budget above: fewer shards, "
+        "epochs_per_hop > 1 with fewer iterations")
     notes = [n for r in results.values() if r.get("run") and r["run"].figures for n in r["run"].figures.get("notes", [])]
     if any("database is locked" in n for n in notes):
         say("  the SQLite metadata database (one writer at a time) locked other services out during long scheduling "
