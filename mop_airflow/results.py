@@ -90,7 +90,7 @@ def run_results(layout: RunLayout, run: RunRecord) -> dict[str, Any]:
     recorded = store.exists(layout.plan_uri)
     if recorded:
         plan = Plan.read(store, layout.plan_uri)
-    else:  # the data is still being validated and sharded: show the plan the plan task will write
+    else:  # the data is still being sharded: a provisional plan (the plan task's deal also weighs the shards' rows)
         from mop_airflow.resolve import make_plan  # noqa: PLC0415
 
         plan = make_plan(run)
