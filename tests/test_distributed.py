@@ -77,9 +77,18 @@ def redis_broker():
     return f"redis://{REDIS[0]}:{REDIS[1]}/7"
 
 
+SLEEPY = "mop_airflow.examples.timed_models:sleepy"
+
+
 def spec_for(source, store_root):
     spec = tiny_spec(source, store_root)
     spec["store"]["conn_id"] = "aws_default"
+    # The tiny MLP's hops end within a second on a fast machine, too soon to be killed half-way for
+    # sure: the same grid on a model that also sleeps 0.1 s per training batch (~2.3 s per
+    # configuration on a shard of 23 batches) gives every hop time to be caught running.
+    params = spec["search"]["space"]["params"]
+    params["model"] = [SLEEPY]
+    params["hparams"] = {**params["hparams"], "seconds_per_batch": [0.1]}
     return spec
 
 
@@ -87,9 +96,9 @@ def kill_shard_worker_mid_hop(af, run_id, worker, timeout=300):
     """Wait for a hop (past the first, so a checkpoint exists) running on ``worker``'s queue for a few
     seconds, SIGKILL the worker with it, start a new one for the queue; return the hop's task id.
 
-    A bundle hop of this tiny spec trains for well under a second once TensorFlow is imported, so on a
-    busy machine the hop can finish between the poll that saw it running and the kill. Such a hop was
-    not interrupted (it stays a success on its first try): the kill is then repeated on a later hop.
+    Every hop of this spec sleeps a few seconds in training, but a hop can still finish between the
+    poll that saw it running and the kill. Such a hop was not interrupted (it stays a success on its
+    first try): the kill is then repeated on a later hop.
     """
     deadline = time.time() + timeout
     finished_first = set()
