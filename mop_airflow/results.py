@@ -18,7 +18,7 @@ from typing import Any, Iterator, Mapping, Sequence
 
 from mop_airflow.errors import StoreError
 from mop_airflow.layout import RunLayout
-from mop_airflow.records import HopRecord, Plan, RunRecord, RungDecision
+from mop_airflow.records import HopRecord, Plan, RunRecord, RungDecision, ShardingPlan
 from mop_airflow.report import (
     adaptive_outcome,
     config_label,
@@ -90,10 +90,10 @@ def run_results(layout: RunLayout, run: RunRecord) -> dict[str, Any]:
     recorded = store.exists(layout.plan_uri)
     if recorded:
         plan = Plan.read(store, layout.plan_uri)
-    else:  # the data is still being sharded: a provisional plan (the plan task's deal also weighs the shards' rows)
+    else:  # the data is still being sharded: a provisional plan, costed with the rows the listing predicts
         from mop_airflow.resolve import make_plan  # noqa: PLC0415
 
-        plan = make_plan(run)
+        plan = make_plan(run, rows=_listed_shard_rows(layout, run))
     records, failures = load_all_hops(layout) if recorded else ([], {})
     decisions = load_rung_decisions(layout) if recorded and plan.adaptive else []
     summary = _read_optional(layout, "summary.json")
@@ -125,6 +125,16 @@ def json_safe(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [json_safe(v) for v in value]
     return value
+
+
+def _listed_shard_rows(layout: RunLayout, run: RunRecord) -> int | None:
+    """The largest shard's rows once ``list_data`` has written its sharding plan (None before): the plan
+    task's deal weighs them, so a provisional plan dealt with them is the one the plan task writes."""
+    if not layout.store.exists(layout.sharding_plan_uri):
+        return None
+    from mop_airflow.data.shard import expected_shard_rows  # noqa: PLC0415  (numpy: not at import)
+
+    return expected_shard_rows(ShardingPlan.read(layout.store, layout.sharding_plan_uri), run.data)
 
 
 def provisional_leaderboard(run: RunRecord, plan: Plan, rows: Sequence[Mapping[str, Any]],

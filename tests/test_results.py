@@ -27,7 +27,7 @@ from mop_airflow.results import (
 )
 from mop_airflow.rungs import decide_rung
 from mop_airflow.store import Store
-from tests.test_end_to_end import MLP, tiny_spec
+from tests.test_end_to_end import MLP, tiny_spec, write_digits
 
 RUN_ID = "manual__2026-01-01T00:00:00+00:00"
 
@@ -69,7 +69,7 @@ def hop(layout, cid, t, shard, *, shards=2, start=0.0, seconds=1.0, loss=1.0, ac
     return record
 
 
-def test_before_the_plan_is_recorded_the_page_shows_the_plan_the_plan_task_will_write(store):
+def test_before_the_data_is_listed_the_page_shows_a_provisional_plan(store):
     layout, run = resolved(store)
     data = run_results(layout, run)
     plan = make_plan(run)
@@ -86,6 +86,36 @@ def test_before_the_plan_is_recorded_the_page_shows_the_plan_the_plan_task_will_
     assert [c["config_id"] for c in data["configs"]] == [c["config_id"] for c in run.configs]
     assert {c["offset_class"] for c in data["configs"]} == {0, 1}
     json.dumps(data, allow_nan=False)  # what the browser gets is strict JSON
+
+
+def test_once_the_data_is_listed_the_provisional_plan_is_the_one_the_plan_task_writes(store, tmp_path):
+    from mop_airflow.data.shard import collect_shards, expected_shard_rows, plan_sharding, scatter_slice, write_plan
+
+    source = tmp_path / "digits.parquet"
+    write_digits(source)
+    spec = tiny_spec(str(source), store.root)
+    # 5 draws of two models and four batch sizes, one model more often than the other: the deal
+    # weighs each class's hops, which grow with the rows, against building a model once more, and
+    # here a shard of 719 rows deals otherwise than one of the 1,000 rows assumed before the listing
+    spec["search"]["space"] = {"method": "random", "num_samples": 5, "seed": 5, "params": {
+        "model": [MLP, "mop_airflow.examples.mnist1d_models:cnn"], "learning_rate": [3e-3, 1e-2],
+        "batch_size": [4, 8, 32, 128], "hparams": {"units": [32]}}}
+    layout, run = resolved(store, spec)
+    assert make_plan(run).classes != make_plan(run, rows=719).classes
+    assert run_results(layout, run)["plan"]["classes"] == make_plan(run).classes  # nothing listed yet
+    sharding = plan_sharding(run.data, store, layout.dag_id, 2, run.schedule.seed)  # what list_data does
+    write_plan(sharding, store, layout.sharding_plan_uri)
+    page = run_results(layout, run)["plan"]
+    assert page["recorded"] is False
+
+    # what scatter, shard and plan then do
+    manifest = collect_shards(sharding, run.data, store,
+                              [scatter_slice(sharding, run.data, store, piece.index) for piece in sharding.slices])
+    rows = max(e.rows for e in manifest.shards)
+    assert expected_shard_rows(sharding, run.data) == rows == 719  # 1,797 rows, 360 held out, 2 shards
+    final = make_plan(run, rows=rows)
+    assert page["classes"] == final.classes and page["visit_order"] == final.visit_order
+    assert page["bundles"] == [b for per in final.class_bundles() for b in per]
 
 
 def test_while_training_progress_provisional_leaderboard_curves_and_busy_fractions(store):

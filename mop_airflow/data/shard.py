@@ -224,6 +224,15 @@ def _gathered(store: Store, plan: ShardingPlan, parts: list[ShardEntry], index: 
                       bytes=sum(p.bytes for p in parts), index=index, parts=parts)
 
 
+def expected_shard_rows(plan: ShardingPlan, data: DataSpec) -> int:
+    """The largest training shard's rows as the listing predicts them, before anything is scattered:
+    exact when rows are shuffled (they are split evenly, as :class:`_Placement` does), close when
+    whole files are dealt. What a provisional hop plan is costed with."""
+    train = plan.listing.total_rows - (0 if plan.held is not None else holdout_rows(plan.listing.total_rows,
+                                                                                    data.validation))
+    return -(-train // plan.shards)
+
+
 class _Placement:
     """Which part each row of a batch goes to: a shard ``0..p-1``, or ``p`` for validation."""
 
