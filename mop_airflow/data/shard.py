@@ -228,9 +228,12 @@ def expected_shard_rows(plan: ShardingPlan, data: DataSpec) -> int:
     """The largest training shard's rows as the listing predicts them, before anything is scattered:
     exact when rows are shuffled (they are split evenly, as :class:`_Placement` does), close when
     whole files are dealt. What a provisional hop plan is costed with."""
-    train = plan.listing.total_rows - (0 if plan.held is not None else holdout_rows(plan.listing.total_rows,
-                                                                                    data.validation))
-    return -(-train // plan.shards)
+    return -(-(plan.listing.total_rows - _held_out_rows(plan, data)) // plan.shards)
+
+
+def _held_out_rows(plan: ShardingPlan, data: DataSpec) -> int:
+    """The source's rows held out for validation (none when validation is a separate source)."""
+    return 0 if plan.held is not None else holdout_rows(plan.listing.total_rows, data.validation)
 
 
 class _Placement:
@@ -241,7 +244,7 @@ class _Placement:
         self.shards, self.seed, self.shuffle = plan.shards, plan.seed, data.shuffle
         self.listing_format = listing.format
         self.total = listing.total_rows
-        self.held_out = 0 if plan.held is not None else holdout_rows(self.total, data.validation)
+        self.held_out = _held_out_rows(plan, data)
         self.offsets = np.cumsum([0] + [f.rows for f in listing.files])
         if data.shuffle == "files":
             self.file_part = deal_files([f.rows for f in listing.files], shards=plan.shards, seed=plan.seed,
