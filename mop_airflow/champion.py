@@ -21,7 +21,7 @@ import math
 from typing import Any, Mapping
 
 from mop_airflow.errors import SpecError, StoreError
-from mop_airflow.layout import RunLayout
+from mop_airflow.layout import RunLayout, run_folder
 from mop_airflow.records import Manifest, RunRecord
 from mop_airflow.store import Store, safe_segment
 
@@ -198,12 +198,12 @@ def republish(store: Store, dag_id: str, which: str) -> dict[str, Any]:
     by_version = {str(e["version"]): e for e in history}
     if which in by_version:
         entry, what = by_version[which], f"version {which}"
-    elif which.isdigit() and not store.exists(RunLayout(store, dag_id, which).report_uri("summary.json")):
+    elif which.isdigit() and not store.exists(run_folder(store, dag_id, which).report_uri("summary.json")):
         raise SpecError("version", which, f"is not a version in {dag_id}'s registry "
                         f"({', '.join(by_version) or 'it is empty'})", "pick one from `mop-airflow champion list`")
     else:
         earlier = next((e for e in reversed(history) if e["run_id"] == which), None)
-        entry = earlier if earlier is not None else run_entry(RunLayout(store, dag_id, which))
+        entry = earlier if earlier is not None else run_entry(run_folder(store, dag_id, which))
         what = f"run {which}"
     if not store.exists(entry["model_uri"]):
         raise StoreError(f"the model of {what} ({entry['model_uri']}) is no longer in the store: it cannot serve "

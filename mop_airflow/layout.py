@@ -76,3 +76,22 @@ class RunLayout:
 
     def report_uri(self, name: str) -> str:
         return self._at("report", name)
+
+    @property
+    def continues_uri(self) -> str:
+        """In the folder of a run that continues a search: which search (:class:`~mop_airflow.run_chain.Continuation`)."""
+        return self._at("continues.json")
+
+    @property
+    def chain_uri(self) -> str:
+        """In a search's first run: the runs its blocks took, first to latest (:class:`~mop_airflow.run_chain.RunChain`)."""
+        return self._at("chain.json")
+
+
+def run_folder(store: Store, dag_id: str, run_id: str) -> RunLayout:
+    """The folder of the search run ``run_id`` belongs to: its own, or, for a run continuing a search
+    split over several DAG runs (:mod:`mop_airflow.run_chain`), the search's first run's."""
+    layout = RunLayout(store, dag_id, run_id)
+    if store.exists(layout.run_record_uri) or not store.exists(layout.continues_uri):
+        return layout
+    return RunLayout(store, dag_id, str(store.read_json(layout.continues_uri)["first_run"]))

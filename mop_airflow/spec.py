@@ -302,6 +302,11 @@ class ScheduleSpec:
     per hop). ``threads_per_hop`` is TensorFlow's thread count in a hop task: ``"auto"`` divides the
     worker's cores among the hops that share it, a whole number pins it (results on the CPU depend
     on it, so every hop record says which it used).
+
+    ``iterations_per_run`` is how many iterations one DAG run trains; a longer plain search goes on
+    in the DAG's next runs (:mod:`mop_airflow.run_chain`). ``"auto"`` keeps the whole search in one
+    run unless its hop task instances exceed ``run_chain.RUN_HOP_BUDGET``; a whole number must
+    divide ``iterations``. Fixed when the DAG file is parsed, like ``iterations``.
     """
 
     shards: int = 4
@@ -312,9 +317,10 @@ class ScheduleSpec:
     seed: int = 0
     bundle_size: int | str = "auto"
     threads_per_hop: int | str = "auto"
+    iterations_per_run: int | str = "auto"
 
     def __post_init__(self) -> None:
-        for name in ("bundle_size", "threads_per_hop"):
+        for name in ("bundle_size", "threads_per_hop", "iterations_per_run"):
             value = getattr(self, name)
             if value != "auto":
                 if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -583,7 +589,7 @@ class MopSpec:
     def with_overrides(self, conf: Mapping[str, Any] | None) -> "MopSpec":
         """A copy with per-run overrides from a trigger conf (sections merge field by field).
 
-        ``schedule.shards`` and ``schedule.iterations`` shape the DAG and cannot change per run.
+        ``schedule.shards``, ``iterations`` and ``iterations_per_run`` shape the DAG and cannot change per run.
         """
         if not conf:
             return self
@@ -593,7 +599,7 @@ class MopSpec:
         merged = self.to_dict()
         for section, values in section_overrides(conf, "conf").items():
             merged[section].update(values)
-        for fixed in ("shards", "iterations"):
+        for fixed in ("shards", "iterations", "iterations_per_run"):
             if merged["schedule"][fixed] != getattr(self.schedule, fixed):
                 raise SpecError(f"conf.schedule.{fixed}", merged["schedule"][fixed],
                                 "shapes the DAG and is fixed when the DAG file is parsed",

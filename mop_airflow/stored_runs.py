@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from mop_airflow.errors import StoreError
-from mop_airflow.layout import RunLayout
+from mop_airflow.layout import RunLayout, run_folder
 from mop_airflow.records import RunRecord
 from mop_airflow.report import latest_reported_run
 from mop_airflow.selection import SEPARATOR, whole_first
@@ -87,7 +87,7 @@ def read_stored_run(layout: RunLayout) -> StoredRun:
 
 def stored_run(store: Store, dag_id: str, run_id: str) -> StoredRun:
     """The named run; :class:`StoreError` naming the file looked for when it is not in the store."""
-    layout = RunLayout(store, dag_id, run_id)
+    layout = run_folder(store, dag_id, run_id)  # a run that continued a search: that search's folder
     if not store.exists(layout.run_record_uri):
         raise StoreError(f"no run {run_id!r} of DAG {dag_id!r} in the store {store.root} (looked for "
                          f"{layout.run_record_uri}). Fix: check the ids and --store")

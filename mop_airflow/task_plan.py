@@ -16,6 +16,11 @@ Shape of a plain search (``p`` shards, ``T = iterations * p`` hops)::
     every chain's last hop >> report >> publish
     publish     emits the DAG's champion Asset event when the run's winner beats the champion
 
+A plain search longer than one run holds (``schedule.iterations_per_run``, :mod:`mop_airflow.run_chain`)
+renders the hops of ``iterations_per_run`` iterations, and ``every chain's last hop >> next_run >>
+report``: ``next_run`` triggers the DAG's next run for the next block of iterations, and the
+report (then publish) runs only in the run of the last block.
+
 Chains are plain (unmapped) tasks because Airflow's scheduler checks every waiting task instance
 in every loop, and a mapped one costs several queries there (measured: 2,560 waiting hop tasks
 took 3.6-4.4 s per scheduling decision mapped, 0.55 s plain: benchmarks/scheduling_decision.py). How many chains a class renders is
@@ -34,6 +39,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
 from mop_airflow.bundling import chains_per_class
+from mop_airflow.errors import SpecError
+from mop_airflow.run_chain import iterations_per_run
 from mop_airflow.schedule import DEFAULT_PRIORITY, priority_weight, shard_at
 
 # Past the failed configuration of a chain, its group-mates' chains go on; a promote step runs as
@@ -56,7 +63,8 @@ class TaskSpec:
     """
 
     task_id: str
-    kind: str  # preflight, list_data, scatter, shard, plan, stage, check_models, deal, hop, promote, report, publish, result
+    kind: str  # preflight, list_data, scatter, shard, plan, stage, check_models, deal, hop, promote, next_run,
+    #            report, publish, result
     upstream: tuple[str, ...] = ()
     group: str | None = None
     pool: str | None = None
@@ -101,7 +109,8 @@ class TaskPlan:
 
 def build_task_plan(shards: int, iterations: int, adaptive: Any = None, *,
                     priority: str = DEFAULT_PRIORITY, publish: bool = True, configurations: int | None = None,
-                    slots: int = 1, bundle_size: int | str = "auto", result: bool = False) -> TaskPlan:
+                    slots: int = 1, bundle_size: int | str = "auto", result: bool = False,
+                    iterations_per_run: int | None = None) -> TaskPlan:
     """The task plan for ``shards`` shards and ``iterations`` iterations, or an adaptive plan's rungs.
 
     ``adaptive`` is a :class:`~mop_airflow.search.hyperband.HyperbandPlan` or ``Bracket``;
@@ -110,6 +119,8 @@ def build_task_plan(shards: int, iterations: int, adaptive: Any = None, *,
     many chains each class holds (:func:`~mop_airflow.bundling.chains_per_class`; one without a count).
     ``result`` ends the plan with a task that succeeds whether or not the winner was published (a
     MopTaskGroup's last task: what tasks downstream of the group wait for and read).
+    ``iterations_per_run`` (a plain search): the iterations one DAG run renders, when fewer than
+    ``iterations``; the DAG's later runs train the rest (:mod:`mop_airflow.run_chain`).
     """
     def chains(n: int | None, hops: int) -> int:
         return 1 if n is None else chains_per_class(n, shards=shards, slots=slots, hops=hops, bundle_size=bundle_size)
@@ -124,15 +135,21 @@ def build_task_plan(shards: int, iterations: int, adaptive: Any = None, *,
                           args={"shard": s, "deals": adaptive is None}) for s in range(shards)]
     # Beside the staging: builds each distinct model once on the data's shapes before any hop.
     ready = [*stages, builder.add("check_models", "check_models", ("plan",))]
+    report_args: dict[str, Any] = {}
     if adaptive is None:
-        end = iterations * shards
-        per_class = chains(configurations, end)
+        hops = iterations * shards
+        per_class = chains(configurations, hops)  # the whole search's bundles, whichever run trains a block
+        end = (iterations_per_run or iterations) * shards
         finals = [last for o in range(shards)
                   for last in builder.chain(f"class_{o}", source=stages[o], offset=o, start=0, end=end, chain_end=end,
                                             chains=per_class, wait_for=ready)]
+        if end < hops:
+            finals = [builder.add("next_run", "next_run", tuple(finals), trigger_rule=REPORT_JOIN,
+                                  args={"hops_per_run": end, "hops": hops})]
+            report_args = {"last_start": hops - end}  # the report waits for the run whose block starts there
     else:
         finals = _adaptive(builder, adaptive, ready, chains)
-    last = builder.add("report", "report", tuple(finals), trigger_rule=REPORT_JOIN)
+    last = builder.add("report", "report", tuple(finals), trigger_rule=REPORT_JOIN, args=report_args)
     if publish:
         last = builder.add("publish", "publish", ("report",))
     if result:
@@ -150,9 +167,36 @@ def spec_task_plan(spec: Any, priority: str = DEFAULT_PRIORITY, *, result: bool 
     """The task plan a :class:`~mop_airflow.spec.MopSpec` renders: its shape, and how many chains each
     class holds for the spec's own search space (``result``: see :func:`build_task_plan`)."""
     adaptive = spec.adaptive_plan()
-    return build_task_plan(spec.schedule.shards, spec.schedule.iterations, adaptive, priority=priority,
-                           publish=spec.publish.enabled, configurations=None if adaptive else configuration_count(spec),
-                           slots=spec.schedule.slots_per_shard, bundle_size=spec.schedule.bundle_size, result=result)
+    schedule = spec.schedule
+    configurations = None if adaptive else configuration_count(spec)
+    return build_task_plan(schedule.shards, schedule.iterations, adaptive, priority=priority,
+                           publish=spec.publish.enabled, configurations=configurations,
+                           slots=schedule.slots_per_shard, bundle_size=schedule.bundle_size, result=result,
+                           iterations_per_run=runs_split(spec, configurations, chained=adaptive is None and not result))
+
+
+def runs_split(spec: Any, configurations: int | None, *, chained: bool) -> int:
+    """The iterations one DAG run of ``spec`` trains (:func:`mop_airflow.run_chain.iterations_per_run`).
+
+    Only a whole MOP DAG's plain search is split (``chained``): an adaptive search's rungs already
+    end in promote tasks, and a MopTaskGroup's run is the user's DAG run, whose other tasks must not
+    run once per block.
+    """
+    schedule = spec.schedule
+    if not chained:
+        if schedule.iterations_per_run not in ("auto", schedule.iterations) and not spec.adaptive_plan():
+            raise SpecError("schedule.iterations_per_run", schedule.iterations_per_run,
+                            "cannot split a MopTaskGroup's search over several DAG runs: the run is your DAG's, and "
+                            "its other tasks would run once per block", "leave schedule.iterations_per_run out")
+        if schedule.iterations_per_run != "auto" and spec.adaptive_plan():
+            raise SpecError("schedule.iterations_per_run", schedule.iterations_per_run,
+                            "applies to a plain search; a Hyperband or successive halving search runs in one DAG run",
+                            "leave schedule.iterations_per_run out")
+        return schedule.iterations
+    per_class = chains_per_class(configurations or 0, shards=schedule.shards, slots=schedule.slots_per_shard,
+                                 hops=schedule.iterations * schedule.shards, bundle_size=schedule.bundle_size)
+    return iterations_per_run(schedule.iterations, schedule.iterations_per_run,
+                              lambda k: schedule.shards * per_class * k * schedule.shards)
 
 
 def _adaptive(builder: "_Builder", adaptive: Any, ready: list[str], chains: Any) -> list[str]:

@@ -23,7 +23,7 @@ from typing import Any, Mapping, Sequence
 
 from mop_airflow.champion import current_champion
 from mop_airflow.errors import SpecError
-from mop_airflow.layout import RunLayout
+from mop_airflow.layout import RunLayout, run_folder
 from mop_airflow.report import last_saved_hop, latest_reported_run
 from mop_airflow.store import Store
 
@@ -51,7 +51,7 @@ def source_run(store: Store, dag_id: str, wanted: str, *, exclude: str) -> RunLa
         champion = current_champion(store, dag_id)
         return None if champion is None else RunLayout(store, champion["dag_id"], champion["run_id"])
     if wanted != "latest":
-        layout = RunLayout(store, dag_id, wanted)
+        layout = run_folder(store, dag_id, wanted)
         if not store.exists(layout.report_uri("leaderboard.json")):
             raise SpecError("search.warm_start.from", wanted, f"run {wanted!r} of DAG {dag_id!r} has no report in "
                             f"the store at {store.root}", "name a run that finished, or use 'latest'")

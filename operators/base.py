@@ -20,6 +20,7 @@ from mop_airflow.errors import DataValidationError, PoolsMissingError, SpecError
 
 from mop_airflow.layout import RunLayout
 from mop_airflow.records import RunRecord
+from mop_airflow.run_chain import Continuation, continuation_of
 from mop_airflow.selection import conf_of, selection_id, task_id_in
 from mop_airflow.spec import StoreSpec
 from mop_airflow.store import Store
@@ -54,7 +55,16 @@ class MopBaseOperator(BaseOperator):
         return StoreSpec(**{**self.store, **(override if isinstance(override, Mapping) else {})})
 
     def layout(self, context: Mapping[str, Any]) -> RunLayout:
-        return RunLayout(Store.from_spec(self.store_spec(context)), self.selection_id(context), context["run_id"])
+        """The search's folder: this run's, or for a run continuing a search the first run's."""
+        continuing = self.continuation(context)
+        run_id = continuing.first_run if continuing else context["run_id"]
+        return RunLayout(Store.from_spec(self.store_spec(context)), self.selection_id(context), run_id)
+
+    def continuation(self, context: Mapping[str, Any]) -> Continuation | None:
+        """Which search and block this run continues (:mod:`mop_airflow.run_chain`); None for a first run."""
+        if self.selection is not None:  # a MopTaskGroup's search is never split
+            return None
+        return continuation_of(getattr(context.get("dag_run"), "conf", None))
 
     def selection_id(self, context: Mapping[str, Any]) -> str:
         """What names this selection's run folders, registry and Asset (:mod:`mop_airflow.selection`)."""

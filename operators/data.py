@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from mop_airflow.operators.base import MopBaseOperator
-from mop_airflow.records import ShardingPlan, SliceResult
+from mop_airflow.records import Manifest, ShardingPlan, SliceResult
 
 
 class MopListDataOperator(MopBaseOperator):
@@ -22,6 +22,10 @@ class MopListDataOperator(MopBaseOperator):
     def work(self, context: Any) -> list[int]:
         from mop_airflow.data.shard import plan_sharding, write_plan  # noqa: PLC0415
 
+        continuing = self.continuation(context)
+        if continuing is not None:
+            self.log.info("the shards of run %s's search are in place; nothing to list", continuing.first_run)
+            return [0]  # one scatter instance, which does nothing either
         run = self.resolved_run(context)
         layout = self.layout(context)
         plan = plan_sharding(run.data, layout.store, run.dag_id, run.schedule.shards, run.schedule.seed)
@@ -45,6 +49,8 @@ class MopScatterOperator(MopBaseOperator):
     def work(self, context: Any) -> dict[str, Any]:
         from mop_airflow.data.shard import scatter_slice  # noqa: PLC0415
 
+        if self.continuation(context) is not None:
+            return {"slice": int(self.slice_index), "rows": 0, "wrote": False, "continues": True}
         run = self.resolved_run(context)
         layout = self.layout(context)
         plan = ShardingPlan.read(layout.store, layout.sharding_plan_uri)
@@ -67,8 +73,11 @@ class MopShardOperator(MopBaseOperator):
         from mop_airflow.data.shard import collect_shards  # noqa: PLC0415
         from mop_airflow.errors import DataValidationError  # noqa: PLC0415
 
-        run = self.resolved_run(context)
         layout = self.layout(context)
+        if self.continuation(context) is not None:
+            manifest = Manifest.read(layout.store, layout.manifest_pointer_uri)
+            return {"manifest_uri": layout.manifest_pointer_uri, "fingerprint": manifest.fingerprint, "reused": True}
+        run = self.resolved_run(context)
         plan = ShardingPlan.read(layout.store, layout.sharding_plan_uri)
         results = [SliceResult.read(layout.store, layout.slice_result_uri(piece.index)) for piece in plan.slices]
         try:

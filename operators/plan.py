@@ -33,8 +33,12 @@ class MopPlanOperator(MopBaseOperator):
     def work(self, context: Any) -> dict[str, Any]:
         from mop_airflow.search.hyperband import format_plan  # noqa: PLC0415
 
-        run = self.resolved_run(context)
         layout = self.layout(context)
+        if self.continuation(context) is not None:  # planned once, by the search's first run
+            plan = Plan.read(layout.store, layout.plan_uri)
+            return {"plan_uri": layout.plan_uri, "configurations": len(plan.bundle_of()),
+                    "model_hops_total": plan.model_hops_total}
+        run = self.resolved_run(context)
         manifest = Manifest.read(layout.store, layout.manifest_pointer_uri)
         plan = make_plan(run, self.priority, rows=max(e.rows for e in manifest.shards), chains=self.chains)
         run.write(layout.store, layout.run_record_uri)
@@ -105,9 +109,23 @@ class MopStageShardOperator(MopBaseOperator):
         if not self.deals:
             return None
         per_class = Plan.read(layout.store, layout.plan_uri).class_bundles()
-        items = bundle_items(per_class[self.shard], sum(len(b) for b in per_class[:self.shard]),
-                             lambda cid: Assignment(config_id=cid, t=-1, checkpoint=None))
+        continuing = self.continuation(context)
+        if continuing is None:
+            resume = lambda cid: Assignment(config_id=cid, t=-1, checkpoint=None)  # noqa: E731
+        else:  # a block after the first: each configuration from its state after the block before
+            per_class = [[[cid for cid in members if self._trained_to(layout, cid, continuing.start - 1)]
+                          for members in bundles] for bundles in per_class]
+            resume = lambda cid: resume_at(layout, cid, continuing.start - 1)  # noqa: E731
+        items = bundle_items(per_class[self.shard], sum(len(b) for b in per_class[:self.shard]), resume)
         return hand_to_chains(context, items, self.heads)
+
+    def _trained_to(self, layout: Any, cid: str, t: int) -> bool:
+        """Whether ``cid`` finished hop ``t``: one that failed (or whose bundle stopped) trains no further."""
+        uri = layout.hop_record_uri(cid, t)
+        if layout.store.exists(uri) and HopRecord.read(layout.store, uri).status == "ok":
+            return True
+        self.log.info("%s did not finish hop %d (it failed earlier): it trains no further", cid, t)
+        return False
 
 
 class MopDealOperator(MopBaseOperator):
@@ -131,15 +149,15 @@ class MopDealOperator(MopBaseOperator):
         per_class = rung_bundles(layout, Plan.read(layout.store, layout.plan_uri), self.bracket, self.rung)
         last = self.start - 1
         items = bundle_items(per_class[self.offset], sum(len(b) for b in per_class[:self.offset]),
-                             lambda cid: self._resume(layout, cid, last))
+                             lambda cid: resume_at(layout, cid, last))
         return hand_to_chains(context, items, self.heads)
 
-    @staticmethod
-    def _resume(layout: Any, cid: str, last: int) -> Assignment:
-        """From the configuration's state after hop ``last``, with the checksum its hop recorded."""
-        if last < 0:
-            return Assignment(config_id=cid, t=last, checkpoint=None)
-        record = HopRecord.read(layout.store, layout.hop_record_uri(cid, last))
-        return Assignment(config_id=cid, t=last, checkpoint=layout.checkpoint_uri(cid, last),
-                          checkpoint_sha256=record.checkpoint_sha256, best_t=record.best_t,
-                          best_metric=record.best_metric)
+
+def resume_at(layout: Any, cid: str, last: int) -> Assignment:
+    """From the configuration's state after hop ``last``, with the checksum its hop recorded."""
+    if last < 0:
+        return Assignment(config_id=cid, t=last, checkpoint=None)
+    record = HopRecord.read(layout.store, layout.hop_record_uri(cid, last))
+    return Assignment(config_id=cid, t=last, checkpoint=layout.checkpoint_uri(cid, last),
+                      checkpoint_sha256=record.checkpoint_sha256, best_t=record.best_t,
+                      best_metric=record.best_metric)

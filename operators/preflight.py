@@ -53,6 +53,14 @@ class MopPreflightOperator(MopBaseOperator):
     def work(self, context: Any) -> dict[str, Any]:
         # The trigger conf as given (the form sends its sections, the REST API and CLI what they name);
         # params would also hold the DAG's defaults and hide a misspelt section.
+        continuing = self.continuation(context)
+        if continuing is not None:
+            # The search was resolved once, by its first run: this run trains its next block.
+            run = self.run_record(self.layout(context))
+            self.log.info("continues the search of run %s: block %d, from hop %d", continuing.first_run,
+                          continuing.block, continuing.start)
+            self._pools(run.schedule)
+            return run.to_dict()
         conf = conf_of(getattr(context.get("dag_run"), "conf", None), self.selection)
         run = with_warm_start(resolve_run(self.rendered_spec(), conf, dag_id=self.selection_id(context),
                                           run_id=context["run_id"], allowed_modules=self.builder_modules))
@@ -61,6 +69,16 @@ class MopPreflightOperator(MopBaseOperator):
             self.log.info("%d of %d configurations start warm from %s", len(run.warm_start), len(run.configs),
                           ", ".join(sources))
         schedule = run.schedule
+        pools = self._pools(schedule)
+        # an adaptive search's iterations are its rungs' (search.adaptive), not schedule.iterations
+        length = (f"search.adaptive {dict(run.adaptive)}" if run.adaptive
+                  else f"{schedule.iterations} iterations")
+        self.log.info("%d configurations, %d shards, %s; pools %s", len(run.configs), schedule.shards, length,
+                      ", ".join(pools))
+        return run.to_dict()
+
+    def _pools(self, schedule: Any) -> list[str]:
+        """The shard pools, made sure of (created, checked or left alone as ``pools`` says)."""
         pools = required_pools(schedule.shards)
         if self.pools != "off" and running_in_dag_test():
             self.log.info("dag.test(): tasks run one at a time in this process, pools are not used; not checked")
@@ -68,12 +86,7 @@ class MopPreflightOperator(MopBaseOperator):
             created = ensure_pools(pools, shards=schedule.shards, slots=schedule.slots_per_shard, mode=self.pools)
             if created:
                 self.log.info("created pools %s with %d slot(s) each", ", ".join(created), schedule.slots_per_shard)
-        # an adaptive search's iterations are its rungs' (search.adaptive), not schedule.iterations
-        length = (f"search.adaptive {dict(run.adaptive)}" if run.adaptive
-                  else f"{schedule.iterations} iterations")
-        self.log.info("%d configurations, %d shards, %s; pools %s", len(run.configs), schedule.shards, length,
-                      ", ".join(pools))
-        return run.to_dict()
+        return pools
 
     def rendered_spec(self) -> dict[str, Any]:
         """The spec with its data templates as this run rendered them; one that renders to nothing fails here."""

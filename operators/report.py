@@ -23,7 +23,17 @@ from mop_airflow.operators.base import MopBaseOperator
 class MopReportOperator(MopBaseOperator):
     ui_color = "#ece3f8"
 
+    def __init__(self, *, last_start: int = 0, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.last_start = last_start  # a search split over DAG runs: the first hop of its last block
+
     def work(self, context: Any) -> dict[str, Any]:
+        continuing = self.continuation(context)
+        if (continuing.start if continuing else 0) < self.last_start:
+            from airflow.sdk.exceptions import AirflowSkipException  # noqa: PLC0415
+
+            raise AirflowSkipException("the search goes on in the DAG's next run (see next_run); "
+                                       "the run of its last block reports")
         layout = self.layout(context)
         run = self.run_record(layout)
         cache_dir = self.store_spec(context).local_cache

@@ -64,6 +64,11 @@ class MopTrainHopOperator(MopBaseOperator):
         layout = self.layout(context)
         run = self.run_record(layout)
         bundle = BundleAssignment.from_dict(picked)
+        if not bundle.assignments:  # every configuration of it failed in an earlier block of the search
+            raise AirflowSkipException(f"bundle {bundle.bundle} has no configuration left to train")
+        continuing = self.continuation(context)
+        # this task's hop in the whole search: a continuing run renders the same tasks for a later block
+        t = self.t + (continuing.start if continuing else 0)
         ti = context["ti"]
         opened: list[str] = []
 
@@ -71,14 +76,14 @@ class MopTrainHopOperator(MopBaseOperator):
             # Airflow's log view folds each ::group:: section: one per configuration of the bundle
             if opened:
                 self.log.info("::endgroup::")
-            self.log.info("::group::%s: hop %d on shard %d", cid, self.t, self.shard)
+            self.log.info("::group::%s: hop %d on shard %d", cid, t, self.shard)
             opened.append(cid)
 
         where = Where(task_id=self.task_id, host=getattr(ti, "hostname", None), queue=self.queue, pool=self.pool,
                       map_index=getattr(ti, "map_index", -1), try_number=getattr(ti, "try_number", 1),
                       started_at=ti.start_date.timestamp() if getattr(ti, "start_date", None) else None)
         done = run_bundle_hop(
-            layout, run, Manifest.read(layout.store, layout.manifest_pointer_uri), bundle, t=self.t, shard=self.shard,
+            layout, run, Manifest.read(layout.store, layout.manifest_pointer_uri), bundle, t=t, shard=self.shard,
             rung_end=self.rung_end, cache_dir=self.store_spec(context).local_cache, where=where,
             # the store or Airflow itself, search.fail_fast, or a worker going away: the task fails and retries
             fatal=lambda exc: isinstance(exc, RETRIED) or run.fail_fast or transient(exc),
@@ -86,7 +91,7 @@ class MopTrainHopOperator(MopBaseOperator):
         if opened:
             self.log.info("::endgroup::")
         self.log.info("bundle %s: %d trained, %d already committed, %d failed at hop %d", bundle.name,
-                      len(done.records) - len(done.skipped), len(done.skipped), len(done.failed), self.t)
+                      len(done.records) - len(done.skipped), len(done.skipped), len(done.failed), t)
         if not done.out.assignments:
             # Every configuration of the bundle failed: the rest of its chain is skipped.
             raise AirflowSkipException(f"every configuration of {bundle.name} failed: "

@@ -34,6 +34,7 @@ from airflow.models.xcom import XComModel
 from mop_airflow.errors import MopError
 from mop_airflow.layout import RunLayout
 from mop_airflow.records import RunRecord
+from mop_airflow.run_chain import continuation_of
 from mop_airflow.results import (
     DOWNLOADS,
     NotARunFolder,
@@ -84,7 +85,7 @@ def create_app() -> FastAPI:
         group, preflight = _selection(preflights, dag_id, run_id, group)
         head = {**_run_state(dag_run), "preflight_state": _state(preflight.state), "group": group,
                 "groups": [g for g in preflights if g is not None], "selection_id": selection_id(dag_id, group)}
-        record = _run_record(session, dag_id, run_id, group)
+        record = _run_record(session, dag_run, group)
         if record is None:
             waiting = "failed" if head["preflight_state"] in ("failed", "upstream_failed") else "waiting"
             return {**head, "stage": waiting, "message": (
@@ -92,7 +93,7 @@ def create_app() -> FastAPI:
                 else f"preflight has not finished yet (its state: {head['preflight_state'] or 'none'}); "
                      "the plan shows once it has resolved the run")}
         try:
-            return {**run_results(_layout(record, run_id), record), **head}
+            return {**run_results(_layout(record), record), **head}
         except NotARunFolder as exc:
             raise HTTPException(status.HTTP_404_NOT_FOUND, str(exc)) from exc
         except (MopError, OSError) as exc:
@@ -103,11 +104,12 @@ def create_app() -> FastAPI:
                  group: str | None = None) -> StreamingResponse:
         if name not in DOWNLOADS:
             raise HTTPException(status.HTTP_404_NOT_FOUND, f"{name!r} is not a report file that can be downloaded")
-        group, _ = _selection(_find_run(session, dag_id, run_id)[1], dag_id, run_id, group)
-        record = _run_record(session, dag_id, run_id, group)
+        dag_run, preflights = _find_run(session, dag_id, run_id)
+        group, _ = _selection(preflights, dag_id, run_id, group)
+        record = _run_record(session, dag_run, group)
         if record is None:
             raise HTTPException(status.HTTP_404_NOT_FOUND, "the run has not been resolved")
-        layout = _layout(record, run_id)
+        layout = _layout(record)
         try:
             check_folder(layout, record)
         except NotARunFolder as exc:
@@ -179,22 +181,25 @@ def _selection(preflights: dict[str | None, TaskInstance], dag_id: str, run_id: 
     return group, preflights[group]
 
 
-def _run_record(session: Any, dag_id: str, run_id: str, group: str | None) -> RunRecord | None:
-    """The selection's run as its preflight resolved it (XCom ``return_value``), or None before that."""
+def _run_record(session: Any, dag_run: DagRun, group: str | None) -> RunRecord | None:
+    """The selection's run as its preflight resolved it (XCom ``return_value``), or None before that.
+    A run continuing a search split over DAG runs returns the search's record: its first run's."""
+    dag_id, run_id = dag_run.dag_id, dag_run.run_id
     row = session.scalars(XComModel.get_many(run_id=run_id, key="return_value", task_ids=task_id_in(group, PREFLIGHT),
                                              dag_ids=dag_id, map_indexes=-1, limit=1)).first()
     value = None if row is None else XComModel.deserialize_value(row)
+    continuing = continuation_of(dag_run.conf) if group is None else None
     if (not isinstance(value, dict) or value.get("dag_id") != selection_id(dag_id, group)
-            or value.get("run_id") != run_id):
+            or value.get("run_id") != (continuing.first_run if continuing else run_id)):
         return None
     return RunRecord.from_dict(value)
 
 
-def _layout(record: RunRecord, run_id: str) -> RunLayout:
-    """The run's folder, named by its selection id (the record's ``dag_id``: checked by :func:`_run_record`)."""
+def _layout(record: RunRecord) -> RunLayout:
+    """The search's folder, named by its selection id and run (the record's: checked by :func:`_run_record`)."""
     spec = record.store
     store = Store(spec.root, spec.storage_options, spec.conn_id, retry_seconds=min(spec.retry_seconds, PAGE_SECONDS))
-    return RunLayout(store, record.dag_id, run_id)
+    return RunLayout(store, record.dag_id, record.run_id)
 
 
 def _run_state(run: DagRun) -> dict[str, Any]:

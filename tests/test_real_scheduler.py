@@ -4,7 +4,8 @@ Checks what dag.test() cannot: with pools="check" a run fails at once when the s
 missing (instead of leaving it in "scheduled" for ever); by default the first task creates them and
 the run succeeds with every training task on its shard's pool and queue, one mapped task instance
 per configuration. A hop whose process is SIGKILLed half-way is retried by the scheduler and the
-run ends with the same metrics as an undisturbed one.
+run ends with the same metrics as an undisturbed one. A search split over several DAG runs
+(``schedule.iterations_per_run``) goes on run after run and ends with the metrics of one run.
 """
 
 import json
@@ -25,6 +26,7 @@ pytestmark = pytest.mark.integration
 DAG_ID = "mop_real_scheduler"
 CHECKED = "mop_pools_checked"  # the same DAG with pools="check"
 KILLED, UNDISTURBED = "mop_killed_hop", "mop_undisturbed"
+SPLIT, WHOLE = "mop_split_runs", "mop_one_run"  # 3 iterations: one per DAG run, or all in one
 
 # A builder whose training process SIGKILLs itself half-way through the first try of every hop 1
 # of the KILLED DAG (Airflow exports the task's ids into the environment): at its 40th training
@@ -92,9 +94,12 @@ def airflow(tmp_path_factory):
             "import datetime, json\nfrom mop_airflow import build_mop_dag\n"
             f"dag = build_mop_dag(json.loads({json.dumps(json.dumps(killer_spec))}), dag_id={dag_id!r},\n"
             "                    default_args={'retry_delay': datetime.timedelta(seconds=2)})\n")
+    for dag_id, per_run in ((SPLIT, 1), (WHOLE, "auto")):
+        dag_file(dags, dag_id, tiny_spec(root / "digits.parquet", f"file://{root / 'store'}", iterations=3,
+                                         iterations_per_run=per_run))
     env = {"MOP_AIRFLOW_HOME": str(root / "mop"), "PYTHONPATH": str(lib)}
     with LocalAirflow(root / "airflow", dags, extra_env=env) as af:
-        for dag_id in (DAG_ID, CHECKED, KILLED, UNDISTURBED):
+        for dag_id in (DAG_ID, CHECKED, KILLED, UNDISTURBED, SPLIT, WHOLE):
             af.wait_for_dag(dag_id)
         af.root = root
         yield af
@@ -236,3 +241,50 @@ def test_clearing_a_finished_run_or_one_hop_gives_the_same_results_without_dupli
     for (_, a), (_, b) in zip(again["board"], first["board"]):
         assert a == pytest.approx(b, abs=1e-6)
     assert again["losses"] == pytest.approx(first["losses"], rel=1e-5)
+
+
+def test_a_search_split_over_dag_runs_goes_on_run_after_run_and_ends_as_one_run(airflow):
+    """3 iterations, one per DAG run: the first run's next_run task triggers the run of block 2, and
+    that one block 3's; each run holds a third of the hop task instances; the last run reports into
+    the first run's folder, with the same leaderboard and metrics as the search in one run."""
+    from mop_airflow.airflow.run_status import find_run
+    from mop_airflow.layout import run_folder
+
+    store = Store(f"file://{airflow.root / 'store'}")
+    whole = airflow.trigger(WHOLE)
+    first = airflow.trigger(SPLIT)
+    assert airflow.wait_for_run(WHOLE, whole, timeout=420) == "success"
+    runs = [first, f"{first}__block_1", f"{first}__block_2"]
+    for run_id in runs:
+        assert airflow.wait_for_run(SPLIT, run_id, timeout=420) == "success"
+    hop_tis = {}
+    for run_id in runs:
+        states = {ti["task_id"]: ti["state"] for ti in airflow.task_instances(SPLIT, run_id)}
+        hop_tis[run_id] = sorted(t for t in states if ".hop_" in t)
+        last = run_id == runs[-1]
+        assert states["report"] == ("success" if last else "skipped"), run_id
+        assert states["publish"] == ("success" if last else "skipped"), run_id
+        assert states["next_run"] == "success", run_id
+    whole_tis = sorted(ti["task_id"] for ti in airflow.task_instances(WHOLE, whole) if ".hop_" in ti["task_id"])
+    assert "next_run" not in {ti["task_id"] for ti in airflow.task_instances(WHOLE, whole)}
+    # every run renders the same two hops per chain: a third of the one-run DAG's six
+    assert hop_tis[runs[0]] == hop_tis[runs[1]] == hop_tis[runs[2]]
+    assert 3 * len(hop_tis[runs[0]]) == len(whole_tis)
+    assert "continues the search of run" in airflow.task_log(SPLIT, runs[2], "preflight")
+
+    layout = RunLayout(store, SPLIT, first)
+    assert store.read_json(layout.chain_uri)["runs"] == runs
+    assert not store.exists(RunLayout(store, SPLIT, runs[1]).run_record_uri)
+    assert run_folder(store, SPLIT, runs[2]).run_id == first == run_folder(store, SPLIT, first).run_id
+    # every configuration trained its 6 hops (3 iterations x 2 shards) into the first run's folder
+    hops = [store.read_json(uri) for uri in store.glob(layout.hops_glob)]
+    assert sorted({h["t"] for h in hops}) == list(range(6)) and len(hops) == 3 * 6
+    split_board = store.read_json(layout.report_uri("leaderboard.json"))["leaderboard"]
+    whole_board = store.read_json(RunLayout(store, WHOLE, whole).report_uri("leaderboard.json"))["leaderboard"]
+    assert [r["config_id"] for r in split_board] == [r["config_id"] for r in whole_board]
+    for a, b in zip(split_board, whole_board):
+        assert a["val_accuracy"] == pytest.approx(b["val_accuracy"], abs=1e-6)
+        assert a["val_loss"] == pytest.approx(b["val_loss"], rel=1e-5)
+    # asked for by its first run, the search is the run of its last block, reading the first run's folder
+    ref = find_run(airflow.rest, SPLIT, first)
+    assert (ref.run_id, ref.state, ref.layout().run_id) == (runs[2], "success", first)

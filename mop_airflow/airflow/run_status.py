@@ -17,6 +17,7 @@ from mop_airflow.airflow.rest import AirflowAPI
 from mop_airflow.errors import AirflowApiError
 from mop_airflow.layout import RunLayout
 from mop_airflow.records import RunRecord
+from mop_airflow.run_chain import RunChain
 from mop_airflow.selection import selection_id, selections_of, task_id_in
 from mop_airflow.store import Store
 from mop_airflow.task_plan import shard_pool
@@ -48,7 +49,8 @@ class RunRef:
         spec = self.record.store
         if store_root:
             spec = dataclasses.replace(spec, root=store_root)
-        return RunLayout(Store.from_spec(spec), self.selection_id, self.run_id)
+        # the record's run: a run continuing a search split over DAG runs reads its first run's folder
+        return RunLayout(Store.from_spec(spec), self.selection_id, self.record.run_id)
 
 
 def dag_selections(api: AirflowAPI, dag_id: str) -> list[str | None]:
@@ -72,7 +74,7 @@ def find_run(api: AirflowAPI, dag_id: str, run_id: str | None = None, *, group: 
         run = api.get(f"/dags/{dag_id}/dagRuns/{run_id}")
     run_id = run["dag_run_id"]
     if record is not None and record.run_id == run_id:
-        return RunRef(dag_id, run_id, run["state"], record, group)
+        return _latest_block(api, RunRef(dag_id, run_id, run["state"], record, group))
     preflight = task_id_in(group, "preflight")
     try:
         entry = api.get(f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{preflight}/xcomEntries/return_value")
@@ -82,7 +84,28 @@ def find_run(api: AirflowAPI, dag_id: str, run_id: str | None = None, *, group: 
         return RunRef(dag_id, run_id, run["state"], None, group)
     value = entry["value"]
     record = RunRecord.from_dict(json.loads(value) if isinstance(value, str) else value)
-    return RunRef(dag_id, run_id, run["state"], record, group)
+    return _latest_block(api, RunRef(dag_id, run_id, run["state"], record, group))
+
+
+def _latest_block(api: AirflowAPI, ref: RunRef) -> RunRef:
+    """For a search split over several DAG runs (:mod:`mop_airflow.run_chain`) whose run ``ref`` has
+    finished its block, the run training the search's latest block: its state is the search's."""
+    if ref.state != "success" or ref.record is None:
+        return ref
+    layout = ref.layout()
+    if layout is None or not layout.store.exists(layout.chain_uri):
+        return ref
+    chain = RunChain.from_dict(layout.store.read_json(layout.chain_uri))
+    if ref.run_id not in chain.runs or chain.runs[-1] == ref.run_id:
+        return ref
+    latest = chain.runs[-1]
+    try:
+        state = api.get(f"/dags/{ref.dag_id}/dagRuns/{latest}")["state"]
+    except AirflowApiError as exc:
+        if exc.status != 404:
+            raise
+        state = "queued"  # its pointer is written just before it is triggered
+    return dataclasses.replace(ref, run_id=latest, state=state)
 
 
 def busy_shards(api: AirflowAPI, ref: RunRef, shards: int) -> dict[int, list[str]]:
