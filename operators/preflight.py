@@ -61,6 +61,7 @@ class MopPreflightOperator(MopBaseOperator):
                           continuing.block, continuing.start)
             self._pools(run.schedule)
             return run.to_dict()
+        self._check_one_run_suffices(context)
         conf = conf_of(getattr(context.get("dag_run"), "conf", None), self.selection)
         run = with_warm_start(resolve_run(self.rendered_spec(), conf, dag_id=self.selection_id(context),
                                           run_id=context["run_id"], allowed_modules=self.builder_modules))
@@ -76,6 +77,20 @@ class MopPreflightOperator(MopBaseOperator):
         self.log.info("%d configurations, %d shards, %s; pools %s", len(run.configs), schedule.shards, length,
                       ", ".join(pools))
         return run.to_dict()
+
+    def _check_one_run_suffices(self, context: Any) -> None:
+        """``dag.test()`` runs one DAG run: a search split over several (a ``next_run`` task) would
+        train its first block and stop, so it is refused before anything trains."""
+        dag = context.get("dag")
+        if self.selection is not None or dag is None or not dag.has_task("next_run") or not running_in_dag_test():
+            return
+        following = dag.get_task("next_run")
+        runs = following.hops // following.hops_per_run
+        per_run = following.hops_per_run // int(self.spec["schedule"]["shards"])
+        raise SpecError("schedule.iterations_per_run", self.spec["schedule"]["iterations_per_run"],
+                        f"splits this search over {runs} DAG runs of {per_run} iteration(s) each, and dag.test() "
+                        "runs only one", "run it on Airflow (mop-airflow up, then trigger it), or test a copy with "
+                        "schedule.iterations_per_run equal to schedule.iterations")
 
     def _pools(self, schedule: Any) -> list[str]:
         """The shard pools, made sure of (created, checked or left alone as ``pools`` says)."""

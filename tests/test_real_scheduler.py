@@ -68,6 +68,15 @@ def mlp(hparams):
     return keras.Sequential([keras.Input((int(hparams["input_dim"]),)), DieHalfWay(),
                              keras.layers.Dense(32, activation="relu"),
                              keras.layers.Dense(int(hparams["num_classes"]), activation="softmax")])
+
+
+def narrow(hparams):
+    """A plain MLP that cannot be built wider than 100 units: such a configuration fails at its first hop."""
+    if int(hparams["units"]) > 100:
+        raise ValueError(f"units={hparams['units']} is too wide for this builder")
+    return keras.Sequential([keras.Input((int(hparams["input_dim"]),)),
+                             keras.layers.Dense(int(hparams["units"]), activation="relu"),
+                             keras.layers.Dense(int(hparams["num_classes"]), activation="softmax")])
 '''
 
 
@@ -95,8 +104,12 @@ def airflow(tmp_path_factory):
             f"dag = build_mop_dag(json.loads({json.dumps(json.dumps(killer_spec))}), dag_id={dag_id!r},\n"
             "                    default_args={'retry_delay': datetime.timedelta(seconds=2)})\n")
     for dag_id, per_run in ((SPLIT, 1), (WHOLE, "auto")):
-        dag_file(dags, dag_id, tiny_spec(root / "digits.parquet", f"file://{root / 'store'}", iterations=3,
-                                         iterations_per_run=per_run))
+        split_spec = tiny_spec(root / "digits.parquet", f"file://{root / 'store'}", iterations=3,
+                               iterations_per_run=per_run)
+        # 4 configurations, the two 200 units wide fail at their first hop (in the first block)
+        split_spec["search"]["space"]["params"].update(model=["killer:narrow"], learning_rate=[3e-3, 1e-2],
+                                                       hparams={"units": [32, 200]})
+        dag_file(dags, dag_id, split_spec)
     env = {"MOP_AIRFLOW_HOME": str(root / "mop"), "PYTHONPATH": str(lib)}
     with LocalAirflow(root / "airflow", dags, extra_env=env) as af:
         for dag_id in (DAG_ID, CHECKED, KILLED, UNDISTURBED, SPLIT, WHOLE):
@@ -245,8 +258,9 @@ def test_clearing_a_finished_run_or_one_hop_gives_the_same_results_without_dupli
 
 def test_a_search_split_over_dag_runs_goes_on_run_after_run_and_ends_as_one_run(airflow):
     """3 iterations, one per DAG run: the first run's next_run task triggers the run of block 2, and
-    that one block 3's; each run holds a third of the hop task instances; the last run reports into
-    the first run's folder, with the same leaderboard and metrics as the search in one run."""
+    that one block 3's; each run holds a third of the hop task instances; the configurations that
+    failed in the first block train no further; the last run reports into the first run's folder,
+    with the same leaderboard and metrics as the search in one run."""
     from mop_airflow.airflow.run_status import find_run
     from mop_airflow.layout import run_folder
 
@@ -276,15 +290,23 @@ def test_a_search_split_over_dag_runs_goes_on_run_after_run_and_ends_as_one_run(
     assert store.read_json(layout.chain_uri)["runs"] == runs
     assert not store.exists(RunLayout(store, SPLIT, runs[1]).run_record_uri)
     assert run_folder(store, SPLIT, runs[2]).run_id == first == run_folder(store, SPLIT, first).run_id
-    # every configuration trained its 6 hops (3 iterations x 2 shards) into the first run's folder
+    # the two narrow configurations trained their 6 hops (3 iterations x 2 shards) into the first run's
+    # folder; the two wide ones have their failure at hop 0 and nothing after
     hops = [store.read_json(uri) for uri in store.glob(layout.hops_glob)]
-    assert sorted({h["t"] for h in hops}) == list(range(6)) and len(hops) == 3 * 6
+    trained = {h["config_id"] for h in hops if h["status"] == "ok"}
+    failed = {h["config_id"]: (h["t"], h["status"]) for h in hops if h["status"] != "ok"}
+    assert len(trained) == 2 and sorted(h["t"] for h in hops if h["status"] == "ok") == sorted(2 * list(range(6)))
+    assert len(failed) == 2 and {t for t, _ in failed.values()} == {0} and len(hops) == 2 * 6 + 2
+    assert "did not finish hop 1 (it failed earlier)" in airflow.task_log(SPLIT, runs[1], "stage_shard_0") + \
+        airflow.task_log(SPLIT, runs[1], "stage_shard_1")
     split_board = store.read_json(layout.report_uri("leaderboard.json"))["leaderboard"]
     whole_board = store.read_json(RunLayout(store, WHOLE, whole).report_uri("leaderboard.json"))["leaderboard"]
-    assert [r["config_id"] for r in split_board] == [r["config_id"] for r in whole_board]
+    assert [(r["config_id"], r["status"]) for r in split_board] == [(r["config_id"], r["status"]) for r in whole_board]
+    assert [r["status"] for r in split_board].count("finished") == 2
     for a, b in zip(split_board, whole_board):
-        assert a["val_accuracy"] == pytest.approx(b["val_accuracy"], abs=1e-6)
-        assert a["val_loss"] == pytest.approx(b["val_loss"], rel=1e-5)
+        if a["status"] == "finished":
+            assert a["val_accuracy"] == pytest.approx(b["val_accuracy"], abs=1e-6)
+            assert a["val_loss"] == pytest.approx(b["val_loss"], rel=1e-5)
     # asked for by its first run, the search is the run of its last block, reading the first run's folder
     ref = find_run(airflow.rest, SPLIT, first)
     assert (ref.run_id, ref.state, ref.layout().run_id) == (runs[2], "success", first)

@@ -1,0 +1,115 @@
+"""A plain search longer than one DAG run holds, split over the DAG's runs (mop_airflow.run_chain):
+how many iterations a run trains, the shape each run renders, and how any run of a search finds
+the search's folder. The runs themselves go on a real scheduler: tests/test_real_scheduler.py."""
+
+import pytest
+
+from mop_airflow.errors import SpecError
+from mop_airflow.layout import RunLayout, run_folder
+from mop_airflow.run_chain import RUN_HOP_BUDGET, Continuation, RunChain, continuation_of, iterations_per_run
+from mop_airflow.spec import MopSpec
+from mop_airflow.store import Store
+from mop_airflow.stored_runs import stored_run
+from mop_airflow.task_plan import build_task_plan, spec_task_plan
+from tests.test_end_to_end import tiny_spec
+
+
+def random_spec(configs, shards, iterations, **schedule):
+    spec = tiny_spec("/data/train.parquet", "file:///store", **schedule)
+    spec["search"]["space"] = {"method": "random", "num_samples": configs, "seed": 7, "params": {
+        "model": ["m:mlp"], "learning_rate": {"distribution": "log_uniform", "low": 1e-3, "high": 1e-1},
+        "batch_size": [32]}}
+    spec["schedule"].update(shards=shards, iterations=iterations)
+    return MopSpec.from_dict(spec)
+
+
+def test_auto_keeps_a_search_in_one_run_until_its_hops_pass_the_budget():
+    per_iteration = 100
+    assert iterations_per_run(5, "auto", lambda k: k * per_iteration) == 5  # 500 fit in 512
+    assert iterations_per_run(6, "auto", lambda k: k * per_iteration) == 3  # the largest divisor of 6 that fits
+    assert iterations_per_run(7, "auto", lambda k: k * per_iteration) == 1  # 7 is prime: one a run
+    assert iterations_per_run(4, "auto", lambda k: k * 1000) == 1  # even one iteration is over: one a run
+    assert iterations_per_run(6, 2, lambda k: k * 1000) == 2  # a whole number is taken as it is
+
+
+def test_a_whole_number_must_divide_the_iterations_and_the_error_lists_the_ones_that_do():
+    with pytest.raises(SpecError) as err:
+        iterations_per_run(10, 3, lambda k: k)
+    text = str(err.value)
+    assert "schedule.iterations_per_run" in text and "must divide schedule.iterations (10)" in text
+    assert "[1, 2, 5, 10]" in text
+    with pytest.raises(SpecError, match="schedule.iterations_per_run"):
+        tiny_spec_with(iterations_per_run=0)
+
+
+def tiny_spec_with(**schedule):
+    return MopSpec.from_dict(tiny_spec("/d.parquet", "file:///s", **schedule))
+
+
+def test_the_size_of_the_systems_we_compare_with_runs_two_iterations_a_run():
+    """256 configurations x 16 shards x 10 iterations: 16 chains of 160 hops in one run would be 2,560
+    hop task instances; split, each of 5 runs renders 2 iterations (512) and ends in next_run."""
+    plan = spec_task_plan(random_spec(256, 16, 10))
+    assert plan.hop_tasks == 512 <= RUN_HOP_BUDGET
+    by_id = {t.task_id: t for t in plan.tasks}
+    assert dict(by_id["next_run"].args) == {"hops_per_run": 32, "hops": 160}
+    assert by_id["report"].upstream == ("next_run",) and dict(by_id["report"].args) == {"last_start": 128}
+    assert len(by_id["next_run"].upstream) == 16  # every chain's last hop
+    assert max(t.args["t"] for t in plan.tasks if t.kind == "hop") == 31
+    # small searches keep their one-run shape: no next_run, the report after the chains
+    small = spec_task_plan(random_spec(16, 4, 3))
+    assert "next_run" not in {t.task_id for t in small.tasks} and small.hop_tasks == 4 * 2 * 12
+
+
+def test_iterations_per_run_shapes_the_dag_and_a_trigger_conf_cannot_change_it():
+    spec = tiny_spec_with(iterations=4, iterations_per_run=2)
+    with pytest.raises(SpecError, match="conf.schedule.iterations_per_run"):
+        spec.with_overrides({"schedule": {"iterations_per_run": 1}})
+    assert spec.with_overrides({"schedule": {"seed": 3}}).schedule.iterations_per_run == 2
+
+
+def test_only_a_whole_mop_dags_plain_search_is_split():
+    with pytest.raises(SpecError, match="MopTaskGroup") as err:
+        spec_task_plan(tiny_spec_with(iterations=4, iterations_per_run=2), result=True)
+    assert "leave schedule.iterations_per_run out" in str(err.value)
+    hyperband = random_spec(8, 2, 3, iterations_per_run=1).to_dict()
+    hyperband["search"]["adaptive"] = {"method": "hyperband", "R": 9, "eta": 3}
+    del hyperband["search"]["space"]["num_samples"]
+    with pytest.raises(SpecError, match="plain search"):
+        spec_task_plan(MopSpec.from_dict(hyperband))
+    # one plan for equal inputs, as the renderer and the simulator rely on
+    assert build_task_plan(2, 4, configurations=4, iterations_per_run=2) == build_task_plan(
+        2, 4, configurations=4, iterations_per_run=2)
+
+
+def test_a_continuing_run_is_named_in_its_conf_and_its_folder_points_at_the_search(tmp_path):
+    assert continuation_of({"search": {}}) is None and continuation_of(None) is None
+    block = Continuation(first_run="manual__1", block=2, start=8)
+    assert continuation_of({"mop_continues": block.to_dict()}) == block
+    store = Store(f"file://{tmp_path}")
+    first = RunLayout(store, "dag", "manual__1")
+    later = RunLayout(store, "dag", "manual__1__block_2")
+    store.write_json(first.run_record_uri, {"dag_id": "dag", "run_id": "manual__1", "created_at": "2026-11-24T00:00:00",
+                                            "spec": tiny_spec("/d.parquet", f"file://{tmp_path}"), "configs": []})
+    store.write_json(later.continues_uri, block.to_dict())
+    assert run_folder(store, "dag", later.run_id).run_id == "manual__1"
+    assert run_folder(store, "dag", "manual__1").run_id == "manual__1"
+    assert run_folder(store, "dag", "never_ran").run_id == "never_ran"  # no pointer: its own (missing) folder
+    assert stored_run(store, "dag", later.run_id).run_id == "manual__1"
+    chain = RunChain("manual__1", 3, ["manual__1"]).with_run("manual__1__block_1").with_run("manual__1__block_1")
+    assert RunChain.from_dict(chain.to_dict()).runs == ["manual__1", "manual__1__block_1"]
+
+
+@pytest.mark.integration
+def test_dag_test_refuses_a_split_search_before_anything_trains(airflow_db, tmp_path):
+    from tests.conftest import write_dag_file
+    from tests.test_end_to_end import write_digits
+
+    write_digits(tmp_path / "digits.parquet")
+    spec = tiny_spec(tmp_path / "digits.parquet", f"file://{tmp_path / 'store'}", iterations=2, iterations_per_run=1)
+    dag_run = write_dag_file("mop_split_in_dag_test", spec).test()
+    assert dag_run.state == "failed"
+    states = {ti.task_id: ti.state for ti in dag_run.get_task_instances()}
+    assert states["preflight"] == "failed" and states["list_data"] == "upstream_failed"
+    assert not (tmp_path / "store" / "mop_split_in_dag_test").exists() or not list(
+        (tmp_path / "store" / "mop_split_in_dag_test").rglob("hops/*"))
