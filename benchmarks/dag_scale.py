@@ -87,6 +87,7 @@ sys.path.insert(0, str(REPO))
 
 from mop_airflow.search.adaptive import adaptive_plan, brackets_of, rung_spans  # noqa: E402
 from mop_airflow.spec import MopSpec  # noqa: E402
+from mop_airflow.run_chain import RUN_HOP_BUDGET  # noqa: E402
 from mop_airflow.task_plan import build_task_plan, spec_task_plan  # noqa: E402
 
 IMPORT_TIMEOUT = 30.0  # [core] dagbag_import_timeout default
@@ -169,7 +170,8 @@ def plan_of(shape: Shape):
 
 
 def expected_instances(shape: Shape, configs: int | None = None) -> dict[str, int]:
-    """Task instances of one run: every task once (hop chains are plain tasks). ``hop_instances`` are
+    """Task instances of one DAG run: every task once (hop chains are plain tasks); a search split over
+    ``runs`` DAG runs (``schedule.iterations_per_run``) has that many per run. ``hop_instances`` are
     the hops that train (the chains this benchmark's tiny data fills, ``schedule.bundle_size:
     "auto"``), ``empty`` the hops of chains the run leaves unused (skipped by their stage task)."""
     from mop_airflow.bundling import split_classes  # noqa: PLC0415
@@ -178,15 +180,19 @@ def expected_instances(shape: Shape, configs: int | None = None) -> dict[str, in
     plan, adaptive, _ = plan_of(shape)
     control = len(plan.tasks) - plan.hop_tasks
     p = shape.shards
+    runs = 1
     if adaptive is None:
         n = configs
         hops_per_class = shape.iterations * p
-        model_hops = n * hops_per_class
+        # a search longer than a run holds renders one block of iterations, trained run after run
+        per_run = 1 + max(t.args["t"] for t in plan.tasks if t.kind == "hop")
+        runs = hops_per_class // per_run
+        model_hops = n * per_run
         classes = deal_classes([f"c{i:04d}" for i in range(n)], shards=p, seed=0)
         ids = [c for cls in classes for c in cls]
         bundles = split_classes(classes, {c: 0.01 for c in ids}, {c: "mlp" for c in ids}, shards=p, slots=1,
                                 hops=hops_per_class, chains=[g.chains for g in plan.groups])
-        hop_instances = sum(len(b) for b in bundles) * hops_per_class
+        hop_instances = sum(len(b) for b in bundles) * per_run
         empty = plan.hop_tasks - hop_instances
     else:
         n = adaptive.total_configurations
@@ -194,7 +200,7 @@ def expected_instances(shape: Shape, configs: int | None = None) -> dict[str, in
         hop_instances = min(model_hops, plan.hop_tasks)  # an upper bound: rungs bundle too
         empty = plan.hop_tasks - hop_instances
     return {"configs": n, "control": control, "model_hops": model_hops, "hop_instances": hop_instances,
-            "empty": empty, "total": control + hop_instances + empty}
+            "empty": empty, "total": control + hop_instances + empty, "runs": runs}
 
 
 # -- the DAG file ----------------------------------------------------------------------------------
@@ -795,12 +801,18 @@ def print_size(shape: Shape, configs: list[int]) -> dict[str, Any]:
         f"{len(plan.groups)} class groups of {sum(g.chains for g in plan.groups)} plain chains)")
     if adaptive is None:
         hops = shape.iterations * p
-        say(f"  hops per configuration T = iterations x shards = {hops}; hop tasks = shards x T = {plan.hop_tasks}")
+        runs = expected_instances(shape, max(configs))["runs"]
+        split = (f"; split over {runs} DAG runs of {hops // runs} hops each (schedule.iterations_per_run auto: at most "
+                 f"{RUN_HOP_BUDGET} hop task instances a run), each run rendering {plan.hop_tasks} hop tasks"
+                 if runs > 1 else f"; hop tasks = shards x T = {plan.hop_tasks}")
+        say(f"  hops per configuration T = iterations x shards = {hops}{split}")
         for n in configs:
             e = expected_instances(shape, n)
             empty = f" + {e['empty']} skipped (chains the run does not fill)" if e["empty"] else ""
-            say(f"  task instances for {n:>4} configurations: {e['total']:>7}  (= {e['control']} control + "
-                f"{e['hop_instances']} bundle hops for {n} x {hops} model hops{empty}; every hop a plain task)")
+            times = f" x {e['runs']} runs" if e["runs"] > 1 else ""
+            say(f"  task instances per run for {n:>4} configurations: {e['total']:>7}  (= {e['control']} control + "
+                f"{e['hop_instances']} bundle hops for {n} x {hops // e['runs']} model hops{empty}; every hop a plain "
+                f"task){times}")
     else:
         e = expected_instances(shape)
         say(f"  the plan draws {e['configs']} configurations and trains {e['model_hops']} model hops "
@@ -1097,8 +1109,9 @@ def print_limits(results: dict[str, dict[str, Any]], args: argparse.Namespace) -
         "shards; if a big DAG must stay, raise [core] dagbag_import_timeout, [dag_processor] "
         "dag_file_processor_timeout and min_file_process_interval (the file only changes when you edit it)")
     say("  for the scheduler: keep a run's task instances (the DAG's tasks: offset classes x chains x shards x "
-        "iterations hops, whatever the number of configurations) within the loop budget above: fewer shards, "
-        "epochs_per_hop > 1 with fewer iterations")
+        "iterations hops, whatever the number of configurations) within the loop budget above. A plain search does "
+        f"so itself: past {RUN_HOP_BUDGET} hop task instances it goes on in the DAG's next runs, a block of iterations "
+        "each (schedule.iterations_per_run); for Hyperband: fewer shards, or a smaller R with epochs_per_hop > 1")
     notes = [n for r in results.values() if r.get("run") and r["run"].figures for n in r["run"].figures.get("notes", [])]
     if any("database is locked" in n for n in notes):
         say("  the SQLite metadata database (one writer at a time) locked other services out during long scheduling "

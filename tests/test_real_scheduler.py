@@ -10,6 +10,7 @@ run ends with the same metrics as an undisturbed one. A search split over severa
 
 import json
 import re
+from urllib.parse import quote
 import subprocess
 import sys
 
@@ -310,3 +311,12 @@ def test_a_search_split_over_dag_runs_goes_on_run_after_run_and_ends_as_one_run(
     # asked for by its first run, the search is the run of its last block, reading the first run's folder
     ref = find_run(airflow.rest, SPLIT, first)
     assert (ref.run_id, ref.state, ref.layout().run_id) == (runs[2], "success", first)
+    ref = find_run(airflow.rest, SPLIT, runs[1])  # a later run's record is the first run's, from its conf
+    assert (ref.run_id, ref.record.run_id, ref.layout().run_id) == (runs[2], first, first)
+    # the results page shows the whole search from any of its runs
+    for run_id in runs:
+        page = airflow.rest.client.get(f"/mop/api/runs/{SPLIT}/{quote(run_id, safe='')}",
+                                       headers={"Authorization": f"Bearer {airflow.rest.token}"})
+        assert page.status_code == 200, page.text
+        board = page.json()["leaderboard"]
+        assert board["final"] and [r["config_id"] for r in board["leaderboard"]] == [r["config_id"] for r in split_board]

@@ -24,8 +24,9 @@ def random_spec(configs, shards, iterations, **schedule):
 
 
 def test_auto_keeps_a_search_in_one_run_until_its_hops_pass_the_budget():
-    per_iteration = 100
-    assert iterations_per_run(5, "auto", lambda k: k * per_iteration) == 5  # 500 fit in 512
+    per_iteration = 50
+    assert RUN_HOP_BUDGET == 256
+    assert iterations_per_run(5, "auto", lambda k: k * per_iteration) == 5  # 250 fit in 256
     assert iterations_per_run(6, "auto", lambda k: k * per_iteration) == 3  # the largest divisor of 6 that fits
     assert iterations_per_run(7, "auto", lambda k: k * per_iteration) == 1  # 7 is prime: one a run
     assert iterations_per_run(4, "auto", lambda k: k * 1000) == 1  # even one iteration is over: one a run
@@ -48,17 +49,19 @@ def tiny_spec_with(**schedule):
 
 def test_the_size_of_the_systems_we_compare_with_runs_two_iterations_a_run():
     """256 configurations x 16 shards x 10 iterations: 16 chains of 160 hops in one run would be 2,560
-    hop task instances; split, each of 5 runs renders 2 iterations (512) and ends in next_run."""
+    hop task instances; split, each of 10 runs renders 1 iteration (256) and ends in next_run."""
     plan = spec_task_plan(random_spec(256, 16, 10))
-    assert plan.hop_tasks == 512 <= RUN_HOP_BUDGET
+    assert plan.hop_tasks == 256 == RUN_HOP_BUDGET
     by_id = {t.task_id: t for t in plan.tasks}
-    assert dict(by_id["next_run"].args) == {"hops_per_run": 32, "hops": 160}
-    assert by_id["report"].upstream == ("next_run",) and dict(by_id["report"].args) == {"last_start": 128}
+    assert dict(by_id["next_run"].args) == {"hops_per_run": 16, "hops": 160}
+    assert by_id["report"].upstream == ("next_run",) and dict(by_id["report"].args) == {"last_start": 144}
     assert len(by_id["next_run"].upstream) == 16  # every chain's last hop
-    assert max(t.args["t"] for t in plan.tasks if t.kind == "hop") == 31
+    assert max(t.args["t"] for t in plan.tasks if t.kind == "hop") == 15
     # small searches keep their one-run shape: no next_run, the report after the chains
     small = spec_task_plan(random_spec(16, 4, 3))
     assert "next_run" not in {t.task_id for t in small.tasks} and small.hop_tasks == 4 * 2 * 12
+    # 64 configurations x 8 shards x 4 iterations: 16 chains x 32 hops = 512, two runs of 2 iterations
+    assert spec_task_plan(random_spec(64, 8, 4)).hop_tasks == 256
 
 
 def test_iterations_per_run_shapes_the_dag_and_a_trigger_conf_cannot_change_it():

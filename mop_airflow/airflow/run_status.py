@@ -17,7 +17,7 @@ from mop_airflow.airflow.rest import AirflowAPI
 from mop_airflow.errors import AirflowApiError
 from mop_airflow.layout import RunLayout
 from mop_airflow.records import RunRecord
-from mop_airflow.run_chain import RunChain
+from mop_airflow.run_chain import RunChain, continuation_of
 from mop_airflow.selection import selection_id, selections_of, task_id_in
 from mop_airflow.store import Store
 from mop_airflow.task_plan import shard_pool
@@ -73,11 +73,14 @@ def find_run(api: AirflowAPI, dag_id: str, run_id: str | None = None, *, group: 
     else:
         run = api.get(f"/dags/{dag_id}/dagRuns/{run_id}")
     run_id = run["dag_run_id"]
-    if record is not None and record.run_id == run_id:
+    # a run continuing a search split over DAG runs: the search was resolved by its first run
+    continuing = continuation_of(run.get("conf")) if group is None else None
+    resolved_by = continuing.first_run if continuing else run_id
+    if record is not None and record.run_id == resolved_by:
         return _latest_block(api, RunRef(dag_id, run_id, run["state"], record, group))
     preflight = task_id_in(group, "preflight")
     try:
-        entry = api.get(f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{preflight}/xcomEntries/return_value")
+        entry = api.get(f"/dags/{dag_id}/dagRuns/{resolved_by}/taskInstances/{preflight}/xcomEntries/return_value")
     except AirflowApiError as exc:
         if exc.status != 404:
             raise
