@@ -69,9 +69,20 @@ class RunChain:
 
 
 def continuation_of(conf: Any) -> Continuation | None:
-    """The continuation a run's trigger conf names, None for a search's first run."""
+    """The continuation a run's trigger conf names, None for a search's first run. The ``next_run``
+    task writes it; one written by hand that cannot be read is a :class:`SpecError`."""
     value = conf.get(CONF_KEY) if isinstance(conf, Mapping) else None
-    return Continuation.from_dict(value) if isinstance(value, Mapping) else None
+    if value is None:
+        return None
+    try:
+        found = Continuation.from_dict(value)
+    except (TypeError, KeyError, ValueError, AttributeError):
+        found = None
+    if found is None or found.block < 1 or found.start < 1 or not found.first_run:
+        raise SpecError(f"conf.{CONF_KEY}", value, "must be {\"first_run\": <run id>, \"block\": <1 or more>, "
+                        "\"start\": <hop, 1 or more>}, as a search's next_run task writes it",
+                        f"trigger without {CONF_KEY} to start a new search; a split search starts its next runs itself")
+    return found
 
 
 def next_run_id(first_run: str, block: int) -> str:

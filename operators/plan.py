@@ -62,7 +62,8 @@ def bundle_items(bundles: list[list[str]], first: int, resume: Any) -> list[dict
 
 
 def hand_to_chains(context: Any, items: list[dict[str, Any]], heads: list[str]) -> list[dict[str, Any]]:
-    """Return ``items`` for the chains whose first hops are ``heads``, skipping the chains past them.
+    """Return ``items`` for the chains whose first hops are ``heads``, skipping the chains past them
+    and those whose bundle has no configuration left (all failed in an earlier block of the search).
 
     Skipping here (Airflow's own skip of downstream tasks) keeps an unused chain from taking a
     slot of its shard's pool just to find out it has nothing to train.
@@ -70,7 +71,7 @@ def hand_to_chains(context: Any, items: list[dict[str, Any]], heads: list[str]) 
     if len(items) > len(heads):
         raise TrainingError(f"{len(items)} bundles for {len(heads)} chains: the run was planned with more chains "
                             "than this DAG has. Fix: re-parse the DAG file and clear the run")
-    unused = heads[len(items):]
+    unused = heads[len(items):] + [head for head, item in zip(heads, items) if not item["assignments"]]
     if not unused:
         return items
     from airflow.sdk.exceptions import DownstreamTasksSkipped  # noqa: PLC0415
@@ -109,23 +110,25 @@ class MopStageShardOperator(MopBaseOperator):
         if not self.deals:
             return None
         per_class = Plan.read(layout.store, layout.plan_uri).class_bundles()
+        bundles = per_class[self.shard]
         continuing = self.continuation(context)
         if continuing is None:
-            resume = lambda cid: Assignment(config_id=cid, t=-1, checkpoint=None)  # noqa: E731
+            resumed = {cid: Assignment(config_id=cid, t=-1, checkpoint=None) for b in bundles for cid in b}
         else:  # a block after the first: each configuration from its state after the block before
-            per_class = [[[cid for cid in members if self._trained_to(layout, cid, continuing.start - 1)]
-                          for members in bundles] for bundles in per_class]
-            resume = lambda cid: resume_at(layout, cid, continuing.start - 1)  # noqa: E731
-        items = bundle_items(per_class[self.shard], sum(len(b) for b in per_class[:self.shard]), resume)
+            resumed = {cid: self._resumed(layout, cid, continuing.start - 1) for b in bundles for cid in b}
+            bundles = [[cid for cid in members if resumed[cid] is not None] for members in bundles]
+        items = bundle_items(bundles, sum(len(b) for b in per_class[:self.shard]), resumed.__getitem__)
         return hand_to_chains(context, items, self.heads)
 
-    def _trained_to(self, layout: Any, cid: str, t: int) -> bool:
-        """Whether ``cid`` finished hop ``t``: one that failed (or whose bundle stopped) trains no further."""
+    def _resumed(self, layout: Any, cid: str, t: int) -> Assignment | None:
+        """``cid`` from its state after hop ``t``; None when it did not finish that hop (it failed
+        earlier, or its hop there failed): it trains no further."""
         uri = layout.hop_record_uri(cid, t)
-        if layout.store.exists(uri) and HopRecord.read(layout.store, uri).status == "ok":
-            return True
+        record = HopRecord.read(layout.store, uri) if layout.store.exists(uri) else None
+        if record is not None and record.status == "ok":
+            return resume_at(layout, cid, t, record)
         self.log.info("%s did not finish hop %d (it failed earlier): it trains no further", cid, t)
-        return False
+        return None
 
 
 class MopDealOperator(MopBaseOperator):
@@ -153,11 +156,12 @@ class MopDealOperator(MopBaseOperator):
         return hand_to_chains(context, items, self.heads)
 
 
-def resume_at(layout: Any, cid: str, last: int) -> Assignment:
-    """From the configuration's state after hop ``last``, with the checksum its hop recorded."""
+def resume_at(layout: Any, cid: str, last: int, record: HopRecord | None = None) -> Assignment:
+    """From the configuration's state after hop ``last``, with the checksum its hop recorded
+    (``record``, that hop's record, when already read)."""
     if last < 0:
         return Assignment(config_id=cid, t=last, checkpoint=None)
-    record = HopRecord.read(layout.store, layout.hop_record_uri(cid, last))
+    record = record or HopRecord.read(layout.store, layout.hop_record_uri(cid, last))
     return Assignment(config_id=cid, t=last, checkpoint=layout.checkpoint_uri(cid, last),
                       checkpoint_sha256=record.checkpoint_sha256, best_t=record.best_t,
                       best_metric=record.best_metric)

@@ -13,6 +13,7 @@ from typing import Any, Mapping, Sequence
 from mop_airflow.airflow.pools import POOL_MODES, ensure_pools, required_pools
 from mop_airflow.errors import SpecError
 from mop_airflow.resolve import resolve_run, with_warm_start
+from mop_airflow.run_chain import CONF_KEY
 from mop_airflow.selection import conf_of
 
 from mop_airflow.operators.base import MopBaseOperator
@@ -56,7 +57,12 @@ class MopPreflightOperator(MopBaseOperator):
         continuing = self.continuation(context)
         if continuing is not None:
             # The search was resolved once, by its first run: this run trains its next block.
-            run = self.run_record(self.layout(context))
+            layout = self.layout(context)
+            if not layout.store.exists(layout.run_record_uri):
+                raise SpecError(f"conf.{CONF_KEY}.first_run", continuing.first_run,
+                                f"names no search of this DAG: {layout.run_record_uri} is not in the store",
+                                f"trigger without {CONF_KEY} to start a new search")
+            run = self.run_record(layout)
             self.log.info("continues the search of run %s: block %d, from hop %d", continuing.first_run,
                           continuing.block, continuing.start)
             self._pools(run.schedule)

@@ -188,7 +188,10 @@ def _run_record(session: Any, dag_run: DagRun, group: str | None) -> RunRecord |
     row = session.scalars(XComModel.get_many(run_id=run_id, key="return_value", task_ids=task_id_in(group, PREFLIGHT),
                                              dag_ids=dag_id, map_indexes=-1, limit=1)).first()
     value = None if row is None else XComModel.deserialize_value(row)
-    continuing = continuation_of(dag_run.conf) if group is None else None
+    try:
+        continuing = continuation_of(dag_run.conf) if group is None else None
+    except MopError:  # a conf written by hand that its preflight refused: the run was never resolved
+        return None
     if (not isinstance(value, dict) or value.get("dag_id") != selection_id(dag_id, group)
             or value.get("run_id") != (continuing.first_run if continuing else run_id)):
         return None

@@ -89,6 +89,10 @@ def test_a_continuing_run_is_named_in_its_conf_and_its_folder_points_at_the_sear
     assert continuation_of({"search": {}}) is None and continuation_of(None) is None
     block = Continuation(first_run="manual__1", block=2, start=8)
     assert continuation_of({"mop_continues": block.to_dict()}) == block
+    for bad in ({"first_run": "manual__1"}, {"first_run": "manual__1", "block": 0, "start": 8}, "block 2"):
+        with pytest.raises(SpecError, match="conf.mop_continues") as err:
+            continuation_of({"mop_continues": bad})
+        assert "trigger without mop_continues" in str(err.value)
     store = Store(f"file://{tmp_path}")
     first = RunLayout(store, "dag", "manual__1")
     later = RunLayout(store, "dag", "manual__1__block_2")

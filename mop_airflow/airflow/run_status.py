@@ -32,6 +32,8 @@ class RunRef:
     state: str
     record: RunRecord | None  # None until the run's first task (preflight) has resolved it
     group: str | None = None  # the MopTaskGroup whose selection this is; None: the whole MOP DAG
+    # the run whose folder holds the search: this one, or the first run of a search split over DAG runs
+    search_run: str | None = None
 
     @property
     def selection_id(self) -> str:
@@ -49,8 +51,7 @@ class RunRef:
         spec = self.record.store
         if store_root:
             spec = dataclasses.replace(spec, root=store_root)
-        # the record's run: a run continuing a search split over DAG runs reads its first run's folder
-        return RunLayout(Store.from_spec(spec), self.selection_id, self.record.run_id)
+        return RunLayout(Store.from_spec(spec), self.selection_id, self.search_run or self.run_id)
 
 
 def dag_selections(api: AirflowAPI, dag_id: str) -> list[str | None]:
@@ -77,17 +78,17 @@ def find_run(api: AirflowAPI, dag_id: str, run_id: str | None = None, *, group: 
     continuing = continuation_of(run.get("conf")) if group is None else None
     resolved_by = continuing.first_run if continuing else run_id
     if record is not None and record.run_id == resolved_by:
-        return _latest_block(api, RunRef(dag_id, run_id, run["state"], record, group))
+        return _latest_block(api, RunRef(dag_id, run_id, run["state"], record, group, resolved_by))
     preflight = task_id_in(group, "preflight")
     try:
         entry = api.get(f"/dags/{dag_id}/dagRuns/{resolved_by}/taskInstances/{preflight}/xcomEntries/return_value")
     except AirflowApiError as exc:
         if exc.status != 404:
             raise
-        return RunRef(dag_id, run_id, run["state"], None, group)
+        return RunRef(dag_id, run_id, run["state"], None, group, resolved_by)
     value = entry["value"]
     record = RunRecord.from_dict(json.loads(value) if isinstance(value, str) else value)
-    return _latest_block(api, RunRef(dag_id, run_id, run["state"], record, group))
+    return _latest_block(api, RunRef(dag_id, run_id, run["state"], record, group, resolved_by))
 
 
 def _latest_block(api: AirflowAPI, ref: RunRef) -> RunRef:
