@@ -248,11 +248,12 @@ class _Builder:
               chains: int = 1, bracket: int | None = None, rung: int = 0, rung_end: bool = False,
               wait_for: list[str] | tuple[str, ...] = ()) -> list[str]:
         """The hops ``start``..``end - 1`` of one offset class, ``chains`` chains of them; returns
-        each chain's last hop. The source task learns the chains' first hops (``args["heads"]``): it
-        skips the ones its run has no bundle for."""
+        each chain's last hop. The source task learns the chains' first hops (``args["heads"]``) and
+        the hops after them (``args["rest"]``): it skips the chains its run has no bundle for, every
+        hop at once (a skip left to cascade takes a scheduling loop per hop)."""
         self.groups.append(ClassGroup(group_id, source, offset, start, end, bracket, rung, chains))
         width = len(str(max(chain_end - 1, 0)))
-        heads, lasts = [], []
+        heads, rest, lasts = [], [], []
         for k in range(chains):
             previous: tuple[str, ...] = (source, *[w for w in wait_for if w != source])
             for t in range(start, end):
@@ -263,8 +264,11 @@ class _Builder:
                                 args={"t": t, "shard": s, "chain": k, "rung_end": rung_end and t == end - 1})
                 if t == start:
                     heads.append(last)
+                    rest.append([])
+                else:
+                    rest[-1].append(last)
                 previous = (last,)
             lasts.append(previous[0])
         at = self.position[source]
-        self.tasks[at] = replace(self.tasks[at], args={**self.tasks[at].args, "heads": heads})
+        self.tasks[at] = replace(self.tasks[at], args={**self.tasks[at].args, "heads": heads, "rest": rest})
         return lasts

@@ -61,23 +61,27 @@ def bundle_items(bundles: list[list[str]], first: int, resume: Any) -> list[dict
             for j, members in enumerate(bundles)]
 
 
-def hand_to_chains(context: Any, items: list[dict[str, Any]], heads: list[str]) -> list[dict[str, Any]]:
-    """Return ``items`` for the chains whose first hops are ``heads``, skipping the chains past them
-    and those whose bundle has no configuration left (all failed in an earlier block of the search).
+def hand_to_chains(context: Any, items: list[dict[str, Any]], heads: list[str],
+                   rest: list[list[str]] | None = None) -> list[dict[str, Any]]:
+    """Return ``items`` for the chains whose first hops are ``heads`` (``rest``: each chain's later
+    hops), skipping the chains past them and those whose bundle has no configuration left (all
+    failed in an earlier block of the search).
 
     Skipping here (Airflow's own skip of downstream tasks) keeps an unused chain from taking a
-    slot of its shard's pool just to find out it has nothing to train.
+    slot of its shard's pool just to find out it has nothing to train, and skipping all of its
+    hops at once spares the scheduler a loop per hop to cascade the skip.
     """
     if len(items) > len(heads):
         raise TrainingError(f"{len(items)} bundles for {len(heads)} chains: the run was planned with more chains "
                             "than this DAG has. Fix: re-parse the DAG file and clear the run")
-    unused = heads[len(items):] + [head for head, item in zip(heads, items) if not item["assignments"]]
+    unused = [k for k in range(len(heads)) if k >= len(items) or not items[k]["assignments"]]
     if not unused:
         return items
     from airflow.sdk.exceptions import DownstreamTasksSkipped  # noqa: PLC0415
 
+    later = rest or [[] for _ in heads]
     context["ti"].xcom_push(key="return_value", value=items)  # what the used chains read
-    raise DownstreamTasksSkipped(tasks=list(unused))
+    raise DownstreamTasksSkipped(tasks=[hop for k in unused for hop in (heads[k], *later[k])])
 
 
 class MopStageShardOperator(MopBaseOperator):
@@ -85,11 +89,13 @@ class MopStageShardOperator(MopBaseOperator):
 
     ui_color = "#e3f4e1"
 
-    def __init__(self, *, shard: int, deals: bool = True, heads: list[str] | None = None, **kwargs: Any) -> None:
+    def __init__(self, *, shard: int, deals: bool = True, heads: list[str] | None = None,
+                 rest: list[list[str]] | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.shard = shard
         self.deals = deals
         self.heads = list(heads or [])  # the first hop of each chain of this shard's class
+        self.rest = [list(hops) for hops in rest or []]  # each chain's later hops
 
     def work(self, context: Any) -> list[dict[str, Any]] | None:
         """The bundles of offset class ``shard`` (one mapped instance each), after caching the shard."""
@@ -118,7 +124,7 @@ class MopStageShardOperator(MopBaseOperator):
             resumed = {cid: self._resumed(layout, cid, continuing.start - 1) for b in bundles for cid in b}
             bundles = [[cid for cid in members if resumed[cid] is not None] for members in bundles]
         items = bundle_items(bundles, sum(len(b) for b in per_class[:self.shard]), resumed.__getitem__)
-        return hand_to_chains(context, items, self.heads)
+        return hand_to_chains(context, items, self.heads, self.rest)
 
     def _resumed(self, layout: Any, cid: str, t: int) -> Assignment | None:
         """``cid`` from its state after hop ``t``; None when it did not finish that hop (it failed
@@ -137,9 +143,11 @@ class MopDealOperator(MopBaseOperator):
     ui_color = "#e3f4e1"
 
     def __init__(self, *, bracket: int, rung: int, offset: int, start: int, heads: list[str] | None = None,
+                 rest: list[list[str]] | None = None,
                  **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.heads = list(heads or [])  # the first hop of each chain of this class
+        self.rest = [list(hops) for hops in rest or []]  # each chain's later hops
         self.bracket = bracket
         self.rung = rung
         self.offset = offset
@@ -153,7 +161,7 @@ class MopDealOperator(MopBaseOperator):
         last = self.start - 1
         items = bundle_items(per_class[self.offset], sum(len(b) for b in per_class[:self.offset]),
                              lambda cid: resume_at(layout, cid, last))
-        return hand_to_chains(context, items, self.heads)
+        return hand_to_chains(context, items, self.heads, self.rest)
 
 
 def resume_at(layout: Any, cid: str, last: int, record: HopRecord | None = None) -> Assignment:

@@ -116,6 +116,7 @@ class _Renderer:
         kwargs = {**self._common(spec), **{k: v for k, v in spec.args.items()}}
         if "heads" in kwargs:  # task ids in Airflow: inside a group, prefixed by its id
             kwargs["heads"] = [task_id_in(self.group, head) for head in kwargs["heads"]]
+            kwargs["rest"] = [[task_id_in(self.group, hop) for hop in hops] for hops in kwargs["rest"]]
         container = self._container(spec.task_id.rpartition(".")[0])
         if container is not None:
             kwargs["task_group"] = container
