@@ -21,12 +21,12 @@ class MopCheckModelsOperator(MopBaseOperator):
     ui_color = "#e3f4e1"
 
     def work(self, context: Any) -> dict[str, Any]:
+        if self.continuation(context) is not None:  # the search's first run checked them; no TensorFlow
+            return {"models_built": 0, "cannot_train": [], "continues": True}
         from mop_airflow.data.cache import manifest_inputs  # noqa: PLC0415
         from mop_airflow.data.inputs import input_shapes  # noqa: PLC0415
         from mop_airflow.training.model_check import check_models  # noqa: PLC0415 - TensorFlow loads here
 
-        if self.continuation(context) is not None:  # the search's first run checked them
-            return {"models_built": 0, "cannot_train": [], "continues": True}
         layout = self.layout(context)
         run = self.run_record(layout)
         manifest = Manifest.read(layout.store, layout.manifest_pointer_uri)
