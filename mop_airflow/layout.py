@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from mop_airflow.run_chain import Continuation
 from mop_airflow.store import Store, safe_segment
 
 
@@ -94,4 +95,4 @@ def run_folder(store: Store, dag_id: str, run_id: str) -> RunLayout:
     layout = RunLayout(store, dag_id, run_id)
     if store.exists(layout.run_record_uri) or not store.exists(layout.continues_uri):
         return layout
-    return RunLayout(store, dag_id, str(store.read_json(layout.continues_uri)["first_run"]))
+    return RunLayout(store, dag_id, Continuation.read(store, layout.continues_uri).first_run)

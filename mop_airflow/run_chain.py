@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from mop_airflow.errors import SpecError
+from mop_airflow.records import Record
 
 # The hop task instances one DAG run holds at most when the split is automatic. The scheduling
 # loop grows with waiting x finished task instances. 256 x 16 x 10 on the embedded Airflow
@@ -33,39 +34,24 @@ CONF_KEY = "mop_continues"  # the trigger conf key of a continuing run
 
 
 @dataclass(frozen=True)
-class Continuation:
+class Continuation(Record):
     """A continuing run of a search: the search's first run, which block this run trains (0 is the
-    first run's), and the global hop its block starts at."""
+    first run's), and the global hop its block starts at. The continuing run's conf holds it, and
+    its folder a copy (``continues.json``)."""
 
     first_run: str
     block: int
     start: int
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"first_run": self.first_run, "block": self.block, "start": self.start}
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "Continuation":
-        return cls(first_run=str(data["first_run"]), block=int(data["block"]), start=int(data["start"]))
-
 
 @dataclass(frozen=True)
-class RunChain:
+class RunChain(Record):
     """The runs a search took, first to latest; kept in the first run's folder (``chain.json``)."""
 
-    first_run: str
-    blocks: int
     runs: list[str] = field(default_factory=list)
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"first_run": self.first_run, "blocks": self.blocks, "runs": list(self.runs)}
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "RunChain":
-        return cls(first_run=str(data["first_run"]), blocks=int(data["blocks"]), runs=[str(r) for r in data["runs"]])
-
     def with_run(self, run_id: str) -> "RunChain":
-        return self if run_id in self.runs else RunChain(self.first_run, self.blocks, [*self.runs, run_id])
+        return self if run_id in self.runs else RunChain([*self.runs, run_id])
 
 
 def continuation_of(conf: Any) -> Continuation | None:
@@ -76,9 +62,10 @@ def continuation_of(conf: Any) -> Continuation | None:
         return None
     try:
         found = Continuation.from_dict(value)
-    except (TypeError, KeyError, ValueError, AttributeError):
+    except (TypeError, AttributeError):  # not a mapping, or a field missing
         found = None
-    if found is None or found.block < 1 or found.start < 1 or not found.first_run:
+    if (found is None or not isinstance(found.first_run, str) or not found.first_run
+            or any(type(n) is not int or n < 1 for n in (found.block, found.start))):
         raise SpecError(f"conf.{CONF_KEY}", value, "must be {\"first_run\": <run id>, \"block\": <1 or more>, "
                         "\"start\": <hop, 1 or more>}, as a search's next_run task writes it",
                         f"trigger without {CONF_KEY} to start a new search; a split search starts its next runs itself")

@@ -40,10 +40,9 @@ class MopNextRunOperator(MopBaseOperator):
         layout = self.layout(context)
         run_id = next_run_id(here.first_run, nxt.block)
         store = layout.store
-        store.write_json(RunLayout(store, layout.dag_id, run_id).continues_uri, nxt.to_dict())
-        chain = (RunChain.from_dict(store.read_json(layout.chain_uri)) if store.exists(layout.chain_uri)
-                 else RunChain(here.first_run, blocks, [here.first_run]))
-        store.write_json(layout.chain_uri, chain.with_run(context["run_id"]).with_run(run_id).to_dict())
+        nxt.write(store, RunLayout(store, layout.dag_id, run_id).continues_uri)
+        chain = RunChain.read(store, layout.chain_uri) if store.exists(layout.chain_uri) else RunChain([here.first_run])
+        chain.with_run(context["run_id"]).with_run(run_id).write(store, layout.chain_uri)
         conf = {k: v for k, v in (getattr(context.get("dag_run"), "conf", None) or {}).items() if k != CONF_KEY}
         self.log.info("block %d of %d done (hops %d-%d); run %s trains block %d from hop %d", here.block + 1, blocks,
                       here.start, nxt.start - 1, run_id, nxt.block + 1, nxt.start)

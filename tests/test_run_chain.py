@@ -103,7 +103,7 @@ def test_a_continuing_run_is_named_in_its_conf_and_its_folder_points_at_the_sear
     assert run_folder(store, "dag", "manual__1").run_id == "manual__1"
     assert run_folder(store, "dag", "never_ran").run_id == "never_ran"  # no pointer: its own (missing) folder
     assert stored_run(store, "dag", later.run_id).run_id == "manual__1"
-    chain = RunChain("manual__1", 3, ["manual__1"]).with_run("manual__1__block_1").with_run("manual__1__block_1")
+    chain = RunChain(["manual__1"]).with_run("manual__1__block_1").with_run("manual__1__block_1")
     assert RunChain.from_dict(chain.to_dict()).runs == ["manual__1", "manual__1__block_1"]
 
 

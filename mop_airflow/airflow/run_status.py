@@ -99,7 +99,7 @@ def _latest_block(api: AirflowAPI, ref: RunRef) -> RunRef:
     layout = ref.layout()
     if layout is None or not layout.store.exists(layout.chain_uri):
         return ref
-    chain = RunChain.from_dict(layout.store.read_json(layout.chain_uri))
+    chain = RunChain.read(layout.store, layout.chain_uri)
     if ref.run_id not in chain.runs or chain.runs[-1] == ref.run_id:
         return ref
     latest = chain.runs[-1]
