@@ -140,9 +140,9 @@ def bundle_hops(count: int, passes: int, home: Path, store: str, *,
 
     from mop_airflow.data.shard import shard_dataset  # noqa: PLC0415
     from mop_airflow.examples.sklearn_data import digits_data_spec, write_digits  # noqa: PLC0415
-    from mop_airflow.layout import RunLayout  # noqa: PLC0415
+    from mop_airflow.records.layout import RunLayout  # noqa: PLC0415
     from mop_airflow.records import Assignment, BundleAssignment  # noqa: PLC0415
-    from mop_airflow.resolve import resolve_run  # noqa: PLC0415
+    from mop_airflow.planning.resolve import resolve_run  # noqa: PLC0415
     from mop_airflow.store import Store  # noqa: PLC0415
     from mop_airflow.training import hop  # noqa: PLC0415
     from mop_airflow.training.bundle_hop import run_bundle_hop  # noqa: PLC0415

@@ -86,9 +86,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from mop_airflow.search.adaptive import adaptive_plan, brackets_of, rung_spans  # noqa: E402
-from mop_airflow.spec import MopSpec  # noqa: E402
-from mop_airflow.run_chain import RUN_HOP_BUDGET  # noqa: E402
-from mop_airflow.task_plan import build_task_plan, spec_task_plan  # noqa: E402
+from mop_airflow.config import MopSpec  # noqa: E402
+from mop_airflow.planning.run_chain import RUN_HOP_BUDGET  # noqa: E402
+from mop_airflow.planning.task_plan import build_task_plan, spec_task_plan  # noqa: E402
 
 IMPORT_TIMEOUT = 30.0  # [core] dagbag_import_timeout default
 PROCESSOR_TIMEOUT = 50.0  # [dag_processor] dag_file_processor_timeout default
@@ -174,8 +174,8 @@ def expected_instances(shape: Shape, configs: int | None = None) -> dict[str, in
     ``runs`` DAG runs (``schedule.iterations_per_run``) has that many per run. ``hop_instances`` are
     the hops that train (the chains this benchmark's tiny data fills, ``schedule.bundle_size:
     "auto"``), ``empty`` the hops of chains the run leaves unused (skipped by their stage task)."""
-    from mop_airflow.bundling import split_classes  # noqa: PLC0415
-    from mop_airflow.schedule import deal_classes  # noqa: PLC0415
+    from mop_airflow.planning.bundling import split_classes  # noqa: PLC0415
+    from mop_airflow.planning.schedule import deal_classes  # noqa: PLC0415
 
     plan, adaptive, _ = plan_of(shape)
     control = len(plan.tasks) - plan.hop_tasks
@@ -270,8 +270,8 @@ parse = time.perf_counter() - t
 edges = sum(len(task.upstream_task_ids) for task in m.dag.tasks)
 t = time.perf_counter(); hash(m.dag); one_hash = time.perf_counter() - t
 out(step="parse", seconds=parse, tasks=len(m.dag.tasks), edges=edges, hash_seconds=one_hash)
-from mop_airflow.spec import MopSpec
-from mop_airflow.task_plan import build_task_plan
+from mop_airflow.config import MopSpec
+from mop_airflow.planning.task_plan import build_task_plan
 spec = MopSpec.from_dict(m.spec)
 t = time.perf_counter(); build_task_plan(spec.schedule.shards, spec.schedule.iterations, spec.adaptive_plan())
 out(step="task_plan", seconds=time.perf_counter() - t)
@@ -682,7 +682,7 @@ def run_on_airflow(shape: Shape, home: Path, dag_file: Path, args: argparse.Name
         t1 = time.time()
         af.wait_for_dag(shape.dag_id, timeout=args.parse_timeout + 120)
         fig["dag_visible"] = time.time() - t1
-        sync = subprocess.run([sys.executable, "-m", "mop_airflow.cli", "pools", "sync", "--shards",
+        sync = subprocess.run([sys.executable, "-m", "mop_airflow.cli.main", "pools", "sync", "--shards",
                                str(shape.shards), "--slots", "1"], env=af.env, capture_output=True, text=True,
                               timeout=120, check=False)
         if sync.returncode != 0:

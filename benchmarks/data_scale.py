@@ -120,7 +120,7 @@ def data_spec(kind: str, source: str) -> dict:
 def step(name: str, kind: str, source: str, store_root: str, cache: str, slice_mb: float,
          slices: list[int] | None = None) -> dict:
     from mop_airflow.records import Manifest, ShardingPlan, SliceResult
-    from mop_airflow.spec import DataSpec
+    from mop_airflow.config import DataSpec
     from mop_airflow.store import Store
 
     data = DataSpec(**data_spec(kind, source), slice_mb=slice_mb)

@@ -127,8 +127,8 @@ def _timed_process(side: str, folder: str) -> tuple[float, dict]:
 
 def mop_runs(home: Path, bundle_sizes: list[str], airflow_env: dict) -> list[tuple[str, float, dict, dict]]:
     from mop_airflow.airflow.local import LocalAirflow  # noqa: PLC0415
-    from mop_airflow.demo import sync_pools_for  # noqa: PLC0415
-    from mop_airflow.layout import RunLayout  # noqa: PLC0415
+    from mop_airflow.cli.demo import sync_pools_for  # noqa: PLC0415
+    from mop_airflow.records.layout import RunLayout  # noqa: PLC0415
     from mop_airflow.records import HopRecord  # noqa: PLC0415
     from mop_airflow.store import Store  # noqa: PLC0415
 

@@ -29,12 +29,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from mop_airflow.demo import DEMO_DAG_ID, run_and_watch  # noqa: E402
+from mop_airflow.cli.demo import DEMO_DAG_ID, run_and_watch  # noqa: E402
 from mop_airflow.examples.mnist1d_data import write_mnist1d  # noqa: E402
-from mop_airflow.layout import RunLayout  # noqa: E402
+from mop_airflow.records.layout import RunLayout  # noqa: E402
 from mop_airflow.records import Plan, RunRecord  # noqa: E402
 from mop_airflow.airflow.local import LocalAirflow  # noqa: E402
-from mop_airflow.report import load_hop_records  # noqa: E402
+from mop_airflow.results.runs import load_hop_records  # noqa: E402
 from mop_airflow.store import Store  # noqa: E402
 
 

@@ -8,8 +8,8 @@ excepted where named), so the figures compare the scheduling policies alone.
 
 Policies:
 
-  mop_airflow                  this project's DAG: :func:`mop_airflow.simulation.simulate` on the plan of
-                               :func:`mop_airflow.task_plan.build_task_plan`. Configurations are dealt into
+  mop_airflow                  this project's DAG: :func:`mop_airflow.planning.simulation.simulate` on the plan of
+                               :func:`mop_airflow.planning.task_plan.build_task_plan`. Configurations are dealt into
                                p offset classes; each configuration's hops form an independent chain
                                (no barrier, no groups); a free slot takes the ready hop with the highest
                                priority weight. "remaining" (the default rule) is compared with the
@@ -37,20 +37,20 @@ Policies:
                                ``random.seed = 2020``, which seeds nothing; here the order is seeded per
                                workload seed and epoch so the figures are repeatable.
 
-All policies deal the configurations with the same :func:`~mop_airflow.schedule.deal_classes`
+All policies deal the configurations with the same :func:`~mop_airflow.planning.schedule.deal_classes`
 (group rotation's groups, MADlib's initial segments and mop_airflow's offset classes coincide).
 
 Efficiency = lower bound / makespan, with lower bound = max(total work / (shards * slots), the
-longest configuration's own chain) (:func:`mop_airflow.simulation.lower_bound`); 1.0 is optimal.
+longest configuration's own chain) (:func:`mop_airflow.planning.simulation.lower_bound`); 1.0 is optimal.
 
 Bundles (``--bundles``): the unit of Airflow work is the hop of a bundle of configurations
-(:mod:`mop_airflow.bundling`). Each bundle rule is replayed by
-:func:`mop_airflow.simulation.simulate_bundles` on the same plan, with the fixed costs measured on
+(:mod:`mop_airflow.planning.bundling`). Each bundle rule is replayed by
+:func:`mop_airflow.planning.simulation.simulate_bundles` on the same plan, with the fixed costs measured on
 the embedded Airflow: ``TASK_SECONDS`` per task instance (start-up and scheduler hand-off),
 ``MODEL_SECONDS`` per distinct model in a task (Keras building it and tracing its train step) and
 ``CONFIG_SECONDS`` per configuration (restoring and saving its state). Efficiency there is the
 pure-training lower bound over the makespan, so the fixed costs count against it. Every rule deals
-the configurations as the plan task does (:func:`mop_airflow.bundling.deal`: each model's
+the configurations as the plan task does (:func:`mop_airflow.planning.bundling.deal`: each model's
 configurations in the same classes when that makes the costliest class's hop shorter); "auto,
 seeded" is "auto" with the seeded deal alone, for comparison.
 
@@ -75,9 +75,9 @@ from typing import Callable, Sequence
 if __package__ in (None, ""):  # run as a script from a checkout: make the package importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mop_airflow.schedule import deal_classes  # noqa: E402
-from mop_airflow.simulation import HopEvent, lower_bound, simulate  # noqa: E402
-from mop_airflow.task_plan import build_task_plan  # noqa: E402
+from mop_airflow.planning.schedule import deal_classes  # noqa: E402
+from mop_airflow.planning.simulation import HopEvent, lower_bound, simulate  # noqa: E402
+from mop_airflow.planning.task_plan import build_task_plan  # noqa: E402
 
 SCALES = ((16, 8), (256, 8), (256, 16), (16, 16))  # (configurations, shards)
 QUICK_SCALES = ((16, 8), (16, 16))
@@ -286,8 +286,8 @@ BUNDLE_SCALES = ((8, 4, 1, 3, "equal", 2), (256, 4, 2, 1, "equal", 1), (256, 4, 
 
 
 def bundles_table(seeds: range) -> None:
-    from mop_airflow.bundling import deal, split_classes  # noqa: PLC0415
-    from mop_airflow.simulation import simulate_bundles  # noqa: PLC0415
+    from mop_airflow.planning.bundling import deal, split_classes  # noqa: PLC0415
+    from mop_airflow.planning.simulation import simulate_bundles  # noqa: PLC0415
 
     print(f"bundles: fixed cost {TASK_SECONDS} s per task instance, {MODEL_SECONDS} s per model built in a task, "
           f"{CONFIG_SECONDS} s per configuration; efficiency = pure-training lower bound / makespan")

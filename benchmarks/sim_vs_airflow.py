@@ -20,7 +20,7 @@ hand-off   per hop, start_date - the moment it could have started (its previous 
            last stage task for a first hop, and its pool had a free slot): the scheduler loop
            (it sleeps up to ``[scheduler] scheduler_idle_sleep_time``, 1 s by default, between
            idle loops), the executor and the task process start. Split at queued_when.
-predicted  :func:`~mop_airflow.simulation.simulate` on the same task plan with the run's own
+predicted  :func:`~mop_airflow.planning.simulation.simulate` on the same task plan with the run's own
            offset classes (plan.json), makespan and busy fraction over the hop window:
            A  hop seconds = controlled training time, task_seconds = median fixed cost
            B  A with the median training overhead added to every hop
@@ -30,7 +30,7 @@ predicted  :func:`~mop_airflow.simulation.simulate` on the same task plan with t
 replay     E  the simulator fed each hop's measured task duration (task_seconds 0): isolates the
               scheduling semantics from the duration model
            F  E with the median hand-off latency as task_seconds
-bound      :func:`~mop_airflow.simulation.lower_bound` and efficiency = bound / makespan.
+bound      :func:`~mop_airflow.planning.simulation.lower_bound` and efficiency = bound / makespan.
 
     python benchmarks/sim_vs_airflow.py [--shards 4] [--iterations 2] [--configs 8] [--batches 20]
                                         [--min-hop 1] [--max-hop 8] [--home DIR] [--keep]
@@ -60,13 +60,13 @@ REPO = Path(__file__).resolve().parents[1]
 if __package__ in (None, ""):  # run as a script from a checkout: make the package importable
     sys.path.insert(0, str(REPO))
 
-from mop_airflow.layout import RunLayout  # noqa: E402
+from mop_airflow.records.layout import RunLayout  # noqa: E402
 from mop_airflow.records import HopRecord, Plan, RunRecord  # noqa: E402
-from mop_airflow.spec import MopSpec  # noqa: E402
+from mop_airflow.config import MopSpec  # noqa: E402
 from mop_airflow.store import Store  # noqa: E402
-from mop_airflow.task_plan import spec_task_plan  # noqa: E402
+from mop_airflow.planning.task_plan import spec_task_plan  # noqa: E402
 
-from mop_airflow.simulation import Simulation, lower_bound, simulate, simulate_bundles  # noqa: E402
+from mop_airflow.planning.simulation import Simulation, lower_bound, simulate, simulate_bundles  # noqa: E402
 
 MODEL = "mop_airflow.examples.timed_models:sleepy"
 DAG_ID = "mop_sim_vs_airflow"
@@ -203,7 +203,7 @@ SAVED = "airflow_run.json"
 def run_on_airflow(args: argparse.Namespace, home: Path, began: float) -> dict[str, Any]:
     """Write the data and the DAG file, run the DAG on an embedded Airflow; what the comparison needs."""
     from mop_airflow.airflow.local import LocalAirflow  # noqa: PLC0415
-    from mop_airflow.demo import run_and_watch  # noqa: PLC0415
+    from mop_airflow.cli.demo import run_and_watch  # noqa: PLC0415
 
     load_at_start = os.getloadavg()
     train_rows = args.shards * args.batches * BATCH_SIZE

@@ -47,7 +47,7 @@ def spec(data: str, store: str, iterations: int, per_run: int | str) -> dict:
 
 def search_runs(af, store, dag_id: str, iterations: int) -> dict:
     """Trigger ``dag_id``, wait for every run of its search, and read what it took."""
-    from mop_airflow.layout import RunLayout  # noqa: PLC0415
+    from mop_airflow.records.layout import RunLayout  # noqa: PLC0415
 
     first = af.trigger(dag_id)
     runs = [first]
@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from mop_airflow.airflow.local import LocalAirflow  # noqa: PLC0415
-    from mop_airflow.demo import sync_pools_for  # noqa: PLC0415
+    from mop_airflow.cli.demo import sync_pools_for  # noqa: PLC0415
     from mop_airflow.store import Store  # noqa: PLC0415
 
     home = Path(tempfile.mkdtemp(prefix="mop-split-"))

@@ -20,7 +20,7 @@ from airflow.sdk import DAG, task
 from mop_airflow.airflow.dag import champion_asset
 from mop_airflow.examples.sklearn_data import digits_data_spec
 from mop_airflow.operators.predict import MopPredictOperator
-from mop_airflow.spec import default_home
+from mop_airflow.config import default_home
 
 MODEL_DAG = "mop_digits_retrain"
 CHAMPION = champion_asset(MODEL_DAG)
@@ -44,11 +44,11 @@ with DAG(
             print(f"champion version {extra['version']} of {extra['dag_id']}: {extra['config_id']} of run "
                   f"{extra['run_id']}, {extra['metric']}={extra['value']:.4f} ({len(events)} event(s) consumed)")
             return extra
-        from mop_airflow.champion import asset_extra, current_champion  # noqa: PLC0415 - a run by hand only
-        from mop_airflow.spec import StoreSpec  # noqa: PLC0415
-        from mop_airflow.store import Store  # noqa: PLC0415
+        from mop_airflow.serving.champion import asset_extra, current_champion  # noqa: PLC0415 - a run by hand only
+        from mop_airflow.config import StoreSpec  # noqa: PLC0415
+        from mop_airflow.hooks.connections import open_spec_store  # noqa: PLC0415
 
-        entry = current_champion(Store.from_spec(StoreSpec()), MODEL_DAG)
+        entry = current_champion(open_spec_store(StoreSpec()), MODEL_DAG)
         if entry is None:
             raise RuntimeError(f"{MODEL_DAG} has published no champion yet: nothing to score with. Fix: let a "
                                f"{MODEL_DAG} run finish (or publish one with `mop-airflow champion publish`)")

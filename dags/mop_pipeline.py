@@ -31,7 +31,7 @@ def mop_pipeline():
         import os  # noqa: PLC0415
 
         from mop_airflow.examples.sklearn_data import write_digits  # noqa: PLC0415
-        from mop_airflow.spec import default_home  # noqa: PLC0415
+        from mop_airflow.config import default_home  # noqa: PLC0415
 
         return write_digits(os.path.join(default_home(), "data", "pipeline", ds or "manual"))
 
@@ -42,8 +42,8 @@ def mop_pipeline():
 
         import pyarrow.parquet as pq  # noqa: PLC0415
 
-        from mop_airflow.stored_runs import run_layout  # noqa: PLC0415
-        from mop_airflow.training.predict import predict  # noqa: PLC0415
+        from mop_airflow.results.runs import run_layout  # noqa: PLC0415
+        from mop_airflow.serving.predict import predict  # noqa: PLC0415
 
         layout = run_layout(summary["store_root"], summary["selection_id"], summary["run_id"])
         out = os.path.join(data_folder, "scores.parquet")

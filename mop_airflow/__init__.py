@@ -6,7 +6,7 @@ import time. ``build_mop_dag`` (:mod:`mop_airflow.airflow.dag`) and ``MopTaskGro
 """
 
 from mop_airflow.errors import DataValidationError, MopError, PoolsMissingError, SpecError
-from mop_airflow.spec import DataSpec, MopSpec, ScheduleSpec, SearchSpec, StoreSpec
+from mop_airflow.config import DataSpec, MopSpec, ScheduleSpec, SearchSpec, StoreSpec
 from mop_airflow.search.space import SearchSpace
 
 __version__ = "0.1.0"

@@ -86,28 +86,25 @@ def safe_segment(value: str) -> str:
     return segment if segment.strip(".") else "_" * max(1, len(segment))
 
 
+def open_filesystem(uri: str, options: Mapping[str, Any] | None = None) -> tuple[Any, str]:
+    """The fsspec filesystem of ``uri`` and the path inside it, opened with ``options`` (for s3fs: ``key``,
+    ``secret``, ``client_kwargs``...). The one opener of the store and the data: credentials arrive here
+    as plain options, which the Airflow side makes from a connection (:mod:`mop_airflow.hooks.connections`)."""
+    import fsspec  # noqa: PLC0415 - keep DAG parsing light
+
+    return fsspec.core.url_to_fs(uri, **dict(options or {}))
+
+
 class Store:
     """Reads and writes bytes and JSON under one root URI."""
 
-    def __init__(self, root: str, storage_options: Mapping[str, Any] | None = None, conn_id: str | None = None,
-                 retry_seconds: float = 60.0):
-        import fsspec  # noqa: PLC0415 - keep DAG parsing light
-
+    def __init__(self, root: str, options: Mapping[str, Any] | None = None, retry_seconds: float = 60.0):
         self.root = root.rstrip("/")
         self.retry_seconds = retry_seconds
         self.protocol = self.root.split("://", 1)[0] if "://" in self.root else "file"
-        options = dict(storage_options or {})
-        if conn_id and self.protocol == "s3":
-            from mop_airflow.airflow.connections import s3_options_from_connection  # noqa: PLC0415
-
-            options = {**s3_options_from_connection(conn_id), **options}
-        self.fs = fsspec.filesystem(self.protocol, **options)
+        self.fs = open_filesystem(self.root, options)[0]
         self.bytes_read = 0
         self.bytes_written = 0
-
-    @classmethod
-    def from_spec(cls, store_spec: Any) -> "Store":
-        return cls(store_spec.root, store_spec.storage_options, store_spec.conn_id, store_spec.retry_seconds)
 
     @property
     def endpoint(self) -> str:

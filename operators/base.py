@@ -18,12 +18,13 @@ from airflow.sdk.exceptions import AirflowFailException
 
 from mop_airflow.errors import DataValidationError, PoolsMissingError, SpecError, TrainingError
 
-from mop_airflow.layout import RunLayout
+from mop_airflow.records.layout import RunLayout
 from mop_airflow.records import RunRecord
-from mop_airflow.run_chain import Continuation, continuation_of
-from mop_airflow.selection import conf_of, selection_id, task_id_in
-from mop_airflow.spec import StoreSpec
-from mop_airflow.store import Store
+from mop_airflow.records import Continuation
+from mop_airflow.planning.run_chain import continuation_of
+from mop_airflow.records.selection import conf_of, selection_id, task_id_in
+from mop_airflow.config import StoreSpec
+from mop_airflow.hooks.connections import open_spec_store
 
 
 # Failures a retry cannot fix: the spec, the data, missing pools, a model that cannot train.
@@ -58,16 +59,16 @@ class MopBaseOperator(BaseOperator):
         """The search's folder: this run's, or for a run continuing a search the first run's."""
         continuing = self.continuation(context)
         run_id = continuing.first_run if continuing else context["run_id"]
-        return RunLayout(Store.from_spec(self.store_spec(context)), self.selection_id(context), run_id)
+        return RunLayout(open_spec_store(self.store_spec(context)), self.selection_id(context), run_id)
 
     def continuation(self, context: Mapping[str, Any]) -> Continuation | None:
-        """Which search and block this run continues (:mod:`mop_airflow.run_chain`); None for a first run."""
+        """Which search and block this run continues (:mod:`mop_airflow.planning.run_chain`); None for a first run."""
         if self.selection is not None:  # a MopTaskGroup's search is never split
             return None
         return continuation_of(getattr(context.get("dag_run"), "conf", None))
 
     def selection_id(self, context: Mapping[str, Any]) -> str:
-        """What names this selection's run folders, registry and Asset (:mod:`mop_airflow.selection`)."""
+        """What names this selection's run folders, registry and Asset (:mod:`mop_airflow.records.selection`)."""
         return selection_id(context["dag"].dag_id, self.selection)
 
     @staticmethod

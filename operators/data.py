@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from mop_airflow.hooks.connections import data_options
 from mop_airflow.operators.base import MopBaseOperator
 from mop_airflow.records import Manifest, ShardingPlan, SliceResult
 
@@ -28,7 +29,8 @@ class MopListDataOperator(MopBaseOperator):
             return [0]  # one scatter instance, which does nothing either
         run = self.resolved_run(context)
         layout = self.layout(context)
-        plan = plan_sharding(run.data, layout.store, run.dag_id, run.schedule.shards, run.schedule.seed)
+        plan = plan_sharding(run.data, layout.store, run.dag_id, run.schedule.shards, run.schedule.seed,
+                             options=data_options(run.data))
         write_plan(plan, layout.store, layout.sharding_plan_uri)
         self.log.info("%d file(s), %d rows, %.1f MB in %d slice(s); shards %s (fingerprint %s)",
                       len(plan.listing.files), plan.listing.total_rows, plan.listing.total_bytes / 1e6,
@@ -54,7 +56,8 @@ class MopScatterOperator(MopBaseOperator):
         run = self.resolved_run(context)
         layout = self.layout(context)
         plan = ShardingPlan.read(layout.store, layout.sharding_plan_uri)
-        result = scatter_slice(plan, run.data, layout.store, int(self.slice_index), _checks(run, plan))
+        result = scatter_slice(plan, run.data, layout.store, int(self.slice_index), _checks(run, plan),
+                               options=data_options(run.data))
         result.write(layout.store, layout.slice_result_uri(result.index))
         rows = [p.rows if p else 0 for p in result.parts]
         piece = plan.slices[result.index]

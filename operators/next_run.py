@@ -3,7 +3,7 @@
 A plain search longer than one run holds (``schedule.iterations_per_run``) renders the hops of one
 block of iterations; this task, after every chain's last hop, triggers the next run of the same
 DAG with a conf naming the search's first run and the hop the block starts at
-(:mod:`mop_airflow.run_chain`). It first leaves a pointer in the new run's folder and adds the run
+(:mod:`mop_airflow.planning.run_chain`). It first leaves a pointer in the new run's folder and adds the run
 to the search's chain record, so the CLI, the results page and a champion find the search from any
 of its runs. The run of the last block has nothing to start: its report task then reports.
 """
@@ -13,8 +13,9 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from mop_airflow.layout import RunLayout
-from mop_airflow.run_chain import CONF_KEY, Continuation, RunChain, next_run_id
+from mop_airflow.records.layout import RunLayout
+from mop_airflow.planning.run_chain import CONF_KEY, next_run_id
+from mop_airflow.records import Continuation, RunChain
 
 from mop_airflow.operators.base import MopBaseOperator
 

@@ -14,9 +14,10 @@ import socket
 from typing import Any
 
 from mop_airflow.errors import TrainingError
-from mop_airflow.records import Assignment, BundleAssignment, HopRecord, Manifest, Plan, StageRecord
-from mop_airflow.resolve import make_plan
-from mop_airflow.schedule import DEFAULT_PRIORITY
+from mop_airflow.planning.resume import bundle_items, resume_after, resume_at
+from mop_airflow.records import Assignment, Manifest, Plan, StageRecord
+from mop_airflow.planning.plan import make_plan
+from mop_airflow.planning.schedule import DEFAULT_PRIORITY
 
 from mop_airflow.operators.base import MopBaseOperator
 
@@ -52,13 +53,6 @@ class MopPlanOperator(MopBaseOperator):
             self.log.info("\n%s", format_plan(adaptive_plan(run.adaptive, plan.shards)))
         return {"plan_uri": layout.plan_uri, "configurations": len(run.configs),
                 "model_hops_total": plan.model_hops_total}
-
-
-def bundle_items(bundles: list[list[str]], first: int, resume: Any) -> list[dict[str, Any]]:
-    """What a class's chains take: one item per bundle (``first`` is its first global index), each
-    configuration's assignment from ``resume(config_id)``."""
-    return [BundleAssignment.start(first + j, [resume(cid) for cid in members]).to_dict()
-            for j, members in enumerate(bundles)]
 
 
 def hand_to_chains(context: Any, items: list[dict[str, Any]], heads: list[str],
@@ -127,14 +121,10 @@ class MopStageShardOperator(MopBaseOperator):
         return hand_to_chains(context, items, self.heads, self.rest)
 
     def _resumed(self, layout: Any, cid: str, t: int) -> Assignment | None:
-        """``cid`` from its state after hop ``t``; None when it did not finish that hop (it failed
-        earlier, or its hop there failed): it trains no further."""
-        uri = layout.hop_record_uri(cid, t)
-        record = HopRecord.read(layout.store, uri) if layout.store.exists(uri) else None
-        if record is not None and record.status == "ok":
-            return resume_at(layout, cid, t, record)
-        self.log.info("%s did not finish hop %d (it failed earlier): it trains no further", cid, t)
-        return None
+        resumed = resume_after(layout, cid, t)
+        if resumed is None:
+            self.log.info("%s did not finish hop %d (it failed earlier): it trains no further", cid, t)
+        return resumed
 
 
 class MopDealOperator(MopBaseOperator):
@@ -154,7 +144,7 @@ class MopDealOperator(MopBaseOperator):
         self.start = start
 
     def work(self, context: Any) -> list[dict[str, Any]]:
-        from mop_airflow.rungs import rung_bundles  # noqa: PLC0415
+        from mop_airflow.planning.rungs import rung_bundles  # noqa: PLC0415
 
         layout = self.layout(context)
         per_class = rung_bundles(layout, Plan.read(layout.store, layout.plan_uri), self.bracket, self.rung)
@@ -162,14 +152,3 @@ class MopDealOperator(MopBaseOperator):
         items = bundle_items(per_class[self.offset], sum(len(b) for b in per_class[:self.offset]),
                              lambda cid: resume_at(layout, cid, last))
         return hand_to_chains(context, items, self.heads, self.rest)
-
-
-def resume_at(layout: Any, cid: str, last: int, record: HopRecord | None = None) -> Assignment:
-    """From the configuration's state after hop ``last``, with the checksum its hop recorded
-    (``record``, that hop's record, when already read)."""
-    if last < 0:
-        return Assignment(config_id=cid, t=last, checkpoint=None)
-    record = record or HopRecord.read(layout.store, layout.hop_record_uri(cid, last))
-    return Assignment(config_id=cid, t=last, checkpoint=layout.checkpoint_uri(cid, last),
-                      checkpoint_sha256=record.checkpoint_sha256, best_t=record.best_t,
-                      best_metric=record.best_metric)

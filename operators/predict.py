@@ -1,6 +1,6 @@
 """Score a Parquet/CSV source with a run's model inside a DAG; the output's URI goes to XCom.
 
-The work is :func:`mop_airflow.training.predict.predict` (it runs and is tested without Airflow);
+The work is :func:`mop_airflow.serving.predict.predict` (it runs and is tested without Airflow);
 this operator only finds the run and logs what was written. By default it scores with the best
 model of the DAG run it belongs to, so it can follow a mop_airflow DAG's ``report`` task:
 
@@ -17,7 +17,7 @@ another DAG's run instead, e.g. in a scheduled scoring DAG.
 
 ``model_run_id="champion"`` scores with the current champion of ``model_dag_id`` (default: this
 task's own DAG): the run named by the last entry of that DAG's registry
-(:mod:`mop_airflow.champion`), read when the task runs. A scoring DAG scheduled on the champion
+(:mod:`mop_airflow.serving.champion`), read when the task runs. A scoring DAG scheduled on the champion
 Asset thus always uses the model just published, and a rollback (``mop-airflow champion publish``)
 takes effect at its next run. The task fails when the DAG has published no champion yet.
 
@@ -68,10 +68,10 @@ class MopPredictOperator(MopBaseOperator):
 
     def work(self, context: Any) -> str:
         from mop_airflow.errors import SpecError  # noqa: PLC0415
-        from mop_airflow.layout import RunLayout  # noqa: PLC0415
-        from mop_airflow.store import Store  # noqa: PLC0415
-        from mop_airflow.stored_runs import run_layout  # noqa: PLC0415
-        from mop_airflow.training.predict import champion_layout, predict  # noqa: PLC0415 - Keras
+        from mop_airflow.records.layout import RunLayout  # noqa: PLC0415
+        from mop_airflow.hooks.connections import filesystem_options, open_spec_store  # noqa: PLC0415
+        from mop_airflow.results.runs import run_layout  # noqa: PLC0415
+        from mop_airflow.serving.predict import champion_layout, predict  # noqa: PLC0415 - Keras
 
         spec = self.store_spec(context)
         if self.model_run_id == CHAMPION:  # the run the DAG's registry names as its champion, now
@@ -79,18 +79,18 @@ class MopPredictOperator(MopBaseOperator):
                 raise SpecError("config_id", self.config_id, "cannot be combined with model_run_id='champion': the "
                                 "champion is a run's best model, not a configuration's checkpoint",
                                 "leave config_id out, or name the run in model_run_id")
-            layout, entry = champion_layout(Store.from_spec(spec), self.model_dag_id or context["dag"].dag_id)
+            layout, entry = champion_layout(open_spec_store(spec), self.model_dag_id or context["dag"].dag_id)
             self.log.info("scoring with champion version %d of %s: %s of run %s", entry["version"], layout.dag_id,
                           entry["config_id"], entry["run_id"])
         elif self.model_dag_id and not self.model_run_id:  # another DAG's latest reported run
-            layout = run_layout(spec.root, self.model_dag_id, storage_options=spec.storage_options,
-                                conn_id=spec.conn_id)
+            layout = run_layout(spec.root, self.model_dag_id,
+                                options=filesystem_options(spec.root, spec.storage_options, spec.conn_id))
         else:
-            layout = RunLayout(Store.from_spec(spec), self.model_dag_id or context["dag"].dag_id,
+            layout = RunLayout(open_spec_store(spec), self.model_dag_id or context["dag"].dag_id,
                                self.model_run_id or context["run_id"])
         done = predict(layout, self.source, self.out, mode=self.mode, k=self.k, config_id=self.config_id,
-                       id_column=self.id_column, batch_rows=self.batch_rows, storage_options=self.storage_options,
-                       conn_id=self.conn_id)
+                       id_column=self.id_column, batch_rows=self.batch_rows,
+                       options=filesystem_options((self.source, self.out), self.storage_options, self.conn_id))
         self.log.info("%d row(s) scored (%s) with configuration %s of %s / %s: %s", done["rows"], done["mode"],
                       done["config_id"], layout.dag_id, layout.run_id, done["uri"])
         return done["uri"]

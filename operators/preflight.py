@@ -10,11 +10,13 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
-from mop_airflow.airflow.pools import POOL_MODES, ensure_pools, required_pools
+from mop_airflow.hooks.pools import POOL_MODES, ensure_pools, required_pools
 from mop_airflow.errors import SpecError
-from mop_airflow.resolve import resolve_run, with_warm_start
-from mop_airflow.run_chain import CONF_KEY
-from mop_airflow.selection import conf_of
+from mop_airflow.hooks.connections import open_spec_store
+from mop_airflow.planning.resolve import resolve_run
+from mop_airflow.serving.warm_start import with_warm_start
+from mop_airflow.planning.run_chain import CONF_KEY
+from mop_airflow.records.selection import conf_of
 
 from mop_airflow.operators.base import MopBaseOperator
 
@@ -69,8 +71,9 @@ class MopPreflightOperator(MopBaseOperator):
             return run.to_dict()
         self._check_one_run_suffices(context)
         conf = conf_of(getattr(context.get("dag_run"), "conf", None), self.selection)
-        run = with_warm_start(resolve_run(self.rendered_spec(), conf, dag_id=self.selection_id(context),
-                                          run_id=context["run_id"], allowed_modules=self.builder_modules))
+        run = resolve_run(self.rendered_spec(), conf, dag_id=self.selection_id(context), run_id=context["run_id"],
+                          allowed_modules=self.builder_modules)
+        run = with_warm_start(run, open_spec_store(run.store))
         if run.warm_start:
             sources = sorted({f"{w['run_id']}/{w['config_id']}" for w in run.warm_start.values()})
             self.log.info("%d of %d configurations start warm from %s", len(run.warm_start), len(run.configs),

@@ -1,6 +1,6 @@
 """The step between two rungs of a bracket: promote the best, prune the rest.
 
-The decision is :func:`mop_airflow.rungs.decide_rung` (ranked on the validation metric at the end
+The decision is :func:`mop_airflow.planning.rungs.decide_rung` (ranked on the validation metric at the end
 of the rung, direction-aware, ties by configuration id). The next rung's ``deal_<o>`` tasks read
 it; when nothing is promoted their lists are empty and the next rung's hops are skipped.
 """
@@ -26,7 +26,7 @@ class MopPromoteOperator(MopBaseOperator):
         self.keep = keep
 
     def work(self, context: Any) -> dict[str, Any]:
-        from mop_airflow.rungs import decide_rung  # noqa: PLC0415
+        from mop_airflow.planning.rungs import decide_rung  # noqa: PLC0415
 
         layout = self.layout(context)
         decision = decide_rung(layout, self.run_record(layout), Plan.read(layout.store, layout.plan_uri),

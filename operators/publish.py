@@ -1,6 +1,6 @@
 """After the report: publish the run's winner as the DAG's champion, or leave the champion and skip.
 
-The decision was taken by the report task (:func:`mop_airflow.champion.challenge`, which evaluates
+The decision was taken by the report task (:func:`mop_airflow.serving.champion.challenge`, which evaluates
 both models) and written to ``report/challenge.json``; this task only acts on it, without
 TensorFlow. Publishing appends the registry entry and emits the event of this task's outlet, the
 Asset ``mop://<dag_id>/champion``, with the entry as its ``extra``. A winner that is not better by the
@@ -13,7 +13,7 @@ from typing import Any
 
 from airflow.sdk.exceptions import AirflowSkipException
 
-from mop_airflow.champion import asset_extra, publish
+from mop_airflow.serving.champion import asset_extra, publish
 
 from mop_airflow.operators.base import MopBaseOperator
 

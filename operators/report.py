@@ -1,9 +1,9 @@
 """After the hops: leaderboard, metrics table, learning curves, hop timeline, best model, summary;
 the champion/challenger decision; then TensorBoard files and, when configured, MLflow runs.
 
-The work is :func:`mop_airflow.report.write_report`, :func:`mop_airflow.champion.challenge` (it
+The work is :func:`mop_airflow.results.report.write_report`, :func:`mop_airflow.serving.champion.challenge` (it
 evaluates the winner and the DAG's champion on this run's validation data; the publish task acts
-on its decision) and :func:`mop_airflow.tracking.track_run`; this operator only logs the outcome. Tracking cannot fail the task: the model selection has
+on its decision) and :func:`mop_airflow.results.tracking.track_run`; this operator only logs the outcome. Tracking cannot fail the task: the model selection has
 finished and its report is written, so a tracker that is down is a warning in the task log.
 """
 
@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from mop_airflow.champion import challenge
+from mop_airflow.serving.champion import challenge
 from mop_airflow.errors import StoreError
-from mop_airflow.selection import task_id_in
-from mop_airflow.report import write_report
-from mop_airflow.tracking import track_run
+from mop_airflow.records.selection import task_id_in
+from mop_airflow.results.report import write_report
+from mop_airflow.results.tracking import track_run
 
 from mop_airflow.operators.base import MopBaseOperator
 

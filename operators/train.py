@@ -55,6 +55,15 @@ class MopTrainHopOperator(MopBaseOperator):
         return picked.get("name", "") if isinstance(picked, Mapping) else ""
 
     def work(self, context: Any) -> dict[str, Any]:
+        # This hop's slot and GPU, before TensorFlow starts its devices in this task process (a CPU
+        # worker, without MOP_GPUS or CUDA_VISIBLE_DEVICES, is left exactly as it is).
+        from mop_airflow.training.devices import place_this_process  # noqa: PLC0415
+
+        placement = place_this_process()
+        if placement is not None and placement.gpu is not None:
+            self.log.info("hop slot %d on GPU %s (%d slot(s) share it%s)", placement.slot, placement.gpu,
+                          placement.slots_sharing, ", memory grows on demand" if placement.memory_growth else "")
+
         from mop_airflow.training.bundle_hop import run_bundle_hop  # noqa: PLC0415
         from mop_airflow.training.model_hop import Where  # noqa: PLC0415
 

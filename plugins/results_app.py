@@ -8,10 +8,10 @@ without the right: 403.
 
 Where a run's files are is what its ``preflight`` task resolved (the run record, XCom
 ``return_value``): the API server reads that from the metadata database and never parses DAG
-files. A DAG run holds one model selection per preflight task (:mod:`mop_airflow.selection`): the
+files. A DAG run holds one model selection per preflight task (:mod:`mop_airflow.records.selection`): the
 whole DAG's (``preflight``), or each MopTaskGroup's (``<group>.preflight``); ``?group=ID`` picks
 one, and without it a run of groups shows its first. Reading and shaping the data is
-:mod:`mop_airflow.results`; this module only finds the run.
+:mod:`mop_airflow.results.page`; this module only finds the run.
 """
 
 from __future__ import annotations
@@ -32,10 +32,10 @@ from airflow.models.taskinstance import TaskInstance
 from airflow.models.xcom import XComModel
 
 from mop_airflow.errors import MopError
-from mop_airflow.layout import RunLayout
+from mop_airflow.records.layout import RunLayout
 from mop_airflow.records import RunRecord
-from mop_airflow.run_chain import continuation_of
-from mop_airflow.results import (
+from mop_airflow.planning.run_chain import continuation_of
+from mop_airflow.results.page import (
     DOWNLOADS,
     NotARunFolder,
     check_folder,
@@ -44,8 +44,8 @@ from mop_airflow.results import (
     read_chunks,
     run_results,
 )
-from mop_airflow.selection import SEPARATOR, group_of, selection_id, selections_of, task_id_in, whole_first
-from mop_airflow.store import Store
+from mop_airflow.records.selection import SEPARATOR, group_of, selection_id, selections_of, task_id_in, whole_first
+from mop_airflow.hooks.connections import open_spec_store
 
 PREFLIGHT, PREFLIGHT_OPERATOR = "preflight", "MopPreflightOperator"
 STATIC = {"results.js": "text/javascript", "results.css": "text/css"}
@@ -201,7 +201,7 @@ def _run_record(session: Any, dag_run: DagRun, group: str | None) -> RunRecord |
 def _layout(record: RunRecord) -> RunLayout:
     """The search's folder, named by its selection id and run (the record's: checked by :func:`_run_record`)."""
     spec = record.store
-    store = Store(spec.root, spec.storage_options, spec.conn_id, retry_seconds=min(spec.retry_seconds, PAGE_SECONDS))
+    store = open_spec_store(spec, retry_seconds=min(spec.retry_seconds, PAGE_SECONDS))
     return RunLayout(store, record.dag_id, record.run_id)
 
 

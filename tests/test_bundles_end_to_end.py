@@ -3,7 +3,7 @@ same visit orders, from fewer task instances."""
 
 import pytest
 
-from mop_airflow.layout import RunLayout
+from mop_airflow.records.layout import RunLayout
 from mop_airflow.store import Store
 from tests.conftest import write_dag_file
 from tests.test_end_to_end import tiny_spec, write_digits
@@ -55,7 +55,7 @@ def test_bundle_sizes_give_the_same_metrics_per_configuration(airflow_db, tmp_pa
 
     # the results page says which configurations share a bundle
     from mop_airflow.records import RunRecord
-    from mop_airflow.results import run_results
+    from mop_airflow.results.page import run_results
 
     layout = auto["layout"]
     page = run_results(layout, RunRecord.read(store, layout.run_record_uri))

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from mop_airflow.bundling import (BUILD_SECONDS, CHAINS_PER_SLOT, TASK_INSTANCE_BUDGET, bundle_class, bundle_name,
+from mop_airflow.records import bundle_name
+from mop_airflow.planning.bundling import (BUILD_SECONDS, CHAINS_PER_SLOT, TASK_INSTANCE_BUDGET, bundle_class,
                                   chain_count, deal, deal_configs, hop_cost, make_bundles, model_key)
 from mop_airflow.errors import SpecError
 from mop_airflow.records import Plan
-from mop_airflow.schedule import deal_classes
-from mop_airflow.resolve import make_plan, resolve_run
-from mop_airflow.spec import ScheduleSpec
+from mop_airflow.planning.schedule import deal_classes
+from mop_airflow.planning.plan import make_plan
+from mop_airflow.planning.resolve import resolve_run
+from mop_airflow.config import ScheduleSpec
 
 
 def _config(cid, model="m:a", lr=0.01, batch=32, **extra):

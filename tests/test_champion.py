@@ -9,13 +9,13 @@ import math
 
 import pytest
 
-from mop_airflow.champion import (asset_extra, better, champion_asset_uri, current_champion, incompatible, publish,
+from mop_airflow.serving.champion import (asset_extra, better, champion_asset_uri, current_champion, incompatible, publish,
                                   read_registry, registry_uri, republish)
 from mop_airflow.errors import SpecError, StoreError
-from mop_airflow.layout import RunLayout
+from mop_airflow.records.layout import RunLayout
 from mop_airflow.records import Manifest, ShardEntry
 from mop_airflow.store import Store
-from mop_airflow.warm_start import resolve_warm_start
+from mop_airflow.serving.warm_start import resolve_warm_start
 
 
 @pytest.mark.parametrize("challenger, champion, direction, margin, expected", [

@@ -16,8 +16,8 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from mop_airflow.champion import champion_asset_uri, publish, read_registry, registry_uri, run_entry
-from mop_airflow.cli import OK, UNAVAILABLE, USAGE, main
+from mop_airflow.serving.champion import champion_asset_uri, publish, read_registry, registry_uri, run_entry
+from mop_airflow.cli.main import OK, UNAVAILABLE, USAGE, main
 from tests.test_predict_cli import _expected, run  # noqa: F401 - the module-scoped tiny run
 
 pytestmark = pytest.mark.integration
@@ -85,7 +85,7 @@ def test_publish_by_version_and_by_run_id_appends_an_entry(registry, capsys, mon
     def no_airflow(args):
         raise AssertionError("--no-event must not ask Airflow")
 
-    monkeypatch.setattr("mop_airflow.run_commands.api", no_airflow)
+    monkeypatch.setattr("mop_airflow.cli.runs.api", no_airflow)
     assert _cli(tmp, "champion", "publish", DAG, "1", "--no-event") == OK
     out = capsys.readouterr().out
     assert f"{DAG}: champion is now version 3: " in out and "no Asset event emitted (--no-event)" in out
@@ -225,7 +225,7 @@ def api_server(run, session_dir, tmp_path_factory):  # noqa: F811
 
 
 def test_publish_emits_the_champion_asset_event(registry, api_server, capsys):
-    from mop_airflow.airflow.rest import AirflowAPI
+    from mop_airflow.hooks.rest import AirflowAPI
 
     tmp, _, layout = registry
     uri = champion_asset_uri(DAG)

@@ -1,6 +1,6 @@
 """`mop-airflow plan` prints the schedule before anything runs; bad input exits 2 with the rule."""
 
-from mop_airflow.cli import main
+from mop_airflow.cli.main import main
 
 
 def test_plan_prints_brackets_totals_and_estimate(capsys):

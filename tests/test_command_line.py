@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 
 from mop_airflow.airflow.local import airflow_env, free_port
-from mop_airflow.airflow.rest import AirflowAPI
+from mop_airflow.hooks.rest import AirflowAPI
 from mop_airflow.airflow.run_status import find_run
-from mop_airflow.cli import OK, UNAVAILABLE, USAGE, _port_free, main
-from mop_airflow.layout import RunLayout
+from mop_airflow.cli.main import OK, UNAVAILABLE, USAGE, _port_free, main
+from mop_airflow.records.layout import RunLayout
 from mop_airflow.store import Store
 from tests.conftest import dag_file
 from tests.test_end_to_end import tiny_spec, write_digits
@@ -29,7 +29,7 @@ DAG_ID = "my_digits"
 
 
 def cli(*args: str, env: dict, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "mop_airflow.cli", *args], env=env, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "mop_airflow.cli.main", *args], env=env, capture_output=True, text=True,
                           timeout=timeout)
 
 
@@ -49,7 +49,7 @@ def _wait_for_line(proc: subprocess.Popen, text: str, timeout: float) -> list[st
 
 
 def _up(folder: Path, home: Path, port: int, env: dict) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "mop_airflow.cli", "up", "--dags-folder", str(folder),
+    return subprocess.Popen([sys.executable, "-m", "mop_airflow.cli.main", "up", "--dags-folder", str(folder),
                              "--port", str(port), "--home", str(home)],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
 

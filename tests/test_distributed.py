@@ -22,7 +22,7 @@ import uuid
 
 import pytest
 
-from mop_airflow.layout import RunLayout
+from mop_airflow.records.layout import RunLayout
 from mop_airflow.records import HopRecord, Manifest, StageRecord
 from mop_airflow.airflow.local import CeleryWorker, LocalAirflow
 from mop_airflow.store import Store

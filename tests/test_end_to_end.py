@@ -12,7 +12,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from mop_airflow.layout import RunLayout
+from mop_airflow.records.layout import RunLayout
+from mop_airflow.hooks.connections import open_spec_store
+from mop_airflow.config import StoreSpec
 from mop_airflow.store import Store
 from tests.conftest import logged, make_bucket, write_dag_file
 
@@ -142,7 +144,7 @@ def test_tiny_dag_with_the_store_on_s3(airflow_db, tmp_path, s3_endpoint, monkey
     monkeypatch.setenv("AIRFLOW_CONN_MOP_S3_E2E", json.dumps(conn))
     local = tmp_path / "digits.parquet"
     write_digits(local)
-    store = Store("s3://mop-e2e/runs", conn_id="mop_s3_e2e")
+    store = open_spec_store(StoreSpec(root="s3://mop-e2e/runs", conn_id="mop_s3_e2e"))
     store.put_file(str(local), "s3://mop-e2e/data/digits.parquet")  # the input lives in the bucket too
     spec = tiny_spec("s3://mop-e2e/data/digits.parquet", "s3://mop-e2e/runs", iterations=1)
     spec["data"]["conn_id"] = "mop_s3_e2e"
@@ -168,7 +170,7 @@ def test_an_s3_outage_during_the_hops_is_waited_for_and_the_run_ends_as_an_undis
     make_bucket(endpoint, "mop-outage-e2e")
     conn = {"conn_type": "aws", "login": "test", "password": "test", "extra": {"endpoint_url": endpoint}}
     monkeypatch.setenv("AIRFLOW_CONN_MOP_S3_OUTAGE", json.dumps(conn))
-    store = Store("s3://mop-outage-e2e/runs", conn_id="mop_s3_outage")
+    store = open_spec_store(StoreSpec(root="s3://mop-outage-e2e/runs", conn_id="mop_s3_outage"))
     write_digits(tmp_path / "digits.parquet")
     spec = tiny_spec(str(tmp_path / "digits.parquet"), "s3://mop-outage-e2e/runs", iterations=2)
     spec["store"].update(conn_id="mop_s3_outage", cache_dir=str(tmp_path / "cache"),
@@ -221,7 +223,7 @@ def _example_spec(dag_file: str, data: dict, store_root: str) -> dict:
     """The example DAG file's spec with its data in a temp folder, 1 iteration and the store under tmp."""
     import importlib.util
 
-    from mop_airflow.spec import MopSpec
+    from mop_airflow.config import MopSpec
 
     module_spec = importlib.util.spec_from_file_location(f"example_{dag_file}", f"dags/{dag_file}.py")
     module = importlib.util.module_from_spec(module_spec)
@@ -275,7 +277,7 @@ def test_the_regression_example_ranks_by_validation_mae(airflow_db, tmp_path):
 
 def test_the_image_folder_example_trains_on_png_class_folders_and_scores_a_folder(airflow_db, tmp_path):
     from mop_airflow.examples.sklearn_data import digit_images_data_spec, write_digit_images
-    from mop_airflow.training.predict import predict
+    from mop_airflow.serving.predict import predict
 
     folder = write_digit_images(str(tmp_path))
     root = f"file://{tmp_path / 'store'}"
@@ -326,7 +328,7 @@ def test_the_image_folder_example_reads_its_folders_from_an_s3_prefix(airflow_db
     spec["store"].update(conn_id="mop_s3_images", cache_dir=str(tmp_path / "cache"))
     dag_run = run_dag(spec, "mop_e2e_digit_images_s3")
     assert dag_run.state == "success"
-    store = Store("s3://mop-images-e2e/runs", conn_id="mop_s3_images")
+    store = open_spec_store(StoreSpec(root="s3://mop-images-e2e/runs", conn_id="mop_s3_images"))
     layout = RunLayout(store, "mop_e2e_digit_images_s3", dag_run.run_id)
     manifest = store.read_json(layout.manifest_pointer_uri)
     assert manifest["classes"] == [str(d) for d in range(10)]

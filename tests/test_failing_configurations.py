@@ -9,10 +9,10 @@ marked failed or diverged with their reason. ``search.fail_fast`` fails the run 
 import pytest
 
 from mop_airflow.errors import TrainingError
-from mop_airflow.layout import RunLayout
+from mop_airflow.records.layout import RunLayout
 from mop_airflow.records import RunRecord
-from mop_airflow.report import write_report
-from mop_airflow.spec import MopSpec
+from mop_airflow.results.report import write_report
+from mop_airflow.config import MopSpec
 from mop_airflow.store import Store
 from tests.conftest import write_dag_file
 from tests.test_end_to_end import tiny_spec, write_digits

@@ -18,12 +18,12 @@ import pyarrow.parquet as pq
 import pytest
 
 from mop_airflow.airflow.run_status import RunRef, busy_of, dag_selections, find_run
-from mop_airflow.champion import read_registry, registry_uri
-from mop_airflow.cli import OK, UNAVAILABLE, USAGE, main
-from mop_airflow.layout import RunLayout
+from mop_airflow.serving.champion import read_registry, registry_uri
+from mop_airflow.cli.main import OK, UNAVAILABLE, USAGE, main
+from mop_airflow.records.layout import RunLayout
 from mop_airflow.records import HopRecord, Plan, RunRecord
 from mop_airflow.store import Store, safe_segment
-from mop_airflow.stored_runs import stored_selections
+from mop_airflow.results.runs import stored_selections
 from tests.test_predict_cli import _expected, run  # noqa: F401 - the module-scoped tiny run
 
 pytestmark = pytest.mark.integration
@@ -248,7 +248,7 @@ def test_status_and_report_through_airflow_ask_for_the_groups_tasks(groups, caps
                {"task_id": f"{GROUP}.class_0.chain_0.hop_1_shard_0", "pool": "mop_shard_0",
                 "rendered_map_index": "b0: c1"}]
     api = RestData(records, running)
-    monkeypatch.setattr("mop_airflow.run_commands.api", lambda args: nullcontext(api))
+    monkeypatch.setattr("mop_airflow.cli.runs.api", lambda args: nullcontext(api))
 
     assert main(["status", DAG, "r1", "--once"]) == USAGE
     err = capsys.readouterr().err

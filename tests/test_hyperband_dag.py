@@ -10,9 +10,9 @@ import io
 import numpy as np
 import pytest
 
-from mop_airflow.layout import RunLayout
+from mop_airflow.records.layout import RunLayout
 from mop_airflow.search.adaptive import split_by_bracket
-from mop_airflow.spec import MopSpec
+from mop_airflow.config import MopSpec
 from mop_airflow.store import Store
 from tests.conftest import write_dag_file
 from tests.test_end_to_end import tiny_spec, write_digits

@@ -10,8 +10,8 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from mop_airflow.cli import OK, UNAVAILABLE, USAGE, main
-from mop_airflow.layout import RunLayout
+from mop_airflow.cli.main import OK, UNAVAILABLE, USAGE, main
+from mop_airflow.records.layout import RunLayout
 from mop_airflow.store import Store
 from tests.conftest import write_dag_file
 from tests.test_end_to_end import MLP, write_digits

@@ -1,6 +1,6 @@
 """Progress of a run from its records: hand-computable counts, best, time left (no Airflow)."""
 
-from mop_airflow.progress import format_seconds, progress_of
+from mop_airflow.results.progress import format_seconds, progress_of
 from mop_airflow.records import HopRecord, Plan
 
 PLAN = Plan(shards=2, iterations=2, seed=0, priority="hops_left", model_hops_total=12,

@@ -16,7 +16,7 @@ import sys
 
 import pytest
 
-from mop_airflow.layout import RunLayout
+from mop_airflow.records.layout import RunLayout
 from mop_airflow.airflow.local import LocalAirflow
 from mop_airflow.store import Store
 from tests.conftest import dag_file
@@ -168,7 +168,7 @@ def test_a_bundle_hop_killed_half_way_is_retried_and_trains_only_the_rest(airflo
     """SIGKILL the process training hop 1 of each bundle half-way, in its second configuration: the
     scheduler retries it, the retry skips the configuration already committed and trains the other
     from hop 0's checkpoint, and the run's metrics equal an undisturbed run's."""
-    sync = subprocess.run([sys.executable, "-m", "mop_airflow.cli", "pools", "sync", "--shards", "2"],
+    sync = subprocess.run([sys.executable, "-m", "mop_airflow.cli.main", "pools", "sync", "--shards", "2"],
                           env=airflow.env, capture_output=True, text=True)
     assert sync.returncode == 0, sync.stderr
     store = Store(f"file://{airflow.root / 'store'}")
@@ -225,7 +225,7 @@ def test_clearing_a_finished_run_or_one_hop_gives_the_same_results_without_dupli
     """Clear one hop, then the whole run, as the UI's Clear button does (the REST API): the metrics
     table keeps one row per configuration and iteration, every checkpoint belongs to a hop record,
     the shards are reused, and the results are those of the first run."""
-    sync = subprocess.run([sys.executable, "-m", "mop_airflow.cli", "pools", "sync", "--shards", "2"],
+    sync = subprocess.run([sys.executable, "-m", "mop_airflow.cli.main", "pools", "sync", "--shards", "2"],
                           env=airflow.env, capture_output=True, text=True)
     assert sync.returncode == 0, sync.stderr
     store = Store(f"file://{airflow.root / 'store'}")
@@ -263,7 +263,7 @@ def test_a_search_split_over_dag_runs_goes_on_run_after_run_and_ends_as_one_run(
     failed in the first block train no further; the last run reports into the first run's folder,
     with the same leaderboard and metrics as the search in one run."""
     from mop_airflow.airflow.run_status import find_run
-    from mop_airflow.layout import run_folder
+    from mop_airflow.records.layout import run_folder
 
     store = Store(f"file://{airflow.root / 'store'}")
     whole = airflow.trigger(WHOLE)

@@ -13,10 +13,11 @@ import sys
 
 import pytest
 
-from mop_airflow.layout import RunLayout
+from mop_airflow.records.layout import RunLayout
 from mop_airflow.records import HopRecord
-from mop_airflow.resolve import make_plan, resolve_run
-from mop_airflow.results import (
+from mop_airflow.planning.plan import make_plan
+from mop_airflow.planning.resolve import resolve_run
+from mop_airflow.results.page import (
     NotARunFolder,
     check_folder,
     check_ids,
@@ -25,7 +26,7 @@ from mop_airflow.results import (
     read_chunks,
     run_results,
 )
-from mop_airflow.rungs import decide_rung
+from mop_airflow.planning.rungs import decide_rung
 from mop_airflow.store import Store
 from tests.test_end_to_end import MLP, tiny_spec, write_digits
 
@@ -292,14 +293,14 @@ def test_a_folder_written_by_another_run_whose_id_maps_to_the_same_name_is_refus
 
 
 def test_the_results_data_imports_no_airflow_and_no_tensorflow():
-    code = ("import sys, mop_airflow.results\n"
+    code = ("import sys, mop_airflow.results.page\n"
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('airflow', 'tensorflow', 'keras')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip().splitlines()[-1] == "[]"
 
 
 def test_a_local_report_of_a_run_still_training_is_provisional(store, tmp_path):
-    from mop_airflow.local_report import fetch_report, print_leaderboard
+    from mop_airflow.results.console import fetch_report, print_leaderboard
 
     layout, run, plan = planned(store)
     a = sorted(plan.visit_order)[0]

@@ -21,7 +21,7 @@ import httpx
 import pytest
 
 from mop_airflow.airflow.local import LocalAirflow
-from mop_airflow.layout import RunLayout
+from mop_airflow.records.layout import RunLayout
 from mop_airflow.store import Store
 from tests.conftest import dag_file
 from tests.test_end_to_end import tiny_spec, write_digits
@@ -424,11 +424,11 @@ def test_the_plugin_is_registered_with_its_views(airflow):
 
 
 def test_a_hyperband_run_shows_its_brackets_and_where_each_configuration_stopped(airflow, browser, tmp_path):
-    """The page drawn from a Hyperband run's data (built by mop_airflow.results from hand-written hop
+    """The page drawn from a Hyperband run's data (built by mop_airflow.results.page from hand-written hop
     records and a real rung decision, served in place of the API's answer): brackets and rungs with
     the decision, pruned outcomes, best per bracket, and a stop mark on each pruned curve."""
-    from mop_airflow.rungs import decide_rung
-    from mop_airflow.results import run_results
+    from mop_airflow.planning.rungs import decide_rung
+    from mop_airflow.results.page import run_results
     from tests.test_results import MLP, hop, planned
 
     spec = tiny_spec("/data/digits.parquet", f"file://{tmp_path / 'store'}")

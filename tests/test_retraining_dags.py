@@ -24,8 +24,8 @@ import numpy as np
 import pytest
 
 from mop_airflow.airflow.local import LocalAirflow
-from mop_airflow.champion import asset_extra, champion_asset_uri, read_registry
-from mop_airflow.layout import RunLayout
+from mop_airflow.serving.champion import asset_extra, champion_asset_uri, read_registry
+from mop_airflow.records.layout import RunLayout
 from mop_airflow.store import Store
 from tests.conftest import REPO
 

@@ -1,16 +1,17 @@
-"""A plain search longer than one DAG run holds, split over the DAG's runs (mop_airflow.run_chain):
+"""A plain search longer than one DAG run holds, split over the DAG's runs (mop_airflow.planning.run_chain):
 how many iterations a run trains, the shape each run renders, and how any run of a search finds
 the search's folder. The runs themselves go on a real scheduler: tests/test_real_scheduler.py."""
 
 import pytest
 
 from mop_airflow.errors import SpecError
-from mop_airflow.layout import RunLayout, run_folder
-from mop_airflow.run_chain import RUN_HOP_BUDGET, Continuation, RunChain, continuation_of, iterations_per_run
-from mop_airflow.spec import MopSpec
+from mop_airflow.records.layout import RunLayout, run_folder
+from mop_airflow.planning.run_chain import RUN_HOP_BUDGET, continuation_of, iterations_per_run
+from mop_airflow.records import Continuation, RunChain
+from mop_airflow.config import MopSpec
 from mop_airflow.store import Store
-from mop_airflow.stored_runs import stored_run
-from mop_airflow.task_plan import build_task_plan, spec_task_plan
+from mop_airflow.results.runs import stored_run
+from mop_airflow.planning.task_plan import build_task_plan, spec_task_plan
 from tests.test_end_to_end import tiny_spec
 
 

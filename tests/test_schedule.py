@@ -6,10 +6,10 @@ from collections import Counter, defaultdict
 import pytest
 
 from benchmarks.schedule_sim import make_workload, run_group_rotation, run_mop
-from mop_airflow.schedule import PRIORITY_RULES, deal_classes, priority_weight, shard_at, visit_order
-from mop_airflow.simulation import estimate_seconds, lower_bound, simulate, stand_in_members
+from mop_airflow.planning.schedule import PRIORITY_RULES, deal_classes, priority_weight, shard_at, visit_order
+from mop_airflow.planning.simulation import estimate_seconds, lower_bound, simulate, stand_in_members
 from mop_airflow.search.adaptive import adaptive_plan
-from mop_airflow.task_plan import build_task_plan
+from mop_airflow.planning.task_plan import build_task_plan
 
 SHAPES = list(itertools.product([1, 2, 3, 5, 8, 13], [1, 2, 3, 4, 7], [1, 2, 3]))
 

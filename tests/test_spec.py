@@ -4,7 +4,7 @@ import pytest
 
 from mop_airflow.errors import SpecError
 from mop_airflow.search.space import SearchSpace
-from mop_airflow.spec import MopSpec, metric_direction
+from mop_airflow.config import MopSpec, metric_direction
 
 MODEL = "mop_airflow.examples.mnist1d_models:mlp"
 

@@ -16,8 +16,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mop_airflow.errors import MopError
-from mop_airflow.resolve import resolve_run
-from mop_airflow.spec import MopSpec
+from mop_airflow.planning.resolve import resolve_run
+from mop_airflow.config import MopSpec
 
 MODEL = "mop_airflow.examples.mnist1d_models:mlp"
 BASE = {

@@ -6,7 +6,9 @@ import os
 import pytest
 
 from mop_airflow.errors import StoreError
-from mop_airflow.layout import RunLayout
+from mop_airflow.records.layout import RunLayout
+from mop_airflow.hooks.connections import open_spec_store
+from mop_airflow.config import StoreSpec
 from mop_airflow.store import Store, safe_segment
 from tests.conftest import make_bucket
 
@@ -54,7 +56,7 @@ def test_s3_store_with_an_airflow_connection(s3_endpoint, monkeypatch):
     monkeypatch.setenv("AIRFLOW_CONN_MOP_S3", json.dumps(conn))
     for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
         monkeypatch.delenv(name, raising=False)
-    store = Store("s3://mop-conn", conn_id="mop_s3")
+    store = open_spec_store(StoreSpec(root="s3://mop-conn", conn_id="mop_s3"))
     store.write_json(store.uri("x.json"), {"ok": True})
     assert store.read_json(store.uri("x.json")) == {"ok": True}
     assert os.environ.get("AWS_ACCESS_KEY_ID") is None  # credentials went to s3fs, not the environment

@@ -9,7 +9,7 @@ import importlib.util
 import pytest
 
 from mop_airflow.errors import SpecError
-from mop_airflow.layout import RunLayout
+from mop_airflow.records.layout import RunLayout
 from mop_airflow.store import Store
 from tests.conftest import REPO
 from tests.test_end_to_end import tiny_spec, write_digits
@@ -103,7 +103,7 @@ def test_group_errors_name_the_field_the_rule_and_the_fix():
 
 
 def test_a_group_conf_is_the_groups_part_of_the_trigger_conf():
-    from mop_airflow.selection import conf_of
+    from mop_airflow.records.selection import conf_of
 
     conf = {"sel.learning_rate": [0.1], "sel": {"batch_size": [8]}, "other.x": 1, "date": "2024-01-01"}
     assert conf_of(conf, "sel") == {"learning_rate": [0.1], "batch_size": [8]}
@@ -157,7 +157,7 @@ with DAG("no_data", schedule=None, start_date=dt.datetime(2024, 1, 1, tzinfo=dt.
 
 @pytest.mark.integration
 def test_the_pipeline_example_trains_on_what_extract_wrote_and_deploys_the_winner(airflow_db, session_dir):
-    from mop_airflow.spec import default_home
+    from mop_airflow.config import default_home
 
     dag = _dag_from_file(session_dir, "mop_pipeline", (REPO / "dags" / "mop_pipeline.py").read_text())
     run = dag.test()

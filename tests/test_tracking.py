@@ -9,10 +9,10 @@ import socket
 
 import pytest
 
-from mop_airflow.layout import RunLayout
+from mop_airflow.records.layout import RunLayout
 from mop_airflow.records import RunRecord
 from mop_airflow.store import Store
-from mop_airflow.tracking import config_params, track_run
+from mop_airflow.results.tracking import config_params, track_run
 
 MLP, CNN = "my_models:mlp", "my_models:cnn"
 CONFIGS = [

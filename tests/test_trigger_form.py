@@ -12,8 +12,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mop_airflow.errors import MopError, SpecError
-from mop_airflow.spec import MopSpec
-from mop_airflow.trigger_form import apply_conf, form_fields
+from mop_airflow.config import MopSpec
+from mop_airflow.config.trigger import apply_conf
+from mop_airflow.config.form import form_fields
 from tests.conftest import REPO
 
 MLP = "mop_airflow.examples.mnist1d_models:mlp"

@@ -7,10 +7,10 @@ second starts from the first and its first iteration's training loss is below a 
 import pytest
 
 from mop_airflow.errors import SpecError
-from mop_airflow.layout import RunLayout
+from mop_airflow.records.layout import RunLayout
 from mop_airflow.records import HopRecord
 from mop_airflow.store import Store
-from mop_airflow.warm_start import resolve_warm_start
+from mop_airflow.serving.warm_start import resolve_warm_start
 
 
 def cfg(cid, model="m:mlp", lr=0.01, units=32):

@@ -12,14 +12,14 @@ from typing import Any, Mapping, Sequence
 from airflow.sdk import DAG, Param
 
 from mop_airflow.airflow.render import RETRIES, champion_asset, render_selection
-from mop_airflow.schedule import DEFAULT_PRIORITY
+from mop_airflow.planning.schedule import DEFAULT_PRIORITY
 from mop_airflow.search.adaptive import brackets_of
-from mop_airflow.spec import MopSpec
-from mop_airflow.task_plan import configuration_count, spec_task_plan
-from mop_airflow.trigger_form import form_fields, rung_iterations
+from mop_airflow.config import MopSpec
+from mop_airflow.planning.task_plan import configuration_count, spec_task_plan
+from mop_airflow.config.form import form_fields, rung_iterations
 
 def _params(spec: MopSpec) -> dict[str, Param]:
-    """The trigger form: typed fields from the spec (:mod:`mop_airflow.trigger_form`), defaults = the spec."""
+    """The trigger form: typed fields from the spec (:mod:`mop_airflow.config.form`), defaults = the spec."""
     return {f.name: Param(copy.deepcopy(f.default), **copy.deepcopy(dict(f.schema)))
             for f in form_fields(spec).values()}
 
@@ -66,7 +66,7 @@ def build_mop_dag(
     ``airflow dags test`` never use pools, so nothing is checked there.
 
     ``priority`` picks the rule by which a free shard slot chooses among waiting configurations
-    (:data:`mop_airflow.schedule.PRIORITY_RULES`).
+    (:data:`mop_airflow.planning.schedule.PRIORITY_RULES`).
 
     A trigger conf may name model builders only from ``builder_modules`` (modules or packages);
     by default those are the modules the spec's own builders come from, so a conf cannot make the

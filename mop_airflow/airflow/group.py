@@ -5,7 +5,7 @@ by the group's, and a last ``result`` task whose return value, ``selection.outpu
 summary (best configuration, metric and value, the best model's and leaderboard's URIs, the run
 folder, the champion decision). Everything a run of the group keeps (run folders, shards,
 champion registry, Asset) is named by its selection id ``<dag_id>.<group_id>``
-(:mod:`mop_airflow.selection`), so several groups in one DAG never collide; they may share the
+(:mod:`mop_airflow.records.selection`), so several groups in one DAG never collide; they may share the
 shard pools, which are the shards' GPUs.
 
 ``data.source`` and ``data.validation`` may come from upstream: a Jinja template rendered when
@@ -24,11 +24,11 @@ from airflow.sdk.exceptions import DuplicateTaskIdFound
 from mop_airflow.airflow.render import RETRIES, champion_asset, render_selection
 from mop_airflow.errors import SpecError
 from mop_airflow.operators.preflight import TEMPLATED_DATA
-from mop_airflow.schedule import DEFAULT_PRIORITY
-from mop_airflow.selection import selection_id, task_id_in
-from mop_airflow.spec import MopSpec
-from mop_airflow.task_plan import spec_task_plan
-from mop_airflow.trigger_form import form_fields
+from mop_airflow.planning.schedule import DEFAULT_PRIORITY
+from mop_airflow.records.selection import selection_id, task_id_in
+from mop_airflow.config import MopSpec
+from mop_airflow.planning.task_plan import spec_task_plan
+from mop_airflow.config.form import form_fields
 
 
 class MopTaskGroup(TaskGroup):

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from mop_airflow.airflow.rest import AirflowAPI
+from mop_airflow.hooks.rest import AirflowAPI
 from mop_airflow.training.session import HOPS_PER_WORKER_ENV
 
 SERVICES = ("api-server", "scheduler", "dag-processor")

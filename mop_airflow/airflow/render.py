@@ -1,4 +1,4 @@
-"""The pure task plan (:mod:`mop_airflow.task_plan`) instantiated as Airflow operators, into the
+"""The pure task plan (:mod:`mop_airflow.planning.task_plan`) instantiated as Airflow operators, into the
 current DAG or task group.
 
 The plan decides every task id, pool, queue, upstream and priority weight; this module only
@@ -18,8 +18,8 @@ from typing import Any, Iterator, Sequence
 from airflow.sdk import Asset, TaskGroup
 from airflow.sdk.definitions.param import ParamsDict
 
-from mop_airflow import resolve
-from mop_airflow.champion import champion_asset_uri
+from mop_airflow.planning import resolve
+from mop_airflow.serving.champion import champion_asset_uri
 from mop_airflow.operators.check_models import MopCheckModelsOperator
 from mop_airflow.operators.data import MopListDataOperator, MopScatterOperator, MopShardOperator
 from mop_airflow.operators.next_run import MopNextRunOperator
@@ -30,9 +30,9 @@ from mop_airflow.operators.publish import MopPublishOperator
 from mop_airflow.operators.report import MopReportOperator, MopResultOperator
 from mop_airflow.operators.train import MopTrainHopOperator
 from mop_airflow.search.adaptive import brackets_of
-from mop_airflow.selection import selection_id, task_id_in
-from mop_airflow.spec import MopSpec
-from mop_airflow.task_plan import ClassGroup, TaskPlan, TaskSpec
+from mop_airflow.records.selection import selection_id, task_id_in
+from mop_airflow.config import MopSpec
+from mop_airflow.planning.task_plan import ClassGroup, TaskPlan, TaskSpec
 
 # Every task retries twice, 10 s and then 20 s later: a hop that dies with its worker resumes from
 # its configuration's last checkpoint (the one its assignment names). Errors a retry cannot fix

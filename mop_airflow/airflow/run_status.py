@@ -3,7 +3,7 @@
 The store a run writes to is in its resolved run record, which the run's first task returns as its
 XCom; so a run is found from (dag_id, run_id) alone, whatever store its DAG file configured. A
 MopTaskGroup's selection is found the same way through its own prefixed tasks
-(``<group>.preflight``), and only its own tasks count as its work (:mod:`mop_airflow.selection`).
+(``<group>.preflight``), and only its own tasks count as its work (:mod:`mop_airflow.records.selection`).
 """
 
 from __future__ import annotations
@@ -13,14 +13,15 @@ import json
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
-from mop_airflow.airflow.rest import AirflowAPI
+from mop_airflow.hooks.rest import AirflowAPI
 from mop_airflow.errors import AirflowApiError
-from mop_airflow.layout import RunLayout
+from mop_airflow.records.layout import RunLayout
 from mop_airflow.records import RunRecord
-from mop_airflow.run_chain import RunChain, continuation_of
-from mop_airflow.selection import selection_id, selections_of, task_id_in
-from mop_airflow.store import Store
-from mop_airflow.task_plan import shard_pool
+from mop_airflow.records import RunChain
+from mop_airflow.planning.run_chain import continuation_of
+from mop_airflow.records.selection import selection_id, selections_of, task_id_in
+from mop_airflow.hooks.connections import open_spec_store
+from mop_airflow.planning.task_plan import shard_pool
 
 FINISHED = ("success", "failed")
 
@@ -51,7 +52,7 @@ class RunRef:
         spec = self.record.store
         if store_root:
             spec = dataclasses.replace(spec, root=store_root)
-        return RunLayout(Store.from_spec(spec), self.selection_id, self.search_run or self.run_id)
+        return RunLayout(open_spec_store(spec), self.selection_id, self.search_run or self.run_id)
 
 
 def dag_selections(api: AirflowAPI, dag_id: str) -> list[str | None]:
@@ -92,7 +93,7 @@ def find_run(api: AirflowAPI, dag_id: str, run_id: str | None = None, *, group: 
 
 
 def _latest_block(api: AirflowAPI, ref: RunRef) -> RunRef:
-    """For a search split over several DAG runs (:mod:`mop_airflow.run_chain`) whose run ``ref`` has
+    """For a search split over several DAG runs (:mod:`mop_airflow.planning.run_chain`) whose run ``ref`` has
     finished its block, the run training the search's latest block: its state is the search's."""
     if ref.state != "success" or ref.record is None:
         return ref

@@ -11,9 +11,9 @@ import sys
 import time
 from typing import Any, Callable, TextIO
 
-from mop_airflow.airflow.rest import AirflowAPI
+from mop_airflow.hooks.rest import AirflowAPI
 from mop_airflow.airflow.run_status import FINISHED, RunRef, busy_shards, find_run
-from mop_airflow.progress import Progress, format_seconds, run_progress
+from mop_airflow.results.progress import Progress, format_seconds, run_progress
 
 
 def snapshot(api: AirflowAPI, ref: RunRef, store_root: str | None = None) -> Progress | None:

@@ -21,8 +21,10 @@ from __future__ import annotations
 import posixpath
 from typing import Any, Iterator, Mapping
 
+from mop_airflow.data.files import Batch, file_uri, path_of, version_of
 from mop_airflow.errors import DataValidationError
 from mop_airflow.records import SourceFile, SourceListing
+from mop_airflow.store import open_filesystem
 
 # Keras's list (image_dataset_from_directory); a GIF gives its first frame.
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp")
@@ -44,7 +46,6 @@ def list_images(fs: Any, infos: Mapping[str, tuple[int, str]], base: str, *, uri
     without a label (outside any class folder, or without a row) is a layout problem and left
     out, so that no later check names it again, unless ``scoring`` (predict needs no label).
     """
-    from mop_airflow.data.source import file_uri  # noqa: PLC0415 - source imports this module
 
     paths = sorted(infos)
     relative = [_relative(p, base) for p in paths]
@@ -95,20 +96,19 @@ def rows_named(listing: SourceListing, examples: list[tuple[int, int]], count: i
     return f"file{'s' if count != 1 else ''} {', '.join(shown)}{more}"
 
 
-def image_schema(listing: SourceListing, labels_table: Any = None, storage_options: Any = None,
-                 conn_id: str | None = None) -> Any:
+def image_schema(listing: SourceListing, labels_table: Any = None, options: Mapping[str, Any] | None = None) -> Any:
     """The Arrow schema of an image source's rows (``labels_table``: its labels file, already read)."""
     import pyarrow as pa  # noqa: PLC0415
 
     fields = [pa.field(IMAGE, pa.binary()), pa.field(PATH, pa.string())]
     if listing.images["layout"] == "folders":
         return pa.schema([*fields, pa.field(LABEL, pa.string())])
-    table = labels_table if labels_table is not None else _labels_table(listing, storage_options, conn_id)
+    table = labels_table if labels_table is not None else _labels_table(listing, options)
     return pa.schema([*fields, *[f for f in table.schema if f.name in listing.schema and f.name not in (IMAGE, PATH)]])
 
 
 def iter_image_batches(listing: SourceListing, columns: list[str] | None, *, batch_rows: int,
-                       storage_options: Mapping[str, Any] | None = None, conn_id: str | None = None) -> Iterator:
+                       options: Mapping[str, Any] | None = None) -> Iterator:
     """Batches of ``batch_rows`` files in listing order; a file's bytes are read only for ``image``.
 
     A batch's ``file_index`` is its first file and each row is the next file, so the placement of
@@ -117,12 +117,11 @@ def iter_image_batches(listing: SourceListing, columns: list[str] | None, *, bat
     """
     import pyarrow as pa  # noqa: PLC0415
 
-    from mop_airflow.data.source import Batch, path_of, filesystem  # noqa: PLC0415
 
-    fs, _ = filesystem(listing.uri, storage_options, conn_id)
+    fs, _ = open_filesystem(listing.uri, options)
     by_path, table = None, None
     if listing.images["layout"] == "labels":
-        table = _labels_table(listing, storage_options, conn_id)
+        table = _labels_table(listing, options)
         column = listing.images["labels"]["file_column"]
         paths = table[column].to_pylist() if column in table.column_names else []  # else: a layout problem
         by_path = {_clean(p): i for i, p in enumerate(paths) if p is not None}
@@ -184,13 +183,11 @@ def _labels_location(labels: Mapping[str, str], base: str, protocol: str) -> str
     path = labels["path"]
     if "://" in path:
         return path
-    from mop_airflow.data.source import file_uri  # noqa: PLC0415
 
     return file_uri(protocol, path if path.startswith("/") else posixpath.join(base, path))
 
 
 def _read_labels(labels: Mapping[str, str], base: str, protocol: str, fs: Any) -> tuple[Any, dict]:
-    from mop_airflow.data.source import path_of, version_of  # noqa: PLC0415
 
     uri = _labels_location(labels, base, protocol)
     try:
@@ -211,22 +208,20 @@ def _read_table(uri: str, fs: Any = None) -> Any:
     import pyarrow.csv as pa_csv  # noqa: PLC0415
     import pyarrow.parquet as pq  # noqa: PLC0415
 
-    from mop_airflow.data.source import path_of, filesystem  # noqa: PLC0415
 
     if fs is None:
-        fs, _ = filesystem(uri)
+        fs, _ = open_filesystem(uri)
     with fs.open(path_of(uri), "rb") as handle:
         if uri.lower().endswith(".csv"):
             return pa_csv.read_csv(handle)
         return pq.read_table(handle)
 
 
-def _labels_table(listing: SourceListing, storage_options: Any, conn_id: str | None) -> Any:
-    from mop_airflow.data.source import filesystem  # noqa: PLC0415
+def _labels_table(listing: SourceListing, options: Mapping[str, Any] | None) -> Any:
 
     uri = listing.images["labels"]["uri"]
     same = uri.startswith(listing.base.split("://", 1)[0] + "://") if listing.base else False
-    fs = filesystem(listing.uri, storage_options, conn_id)[0] if same else None
+    fs = open_filesystem(listing.uri, options)[0] if same else None
     return _read_table(uri, fs)
 
 

@@ -33,39 +33,43 @@ import json
 import re
 from contextlib import ExitStack
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 
 from mop_airflow.data.inputs import InputSpec, input_columns, pack_tensor, resolve_inputs
 from mop_airflow.data.permutation import permuted_positions, split_of
-from mop_airflow.data.source import iter_batches, list_source, rows_per_batch
+from mop_airflow.data.source import iter_batches, list_source, rows_per_batch, source_options
 from mop_airflow.data.table import count_labels, holdout_rows, sorted_labels
 from mop_airflow.errors import DataValidationError, StoreError
 from mop_airflow.records import DataSlice, Manifest, ShardEntry, ShardingPlan, SliceResult, SourceListing
-from mop_airflow.spec import DataSpec
+from mop_airflow.config import DataSpec
 from mop_airflow.store import Store, safe_segment
 
 MANIFEST = "manifest.json"
 MAX_SLICES = 512  # mapped tasks per run stay well below Airflow's max_map_length (1,024)
 
 
-def shard_dataset(data: DataSpec, store: Store, dag_id: str, shards: int, seed: int) -> Manifest:
+def shard_dataset(data: DataSpec, store: Store, dag_id: str, shards: int, seed: int, *,
+                  options: Mapping[str, Any] | None = None) -> Manifest:
     """Shard ``data.source`` into ``shards`` Parquet files (or reuse them) in one process.
 
     Plans, scatters every slice and collects, without validating (a DAG validates in its scatter
     tasks): expects data that passed :func:`~mop_airflow.data.validate.validate_source`. The
     returned manifest has ``reused=True`` when an identical sharding was already complete.
+    ``options`` open the source (:func:`~mop_airflow.data.source.source_options`).
     """
-    plan = plan_sharding(data, store, dag_id, shards, seed)
-    results = [scatter_slice(plan, data, store, k) for k in range(len(plan.slices))]
+    plan = plan_sharding(data, store, dag_id, shards, seed, options=options)
+    results = [scatter_slice(plan, data, store, k, options=options) for k in range(len(plan.slices))]
     return collect_shards(plan, data, store, results)
 
 
-def plan_sharding(data: DataSpec, store: Store, dag_id: str, shards: int, seed: int) -> ShardingPlan:
+def plan_sharding(data: DataSpec, store: Store, dag_id: str, shards: int, seed: int, *,
+                  options: Mapping[str, Any] | None = None) -> ShardingPlan:
     """List the source (and a separate validation source), fingerprint it and cut it into slices."""
-    listing = list_source(data.source, data.storage_options, data.conn_id, labels=data.labels)
-    held = (list_source(data.validation, data.storage_options, data.conn_id, role="data.validation",
+    options = source_options(data, options)
+    listing = list_source(data.source, options, labels=data.labels)
+    held = (list_source(data.validation, options, role="data.validation",
                         labels=data.labels) if isinstance(data.validation, str) else None)
     try:
         inputs = resolve_inputs(listing.columns, data.features, data.label)
@@ -78,7 +82,7 @@ def plan_sharding(data: DataSpec, store: Store, dag_id: str, shards: int, seed: 
                                     shuffle=data.shuffle)
     folder = store.uri(safe_segment(dag_id), "shards", fingerprint)
     reused = _complete_manifest(store, f"{folder}/{MANIFEST}") is not None
-    schema, inputs = _stored_schema(data, listing, inputs) if inputs else (None, inputs)
+    schema, inputs = _stored_schema(data, listing, inputs, options) if inputs else (None, inputs)
     return ShardingPlan(fingerprint=fingerprint, folder=folder, listing=listing, held=held,
                         slices=make_slices(listing, held, data.slice_mb), inputs=[i.to_dict() for i in inputs],
                         classes=classes, shards=shards, seed=seed, reused=reused, schema=schema)
@@ -130,9 +134,11 @@ def make_slices(listing: SourceListing, held: SourceListing | None, slice_mb: fl
     return out
 
 
-def scatter_slice(plan: ShardingPlan, data: DataSpec, store: Store, index: int, checks: Any = None) -> SliceResult:
+def scatter_slice(plan: ShardingPlan, data: DataSpec, store: Store, index: int, checks: Any = None, *,
+                  options: Mapping[str, Any] | None = None) -> SliceResult:
     """Stream slice ``index`` once: validate it with ``checks`` (a fresh ``DataChecks``, optional) and
     write each row to its shard's part, unless the shards are reused or the slice breaks a rule."""
+    options = source_options(data, options)
     part_of = _Placement(plan, data)
     piece = plan.slices[index]
     listing = plan.listing if piece.role == "source" else plan.held
@@ -149,7 +155,7 @@ def scatter_slice(plan: ShardingPlan, data: DataSpec, store: Store, index: int, 
     with writer:
         if read:
             for batch in iter_batches(files, read, batch_rows=rows_per_batch(listing, data.batch_mb),
-                                      storage_options=data.storage_options, conn_id=data.conn_id):
+                                      options=options):
                 batch = dataclasses.replace(batch, file_index=batch.file_index + piece.start)
                 if checker is not None:
                     checker.observe(batch)
@@ -281,7 +287,8 @@ def deal_files(rows: list[int], *, shards: int, seed: int, validation_rows: int)
     return parts
 
 
-def _stored_schema(data: DataSpec, listing: SourceListing, inputs: list[InputSpec]) -> tuple[str | None, list[InputSpec]]:
+def _stored_schema(data: DataSpec, listing: SourceListing, inputs: list[InputSpec],
+                   options: Mapping[str, Any]) -> tuple[str | None, list[InputSpec]]:
     """The schema every part is written with (base64 Arrow IPC), fixed from the source's first row,
     and the inputs with the element dtype their tensors are stored in.
 
@@ -295,8 +302,7 @@ def _stored_schema(data: DataSpec, listing: SourceListing, inputs: list[InputSpe
     columns = [*input_columns(inputs), data.label]
     # One ordinary batch, not batch_rows=1: the scanner would cut the first row group into a
     # record batch per row (7 GB for 2 M rows, measured).
-    batches = iter_batches(first, columns, batch_rows=1024, storage_options=data.storage_options,
-                           conn_id=data.conn_id)
+    batches = iter_batches(first, columns, batch_rows=1024, options=options)
     try:
         batch = next(batches)
         table, stored = _training_columns(batch.table.slice(0, 1), inputs, columns, {})

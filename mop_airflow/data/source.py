@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import dataclasses
 import posixpath
-from dataclasses import dataclass
 from typing import Any, Iterator, Mapping
 
 from mop_airflow.data.images import IMAGE_SUFFIXES, image_schema, is_image, iter_image_batches, list_images
+from mop_airflow.data.files import Batch, file_uri, path_of, version_of
 from mop_airflow.errors import DataValidationError
 from mop_airflow.records import SourceFile, SourceListing
+from mop_airflow.store import open_filesystem
 
 PARQUET_SUFFIXES = (".parquet", ".pq")
 CSV_SUFFIXES = (".csv",)
@@ -32,19 +33,13 @@ def file_format(path: str) -> str | None:
     return None
 
 
-def filesystem(uri: str, storage_options: Mapping[str, Any] | None = None, conn_id: str | None = None):
-    """The fsspec filesystem of ``uri`` and the path inside it; ``conn_id`` adds an AWS connection's keys."""
-    import fsspec  # noqa: PLC0415 - keep DAG parsing light
-
-    options = dict(storage_options or {})
-    if conn_id and uri.startswith("s3://"):
-        from mop_airflow.airflow.connections import s3_options_from_connection  # noqa: PLC0415
-
-        options = {**s3_options_from_connection(conn_id), **options}
-    return fsspec.core.url_to_fs(uri, **options)
+def source_options(data: Any, options: Mapping[str, Any] | None) -> Mapping[str, Any]:
+    """The fsspec options that open the data: ``options`` as the caller resolved them (the Airflow side
+    adds a ``data.conn_id`` connection's keys), else the spec's own ``data.storage_options``."""
+    return data.storage_options if options is None else options
 
 
-def list_source(uri: str, storage_options: Mapping[str, Any] | None = None, conn_id: str | None = None, *,
+def list_source(uri: str, options: Mapping[str, Any] | None = None, *,
                 role: str = "data.source", labels: Mapping[str, str] | None = None,
                 scoring: bool = False) -> SourceListing:
     """Resolve ``uri`` into its files, their row counts and their common schema.
@@ -55,7 +50,7 @@ def list_source(uri: str, storage_options: Mapping[str, Any] | None = None, conn
     Raises :class:`DataValidationError` for a path that matches nothing, mixed formats, unreadable
     files or files whose schemas disagree, naming the files.
     """
-    fs, root = _fs_or_error(uri, storage_options, conn_id, role)
+    fs, root = _fs_or_error(uri, options, role)
     try:
         infos, base = _expand(fs, root)
         folders = _folders(fs, root) if any(is_image(p) for p in infos) and labels is None else []
@@ -109,17 +104,16 @@ def list_source(uri: str, storage_options: Mapping[str, Any] | None = None, conn
     listing = SourceListing(uri=uri, format=fmt, files=files, schema={f.name: str(f.type) for f in schemas[paths[0]]},
                             partitions=partitions, base=file_uri(protocol, base) if partitions else None)
     if partitions:  # the partition columns' types, as pyarrow infers them from the folder names
-        schema = open_dataset(listing, storage_options, conn_id).schema
+        schema = open_dataset(listing, options).schema
         listing = dataclasses.replace(listing, schema={f.name: str(f.type) for f in schema})
     return listing
 
 
-def open_dataset(listing: SourceListing, storage_options: Mapping[str, Any] | None = None,
-                 conn_id: str | None = None):
+def open_dataset(listing: SourceListing, options: Mapping[str, Any] | None = None):
     """A ``pyarrow.dataset.Dataset`` over the listing's files, with hive partitions."""
     import pyarrow.dataset as ds  # noqa: PLC0415
 
-    fs, _ = filesystem(listing.uri, storage_options, conn_id)
+    fs, _ = open_filesystem(listing.uri, options)
     paths = [path_of(f.uri) for f in listing.files]
     partitioning = None
     if listing.partitions:
@@ -129,30 +123,15 @@ def open_dataset(listing: SourceListing, storage_options: Mapping[str, Any] | No
                       partition_base_dir=path_of(listing.base) if listing.base else None)
 
 
-def source_schema(listing: SourceListing, storage_options: Mapping[str, Any] | None = None,
-                  conn_id: str | None = None) -> Any:
+def source_schema(listing: SourceListing, options: Mapping[str, Any] | None = None) -> Any:
     """The Arrow schema of the rows :func:`iter_batches` yields for ``listing``."""
     if listing.format == "images":
-        return image_schema(listing, storage_options=storage_options, conn_id=conn_id)
-    return open_dataset(listing, storage_options, conn_id).schema
-
-
-@dataclass(frozen=True)
-class Batch:
-    """One record batch and where it came from: the file and the row number of its first row in it.
-
-    For an image source each row is a file: row ``r`` comes from file ``file_index + r``.
-    """
-
-    table: Any  # pyarrow.Table
-    file: SourceFile
-    file_index: int
-    first_row: int
+        return image_schema(listing, options=options)
+    return open_dataset(listing, options).schema
 
 
 def iter_batches(listing: SourceListing, columns: list[str] | None, *, batch_rows: int,
-                 storage_options: Mapping[str, Any] | None = None,
-                 conn_id: str | None = None) -> Iterator[Batch]:
+                 options: Mapping[str, Any] | None = None) -> Iterator[Batch]:
     """Record batches of at most ``batch_rows`` rows, file by file in listing order.
 
     Nothing is read ahead, so memory stays near one batch whatever the source's size. Parquet files
@@ -161,14 +140,13 @@ def iter_batches(listing: SourceListing, columns: list[str] | None, *, batch_row
     tensors (measured). Hive partition values are added as the columns the dataset's schema says.
     """
     if listing.format == "images":
-        yield from iter_image_batches(listing, columns, batch_rows=batch_rows, storage_options=storage_options,
-                                      conn_id=conn_id)
+        yield from iter_image_batches(listing, columns, batch_rows=batch_rows, options=options)
         return
     import pyarrow as pa  # noqa: PLC0415
     import pyarrow.dataset as ds  # noqa: PLC0415
     import pyarrow.parquet as pq  # noqa: PLC0415
 
-    dataset = open_dataset(listing, storage_options, conn_id)
+    dataset = open_dataset(listing, options)
     wanted = dataset.schema if columns is None else pa.schema([dataset.schema.field(c) for c in columns])
     for index, fragment in enumerate(dataset.get_fragments()):
         first_row = 0
@@ -210,9 +188,9 @@ def rows_per_batch(listing: SourceListing, batch_mb: float) -> int:
 
 
 # -- internals ---------------------------------------------------------------------------------
-def _fs_or_error(uri: str, storage_options: Any, conn_id: str | None, role: str):
+def _fs_or_error(uri: str, options: Mapping[str, Any] | None, role: str):
     try:
-        return filesystem(uri, storage_options, conn_id)
+        return open_filesystem(uri, options)
     except Exception as exc:  # noqa: BLE001 - unknown protocol, missing package, bad options
         raise DataValidationError(uri, [f"{role}: {uri!r} cannot be opened ({type(exc).__name__}: {exc}); use a "
                                         "local path, file://, or s3:// URI"]) from exc
@@ -324,26 +302,7 @@ def _schema_disagreements(schemas: Mapping[str, Any], protocol: str) -> list[str
     return failures
 
 
-def version_of(info: Mapping[str, Any]) -> str:
-    for key in ("ETag", "etag", "mtime", "LastModified", "last_modified", "created"):
-        if info.get(key) is not None:
-            return str(info[key]).strip('"')
-    return ""
-
-
 def _protocol(fs: Any) -> str:
     protocol = fs.protocol
     protocol = protocol[0] if isinstance(protocol, (tuple, list)) else protocol
     return "file" if protocol in ("file", "local") else protocol
-
-
-def file_uri(protocol: str, path: str) -> str:
-    if protocol == "file":
-        return "file://" + path if path.startswith("/") else "file:///" + path
-    return f"{protocol}://{path.lstrip('/')}"
-
-
-def path_of(uri: str) -> str:
-    """The filesystem path of one of our URIs (what pyarrow wants beside an fsspec filesystem)."""
-    scheme, rest = uri.split("://", 1)
-    return "/" + rest.lstrip("/") if scheme == "file" else rest

@@ -9,16 +9,16 @@ from __future__ import annotations
 
 import difflib
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Mapping
 
 from mop_airflow.data.expectations import EXAMPLES, Check, gx_context, suite, suspect, validate_batch
 from mop_airflow.data.images import layout_problems, rows_named
 from mop_airflow.data.inputs import InputSpec, Problem, decode_images, input_columns, resolve_inputs, tensor_values
-from mop_airflow.data.source import iter_batches, list_source, rows_per_batch
+from mop_airflow.data.source import iter_batches, list_source, rows_per_batch, source_options
 from mop_airflow.data.table import MAX_FOUND_CLASSES, count_labels, holdout_rows, min_rows_for, sorted_labels
 from mop_airflow.errors import DataValidationError
 from mop_airflow.records import SourceListing
-from mop_airflow.spec import DataSpec
+from mop_airflow.config import DataSpec
 
 # pandas dtypes a feature may have: every feature is cast to float32 for training. bool is left
 # out on purpose: a bool column is more often a flag read with the wrong schema than a feature.
@@ -26,7 +26,8 @@ NUMERIC_DTYPES = ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32"
                   "float16", "float32", "float64")
 
 
-def validate_source(data: DataSpec, *, shards: int, max_batch_size: int) -> dict:
+def validate_source(data: DataSpec, *, shards: int, max_batch_size: int,
+                    options: Mapping[str, Any] | None = None) -> dict:
     """Validate ``data.source`` (and a separate validation source) with Great Expectations, in one process.
 
     The source is read one record batch of about ``data.batch_mb`` MB at a time, file by file, so
@@ -35,11 +36,12 @@ def validate_source(data: DataSpec, *, shards: int, max_batch_size: int) -> dict
     every failure, merged over all batches; returns a summary with the classes found. (A DAG runs
     the same checks spread over its ``scatter`` tasks, one slice of files each, and merges them.)
     """
-    listing = list_source(data.source, data.storage_options, data.conn_id, labels=data.labels)
+    options = source_options(data, options)  # what opens the source (a connection's keys, from the Airflow side)
+    listing = list_source(data.source, options, labels=data.labels)
     held, held_failures = None, []
     if isinstance(data.validation, str):
         try:
-            held = list_source(data.validation, data.storage_options, data.conn_id, role="data.validation",
+            held = list_source(data.validation, options, role="data.validation",
                                labels=data.labels)
         except DataValidationError as exc:  # still report what is wrong with the source
             held_failures = [f"validation file {data.validation}: {f}" for f in exc.failures]
@@ -49,7 +51,7 @@ def validate_source(data: DataSpec, *, shards: int, max_batch_size: int) -> dict
         checker = checks.checker(role.role)
         if checker.columns:
             for batch in iter_batches(role.listing, checker.columns, batch_rows=rows_per_batch(role.listing, data.batch_mb),
-                                      storage_options=data.storage_options, conn_id=data.conn_id):
+                                      options=options):
                 checker.observe(batch)
     return checks.conclude()
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from mop_airflow.spec import default_home
+from mop_airflow.config import default_home
 
 TRAIN_FILE = "mnist1d_train.parquet"
 TEST_FILE = "mnist1d_test.parquet"

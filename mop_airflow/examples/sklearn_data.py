@@ -102,7 +102,7 @@ def digits_search(**hparams: list) -> dict:
 
 
 def _data_dir(directory: str | None) -> str:
-    from mop_airflow.spec import default_home  # noqa: PLC0415
+    from mop_airflow.config import default_home  # noqa: PLC0415
 
     return directory or os.path.join(default_home(), "data")
 

@@ -6,7 +6,7 @@ takes about ``n * seconds_per_batch`` of training, while the process sleeps inst
 many such hops run side by side on a small machine without competing for CPU, so a run's timing
 is decided by the schedule (pools, priorities, Airflow's own latencies), which is what
 ``benchmarks/sim_vs_airflow.py`` compares with the simulator
-(:func:`mop_airflow.simulation.simulate`).
+(:func:`mop_airflow.planning.simulation.simulate`).
 
 The sleeping layer has no variables, so checkpoints hold only the dense layers' and the
 optimizer's variables, and it is registered with Keras so an exported model loads again.

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from mop_airflow.errors import StoreError
-from mop_airflow.layout import RunLayout
+from mop_airflow.records.layout import RunLayout
 from mop_airflow.records import Assignment, BundleAssignment, HopRecord, Manifest, RunRecord
 from mop_airflow.training.model_hop import Where, record_failure, run_hop
 from mop_airflow.training.session import TaskSession

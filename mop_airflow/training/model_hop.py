@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from mop_airflow.errors import TrainingError
-from mop_airflow.layout import RunLayout
+from mop_airflow.records.layout import RunLayout
 from mop_airflow.records import Assignment, HopRecord, Manifest, RunRecord
-from mop_airflow.schedule import config_seed
+from mop_airflow.planning.schedule import config_seed
 from mop_airflow.training.session import TaskSession
 
 

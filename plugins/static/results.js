@@ -223,7 +223,7 @@
       cells.push(el("td", {"class": "outcome status-" + row.status, text: row.outcome || row.status}));
       tbody.appendChild(el("tr", {"data-config-id": row.config_id, "data-status": row.status}, cells));
     });
-    // The champion/challenger decision the report task took, and why (mop_airflow.champion).
+    // The champion/challenger decision the report task took, and why (mop_airflow.serving.champion).
     var challenge = data.summary && data.summary.challenge;
     var champion = document.getElementById("champion");
     champion.hidden = !challenge;

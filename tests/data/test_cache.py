@@ -14,7 +14,7 @@ from mop_airflow.data.cache import cached_shard, load_shard, load_xy
 from mop_airflow.data.inputs import SCALAR_INPUT, InputSpec
 from mop_airflow.data.shard import shard_dataset
 from mop_airflow.errors import DataValidationError, StoreError
-from mop_airflow.spec import DataSpec
+from mop_airflow.config import DataSpec
 from mop_airflow.store import Store
 
 from .tables import make_columns, tree, write_parquet

@@ -16,7 +16,7 @@ from mop_airflow.data.shard import collect_shards, plan_sharding, scatter_slice,
 from mop_airflow.data.source import iter_batches, list_source
 from mop_airflow.data.validate import DataChecks, validate_source
 from mop_airflow.errors import DataValidationError, SpecError
-from mop_airflow.spec import DataSpec
+from mop_airflow.config import DataSpec
 from tests.conftest import make_bucket
 
 from .tables import tree

@@ -14,7 +14,7 @@ from mop_airflow.data.cache import load_shard
 from mop_airflow.data.shard import collect_shards, plan_sharding, scatter_slice, shard_dataset
 from mop_airflow.data.validate import DataChecks, validate_source
 from mop_airflow.errors import DataValidationError, SpecError
-from mop_airflow.spec import DataSpec, MopSpec
+from mop_airflow.config import DataSpec, MopSpec
 
 from .tables import tree
 

@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 
 from mop_airflow.data.validate import validate_source
 from mop_airflow.examples.mnist1d_data import write_mnist1d
-from mop_airflow.spec import DataSpec
+from mop_airflow.config import DataSpec
 
 
 def test_writes_train_and_test_splits(tmp_path):

@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from mop_airflow.data.shard import shard_dataset
-from mop_airflow.spec import DataSpec
+from mop_airflow.config import DataSpec
 from mop_airflow.store import Store
 
 from .tables import make_columns, tree, write_parquet

@@ -14,7 +14,7 @@ from mop_airflow.data.shard import deal_files, shard_dataset
 from mop_airflow.data.source import list_source
 from mop_airflow.data.validate import validate_source
 from mop_airflow.errors import DataValidationError
-from mop_airflow.spec import DataSpec
+from mop_airflow.config import DataSpec
 from mop_airflow.store import Store
 from tests.conftest import make_bucket
 

@@ -8,7 +8,7 @@ import pytest
 from mop_airflow.data.inputs import resolve_columns
 from mop_airflow.data.validate import validate_source
 from mop_airflow.errors import DataValidationError
-from mop_airflow.spec import DataSpec
+from mop_airflow.config import DataSpec
 
 from .tables import make_columns, tree, write_parquet
 

@@ -12,9 +12,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from mop_airflow.data.shard import shard_dataset
-from mop_airflow.layout import RunLayout
+from mop_airflow.records.layout import RunLayout
 from mop_airflow.records import Assignment, BundleAssignment, HopRecord
-from mop_airflow.resolve import resolve_run
+from mop_airflow.planning.resolve import resolve_run
 from mop_airflow.store import Store
 from mop_airflow.training.bundle_hop import run_bundle_hop
 from mop_airflow.training.model_hop import run_hop

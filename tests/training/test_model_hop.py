@@ -9,10 +9,11 @@ import pytest
 
 from mop_airflow.data.shard import shard_dataset
 from mop_airflow.errors import SpecError, TrainingError
-from mop_airflow.layout import RunLayout
+from mop_airflow.records.layout import RunLayout
 from mop_airflow.records import Assignment, HopRecord, RungDecision
-from mop_airflow.resolve import make_plan, resolve_run
-from mop_airflow.rungs import decide_rung, rung_members
+from mop_airflow.planning.plan import make_plan
+from mop_airflow.planning.resolve import resolve_run
+from mop_airflow.planning.rungs import decide_rung, rung_members
 from mop_airflow.store import Store
 from mop_airflow.training.model_hop import record_failure, run_hop
 

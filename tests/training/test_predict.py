@@ -1,4 +1,4 @@
-"""Scoring new rows with a run's model (mop_airflow.training.predict) and exporting it for serving.
+"""Scoring new rows with a run's model (mop_airflow.serving.predict) and exporting it for serving.
 
 One tiny run per task, made once per module with dag.test(): scikit-learn's digits as 8x8x1 tensors
 (a fixed-size list column, which shards store packed) with two configurations, and Friedman #1 as
@@ -14,10 +14,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from mop_airflow.errors import DataValidationError, SpecError, StoreError
-from mop_airflow.layout import RunLayout
+from mop_airflow.records.layout import RunLayout
 from mop_airflow.store import Store
-from mop_airflow.stored_runs import run_layout
-from mop_airflow.training.predict import load_run_model, predict
+from mop_airflow.results.runs import run_layout
+from mop_airflow.serving.predict import load_run_model, predict
 from tests.conftest import write_dag_file
 
 pytestmark = pytest.mark.integration
@@ -181,7 +181,7 @@ def test_regression_response_is_the_predicted_value(friedman_run):
 def test_export_best_writes_a_saved_model_that_reloads_and_a_model_card(digits_run):
     import tensorflow as tf
 
-    from mop_airflow.training.export import export_for_serving
+    from mop_airflow.serving.export import export_for_serving
 
     tmp, layout = digits_run
     x = _digits(tmp / "serve.parquet", slice(0, 40))

@@ -1,0 +1,145 @@
+"""Airflow pools for shards: names, the CLI's sync, and the pre-run check or creation (task side).
+
+A task whose pool does not exist is never scheduled: Airflow leaves it in "scheduled" for ever.
+So the first task of every run makes sure the pools exist through Airflow's REST API (task code may
+not touch the metadata database in Airflow 3): by default it creates the missing ones; in "check"
+mode it fails at once naming them and the command that creates them. ``mop-airflow pools sync``
+creates or resizes them from the metadata database directly.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from mop_airflow.hooks.rest import AirflowAPI
+from mop_airflow.errors import AirflowApiError, MopError, PoolsMissingError, SpecError
+from mop_airflow.planning.task_plan import shard_pool
+
+API_CONN_ID = "mop_airflow_api"
+POOL_MODES = ("create", "check", "off")
+
+
+def required_pools(shards: int) -> list[str]:
+    return [shard_pool(s) for s in range(shards)]
+
+
+def sync_command(shards: int, slots: int) -> str:
+    return f"mop-airflow pools sync --shards {shards} --slots {slots}"
+
+
+def pool_description(shard: int) -> str:
+    return f"mop_airflow shard {shard}: models training on this shard at once (one per GPU)"
+
+
+def sync_pools(shards: int, slots: int) -> list[str]:
+    """Create or resize the shard pools in the metadata database (run where `airflow` CLI runs)."""
+    names = required_pools(shards)
+    sync_pool_slots({name: slots for name in names})
+    return names
+
+
+def dag_folder_pools(dags_folder: str) -> tuple[dict[str, int], dict[str, str]]:
+    """The shard pools the mop_airflow DAGs of a folder need: ({pool: most slots asked}, {file: import error}).
+
+    Parses the folder as Airflow's DAG processor would (cheap: DAG files import no TensorFlow) and
+    reads each DAG's first task, which carries its spec.
+    """
+    from airflow.dag_processing.dagbag import DagBag  # noqa: PLC0415 - needs a configured Airflow
+
+    bag = DagBag(dags_folder)
+    pools: dict[str, int] = {}
+    for dag in bag.dags.values():
+        for task in dag.tasks:
+            # by name: the operators sit above this module (they import it)
+            if task.task_type == "MopPreflightOperator" and task.pools != "off":
+                schedule = task.spec["schedule"]
+                for name in required_pools(schedule["shards"]):
+                    pools[name] = max(pools.get(name, 0), schedule.get("slots_per_shard", 1))
+    return pools, dict(bag.import_errors)
+
+
+def sync_pool_slots(pools: dict[str, int]) -> None:
+    """Create or resize named shard pools to the given slots (metadata database)."""
+    from airflow.models.pool import Pool  # noqa: PLC0415
+
+    for name, slots in sorted(pools.items()):
+        Pool.create_or_update_pool(name=name, slots=slots, include_deferred=False,
+                                   description=pool_description(int(name.rsplit("_", 1)[1])))
+
+
+def _api_target() -> tuple[str, str | None, str | None]:
+    """Base URL and optional credentials of the Airflow REST API.
+
+    The connection ``mop_airflow_api`` (host, login, password) wins; otherwise the API server that
+    runs the execution API this task talks to, which is the same server in every standard deployment.
+    """
+    try:
+        from airflow.sdk import BaseHook  # noqa: PLC0415
+
+        conn = BaseHook.get_connection(API_CONN_ID)
+        host = conn.host or ""
+        if conn.port and "://" in host and host.count(":") < 2:
+            host = f"{host}:{conn.port}"
+        if host and "://" not in host:
+            host = f"http://{host}" + (f":{conn.port}" if conn.port else "")
+        return host.rstrip("/"), conn.login, conn.password
+    except Exception:  # noqa: BLE001 - no such connection: fall back to the execution API's server
+        pass
+    from airflow.configuration import conf  # noqa: PLC0415
+
+    url = conf.get("core", "execution_api_server_url", fallback=None) or ""
+    if url:
+        base = url.rstrip("/").removesuffix("/execution")
+    else:
+        base = conf.get("api", "base_url", fallback=None) or "http://localhost:8080"
+    return base.rstrip("/"), None, None
+
+
+def _api() -> AirflowAPI:
+    base, login, password = _api_target()
+    return AirflowAPI(base, login, password, timeout=15.0)
+
+
+def _unreachable(exc: AirflowApiError) -> MopError:
+    return MopError(
+        f"{exc}. Create an HTTP connection '{API_CONN_ID}' with the API server's URL as host and the login "
+        "and password of a user who may read and edit pools, or build the DAG with pools='off' if you "
+        "manage the pools yourself")
+
+
+def _pool_names(api: AirflowAPI) -> set[str]:
+    return {p["name"] for p in api.paged("/pools", "pools")}
+
+
+def ensure_pools(names: Sequence[str], *, shards: int, slots: int, mode: str = "create") -> list[str]:
+    """Make sure a run's shard pools exist before any hop waits on them; returns the pools created.
+
+    ``mode`` is one of :data:`POOL_MODES`: ``create`` adds missing pools (with ``slots`` slots) through
+    the REST API, ``check`` only fails naming the missing ones and the command that creates them,
+    ``off`` does nothing. Existing pools are never resized here: an operator may have sized them on
+    purpose (``mop-airflow pools sync`` does that).
+    """
+    if mode not in POOL_MODES:
+        raise SpecError("pools", mode, f"must be one of {list(POOL_MODES)}",
+                        "use 'create' (default), 'check' or 'off'")
+    if mode == "off":
+        return []
+    with _api() as api:
+        try:
+            missing = [n for n in names if n not in _pool_names(api)]
+        except AirflowApiError as exc:
+            raise _unreachable(exc) from exc
+        if missing and mode == "check":
+            raise PoolsMissingError(missing, sync_command(shards, slots))
+        for name in missing:
+            try:
+                api.call("POST", "/pools", json={"name": name, "slots": slots, "include_deferred": False,
+                                                 "description": pool_description(names.index(name))})
+            except AirflowApiError as exc:
+                if exc.status == 409:  # another run created it a moment ago
+                    continue
+                if exc.status in (401, 403):
+                    raise PoolsMissingError(missing, sync_command(shards, slots),
+                                            reason=f"the REST API user may not create pools ({exc.status})") from exc
+                raise _unreachable(exc) from exc
+        return missing

@@ -1,0 +1,274 @@
+"""The DAG as plain data: every task's id, kind, pool, queue, upstreams and priority weight.
+
+Built from what fixes the DAG's shape (shards, iterations, the adaptive plan, and how many chains
+each offset class holds), never from a run's configurations, which change per run.
+:mod:`mop_airflow.airflow.dag` renders it into Airflow operators and
+:func:`mop_airflow.planning.simulation.simulate` replays it, so both see the same plan. Imports no Airflow.
+
+Shape of a plain search (``p`` shards, ``T = iterations * p`` hops)::
+
+    preflight >> list_data >> scatter[k] >> shard >> plan >> stage_shard_<s>     (s = 0..p-1)
+                scatter is mapped over the source's slices of files (validate + write parts)
+    plan >> check_models     builds each distinct model once on the data's shapes
+    class_<o>.chain_<k>   a plain chain of hop tasks: chain k carries bundle k of offset class o,
+                whose list stage_shard_<o> returns; its hop t is task hop_<t>_shard_<(o+t) mod p> on
+                that shard's pool and queue, and waits only for the same chain's previous hop
+    every chain's last hop >> report >> publish
+    publish     emits the DAG's champion Asset event when the run's winner beats the champion
+
+A plain search longer than one run holds (``schedule.iterations_per_run``, :mod:`mop_airflow.planning.run_chain`)
+renders the hops of ``iterations_per_run`` iterations, and ``every chain's last hop >> next_run >>
+report``: ``next_run`` triggers the DAG's next run for the next block of iterations, and the
+report (then publish) runs only in the run of the last block.
+
+Chains are plain (unmapped) tasks because Airflow's scheduler checks every waiting task instance
+in every loop, and a mapped one costs several queries there (measured: 2,560 waiting hop tasks
+took 3.6-4.4 s per scheduling decision mapped, 0.55 s plain: benchmarks/scheduling_decision.py). How many chains a class renders is
+fixed at parse time (:func:`mop_airflow.planning.bundling.chains_per_class`); a run fills as many as its
+bundles need and the stage task skips the rest.
+
+An adaptive search (Hyperband, successive halving) puts brackets side by side; rung ``i`` of
+bracket ``b`` has ``deal_<o>`` tasks that list offset class o's bundles (from the plan at rung 0,
+from the previous rung's promote task later), the class chains of the rung's hops, and a
+``promote`` task that ranks the rung (none after a bracket's last rung).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any, Mapping
+
+from mop_airflow.planning.bundling import chains_per_class
+from mop_airflow.errors import SpecError
+from mop_airflow.planning.run_chain import iterations_per_run
+from mop_airflow.planning.schedule import DEFAULT_PRIORITY, priority_weight, shard_at
+
+# Past the failed configuration of a chain, its group-mates' chains go on; a promote step runs as
+# long as nothing failed (a skipped, i.e. pruned or failed-and-recorded, configuration is not a
+# task failure). The report runs even when every chain was skipped: it then says why each stopped.
+JOIN = "none_failed_min_one_success"
+REPORT_JOIN = "none_failed"
+
+
+def shard_pool(shard: int) -> str:
+    """The Airflow pool (concurrency: one slot per GPU) and queue (placement) of shard ``shard``."""
+    return f"mop_shard_{shard}"
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """One task: ``task_id`` is the full id, group prefixes included (``bracket_1.rung_0.promote``).
+
+    ``group`` names the offset class a hop belongs to; ``args["chain"]`` which of its chains.
+    """
+
+    task_id: str
+    kind: str  # preflight, list_data, scatter, shard, plan, stage, check_models, deal, hop, promote, next_run,
+    #            report, publish, result
+    upstream: tuple[str, ...] = ()
+    group: str | None = None
+    pool: str | None = None
+    queue: str | None = None
+    priority_weight: int = 1
+    trigger_rule: str = "all_success"
+    args: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ClassGroup:
+    """Offset class ``offset``'s ``chains`` chains of hops ``start``..``end - 1``."""
+
+    group_id: str
+    source: str  # the task whose return value lists the class's bundles; chain k takes bundle k
+    offset: int
+    start: int
+    end: int
+    bracket: int | None = None
+    rung: int = 0
+    chains: int = 1
+
+
+@dataclass(frozen=True)
+class TaskPlan:
+    shards: int
+    tasks: tuple[TaskSpec, ...]
+    groups: tuple[ClassGroup, ...]
+    priority: str = DEFAULT_PRIORITY
+
+    def group_tasks(self, group_id: str) -> list[TaskSpec]:
+        return [spec for spec in self.tasks if spec.group == group_id]
+
+    def chains(self) -> dict[str, int]:
+        """How many chains each class group holds: the most bundles a run may give it."""
+        return {group.group_id: group.chains for group in self.groups}
+
+    @property
+    def hop_tasks(self) -> int:
+        return sum(1 for spec in self.tasks if spec.kind == "hop")
+
+
+def build_task_plan(shards: int, iterations: int, adaptive: Any = None, *,
+                    priority: str = DEFAULT_PRIORITY, publish: bool = True, configurations: int | None = None,
+                    slots: int = 1, bundle_size: int | str = "auto", result: bool = False,
+                    iterations_per_run: int | None = None) -> TaskPlan:
+    """The task plan for ``shards`` shards and ``iterations`` iterations, or an adaptive plan's rungs.
+
+    ``adaptive`` is a :class:`~mop_airflow.search.hyperband.HyperbandPlan` or ``Bracket``;
+    ``publish`` adds the task after the report that publishes a winner as the DAG's champion.
+    ``configurations`` (a plain search's count in the spec), ``slots`` and ``bundle_size`` say how
+    many chains each class holds (:func:`~mop_airflow.planning.bundling.chains_per_class`; one without a count).
+    ``result`` ends the plan with a task that succeeds whether or not the winner was published (a
+    MopTaskGroup's last task: what tasks downstream of the group wait for and read).
+    ``iterations_per_run`` (a plain search): the iterations one DAG run renders, when fewer than
+    ``iterations``; the DAG's later runs train the rest (:mod:`mop_airflow.planning.run_chain`).
+    """
+    def chains(n: int | None, hops: int) -> int:
+        return 1 if n is None else chains_per_class(n, shards=shards, slots=slots, hops=hops, bundle_size=bundle_size)
+
+    builder = _Builder(shards, priority)
+    builder.add("preflight", "preflight")
+    builder.add("list_data", "list_data", ("preflight",))
+    builder.add("scatter", "scatter", ("list_data",))  # mapped over the slices list_data returns
+    builder.add("shard", "shard", ("scatter",))
+    builder.add("plan", "plan", ("shard",))
+    stages = [builder.add(f"stage_shard_{s}", "stage", ("plan",), pool=shard_pool(s), queue=shard_pool(s),
+                          args={"shard": s, "deals": adaptive is None}) for s in range(shards)]
+    # Beside the staging: builds each distinct model once on the data's shapes before any hop.
+    ready = [*stages, builder.add("check_models", "check_models", ("plan",))]
+    report_args: dict[str, Any] = {}
+    if adaptive is None:
+        hops = iterations * shards
+        per_class = chains(configurations, hops)  # the whole search's bundles, whichever run trains a block
+        end = (iterations_per_run or iterations) * shards
+        finals = [last for o in range(shards)
+                  for last in builder.chain(f"class_{o}", source=stages[o], offset=o, start=0, end=end, chain_end=end,
+                                            chains=per_class, wait_for=ready)]
+        if end < hops:
+            finals = [builder.add("next_run", "next_run", tuple(finals), trigger_rule=REPORT_JOIN,
+                                  args={"hops_per_run": end, "hops": hops})]
+            report_args = {"last_start": hops - end}  # the report waits for the run whose block starts there
+    else:
+        finals = _adaptive(builder, adaptive, ready, chains)
+    last = builder.add("report", "report", tuple(finals), trigger_rule=REPORT_JOIN, args=report_args)
+    if publish:
+        last = builder.add("publish", "publish", ("report",))
+    if result:
+        builder.add("result", "result", (last,), trigger_rule=REPORT_JOIN)
+    return TaskPlan(shards=shards, tasks=tuple(builder.tasks), groups=tuple(builder.groups), priority=priority)
+
+
+def configuration_count(spec: Any) -> int:
+    """How many configurations a plain search's own space gives (a trigger conf may change it per run)."""
+    space = spec.search.space
+    return space.size() if space.method == "grid" else int(space.num_samples)
+
+
+def spec_task_plan(spec: Any, priority: str = DEFAULT_PRIORITY, *, result: bool = False) -> TaskPlan:
+    """The task plan a :class:`~mop_airflow.config.MopSpec` renders: its shape, and how many chains each
+    class holds for the spec's own search space (``result``: see :func:`build_task_plan`)."""
+    adaptive = spec.adaptive_plan()
+    schedule = spec.schedule
+    configurations = None if adaptive else configuration_count(spec)
+    return build_task_plan(schedule.shards, schedule.iterations, adaptive, priority=priority,
+                           publish=spec.publish.enabled, configurations=configurations,
+                           slots=schedule.slots_per_shard, bundle_size=schedule.bundle_size, result=result,
+                           iterations_per_run=runs_split(spec, configurations, chained=adaptive is None and not result))
+
+
+def runs_split(spec: Any, configurations: int | None, *, chained: bool) -> int:
+    """The iterations one DAG run of ``spec`` trains (:func:`mop_airflow.planning.run_chain.iterations_per_run`).
+
+    Only a whole MOP DAG's plain search is split (``chained``): an adaptive search's rungs already
+    end in promote tasks, and a MopTaskGroup's run is the user's DAG run, whose other tasks must not
+    run once per block.
+    """
+    schedule = spec.schedule
+    if not chained:
+        if schedule.iterations_per_run not in ("auto", schedule.iterations) and not spec.adaptive_plan():
+            raise SpecError("schedule.iterations_per_run", schedule.iterations_per_run,
+                            "cannot split a MopTaskGroup's search over several DAG runs: the run is your DAG's, and "
+                            "its other tasks would run once per block", "leave schedule.iterations_per_run out")
+        if schedule.iterations_per_run != "auto" and spec.adaptive_plan():
+            raise SpecError("schedule.iterations_per_run", schedule.iterations_per_run,
+                            "applies to a plain search; a Hyperband or successive halving search runs in one DAG run",
+                            "leave schedule.iterations_per_run out")
+        return schedule.iterations
+    per_class = chains_per_class(configurations or 0, shards=schedule.shards, slots=schedule.slots_per_shard,
+                                 hops=schedule.iterations * schedule.shards, bundle_size=schedule.bundle_size)
+    return iterations_per_run(schedule.iterations, schedule.iterations_per_run,
+                              lambda k: schedule.shards * per_class * k * schedule.shards)
+
+
+def _adaptive(builder: "_Builder", adaptive: Any, ready: list[str], chains: Any) -> list[str]:
+    from mop_airflow.search.adaptive import brackets_of, rung_spans  # noqa: PLC0415
+
+    p, finals = builder.shards, []
+    for bracket in brackets_of(adaptive):
+        spans = rung_spans(bracket)
+        chain_end = spans[-1].end  # a configuration that is promoted all the way trains this far
+        gate: tuple[str, ...] = tuple(ready)
+        for span in spans:
+            prefix = f"bracket_{bracket.s}.rung_{span.i}"
+            lasts: list[str] = []
+            # A rung holds at most n_i configurations and the deal fills classes 0, 1, ... first,
+            # so a rung of fewer configurations than shards needs only n_i classes: the long late
+            # rungs of a bracket (1-3 configurations) would otherwise render p chains each.
+            for o in range(min(p, span.n_i)):
+                deal = builder.add(f"{prefix}.deal_{o}", "deal", gate,
+                                   args={"bracket": bracket.s, "rung": span.i, "offset": o, "start": span.start})
+                lasts += builder.chain(f"{prefix}.class_{o}", source=deal, offset=o, start=span.start,
+                                       end=span.end, chain_end=chain_end, bracket=bracket.s, rung=span.i,
+                                       rung_end=True, chains=chains(span.n_i, span.end - span.start))
+            if span.last:
+                finals += lasts
+            else:
+                gate = (builder.add(f"{prefix}.promote", "promote", tuple(lasts), trigger_rule=JOIN, args={
+                    "bracket": bracket.s, "rung": span.i, "start": span.start, "end": span.end,
+                    "keep": span.keep}),)
+    return finals
+
+
+class _Builder:
+    def __init__(self, shards: int, priority: str) -> None:
+        self.shards = shards
+        self.priority = priority
+        priority_weight(priority, 0, 1)  # reject an unknown rule before building anything
+        self.tasks: list[TaskSpec] = []
+        self.groups: list[ClassGroup] = []
+        self.position: dict[str, int] = {}  # task id -> its index in tasks
+
+    def add(self, task_id: str, kind: str, upstream: tuple[str, ...] = (), **fields: Any) -> str:
+        # Control tasks outrank every hop: a promote or deal step gates whole chains.
+        self.position[task_id] = len(self.tasks)
+        self.tasks.append(TaskSpec(task_id, kind, tuple(upstream), priority_weight=fields.pop("weight", 10**6),
+                                   **fields))
+        return task_id
+
+    def chain(self, group_id: str, *, source: str, offset: int, start: int, end: int, chain_end: int,
+              chains: int = 1, bracket: int | None = None, rung: int = 0, rung_end: bool = False,
+              wait_for: list[str] | tuple[str, ...] = ()) -> list[str]:
+        """The hops ``start``..``end - 1`` of one offset class, ``chains`` chains of them; returns
+        each chain's last hop. The source task learns the chains' first hops (``args["heads"]``) and
+        the hops after them (``args["rest"]``): it skips the chains its run has no bundle for, every
+        hop at once (a skip left to cascade takes a scheduling loop per hop)."""
+        self.groups.append(ClassGroup(group_id, source, offset, start, end, bracket, rung, chains))
+        width = len(str(max(chain_end - 1, 0)))
+        heads, rest, lasts = [], [], []
+        for k in range(chains):
+            previous: tuple[str, ...] = (source, *[w for w in wait_for if w != source])
+            for t in range(start, end):
+                s = shard_at(offset, t, self.shards)
+                last = self.add(f"{group_id}.chain_{k}.hop_{t:0{width}d}_shard_{s}", "hop", previous, group=group_id,
+                                pool=shard_pool(s), queue=shard_pool(s),
+                                weight=priority_weight(self.priority, t, chain_end),
+                                args={"t": t, "shard": s, "chain": k, "rung_end": rung_end and t == end - 1})
+                if t == start:
+                    heads.append(last)
+                    rest.append([])
+                else:
+                    rest[-1].append(last)
+                previous = (last,)
+            lasts.append(previous[0])
+        at = self.position[source]
+        self.tasks[at] = replace(self.tasks[at], args={**self.tasks[at].args, "heads": heads, "rest": rest})
+        return lasts

@@ -1,0 +1,8 @@
+"""What a run records: typed records written once to the store (:mod:`.schema`), where each lives
+(:mod:`.layout`), and which model selection they belong to (:mod:`.selection`). No Airflow, no TensorFlow."""
+
+from mop_airflow.records.schema import (  # noqa: F401 - the package's names
+    NAME_CHARS, Record, RunRecord, Plan, Assignment, BundleAssignment, ShardEntry, SourceFile, SourceListing,
+    DataSlice, ShardingPlan, SliceResult, Manifest, HopRecord, RungDecision, StageRecord, Continuation,
+    RunChain, bundle_name,
+)

@@ -1,0 +1,98 @@
+"""Where each artifact of a run lives in the store: ``<root>/<dag_id>/<run_id>/...``.
+
+Every task and the CLI compute the same URIs from (dag_id, run_id), so a checkpoint URI in XCom,
+the report and the progress display always agree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mop_airflow.records import Continuation
+from mop_airflow.store import Store, safe_segment
+
+
+@dataclass(frozen=True)
+class RunLayout:
+    store: Store
+    dag_id: str
+    run_id: str
+
+    @property
+    def run_uri(self) -> str:
+        return self.store.uri(safe_segment(self.dag_id), safe_segment(self.run_id))
+
+    def _at(self, *parts: str) -> str:
+        return self.store.uri(safe_segment(self.dag_id), safe_segment(self.run_id), *parts)
+
+    @property
+    def run_record_uri(self) -> str:
+        """The resolved run: effective spec and configurations (:class:`~mop_airflow.records.RunRecord`)."""
+        return self._at("run.json")
+
+    @property
+    def plan_uri(self) -> str:
+        return self._at("plan.json")
+
+    @property
+    def manifest_pointer_uri(self) -> str:
+        """The run's copy of the (shared, reusable) shard manifest it trains on."""
+        return self._at("manifest.json")
+
+    @property
+    def data_records_uri(self) -> str:
+        """The folder of the records sharding leaves: the sharding plan and each slice's result."""
+        return self._at("data")
+
+    @property
+    def sharding_plan_uri(self) -> str:
+        """How the run's data is sliced and where its shards go (:class:`~mop_airflow.records.ShardingPlan`)."""
+        return self._at("data", "sharding.json")
+
+    def slice_result_uri(self, index: int) -> str:
+        return self._at("data", f"slice-{index:05d}.json")
+
+    def checkpoint_uri(self, config_id: str, t: int) -> str:
+        return self._at("checkpoints", config_id, f"t{t:03d}.npz")
+
+    def hop_record_uri(self, config_id: str, t: int) -> str:
+        return self._at("hops", config_id, f"t{t:03d}.json")
+
+    @property
+    def hops_glob(self) -> str:
+        return self._at("hops", "*", "t*.json")
+
+    def config_hops_glob(self, config_id: str) -> str:
+        return self._at("hops", config_id, "t*.json")
+
+    def stage_record_uri(self, shard: int) -> str:
+        return self._at("stage", f"shard_{shard:02d}.json")
+
+    @property
+    def stages_glob(self) -> str:
+        return self._at("stage", "shard_*.json")
+
+    def rung_decision_uri(self, bracket: int | str, rung: int | str) -> str:
+        return self._at("rungs", f"bracket_{bracket}_rung_{rung}.json")
+
+    def report_uri(self, name: str) -> str:
+        return self._at("report", name)
+
+    @property
+    def continues_uri(self) -> str:
+        """In the folder of a run that continues a search: which search (:class:`~mop_airflow.records.Continuation`)."""
+        return self._at("continues.json")
+
+    @property
+    def chain_uri(self) -> str:
+        """In a search's first run: the runs its blocks took, first to latest (:class:`~mop_airflow.records.RunChain`)."""
+        return self._at("chain.json")
+
+
+def run_folder(store: Store, dag_id: str, run_id: str) -> RunLayout:
+    """The folder of the search run ``run_id`` belongs to: its own, or, for a run continuing a search
+    split over several DAG runs (:mod:`mop_airflow.planning.run_chain`), the search's first run's."""
+    layout = RunLayout(store, dag_id, run_id)
+    if store.exists(layout.run_record_uri) or not store.exists(layout.continues_uri):
+        return layout
+    return RunLayout(store, dag_id, Continuation.read(store, layout.continues_uri).first_run)

@@ -1,0 +1,449 @@
+"""Typed run records: written once to the store, read by every later step. One schema, one place.
+
+A run is resolved once: the first task freezes the effective spec (the DAG's spec with the trigger
+conf applied) and the configurations into a :class:`RunRecord`; the plan task adds the hop plan
+(:class:`Plan`); the shard task the data :class:`Manifest`. Later tasks read these records and
+never re-expand the search space or re-derive the plan. Every hop leaves a :class:`HopRecord`,
+every rung a :class:`RungDecision`, every shard's staging a :class:`StageRecord`. Each record is a
+dataclass with a JSON round trip (``to_dict`` / ``from_dict``, ``write`` / ``read``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Mapping, Sequence, TypeVar
+
+if TYPE_CHECKING:
+    from mop_airflow.config import DataSpec, PublishSpec, ScheduleSpec, StoreSpec
+    from mop_airflow.store import Store
+
+R = TypeVar("R", bound="Record")
+NAME_CHARS = 200  # Airflow shows the rendered map index in the grid; keep it readable
+
+
+class Record:
+    """JSON round trip for the dataclasses below; unknown keys in stored JSON are ignored."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)  # type: ignore[call-overload]
+
+    @classmethod
+    def from_dict(cls: type[R], data: Mapping[str, Any]) -> R:
+        return cls(**_known(cls, data))
+
+    def write(self, store: Store, uri: str) -> str:
+        return store.write_json(uri, self.to_dict())
+
+    @classmethod
+    def read(cls: type[R], store: Store, uri: str) -> R:
+        return cls.from_dict(store.read_json(uri))
+
+
+def _known(cls: type, data: Mapping[str, Any]) -> dict[str, Any]:
+    names = {f.name for f in dataclasses.fields(cls)}
+    return {k: v for k, v in data.items() if k in names}
+
+
+@dataclass(frozen=True)
+class RunRecord(Record):
+    """The run as resolved by its first task: effective spec and every configuration."""
+
+    dag_id: str
+    run_id: str
+    created_at: str
+    spec: dict[str, Any]          # MopSpec.to_dict() with the trigger conf applied
+    configs: list[dict[str, Any]]  # the expanded search space, each with its config_id
+    # config_id -> the earlier run's checkpoint it starts from (mop_airflow.serving.warm_start); {} = all fresh
+    warm_start: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    @property
+    def metric(self) -> str:
+        return self.spec["search"]["metric"]
+
+    @property
+    def direction(self) -> str:
+        return self.spec["search"]["direction"]
+
+    @property
+    def schedule(self) -> ScheduleSpec:
+        from mop_airflow.config import ScheduleSpec  # noqa: PLC0415
+
+        return ScheduleSpec(**self.spec["schedule"])
+
+    @property
+    def data(self) -> DataSpec:
+        from mop_airflow.config import DataSpec  # noqa: PLC0415
+
+        return DataSpec(**self.spec["data"])
+
+    @property
+    def store(self) -> StoreSpec:
+        from mop_airflow.config import StoreSpec  # noqa: PLC0415
+
+        return StoreSpec(**self.spec["store"])
+
+    @property
+    def adaptive(self) -> dict[str, Any] | None:
+        return self.spec["search"].get("adaptive")
+
+    @property
+    def publish(self) -> PublishSpec:
+        from mop_airflow.config import PublishSpec  # noqa: PLC0415
+
+        return PublishSpec(**self.spec.get("publish", {}))  # runs resolved before publishing existed: defaults
+
+    @property
+    def fail_fast(self) -> bool:
+        """Whether one failing configuration fails the run (else it is marked failed and the rest go on)."""
+        return bool(self.spec["search"].get("fail_fast", False))
+
+    @property
+    def max_batch_size(self) -> int:
+        return max(c["batch_size"] for c in self.configs)
+
+    def config(self, config_id: str) -> dict[str, Any]:
+        for config in self.configs:
+            if config["config_id"] == config_id:
+                return config
+        raise KeyError(f"configuration {config_id!r} is not in run {self.run_id}")
+
+
+@dataclass(frozen=True)
+class Plan(Record):
+    """The hop plan: offset classes (plain search) or each bracket's configurations (adaptive).
+
+    A configuration of class ``o`` trains on shard ``(o + t) mod shards`` at global hop ``t``.
+    In an adaptive search, rung 0 of bracket ``s`` trains ``rung0_classes[s]`` and every later
+    rung the classes its :class:`RungDecision` dealt.
+    """
+
+    shards: int
+    iterations: int
+    seed: int
+    priority: str
+    model_hops_total: int
+    classes: list[list[str]] = field(default_factory=list)
+    brackets: dict[str, list[str]] = field(default_factory=dict)
+    rung0_classes: dict[str, list[list[str]]] = field(default_factory=dict)
+    adaptive: dict[str, Any] | None = None
+    visit_order: dict[str, list[int]] = field(default_factory=dict)
+    # Which configurations hop together (mop_airflow.planning.bundling): bundles[o] lists offset class o's
+    # bundles, each one task instance per hop; rung0_bundles the same per bracket. Plans written
+    # before bundling read as one bundle per configuration.
+    bundles: list[list[list[str]]] = field(default_factory=list)
+    rung0_bundles: dict[str, list[list[list[str]]]] = field(default_factory=dict)
+    bundle_size: int | str = 1
+    shard_rows: int | None = None  # a shard's rows, which the bundles' cost estimate used
+    chains: dict[str, int] = field(default_factory=dict)  # chains the DAG rendered per class group: the most bundles
+
+    def class_bundles(self) -> list[list[list[str]]]:
+        """The bundles of each offset class of a plain search."""
+        return self.bundles or [[[cid] for cid in members] for members in self.classes]
+
+    def bundle_of(self) -> dict[str, int]:
+        """config id -> the global index of its bundle (plain search, or rung 0 of an adaptive one)."""
+        groups = ([b for s in sorted(self.rung0_bundles, key=int) for b in _flat(self.rung0_bundles[s])]
+                  if self.adaptive else _flat(self.class_bundles()))
+        return {cid: i for i, members in enumerate(groups) for cid in members}
+
+
+@dataclass(frozen=True)
+class Assignment(Record):
+    """What travels through XCom from one hop of a configuration to its next: ids and a URI only."""
+
+    config_id: str
+    t: int                 # the last global hop done; -1 before the first
+    checkpoint: str | None  # state after hop t, or None to start from the builder's initial weights
+    checkpoint_sha256: str | None = None  # checked before the state is restored
+    best_t: int | None = None  # the evaluated hop with the best metric so far: its checkpoint is kept
+    best_metric: float | None = None
+
+
+@dataclass(frozen=True)
+class BundleAssignment(Record):
+    """What travels through XCom from one hop of a bundle to its next: its name and, per
+    configuration still training, its :class:`Assignment`."""
+
+    bundle: int
+    name: str
+    assignments: list[Assignment]
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "BundleAssignment":
+        fields = _known(cls, data)
+        fields["assignments"] = [Assignment.from_dict(a) for a in data.get("assignments") or []]
+        return cls(**fields)
+
+    @classmethod
+    def start(cls, bundle: int, assignments: list[Assignment]) -> "BundleAssignment":
+        return cls(bundle=bundle, name=bundle_name(bundle, [a.config_id for a in assignments]),
+                   assignments=assignments)
+
+    @property
+    def config_ids(self) -> list[str]:
+        return [a.config_id for a in self.assignments]
+
+
+def _flat(per_class: list[list[list[str]]]) -> list[list[str]]:
+    return [bundle for bundles in per_class for bundle in bundles]
+
+
+@dataclass(frozen=True)
+class ShardEntry(Record):
+    """One shard (or the validation set): a single file, or the parts its slices scattered.
+
+    For a shard of several parts, ``uri`` names the shard and ``sha256`` hashes the parts' hashes;
+    the stage task gathers the parts, in slice order, into one file in the worker's cache.
+    """
+
+    uri: str
+    rows: int
+    sha256: str
+    bytes: int
+    index: int | None = None
+    parts: list["ShardEntry"] = field(default_factory=list)
+
+    @property
+    def files(self) -> list["ShardEntry"]:
+        """The stored files that make up this entry, in row order."""
+        return self.parts or [self]
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "ShardEntry":
+        fields = _known(cls, data)
+        fields["parts"] = [cls.from_dict(p) for p in data.get("parts") or []]
+        return cls(**fields)
+
+
+@dataclass(frozen=True)
+class SourceFile(Record):
+    """One file of a source: its size and version (ETag or mtime) stand in for its bytes' hash."""
+
+    uri: str
+    rows: int
+    bytes: int
+    version: str = ""
+
+
+@dataclass(frozen=True)
+class SourceListing(Record):
+    """A source resolved into files (a file, folder, glob or prefix) with the schema they share."""
+
+    uri: str
+    format: str  # "parquet", "csv" or "images" (one file per row: mop_airflow.data.images)
+    files: list[SourceFile]
+    schema: dict[str, str]
+    partitions: list[str] = field(default_factory=list)  # hive keys, e.g. ["year"]
+    base: str | None = None  # the folder hive partitions (or image paths) are read below
+    images: dict[str, Any] | None = None  # an image folder's layout, labels file and layout problems
+
+    @property
+    def total_rows(self) -> int:
+        return sum(f.rows for f in self.files)
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(f.bytes for f in self.files)
+
+    @property
+    def columns(self) -> list[str]:
+        return [*self.schema, *[k for k in self.partitions if k not in self.schema]]
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "SourceListing":
+        fields = _known(cls, data)
+        fields["files"] = [SourceFile.from_dict(f) for f in data["files"]]
+        return cls(**fields)
+
+
+@dataclass(frozen=True)
+class DataSlice(Record):
+    """Files ``start``..``end - 1`` of one listing (the source's, or a separate validation source's),
+    validated and scattered by one task."""
+
+    index: int
+    role: str  # "source" or "validation"
+    start: int
+    end: int
+    rows: int
+    bytes: int
+
+
+@dataclass(frozen=True)
+class ShardingPlan(Record):
+    """How this run's data is split: the listings, the shard folder, and the slices that scatter it.
+
+    Written once by the ``list_data`` task; every ``scatter`` task and the ``shard`` task read it.
+    """
+
+    fingerprint: str
+    folder: str  # store URI of the shard folder (shared by every run with the same fingerprint)
+    listing: SourceListing
+    held: SourceListing | None  # the separate validation source, if any
+    slices: list[DataSlice]
+    inputs: list[dict[str, Any]]  # resolved InputSpec dicts; empty when the features do not resolve
+    classes: list[Any]  # declared classes (found ones are merged by the shard task)
+    shards: int
+    seed: int
+    reused: bool  # complete shards for this fingerprint exist: nothing is scattered
+    schema: str | None = None  # the stored rows' Arrow schema (base64 IPC); None when unresolvable
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "ShardingPlan":
+        fields = _known(cls, data)
+        fields["listing"] = SourceListing.from_dict(data["listing"])
+        fields["held"] = SourceListing.from_dict(data["held"]) if data.get("held") else None
+        fields["slices"] = [DataSlice.from_dict(s) for s in data["slices"]]
+        return cls(**fields)
+
+
+@dataclass(frozen=True)
+class SliceResult(Record):
+    """What one ``scatter`` task found and wrote: its validation state and its part of each shard."""
+
+    index: int
+    findings: dict[str, Any]  # mergeable validation state (see mop_airflow.data.validate)
+    parts: list[ShardEntry | None]  # per shard, then validation; None where the slice had no rows for it
+    wrote: bool  # False when shards were reused or the slice failed validation
+    labels: list[list[Any]] = field(default_factory=list)  # [label, count] of its source rows, for found classes
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "SliceResult":
+        fields = _known(cls, data)
+        fields["parts"] = [ShardEntry.from_dict(p) if p else None for p in data.get("parts") or []]
+        return cls(**fields)
+
+
+@dataclass(frozen=True)
+class Manifest(Record):
+    """The sharded data set: where each shard is, its size and checksum; reused for the same input."""
+
+    fingerprint: str
+    source: str
+    features: list[str]
+    label: str
+    classes: list[Any]
+    seed: int
+    schema: dict[str, str]
+    shards: list[ShardEntry]
+    validation: ShardEntry
+    total_rows: int
+    created_at: str
+    reused: bool = False
+    task: str = "classification"  # or "regression": then ``classes`` is empty
+    # One entry per model input (see mop_airflow.data.inputs.InputSpec); empty in manifests written
+    # before inputs existed, which read as one input of the scalar ``features`` columns.
+    inputs: list[dict[str, Any]] = field(default_factory=list)
+    shuffle: str = "rows"
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "Manifest":
+        fields = _known(cls, data)
+        fields["shards"] = [ShardEntry.from_dict(s) for s in data["shards"]]
+        fields["validation"] = ShardEntry.from_dict(data["validation"])
+        return cls(**fields)
+
+
+@dataclass(frozen=True)
+class HopRecord(Record):
+    """One model-hop: where and when it ran, its metrics, and what it read and wrote."""
+
+    config_id: str
+    t: int
+    iteration: int
+    hop: int
+    shard: int
+    status: str = "ok"  # "ok", or "failed" / "diverged" (adaptive search prunes such a configuration)
+    task_id: str | None = None
+    error: str | None = None
+    host: str | None = None
+    pid: int | None = None
+    queue: str | None = None
+    pool: str | None = None
+    map_index: int = -1
+    try_number: int = 1
+    started_at: float | None = None
+    execute_at: float | None = None
+    train_begin: float | None = None
+    train_end: float | None = None
+    saved_at: float | None = None
+    timings: dict[str, float] = field(default_factory=dict)
+    train_metrics: dict[str, float] = field(default_factory=dict)
+    val_metrics: dict[str, float] | None = None
+    checkpoint: str | None = None
+    checkpoint_bytes: int = 0
+    bytes_read: dict[str, int] = field(default_factory=dict)
+    checkpoint_sha256: str | None = None
+    best_t: int | None = None  # as in Assignment: the configuration's best evaluated hop so far
+    best_metric: float | None = None
+    bundle: int | None = None  # the bundle whose task trained it (mop_airflow.planning.bundling)
+    threads: int | None = None  # TensorFlow's intra-op threads in that task: CPU results depend on it
+    model_reused: bool = False  # trained in a compiled model another configuration of the bundle built
+    # the sha256 of the checkpoint the hop started from (None: the builder's initial weights): a
+    # retried bundle hop skips a configuration only when its record started from the same state
+    input_sha256: str | None = None
+
+
+@dataclass(frozen=True)
+class RungDecision(Record):
+    """The ranking at the end of a rung: who was promoted, who was pruned and why, and the next
+    rung's offset classes."""
+
+    bracket: int
+    rung: int
+    metric: str
+    direction: str
+    keep: int
+    iterations_done: int
+    results: list[dict[str, Any]]
+    promoted: list[str]
+    pruned: list[dict[str, Any]]
+    next_classes: list[list[str]] = field(default_factory=list)
+    next_bundles: list[list[list[str]]] = field(default_factory=list)  # the next rung's bundles per class
+
+
+@dataclass(frozen=True)
+class StageRecord(Record):
+    """A shard's worker copied its shard (and the validation set) into its local cache."""
+
+    shard: int
+    host: str
+    queue: str | None
+    cache_dir: str
+    data_bytes_read: int
+    cache_bytes: int = 0  # the worker's whole shard cache after staging (bounded by store.cache_max_gb)
+
+
+@dataclass(frozen=True)
+class Continuation(Record):
+    """A continuing run of a search: the search's first run, which block this run trains (0 is the
+    first run's), and the global hop its block starts at. The continuing run's conf holds it, and
+    its folder a copy (``continues.json``)."""
+
+    first_run: str
+    block: int
+    start: int
+
+
+@dataclass(frozen=True)
+class RunChain(Record):
+    """The runs a search took, first to latest; kept in the first run's folder (``chain.json``)."""
+
+    runs: list[str] = field(default_factory=list)
+
+    def with_run(self, run_id: str) -> "RunChain":
+        return self if run_id in self.runs else RunChain([*self.runs, run_id])
+
+
+def bundle_name(index: int, config_ids: Sequence[str]) -> str:
+    """What Airflow shows for a bundle's task instance: ``b2: c001-6e7014, c005-0c54d0``."""
+    name = f"b{index}: " + ", ".join(config_ids)
+    if len(name) <= NAME_CHARS:
+        return name
+    shown: list[str] = []
+    for cid in config_ids:
+        if len(f"b{index}: " + ", ".join([*shown, cid])) + 12 > NAME_CHARS:
+            break
+        shown.append(cid)
+    return f"b{index}: " + ", ".join(shown) + f" +{len(config_ids) - len(shown)} more"
