@@ -54,7 +54,15 @@ the configurations as the plan task does (:func:`mop_airflow.planning.bundling.d
 configurations in the same classes when that makes the costliest class's hop shorter); "auto,
 seeded" is "auto" with the seeded deal alone, for comparison.
 
+Adaptive searches (``--adaptive``): Hyperband and ASHA as their decision modules answer "what trains
+next?" (:mod:`mop_airflow.search.halving`, :mod:`mop_airflow.search.asha`), replayed on p shards of
+one slot by :func:`mop_airflow.planning.search_sim.simulate_search` with a synthetic learning curve per
+configuration, decided after every hop step or only between blocks of one iteration (a search decided
+between DAG runs). Slot use is the fraction of slot time spent training. ASHA gets Hyperband's budget:
+the smallest ``n`` whose synchronous-halving budget reaches Hyperband's iterations.
+
     python benchmarks/schedule_sim.py [--seeds 10] [--iterations 3] [--quick] [--bundles]
+    python benchmarks/schedule_sim.py --adaptive [--R 81] [--eta 3] [--shards 16]
 """
 
 from __future__ import annotations
@@ -320,6 +328,44 @@ def bundles_table(seeds: range) -> None:
         print()
 
 
+# -- adaptive searches ---------------------------------------------------------------------------
+
+def adaptive_table(R: int, eta: int, shards: int) -> None:
+    from mop_airflow.planning.search_sim import simulate_search
+    from mop_airflow.search.adaptive import adaptive_plan, brackets_of, split_by_bracket
+    from mop_airflow.search.asha import asha_plan, next_jobs
+    from mop_airflow.search.halving import halving_jobs
+
+    hb = adaptive_plan({"method": "hyperband", "R": R, "eta": eta}, shards)
+    brackets = brackets_of(hb)
+    ids = [f"h{i:04d}" for i in range(hb.total_configurations)]
+    members = split_by_bracket(ids, hb)
+    bracket_of = {cid: b for b, group in members.items() for cid in group}
+    budget = hb.incremental_resource_iterations
+    n = 1
+    while asha_plan({"n": n, "r": 1, "R": R, "eta": eta}).halving_iterations() < budget:
+        n += 1
+    print(f"Hyperband: {hb.total_configurations} configurations, {float(budget):g} iterations (paper rounding); "
+          f"ASHA with the same budget: n={n}, r=1")
+    head = f"{'search':<44} {'decided':<20} {'iterations':>10} {'steps':>7} {'slot use':>9}"
+    print(head)
+    print("-" * len(head))
+    rows = [(f"Hyperband, every bracket at once", lambda c, pr, st, f: halving_jobs(
+                brackets, members, c, pr, st, f, direction="min"), 10**9, bracket_of.get),
+            (f"Hyperband, {shards} configurations at once", lambda c, pr, st, f: halving_jobs(
+                brackets, members, c, pr, st, f, direction="min"), None, bracket_of.get)]
+    for label, size in ((f"ASHA n={n} (Hyperband's budget)", n), ("ASHA n=256", 256)):
+        plan, draw = asha_plan({"n": size, "r": 1, "R": R, "eta": eta}), [f"a{i:04d}" for i in range(size)]
+        for width in (1, 2):
+            rows.append((f"{label}, {width * shards} at once",
+                         lambda c, pr, st, f, plan=plan, draw=draw: next_jobs(plan, c, pr, st, draw, f, direction="min"),
+                         width * shards, lambda cid: None))
+    for label, method, capacity, bracket in rows:
+        for block, when in ((None, "after every hop"), (shards, f"every {shards} hops")):
+            sim = simulate_search(method, shards=shards, capacity=capacity, block_hops=block, bracket_of=bracket)
+            print(f"{label:<44} {when:<20} {sim.iterations:>10g} {sim.steps:>7} {sim.slot_use:>9.3f}")
+
+
 # -- the table --------------------------------------------------------------------------------
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -328,7 +374,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--iterations", type=int, default=3, help="passes over the data (default 3)")
     parser.add_argument("--quick", action="store_true", help="only the 16-configuration scales, 3 seeds")
     parser.add_argument("--bundles", action="store_true", help="compare the bundle rules instead of the policies")
+    parser.add_argument("--adaptive", action="store_true", help="slot use of Hyperband and ASHA instead")
+    parser.add_argument("--R", type=int, default=81, help="--adaptive: the most iterations (default 81)")
+    parser.add_argument("--eta", type=int, default=3, help="--adaptive: eta (default 3)")
+    parser.add_argument("--shards", type=int, default=16, help="--adaptive: shards of one slot (default 16)")
     args = parser.parse_args(argv)
+    if args.adaptive:
+        print(f"schedule_sim --adaptive: R={args.R}, eta={args.eta}, {args.shards} shards x 1 slot; "
+              f"{platform.platform()}, {os.cpu_count()} CPUs; {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC")
+        adaptive_table(args.R, args.eta, args.shards)
+        return 0
     seeds = range(3 if args.quick and args.seeds == 10 else args.seeds)
     if args.bundles:
         print(f"schedule_sim --bundles: {len(seeds)} seeds per cell; {platform.platform()}, {os.cpu_count()} CPUs; "

@@ -24,6 +24,20 @@ class SpecError(MopError, ValueError):
         super().__init__(f"{field}={value!r}: {rule}. Fix: {fix}")
 
 
+def unknown_key(where: str, given: Any, known: Iterable[str], *, what: str = "a known key") -> None:
+    """Refuse the first key of mapping ``given`` that is not in ``known``, naming the nearest known key:
+    a misspelt key (``num_sample``) must never fall back to a default without a word."""
+    import difflib  # noqa: PLC0415
+
+    known = list(known)
+    unknown = sorted(str(k) for k in given if k not in known)
+    if unknown:
+        close = difflib.get_close_matches(unknown[0], known, n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise SpecError(f"{where}.{unknown[0]}", given[unknown[0]], f"is not {what}",
+                        f"{hint}use only {sorted(known)}")
+
+
 class AirflowApiError(MopError, RuntimeError):
     """A call to Airflow's REST API failed: unreachable, refused (``status`` 401/403) or not found (404)."""
 

@@ -98,3 +98,23 @@ def test_the_table_prints_every_policy(capsys):
     assert "machine:" in out and "date:" in out
     for label in POLICIES:
         assert out.count(label) >= 8  # 2 scales x 2 slot counts x 2 duration kinds
+
+
+def test_an_adaptive_search_replayed_on_slots_counts_every_hop_and_idle_slot():
+    from mop_airflow.planning.search_sim import simulate_search
+    from mop_airflow.search.asha import asha_plan, next_jobs
+
+    plan = asha_plan({"n": 3, "r": 1, "R": 3, "eta": 3})  # rungs at 1 and 3 iterations
+    draw = ["a", "b", "c"]
+    loss = {"a": 0.3, "b": 0.1, "c": 0.2}
+    sim = simulate_search(lambda done, promoted, started, free: next_jobs(plan, done, promoted, started, draw, free,
+                                                                        direction="min"),
+                          shards=2, capacity=2, metric_of=lambda cid, iterations: loss[cid])
+    # a and b start on the two shards and finish rung 0 after 2 steps; nothing is promotable from
+    # two completions (floor(2/3) = 0), so c starts and runs alone for 2 steps (one slot idle); then
+    # b (best of three) is promoted and trains 2 more iterations (4 hops) alone: 8 steps in all
+    assert [(j.config_id, j.kind, j.rung) for j in sim.decisions] == [
+        ("a", "start", 0), ("b", "start", 0), ("c", "start", 0), ("b", "promote", 1)]
+    assert (sim.steps, sim.trained_hops) == (8, 2 * 3 + 4)
+    assert sim.slot_use == 10 / 16
+    assert [(c.config_id, c.rung) for c in sim.completions] == [("a", 0), ("b", 0), ("c", 0), ("b", 1)]

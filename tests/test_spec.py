@@ -135,3 +135,26 @@ def test_fail_fast_is_off_by_default_and_may_change_per_run():
     spec = MopSpec.from_dict(spec_dict())
     assert spec.search.fail_fast is False
     assert spec.with_overrides({"search": {"fail_fast": True}}).to_dict()["search"]["fail_fast"] is True
+
+
+@pytest.mark.parametrize("space, field, nearest", [
+    # a typo of num_samples used to fall back to the default in silence
+    ({"method": "random", "num_sample": 3, "params": {"model": [MODEL]}}, "search.space.num_sample", "num_samples"),
+    ({"method": "grid", "parms": {}, "params": {"model": [MODEL]}}, "search.space.parms", "params"),
+    ({"params": {"model": [MODEL], "learning_rate": {"distribution": "log_uniform", "low": 1e-4, "high": 0.1,
+                                                      "typo_key": 1}}, "method": "random", "num_samples": 2},
+     "search.space.params.learning_rate.typo_key", None),
+    ({"params": {"model": [MODEL], "hparams": {"units": {"distribution": "choice", "value": [8, 16]}}},
+      "method": "random", "num_samples": 2}, "search.space.params.hparams.units.value", "values"),
+    ({"params": {"model": [MODEL], "learning_rate": {"distribution": "uniform", "low": 0.1, "hihg": 0.2}},
+      "method": "random", "num_samples": 2}, "search.space.params.learning_rate.hihg", "high"),
+])
+def test_unknown_keys_in_the_space_and_its_distributions_are_refused_with_the_nearest_key(space, field, nearest):
+    spec = spec_dict()
+    spec["search"]["space"] = space
+    with pytest.raises(SpecError) as raised:
+        MopSpec.from_dict(spec)
+    assert raised.value.field == field
+    assert "use only" in raised.value.fix
+    if nearest:
+        assert f"did you mean {nearest!r}?" in raised.value.fix

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from mop_airflow.errors import SpecError
+from mop_airflow.errors import SpecError, unknown_key
 from mop_airflow.search.hyperband import Bracket, HyperbandPlan, hyperband_plan, successive_halving
 
 _KEYS = {
@@ -30,10 +30,8 @@ def adaptive_plan(adaptive: Mapping[str, Any], shards: int) -> HyperbandPlan | B
     if method not in _KEYS:
         raise SpecError("search.adaptive.method", method, f"must be one of {sorted(_KEYS)}",
                         "use 'hyperband' (several brackets) or 'successive_halving' (one bracket)")
-    unknown = sorted(set(adaptive) - _KEYS[method] - {"method"})
-    if unknown:
-        raise SpecError(f"search.adaptive.{unknown[0]}", adaptive[unknown[0]], f"is not an option of {method}",
-                        f"use only {sorted(_KEYS[method])}")
+    unknown_key("search.adaptive", {k: v for k, v in adaptive.items() if k != "method"}, _KEYS[method],
+                what=f"an option of {method}")
     options = {k: v for k, v in adaptive.items() if k != "method"}
     if method == "hyperband":
         if "R" not in options:

@@ -26,11 +26,14 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, Mapping, Sequence
 
-from mop_airflow.errors import SpecError
+from mop_airflow.errors import SpecError, unknown_key
 
 _NAMES = ("uniform", "log_uniform", "int_uniform", "quantized_uniform", "quantized_log_uniform", "log_near_one",
           "choice")
 _QUANTIZED = ("quantized_uniform", "quantized_log_uniform")
+# What each distribution takes besides its name: any other key is a typo, refused rather than ignored.
+_OPTIONS = {name: ("low", "high") for name in _NAMES}
+_OPTIONS.update({"choice": ("values",), **{name: ("low", "high", "q") for name in _QUANTIZED}})
 
 
 @dataclass(frozen=True)
@@ -90,9 +93,10 @@ def parse_distribution(field_name: str, spec: Mapping[str, Any]) -> Distribution
     if name not in _NAMES:
         raise SpecError(f"{field_name}.distribution", name, f"must be one of {list(_NAMES)}",
                         "e.g. {'distribution': 'log_uniform', 'low': 1e-4, 'high': 1e-2}")
-    if "q" in spec and name not in _QUANTIZED:
+    if "q" in spec and name not in _QUANTIZED:  # before the unknown-key check: this one has a better fix
         raise SpecError(f"{field_name}.q", spec["q"], f"only applies to {list(_QUANTIZED)}",
                         f"remove q, or use 'quantized_{'log_uniform' if name == 'log_uniform' else 'uniform'}'")
+    unknown_key(field_name, spec, ("distribution", *_OPTIONS[name]), what=f"an option of {name}")
     if name == "choice":
         values = spec.get("values")
         if not isinstance(values, (list, tuple)) or not values:

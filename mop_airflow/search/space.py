@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from mop_airflow.errors import SpecError
+from mop_airflow.errors import SpecError, unknown_key
 from mop_airflow.search.distributions import Distribution, parse_distribution
 
 OPTIMIZERS = ("adam", "adamw", "sgd", "rmsprop", "adagrad", "adadelta", "adamax", "nadam",
@@ -26,6 +26,7 @@ _KEYS = ("model", "optimizer", "learning_rate", "optimizer_params", "batch_size"
          "loss", "metrics", "hparams")
 _DEFAULTS: dict[str, Any] = {"optimizer": "adam", "learning_rate": 1e-3, "batch_size": 32,
                              "loss": "sparse_categorical_crossentropy", "metrics": ["accuracy"]}
+SPACE_KEYS = ("method", "params", "num_samples", "seed")
 _IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 
 
@@ -153,6 +154,7 @@ class SearchSpace:
         if not isinstance(data, Mapping) or "params" not in data:
             raise SpecError("search.space", data, "must be a mapping with 'params' (and optionally 'method')",
                             "pass {'method': 'grid', 'params': {'model': [...], ...}}")
+        unknown_key("search.space", data, SPACE_KEYS)
         return cls(**{k: data[k] for k in ("params", "method", "num_samples", "seed") if k in data})
 
     def size(self, count: int | None = None) -> int:
