@@ -1,0 +1,35 @@
+"""The step between two blocks of an adaptive search (mop_airflow.planning.blocks), on hand-made records."""
+
+from mop_airflow.planning.blocks import completions, next_classes
+from mop_airflow.records import HopRecord
+from mop_airflow.search.jobs import Job
+
+
+def hop(cid, t, saved, val=None, status="ok", error=None):
+    return HopRecord(config_id=cid, t=t, iteration=t // 2, hop=t % 2, shard=0, status=status, saved_at=saved,
+                     val_metrics=val, error=error)
+
+
+def test_completions_come_in_the_order_their_last_hop_was_saved_and_say_how_each_job_ended():
+    jobs = [Job("a", 0, "start", 1), Job("b", 0, "start", 1), Job("c", 1, "promote", 3, bracket=2),
+            Job("d", 0, "start", 1), Job("e", 0, "start", 2)]
+    records = [hop("a", 0, 1.0), hop("a", 1, 9.0, {"val_loss": 0.4}),          # a: rung 0 done at 9.0
+               hop("b", 0, 2.0), hop("b", 1, 5.0, {"val_loss": 0.2}),          # b: done first, at 5.0
+               hop("c", 2, 3.0), hop("c", 3, 4.0, status="failed", error="OOM"),  # c failed in its job
+               hop("d", 0, 3.0), hop("d", 1, 6.0, {"val_loss": float("nan")}),  # d: a loss that blew up
+               hop("e", 0, 3.5), hop("e", 1, 7.0, {"val_loss": 0.1})]          # e: its job is 2 iterations
+    found = completions(records, jobs, shards=2, metric="val_loss")
+    assert [(c.config_id, c.rung, c.metric, c.status) for c in found] == [
+        ("c", 1, None, "failed"), ("b", 0, 0.2, "ok"), ("d", 0, None, "diverged"), ("a", 0, 0.4, "ok")]
+    assert found[0].error == "OOM" and found[0].bracket == 2  # e is still training: nothing for it
+
+
+def test_the_next_blocks_classes_keep_a_rotation_inside_a_job_and_spread_new_jobs():
+    classes, offsets = next_classes({"a": 2, "b": 2, "c": 0, "d": 2}, ["c", "d"], shards=2,
+                                    rotation={"a": 0, "b": 1, "d": 1})
+    # a and b keep their rotations: next hop 2 is on shard 0 for a, shard 1 for b; c (new) and d
+    # (promoted: a new job may take any rotation) join the emptier class, the lower first
+    assert classes == [["a", "c"], ["b", "d"]]
+    assert offsets == {"a": 0, "b": 1, "c": 0, "d": 1}
+    classes, _ = next_classes({}, ["x", "y", "z"], shards=2, rotation={})
+    assert classes == [["x", "z"], ["y"]]
