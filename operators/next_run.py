@@ -28,9 +28,7 @@ class MopNextRunOperator(MopBaseOperator):
         self.hops_per_run = hops_per_run  # global hops one run trains
         self.hops = hops  # the whole search's
 
-    def work(self, context: Any) -> dict[str, Any]:
-        from airflow.sdk.exceptions import DagRunTriggerException  # noqa: PLC0415
-
+    def work(self, context: Any) -> dict[str, Any] | None:
         continuing = self.continuation(context)
         here = continuing or Continuation(first_run=context["run_id"], block=0, start=0)
         blocks = self.hops // self.hops_per_run
@@ -38,18 +36,27 @@ class MopNextRunOperator(MopBaseOperator):
         if nxt.start >= self.hops:
             self.log.info("block %d of %d was the search's last: this run reports", here.block + 1, blocks)
             return {"next_run": None, "block": here.block, "blocks": blocks}
-        layout = self.layout(context)
-        run_id = next_run_id(here.first_run, nxt.block)
-        store = layout.store
-        nxt.write(store, RunLayout(store, layout.dag_id, run_id).continues_uri)
-        chain = RunChain.read(store, layout.chain_uri) if store.exists(layout.chain_uri) else RunChain([here.first_run])
-        chain.with_run(context["run_id"]).with_run(run_id).write(store, layout.chain_uri)
-        conf = {k: v for k, v in (getattr(context.get("dag_run"), "conf", None) or {}).items() if k != CONF_KEY}
-        self.log.info("block %d of %d done (hops %d-%d); run %s trains block %d from hop %d", here.block + 1, blocks,
-                      here.start, nxt.start - 1, run_id, nxt.block + 1, nxt.start)
-        now = dt.datetime.now(dt.timezone.utc)
-        raise DagRunTriggerException(
-            trigger_dag_id=context["dag"].dag_id, dag_run_id=run_id, conf={**conf, CONF_KEY: nxt.to_dict()},
-            logical_date=now, run_after=now, reset_dag_run=False, skip_when_already_exists=True,
-            wait_for_completion=False, allowed_states=["success"], failed_states=["failed"], poke_interval=60,
-            deferrable=False, note=f"block {nxt.block + 1} of {blocks} of the search started by run {here.first_run}")
+        self.log.info("block %d of %d done (hops %d-%d); the next run trains block %d from hop %d", here.block + 1,
+                      blocks, here.start, nxt.start - 1, nxt.block + 1, nxt.start)
+        start_next_block(context, self.layout(context), here, nxt,
+                         note=f"block {nxt.block + 1} of {blocks} of the search started by run {here.first_run}")
+        return None
+
+
+def start_next_block(context: Any, layout: RunLayout, here: Continuation, nxt: Continuation, *, note: str) -> None:
+    """Trigger the DAG's run for block ``nxt``: leave the pointer in its folder, add it to the
+    search's chain record, then raise Airflow's trigger (the task succeeds once the run exists)."""
+    from airflow.sdk.exceptions import DagRunTriggerException  # noqa: PLC0415
+
+    run_id = next_run_id(here.first_run, nxt.block)
+    store = layout.store
+    nxt.write(store, RunLayout(store, layout.dag_id, run_id).continues_uri)
+    chain = RunChain.read(store, layout.chain_uri) if store.exists(layout.chain_uri) else RunChain([here.first_run])
+    chain.with_run(context["run_id"]).with_run(run_id).write(store, layout.chain_uri)
+    conf = {k: v for k, v in (getattr(context.get("dag_run"), "conf", None) or {}).items() if k != CONF_KEY}
+    now = dt.datetime.now(dt.timezone.utc)
+    raise DagRunTriggerException(
+        trigger_dag_id=context["dag"].dag_id, dag_run_id=run_id, conf={**conf, CONF_KEY: nxt.to_dict()},
+        logical_date=now, run_after=now, reset_dag_run=False, skip_when_already_exists=True,
+        wait_for_completion=False, allowed_states=["success"], failed_states=["failed"], poke_interval=60,
+        deferrable=False, note=note)

@@ -15,7 +15,7 @@ from typing import Any
 
 from mop_airflow.errors import TrainingError
 from mop_airflow.planning.resume import bundle_items, resume_after, resume_at
-from mop_airflow.records import Assignment, Manifest, Plan, StageRecord
+from mop_airflow.records import Assignment, BlockDecision, BundleAssignment, Manifest, Plan, StageRecord
 from mop_airflow.planning.plan import make_plan
 from mop_airflow.planning.schedule import DEFAULT_PRIORITY
 
@@ -48,9 +48,18 @@ class MopPlanOperator(MopBaseOperator):
             self.log.info("class %d starts on shard %d, %d bundle(s): %s", o, o, len(bundles),
                           " | ".join(", ".join(b) for b in bundles) or "(empty)")
         if plan.adaptive:
-            from mop_airflow.search.adaptive import adaptive_plan  # noqa: PLC0415
+            from mop_airflow.search.adaptive import adaptive_plan, decided_between_blocks  # noqa: PLC0415
 
-            self.log.info("\n%s", format_plan(adaptive_plan(run.adaptive, plan.shards)))
+            adaptive = adaptive_plan(run.adaptive, plan.shards)
+            if decided_between_blocks(adaptive):  # the first block: what the method starts with
+                from mop_airflow.planning.blocks import first_block  # noqa: PLC0415
+
+                block = first_block(run, plan)
+                block.write(layout.store, layout.block_decision_uri(0))
+                self.log.info("%s: rungs at %s iterations; block 1 starts %d configuration(s), %d at most per block",
+                              run.adaptive["method"], list(adaptive.rungs), len(block.jobs), block.capacity)
+            else:
+                self.log.info("\n%s", format_plan(adaptive))
         return {"plan_uri": layout.plan_uri, "configurations": len(run.configs),
                 "model_hops_total": plan.model_hops_total}
 
@@ -109,9 +118,19 @@ class MopStageShardOperator(MopBaseOperator):
                     cache_bytes=cache_bytes(cache_dir)).write(layout.store, layout.stage_record_uri(self.shard))
         if not self.deals:
             return None
-        per_class = Plan.read(layout.store, layout.plan_uri).class_bundles()
-        bundles = per_class[self.shard]
+        plan = Plan.read(layout.store, layout.plan_uri)
         continuing = self.continuation(context)
+        if plan.adaptive:  # decided between blocks: this run's block decision says what trains
+            decision = BlockDecision.read(layout.store, layout.block_decision_uri(continuing.block if continuing else 0))
+            per_class = decision.bundles
+            first = sum(len(b) for b in per_class[:self.shard])
+            items = [BundleAssignment.start(first + j, [
+                resume_at(layout, cid, decision.training[cid] - 1) if decision.training[cid] else
+                Assignment(config_id=cid, t=-1, checkpoint=None) for cid in members]).to_dict()
+                for j, members in enumerate(per_class[self.shard])]
+            return hand_to_chains(context, items, self.heads, self.rest)
+        per_class = plan.class_bundles()
+        bundles = per_class[self.shard]
         if continuing is None:
             resumed = {cid: Assignment(config_id=cid, t=-1, checkpoint=None) for b in bundles for cid in b}
         else:  # a block after the first: each configuration from its state after the block before

@@ -91,7 +91,15 @@ class MopPreflightOperator(MopBaseOperator):
         """``dag.test()`` runs one DAG run: a search split over several (a ``next_run`` task) would
         train its first block and stop, so it is refused before anything trains."""
         dag = context.get("dag")
-        if self.selection is not None or dag is None or not dag.has_task("next_run") or not running_in_dag_test():
+        if self.selection is not None or dag is None or not running_in_dag_test():
+            return
+        if dag.has_task("decide"):
+            adaptive = self.spec["search"]["adaptive"]
+            raise SpecError("search.adaptive.method", adaptive["method"], "is decided between blocks of hops, one "
+                            "block a DAG run, and dag.test() runs only one", "run it on Airflow (mop-airflow up, then "
+                            "trigger it); to test the search's shape in one run, use successive_halving with "
+                            f"the same r, eta and n={adaptive.get('n')}")
+        if not dag.has_task("next_run"):
             return
         following = dag.get_task("next_run")
         runs = following.hops // following.hops_per_run

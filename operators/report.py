@@ -13,6 +13,7 @@ from typing import Any
 
 from mop_airflow.serving.champion import challenge
 from mop_airflow.errors import StoreError
+from mop_airflow.records import BlockDecision
 from mop_airflow.records.selection import task_id_in
 from mop_airflow.results.report import write_report
 from mop_airflow.results.tracking import track_run
@@ -23,18 +24,20 @@ from mop_airflow.operators.base import MopBaseOperator
 class MopReportOperator(MopBaseOperator):
     ui_color = "#ece3f8"
 
-    def __init__(self, *, last_start: int = 0, **kwargs: Any) -> None:
+    def __init__(self, *, last_start: int = 0, decided: bool = False, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.last_start = last_start  # a search split over DAG runs: the first hop of its last block
+        self.decided = decided  # a search decided between blocks: the decide step says whether it ended
 
     def work(self, context: Any) -> dict[str, Any]:
         continuing = self.continuation(context)
-        if (continuing.start if continuing else 0) < self.last_start:
+        layout = self.layout(context)
+        if (continuing.start if continuing else 0) < self.last_start or (self.decided and not BlockDecision.read(
+                layout.store, layout.block_decision_uri((continuing.block if continuing else 0) + 1)).finished):
             from airflow.sdk.exceptions import AirflowSkipException  # noqa: PLC0415
 
-            raise AirflowSkipException("the search goes on in the DAG's next run (see next_run); "
+            raise AirflowSkipException("the search goes on in the DAG's next run (see next_run or decide); "
                                        "the run of its last block reports")
-        layout = self.layout(context)
         run = self.run_record(layout)
         cache_dir = self.store_spec(context).local_cache
         summary = write_report(layout, run, cache_dir=cache_dir)

@@ -30,13 +30,15 @@ class MopTrainHopOperator(MopBaseOperator):
     ui_color = "#fbe3e0"
 
     def __init__(self, *, bundle: Any, t: int, shard: int, rung_end: bool = False, pick: int | None = None,
-                 **kwargs: Any) -> None:
+                 relative: bool = False, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.bundle = bundle  # a BundleAssignment as a dict, or (with ``pick``) the class's list of them
         self.pick = pick
         self.t = t
         self.shard = shard
         self.rung_end = rung_end  # an adaptive rung ends here: always evaluate, promotion needs the metric
+        # a block of a search decided between blocks: step t of the block, each configuration its own next hop
+        self.relative = relative
 
     def picked(self) -> Mapping[str, Any] | None:
         """This chain's bundle, or None when the run gave its class fewer bundles than it has chains."""
@@ -77,7 +79,7 @@ class MopTrainHopOperator(MopBaseOperator):
             raise AirflowSkipException(f"bundle {bundle.bundle} has no configuration left to train")
         continuing = self.continuation(context)
         # this task's hop in the whole search: a continuing run renders the same tasks for a later block
-        t = self.t + (continuing.start if continuing else 0)
+        t = None if self.relative else self.t + (continuing.start if continuing else 0)
         ti = context["ti"]
         opened: list[str] = []
 
@@ -85,7 +87,7 @@ class MopTrainHopOperator(MopBaseOperator):
             # Airflow's log view folds each ::group:: section: one per configuration of the bundle
             if opened:
                 self.log.info("::endgroup::")
-            self.log.info("::group::%s: hop %d on shard %d", cid, t, self.shard)
+            self.log.info("::group::%s: hop %s on shard %d", cid, "+1" if t is None else t, self.shard)
             opened.append(cid)
 
         where = Where(task_id=self.task_id, host=getattr(ti, "hostname", None), queue=self.queue, pool=self.pool,
@@ -99,8 +101,9 @@ class MopTrainHopOperator(MopBaseOperator):
             section=section)
         if opened:
             self.log.info("::endgroup::")
-        self.log.info("bundle %s: %d trained, %d already committed, %d failed at hop %d", bundle.name,
-                      len(done.records) - len(done.skipped), len(done.skipped), len(done.failed), t)
+        self.log.info("bundle %s: %d trained, %d already committed, %d failed at hop %s", bundle.name,
+                      len(done.records) - len(done.skipped), len(done.skipped), len(done.failed),
+                      f"{self.t} of the block" if t is None else t)
         if not done.out.assignments:
             # Every configuration of the bundle failed: the rest of its chain is skipped.
             raise AirflowSkipException(f"every configuration of {bundle.name} failed: "

@@ -24,7 +24,7 @@ def hops(dag):
     return [t for t in dag.tasks if ".hop_" in t.task_id]
 
 
-SELECTION_DAGS = {"mop_mnist1d", "mop_mnist1d_hyperband", "mop_digits", "mop_digit_images", "mop_friedman",
+SELECTION_DAGS = {"mop_mnist1d", "mop_mnist1d_hyperband", "mop_mnist1d_asha", "mop_digits", "mop_digit_images", "mop_friedman",
                   "mop_digits_retrain"}
 
 

@@ -13,7 +13,7 @@ from airflow.sdk import DAG, Param
 
 from mop_airflow.airflow.render import RETRIES, champion_asset, render_selection
 from mop_airflow.planning.schedule import DEFAULT_PRIORITY
-from mop_airflow.search.adaptive import brackets_of
+from mop_airflow.search.adaptive import brackets_of, decided_between_blocks
 from mop_airflow.config import MopSpec
 from mop_airflow.planning.task_plan import configuration_count, spec_task_plan
 from mop_airflow.config.form import form_fields, rung_iterations
@@ -32,6 +32,10 @@ def _description(spec: MopSpec) -> str:
         count = configuration_count(spec)
         return (f"{space.method.capitalize()} search, {count} configurations by default; models hop across {p} "
                 f"shards for {schedule.iterations} iteration(s) of {schedule.epochs_per_hop} epoch(s) per hop")
+    if decided_between_blocks(adaptive):
+        return (f"ASHA n={adaptive.n}, r={adaptive.r}, R={adaptive.R}, eta={adaptive.eta}: rungs at "
+                f"{', '.join(map(str, adaptive.rungs))} iteration(s), decided between blocks of one iteration, one "
+                f"block a DAG run; models hop across {p} shards")
     brackets = brackets_of(adaptive)
     eta = brackets[0].eta
     named = (f"Hyperband R={adaptive.R}, eta={eta}" if spec.search.adaptive["method"] == "hyperband"

@@ -14,5 +14,6 @@ def get_provider_info() -> dict:
                                           "mop_airflow.operators.plan", "mop_airflow.operators.report",
                                           "mop_airflow.operators.preflight", "mop_airflow.operators.promote",
                                           "mop_airflow.operators.check_models", "mop_airflow.operators.predict",
-                                          "mop_airflow.operators.publish"]}],
+                                          "mop_airflow.operators.publish", "mop_airflow.operators.next_run",
+                                          "mop_airflow.operators.decide"]}],
     }

@@ -22,6 +22,7 @@ from mop_airflow.planning import resolve
 from mop_airflow.serving.champion import champion_asset_uri
 from mop_airflow.operators.check_models import MopCheckModelsOperator
 from mop_airflow.operators.data import MopListDataOperator, MopScatterOperator, MopShardOperator
+from mop_airflow.operators.decide import MopDecideOperator
 from mop_airflow.operators.next_run import MopNextRunOperator
 from mop_airflow.operators.plan import MopDealOperator, MopPlanOperator, MopStageShardOperator
 from mop_airflow.operators.preflight import MopPreflightOperator
@@ -42,7 +43,8 @@ RETRIES = {"retries": 2, "retry_delay": dt.timedelta(seconds=10), "retry_exponen
 
 OPERATORS = {"list_data": MopListDataOperator, "shard": MopShardOperator, "stage": MopStageShardOperator,
              "deal": MopDealOperator, "promote": MopPromoteOperator, "report": MopReportOperator,
-             "check_models": MopCheckModelsOperator, "result": MopResultOperator, "next_run": MopNextRunOperator}
+             "check_models": MopCheckModelsOperator, "result": MopResultOperator, "next_run": MopNextRunOperator,
+             "decide": MopDecideOperator}
 
 
 def champion_asset(selection: str) -> Asset:

@@ -178,11 +178,15 @@ def _fixed_fields(spec: MopSpec) -> list[FormField]:
                           ("eta", 3, "η (eta): each rung keeps the best 1/η")),
             "successive_halving": (("n", None, "n: configurations the bracket starts with"),
                                    ("r", 1, "r: iterations of the first rung"),
-                                   ("eta", 3, "η (eta): each rung keeps the best 1/η"))}[method]
-    section = f"{method.replace('_', ' ').capitalize()} (set in the DAG file)"
-    note = (f"These decide the brackets and rungs drawn in the graph, so they are set in the DAG file "
-            f"(`search.adaptive`), not per run. This DAG: {len(brackets)} bracket(s), "
-            f"{plan.total_configurations} configurations, rungs of {', '.join(rung_iterations(plan))} iteration(s).")
+                                   ("eta", 3, "η (eta): each rung keeps the best 1/η")),
+            "asha": (("n", None, "n: configurations started in all"), ("r", 1, "r: iterations of the first rung"),
+                     ("R", None, "R: most iterations a configuration trains"),
+                     ("eta", 3, "η (eta): a rung promotes its best 1/η"))}[method]
+    section = f"{'ASHA' if method == 'asha' else method.replace('_', ' ').capitalize()} (set in the DAG file)"
+    shape = (f"{len(brackets)} bracket(s), " if brackets else "decided between blocks of one iteration, ")
+    note = (f"These decide the search's rungs, so they are set in the DAG file (`search.adaptive`), not per run. "
+            f"This DAG: {shape}{plan.total_configurations} configurations, rungs of "
+            f"{', '.join(rung_iterations(plan))} iteration(s).")
     out = []
     for k, (key, default, title) in enumerate(keys):
         value = adaptive.get(key, default)
@@ -195,8 +199,10 @@ def _fixed_fields(spec: MopSpec) -> list[FormField]:
 
 def rung_iterations(plan: Any) -> list[str]:
     """The distinct iteration counts an adaptive plan's rungs train to, smallest first ("1", "3", "9")."""
-    from mop_airflow.search.adaptive import brackets_of  # noqa: PLC0415
+    from mop_airflow.search.adaptive import brackets_of, decided_between_blocks  # noqa: PLC0415
 
+    if decided_between_blocks(plan):
+        return [str(r) for r in plan.rungs]
     return [str(r) for r in sorted({rung.r_i for b in brackets_of(plan) for rung in b.rungs})]
 
 

@@ -16,16 +16,34 @@ seen every shard equally often. Between blocks:
    configuration keeps its rotation inside an iteration; at an iteration's start it may take any,
    so new jobs go to the classes with the fewest configurations.
 
-Pure: reads records, no Airflow, no TensorFlow.
+:func:`first_block` (the plan task) and :func:`decide_next_block` (the ``decide`` task at the end of
+every block's run) write each block's :class:`~mop_airflow.records.BlockDecision`; the stage tasks of
+the block's run hand its bundles to the chains. Reads and writes records only: no Airflow, no TensorFlow.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Mapping, Sequence
 
-from mop_airflow.records import HopRecord
+from mop_airflow.errors import StoreError
+from mop_airflow.planning.plan import bundle_classes, class_chains
+from mop_airflow.records import BlockDecision, HopRecord, Plan, RunRecord
+from mop_airflow.records.layout import RunLayout
+from mop_airflow.search.adaptive import adaptive_plan
+from mop_airflow.search.asha import AshaPlan, next_jobs
 from mop_airflow.search.jobs import Completion, Job
+
+# Configurations a block trains per slot of every shard: more than one, so that each shard has a
+# configuration heading to it while another waits (simulated at R=81 on 16 shards: slot use 0.747
+# with two per slot against 0.730 with one; benchmarks/schedule_sim.py --adaptive).
+PER_SLOT = 2
+
+
+def block_capacity(shards: int, slots: int) -> int:
+    """How many configurations one block trains at most (the chains the DAG renders hold them)."""
+    return PER_SLOT * shards * slots
 
 
 def completions(records: Sequence[HopRecord], jobs: Sequence[Job], *, shards: int, metric: str) -> list[Completion]:
@@ -71,3 +89,71 @@ def next_classes(training: Mapping[str, int], new: Sequence[str], *, shards: int
         classes[o].append(cid)
         offsets[cid] = (o - training.get(cid, 0)) % shards
     return classes, offsets
+
+
+def first_block(run: RunRecord, plan: Plan) -> BlockDecision:
+    """Block 0: what the method starts with an empty record and the whole capacity free."""
+    return _decision(run, plan, block=0, previous=None, new=[], jobs_so_far=[])
+
+
+def decide_next_block(layout: RunLayout, run: RunRecord, plan: Plan, block: int) -> BlockDecision:
+    """After block ``block`` trained: its completions, the method's jobs for the capacity they freed,
+    and block ``block + 1``'s classes and bundles, written to the store (and returned)."""
+    store = layout.store
+    decisions = [BlockDecision.read(store, layout.block_decision_uri(b)) for b in range(block + 1)]
+    jobs = [Job(**job) for d in decisions for job in d.jobs]
+    current = {job.config_id: job for job in jobs}  # each configuration's latest job
+    here = decisions[-1]
+    shards = plan.shards
+    records = [r for cid, hops in here.training.items() for r in _block_records(layout, cid, hops, shards)]
+    new = completions(records, [current[cid] for cid in here.training], shards=shards, metric=run.metric)
+    out = _decision(run, plan, block=block + 1, previous=here, new=new, jobs_so_far=jobs)
+    out.write(store, layout.block_decision_uri(block + 1))
+    return out
+
+
+def _decision(run: RunRecord, plan: Plan, *, block: int, previous: BlockDecision | None,
+              new: list[Completion], jobs_so_far: list[Job]) -> BlockDecision:
+    shards, schedule = plan.shards, run.schedule
+    capacity = block_capacity(shards, schedule.slots_per_shard)
+    seen = [Completion(**c) for c in (previous.completions if previous else [])] + new
+    ended = {c.config_id for c in new}
+    busy = {cid: hops + shards for cid, hops in (previous.training if previous else {}).items() if cid not in ended}
+    method = adaptive_plan(run.adaptive, shards)
+    if not isinstance(method, AshaPlan):
+        raise StoreError(f"search.adaptive {run.adaptive} is not decided between blocks; the plan and the DAG "
+                         "disagree. Fix: re-parse the DAG file and trigger a new run")
+    handed = next_jobs(method, seen, [(j.config_id, j.rung - 1) for j in jobs_so_far if j.kind == "promote"],
+                       [j.config_id for j in jobs_so_far if j.kind == "start"], [c["config_id"] for c in run.configs],
+                       max(0, capacity - len(busy)), direction=run.direction)
+    trained = {j.config_id: j.iterations * shards for j in jobs_so_far}  # where a finished job left each one
+    training = {**busy, **{j.config_id: (0 if j.kind == "start" else trained[j.config_id]) for j in handed}}
+    classes, offsets = next_classes(training, [j.config_id for j in handed], shards=shards,
+                                    rotation=previous.offsets if previous else {})
+    bundles = bundle_classes(run, classes, hops=shards, rows=plan.shard_rows, chains=class_chains(plan.chains, "", shards))
+    return BlockDecision(block=block, capacity=capacity, jobs=[j.to_dict() for j in handed],
+                         completions=[dataclasses.asdict(c) for c in seen], training=training, offsets=offsets,
+                         bundles=bundles, finished=not training)
+
+
+def _block_records(layout: RunLayout, cid: str, hops: int, shards: int) -> list[HopRecord]:
+    """The records of the hops ``cid`` trained in one block (from hop ``hops``); a hop it has none of
+    (its task failed or was skipped) is a failure, so the configuration trains no further."""
+    out = []
+    for t in range(hops, hops + shards):
+        try:
+            record = HopRecord.read(layout.store, layout.hop_record_uri(cid, t))
+        except StoreError:
+            out.append(HopRecord(config_id=cid, t=t, iteration=t // shards, hop=t % shards, shard=-1, status="failed",
+                                 error=f"no record of hop {t}: its task did not train it"))
+            break
+        out.append(record)
+        if record.status != "ok":
+            break
+    return out
+
+
+def resume_points(decision: BlockDecision, cls: int) -> list[list[tuple[str, int]]]:
+    """Class ``cls``'s bundles, each configuration with the hops it has trained (it resumes after them)."""
+    return [[(cid, decision.training[cid]) for cid in bundle] for bundle in decision.bundles[cls]]
+

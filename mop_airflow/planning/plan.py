@@ -12,7 +12,7 @@ from typing import Mapping
 from mop_airflow.planning.bundling import deal_configs, make_bundles
 from mop_airflow.planning.schedule import DEFAULT_PRIORITY, hash_seed, visit_order
 from mop_airflow.records import Plan, RunRecord
-from mop_airflow.search.adaptive import adaptive_plan, brackets_of, split_by_bracket
+from mop_airflow.search.adaptive import adaptive_plan, brackets_of, decided_between_blocks, split_by_bracket
 
 
 def make_plan(run: RunRecord, priority: str = DEFAULT_PRIORITY, *, rows: int | None = None,
@@ -35,6 +35,10 @@ def make_plan(run: RunRecord, priority: str = DEFAULT_PRIORITY, *, rows: int | N
                     bundles=bundle_classes(run, classes, hops=end, rows=rows, chains=class_chains(chains, "", p)),
                     bundle_size=schedule.bundle_size, shard_rows=rows, chains=chains)
     adaptive = adaptive_plan(run.adaptive, p)
+    if decided_between_blocks(adaptive):  # no classes up front: each block's step deals its own
+        return Plan(shards=p, iterations=adaptive.max_iterations, seed=seed, priority=priority,
+                    model_hops_total=adaptive.halving_iterations() * p, adaptive=adaptive.to_dict(),
+                    bundle_size=schedule.bundle_size, shard_rows=rows, chains=chains)
     brackets = split_by_bracket(ids, adaptive)
     longest = max(b.rungs[-1].hops_i for b in brackets_of(adaptive))
     rung0 = {str(s): rung_classes(run, m, rows=rows, seed=seed, bracket=s, rung=0) for s, m in brackets.items()}

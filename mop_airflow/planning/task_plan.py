@@ -38,10 +38,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
+from mop_airflow.planning.blocks import block_capacity
 from mop_airflow.planning.bundling import chains_per_class
 from mop_airflow.errors import SpecError
 from mop_airflow.planning.run_chain import iterations_per_run
 from mop_airflow.planning.schedule import DEFAULT_PRIORITY, priority_weight, shard_at
+from mop_airflow.search.adaptive import decided_between_blocks
 
 # Past the failed configuration of a chain, its group-mates' chains go on; a promote step runs as
 # long as nothing failed (a skipped, i.e. pruned or failed-and-recorded, configuration is not a
@@ -125,6 +127,7 @@ def build_task_plan(shards: int, iterations: int, adaptive: Any = None, *,
     def chains(n: int | None, hops: int) -> int:
         return 1 if n is None else chains_per_class(n, shards=shards, slots=slots, hops=hops, bundle_size=bundle_size)
 
+    blocks = adaptive is not None and decided_between_blocks(adaptive)
     builder = _Builder(shards, priority)
     builder.add("preflight", "preflight")
     builder.add("list_data", "list_data", ("preflight",))
@@ -132,7 +135,7 @@ def build_task_plan(shards: int, iterations: int, adaptive: Any = None, *,
     builder.add("shard", "shard", ("scatter",))
     builder.add("plan", "plan", ("shard",))
     stages = [builder.add(f"stage_shard_{s}", "stage", ("plan",), pool=shard_pool(s), queue=shard_pool(s),
-                          args={"shard": s, "deals": adaptive is None}) for s in range(shards)]
+                          args={"shard": s, "deals": adaptive is None or blocks}) for s in range(shards)]
     # Beside the staging: builds each distinct model once on the data's shapes before any hop.
     ready = [*stages, builder.add("check_models", "check_models", ("plan",))]
     report_args: dict[str, Any] = {}
@@ -147,6 +150,14 @@ def build_task_plan(shards: int, iterations: int, adaptive: Any = None, *,
             finals = [builder.add("next_run", "next_run", tuple(finals), trigger_rule=REPORT_JOIN,
                                   args={"hops_per_run": end, "hops": hops})]
             report_args = {"last_start": hops - end}  # the report waits for the run whose block starts there
+    elif blocks:  # one block of one iteration a run; the decide step says what the next run trains
+        per_class = chains(block_capacity(shards, slots), shards)
+        finals = [last for o in range(shards)
+                  for last in builder.chain(f"class_{o}", source=stages[o], offset=o, start=0, end=shards,
+                                            chain_end=shards, chains=per_class, wait_for=ready, rung_end=True,
+                                            relative=True)]
+        finals = [builder.add("decide", "decide", tuple(finals), trigger_rule=REPORT_JOIN)]
+        report_args = {"decided": True}  # reports only in the run whose decide step found nothing left
     else:
         finals = _adaptive(builder, adaptive, ready, chains)
     last = builder.add("report", "report", tuple(finals), trigger_rule=REPORT_JOIN, args=report_args)
@@ -168,6 +179,11 @@ def spec_task_plan(spec: Any, priority: str = DEFAULT_PRIORITY, *, result: bool 
     class holds for the spec's own search space (``result``: see :func:`build_task_plan`)."""
     adaptive = spec.adaptive_plan()
     schedule = spec.schedule
+    if result and adaptive is not None and decided_between_blocks(adaptive):
+        raise SpecError("search.adaptive.method", spec.search.adaptive["method"],
+                        "is decided between DAG runs, one block of hops a run, and a MopTaskGroup's search runs "
+                        "inside your DAG's one run", "use hyperband or successive_halving in a MopTaskGroup, or "
+                        "build_mop_dag for a whole MOP DAG of its own")
     configurations = None if adaptive else configuration_count(spec)
     return build_task_plan(schedule.shards, schedule.iterations, adaptive, priority=priority,
                            publish=spec.publish.enabled, configurations=configurations,
@@ -246,7 +262,7 @@ class _Builder:
 
     def chain(self, group_id: str, *, source: str, offset: int, start: int, end: int, chain_end: int,
               chains: int = 1, bracket: int | None = None, rung: int = 0, rung_end: bool = False,
-              wait_for: list[str] | tuple[str, ...] = ()) -> list[str]:
+              wait_for: list[str] | tuple[str, ...] = (), relative: bool = False) -> list[str]:
         """The hops ``start``..``end - 1`` of one offset class, ``chains`` chains of them; returns
         each chain's last hop. The source task learns the chains' first hops (``args["heads"]``) and
         the hops after them (``args["rest"]``): it skips the chains its run has no bundle for, every
@@ -261,7 +277,8 @@ class _Builder:
                 last = self.add(f"{group_id}.chain_{k}.hop_{t:0{width}d}_shard_{s}", "hop", previous, group=group_id,
                                 pool=shard_pool(s), queue=shard_pool(s),
                                 weight=priority_weight(self.priority, t, chain_end),
-                                args={"t": t, "shard": s, "chain": k, "rung_end": rung_end and t == end - 1})
+                                args={"t": t, "shard": s, "chain": k, "rung_end": rung_end and t == end - 1,
+                                      **({"relative": True} if relative else {})})
                 if t == start:
                     heads.append(last)
                     rest.append([])

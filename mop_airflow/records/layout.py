@@ -75,6 +75,10 @@ class RunLayout:
     def rung_decision_uri(self, bracket: int | str, rung: int | str) -> str:
         return self._at("rungs", f"bracket_{bracket}_rung_{rung}.json")
 
+    def block_decision_uri(self, block: int | str) -> str:
+        """What block ``block`` of a search decided between blocks trains (:class:`~mop_airflow.records.BlockDecision`)."""
+        return self._at("blocks", f"block_{block:05d}.json" if isinstance(block, int) else f"block_{block}.json")
+
     def report_uri(self, name: str) -> str:
         return self._at("report", name)
 

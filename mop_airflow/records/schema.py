@@ -404,6 +404,25 @@ class RungDecision(Record):
 
 
 @dataclass(frozen=True)
+class BlockDecision(Record):
+    """What block ``block`` of a search decided between blocks trains, and why: written by the step
+    before it (the plan task for block 0). ``jobs``: what the method handed out here, with what it
+    saw (``completions``, in the order they happened); ``training``: every configuration of the
+    block with the hops it had trained; ``offsets``: each one's rotation (hop ``t`` on shard
+    ``(offset + t) mod shards``); ``bundles[o]``: offset class ``o``'s bundles. ``finished``: nothing
+    is left to train, and this block's run reports."""
+
+    block: int
+    capacity: int
+    jobs: list[dict[str, Any]] = field(default_factory=list)
+    completions: list[dict[str, Any]] = field(default_factory=list)
+    training: dict[str, int] = field(default_factory=dict)
+    offsets: dict[str, int] = field(default_factory=dict)
+    bundles: list[list[list[str]]] = field(default_factory=list)
+    finished: bool = False
+
+
+@dataclass(frozen=True)
 class StageRecord(Record):
     """A shard's worker copied its shard (and the validation set) into its local cache."""
 

@@ -156,6 +156,8 @@ def planned_hops(plan: Plan) -> dict[str, int]:
     """The hops each configuration trains if it is never pruned."""
     if not plan.adaptive:
         return {cid: len(shards) for cid, shards in plan.visit_order.items()}
+    if _blocks(plan):  # decided between blocks: a configuration trains at most R iterations
+        return defaultdict(lambda: plan.adaptive["R"] * plan.shards)
     last = {str(b["s"]): b["rungs"][-1]["hops_i"] for b in _brackets(plan.adaptive)}
     return {cid: last[s] for s, members in plan.brackets.items() for cid in members}
 
@@ -288,8 +290,14 @@ def _read_optional(layout: RunLayout, name: str) -> Any:
 
 
 def _brackets(adaptive: Mapping[str, Any]) -> list[Mapping[str, Any]]:
-    """Hyperband's brackets, or the one bracket of successive halving."""
+    """Hyperband's brackets, or the one bracket of successive halving (ASHA has none)."""
+    if adaptive.get("method") == "asha":
+        return []
     return list(adaptive["brackets"]) if "brackets" in adaptive else [adaptive]
+
+
+def _blocks(plan: Plan) -> bool:
+    return bool(plan.adaptive) and plan.adaptive.get("method") == "asha"
 
 
 def _finite(value: Any) -> bool:

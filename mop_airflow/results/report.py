@@ -15,9 +15,10 @@ from typing import Any, Collection, Mapping, Sequence
 
 from mop_airflow.errors import TrainingError
 from mop_airflow.records.layout import RunLayout
-from mop_airflow.records import HopRecord, Manifest, Plan, RunRecord, RungDecision, StageRecord
+from mop_airflow.records import BlockDecision, HopRecord, Manifest, Plan, RunRecord, RungDecision, StageRecord
+from mop_airflow.search.promotion import rank_rung
 from mop_airflow.training.best_model import versions
-from mop_airflow.results.runs import load_all_hops, load_rung_decisions, visit_order
+from mop_airflow.results.runs import load_all_hops, load_block_decisions, load_rung_decisions, visit_order
 
 REPORT_FILES = ("leaderboard.json", "metrics.parquet", "metrics.json", "learning_curves.png",
                 "hop_timeline.json", "hop_timeline.png", "best_model.keras", "summary.json")
@@ -33,7 +34,8 @@ def write_report(layout: RunLayout, run: RunRecord, *, cache_dir: str) -> dict[s
     rows = metrics_table(plan.shards, run.configs, records)
     metric, direction = run.metric, run.direction
     board = leaderboard(rows, run.configs, metric=metric, direction=direction, failed=failures)
-    decisions = load_rung_decisions(layout) if plan.adaptive else []
+    blocks = plan.adaptive is not None and plan.adaptive.get("method") == "asha"  # decided between blocks
+    decisions = load_rung_decisions(layout) if plan.adaptive and not blocks else []
     mark_outcomes(board, failures, decisions)
     for row in board:  # which configurations started from an earlier run's weights, and whose
         source = run.warm_start.get(row["config_id"])
@@ -43,7 +45,8 @@ def write_report(layout: RunLayout, run: RunRecord, *, cache_dir: str) -> dict[s
         raise TrainingError(f"no configuration of run {run.run_id} finished with a {metric}: "
                             + "; ".join(f"{row['config_id']} {row['outcome']}" for row in board[:10])
                             + ". Fix: the builders or hyperparameters named, then trigger a new run")
-    extra = adaptive_outcome(plan, decisions, board, metric) if plan.adaptive else {}
+    extra = (block_outcome(load_block_decisions(layout), plan, board, metric, direction) if blocks else
+             adaptive_outcome(plan, decisions, board, metric) if plan.adaptive else {})
     store.write_json(layout.report_uri("leaderboard.json"),
                      {"metric": metric, "direction": direction, "leaderboard": board, **extra})
     store.write_bytes(layout.report_uri("metrics.parquet"), rows_to_parquet(rows))
@@ -131,6 +134,42 @@ def adaptive_outcome(plan: Plan, decisions: Sequence[RungDecision], board: Seque
         best.setdefault(str(row["bracket"]), {"config_id": row["config_id"], metric: row[metric]})
     return {"best_per_bracket": best, "pruned": sorted(pruned.values(), key=lambda e: (e["bracket"], e["rung"],
                                                                                         e["config_id"]))}
+
+
+def block_outcome(decisions: Sequence[BlockDecision], plan: Plan, board: Sequence[dict[str, Any]], metric: str,
+                  direction: str) -> dict[str, Any]:
+    """A search decided between blocks (ASHA): per configuration the rung where it stopped and why,
+    and every decision in the order it was taken (the block, the job, the metric it was promoted on)."""
+    rungs, eta = plan.adaptive["rungs"], plan.adaptive["eta"]
+    seen = decisions[-1].completions if decisions else []
+    per_rung: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for done in seen:
+        per_rung[done["rung"]].append(done)
+    reached = {}
+    for done in seen:
+        if done["status"] == "ok":
+            reached[done["config_id"]] = max(done["rung"], reached.get(done["config_id"], -1))
+    promoted_from = defaultdict(set)
+    for d in decisions:
+        for job in d.jobs:
+            if job["kind"] == "promote":
+                promoted_from[job["rung"] - 1].add(job["config_id"])
+    for row in board:
+        k = reached.get(row["config_id"])
+        row["rung"] = k
+        if row["status"] in ("failed", "diverged") or k is None:
+            continue
+        if k == len(rungs) - 1:
+            row["outcome"] = f"finished: reached the top rung, {rungs[k]} iterations"
+            continue
+        ranked = [r["config_id"] for r in rank_rung(per_rung[k], direction=direction)]
+        row["status"] = "pruned"
+        row["outcome"] = (f"stopped at rung {k} ({rungs[k]} iteration(s)): ranked {ranked.index(row['config_id']) + 1} "
+                          f"of {len(ranked)} that completed it; ASHA promotes from the best 1/{eta} "
+                          f"({len(promoted_from[k])} promoted)")
+    return {"rungs": [{"rung": k, "iterations": end, "completed": per_rung.get(k, []),
+                       "promoted": sorted(promoted_from.get(k, ()))} for k, end in enumerate(rungs)],
+            "decisions": [{**job, "block": d.block} for d in decisions for job in d.jobs]}
 
 
 def metrics_table(shards: int, configs: Sequence[Mapping[str, Any]],

@@ -18,7 +18,7 @@ from typing import Any, Mapping, Sequence
 
 from mop_airflow.errors import StoreError
 from mop_airflow.records.layout import RunLayout, run_folder
-from mop_airflow.records import HopRecord, RunRecord, RungDecision
+from mop_airflow.records import BlockDecision, HopRecord, RunRecord, RungDecision
 from mop_airflow.records.selection import SEPARATOR, whole_first
 from mop_airflow.store import Store, safe_segment
 
@@ -64,6 +64,12 @@ def last_saved_hop(layout: RunLayout, config_id: str) -> HopRecord | None:
 
 def load_rung_decisions(layout: RunLayout) -> list[RungDecision]:
     return [RungDecision.read(layout.store, uri) for uri in layout.store.glob(layout.rung_decision_uri("*", "*"))]
+
+
+def load_block_decisions(layout: RunLayout) -> list[BlockDecision]:
+    """A search decided between blocks: every block's decision, first to last."""
+    found = [BlockDecision.read(layout.store, uri) for uri in layout.store.glob(layout.block_decision_uri("*"))]
+    return sorted(found, key=lambda d: d.block)
 
 
 FINISHED, UNFINISHED = "finished", "unfinished"

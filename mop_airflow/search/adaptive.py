@@ -2,9 +2,12 @@
 
     "adaptive": {"method": "hyperband", "R": 9, "eta": 3}               # rounding, skip_last optional
     "adaptive": {"method": "successive_halving", "n": 9, "r": 1, "eta": 3}  # rungs optional
+    "adaptive": {"method": "asha", "n": 64, "r": 1, "R": 27, "eta": 3}
 
-The plan fixes the DAG's shape (brackets, rungs, hops), so like ``schedule.shards`` it cannot change
-per run. Each bracket draws its own configurations from the (random) search space.
+Hyperband's and successive halving's plan fixes the DAG's shape (brackets, rungs, hops), so like
+``schedule.shards`` it cannot change per run. Each bracket draws its own configurations from the
+(random) search space. ASHA (:mod:`mop_airflow.search.asha`) is decided between blocks of hops, one
+block per DAG run, so its DAG holds one block whatever ``n`` and ``R`` are.
 """
 
 from __future__ import annotations
@@ -13,15 +16,18 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from mop_airflow.errors import SpecError, unknown_key
+from mop_airflow.search.asha import OPTIONS as ASHA_OPTIONS
+from mop_airflow.search.asha import AshaPlan, asha_plan
 from mop_airflow.search.hyperband import Bracket, HyperbandPlan, hyperband_plan, successive_halving
 
 _KEYS = {
     "hyperband": {"R", "eta", "rounding", "skip_last", "allow_partial_iterations"},
     "successive_halving": {"n", "r", "eta", "rungs", "allow_partial_iterations"},
+    "asha": set(ASHA_OPTIONS),
 }
 
 
-def adaptive_plan(adaptive: Mapping[str, Any], shards: int) -> HyperbandPlan | Bracket:
+def adaptive_plan(adaptive: Mapping[str, Any], shards: int) -> HyperbandPlan | Bracket | AshaPlan:
     """Validate ``search.adaptive`` and return its plan for ``shards`` shards."""
     if not isinstance(adaptive, Mapping):
         raise SpecError("search.adaptive", adaptive, "must be a mapping",
@@ -29,10 +35,13 @@ def adaptive_plan(adaptive: Mapping[str, Any], shards: int) -> HyperbandPlan | B
     method = adaptive.get("method")
     if method not in _KEYS:
         raise SpecError("search.adaptive.method", method, f"must be one of {sorted(_KEYS)}",
-                        "use 'hyperband' (several brackets) or 'successive_halving' (one bracket)")
+                        "use 'hyperband' (several brackets), 'successive_halving' (one bracket) or 'asha' "
+                        "(asynchronous successive halving)")
     unknown_key("search.adaptive", {k: v for k, v in adaptive.items() if k != "method"}, _KEYS[method],
                 what=f"an option of {method}")
     options = {k: v for k, v in adaptive.items() if k != "method"}
+    if method == "asha":
+        return asha_plan(options)
     if method == "hyperband":
         if "R" not in options:
             raise SpecError("search.adaptive.R", None, "is required", "set R, the most iterations a configuration trains")
@@ -43,8 +52,17 @@ def adaptive_plan(adaptive: Mapping[str, Any], shards: int) -> HyperbandPlan | B
                               shards=shards, **options)
 
 
-def brackets_of(plan: HyperbandPlan | Bracket) -> tuple[Bracket, ...]:
+def brackets_of(plan: HyperbandPlan | Bracket | AshaPlan) -> tuple[Bracket, ...]:
+    """Hyperband's brackets, successive halving's one; ASHA has none (one ladder of rungs, no barrier)."""
+    if isinstance(plan, AshaPlan):
+        return ()
     return plan.brackets if isinstance(plan, HyperbandPlan) else (plan,)
+
+
+def decided_between_blocks(plan: Any) -> bool:
+    """Whether the search is decided between blocks of hops (one block a DAG run) rather than drawn
+    into the DAG's shape."""
+    return isinstance(plan, AshaPlan)
 
 
 @dataclass(frozen=True)

@@ -40,6 +40,11 @@ class AshaPlan:
     rungs: tuple[int, ...]
 
     @property
+    def total_configurations(self) -> int:
+        """How many configurations the search space draws for it: ``n``."""
+        return self.n
+
+    @property
     def top(self) -> int:
         return len(self.rungs) - 1
 

@@ -48,11 +48,12 @@ def committed(layout: RunLayout, assignment: Assignment, t: int) -> HopRecord | 
     return record if record.checkpoint and layout.store.exists(record.checkpoint) else None
 
 
-def run_bundle_hop(layout: RunLayout, run: RunRecord, manifest: Manifest, bundle: BundleAssignment, *, t: int,
+def run_bundle_hop(layout: RunLayout, run: RunRecord, manifest: Manifest, bundle: BundleAssignment, *, t: int | None,
                    shard: int, rung_end: bool = False, cache_dir: str, where: Where = Where(),
                    fatal: Callable[[BaseException], bool] = lambda exc: False,
                    section: Callable[[str], object] | None = None) -> BundleHop:
-    """Train hop ``t`` of every configuration of ``bundle`` on ``shard``.
+    """Train hop ``t`` of every configuration of ``bundle`` on ``shard`` (``t=None``: each
+    configuration's next hop, in a search decided between blocks where they differ).
 
     ``fatal(exc)`` says which errors end the task instead of failing one configuration (the store
     going away, ``search.fail_fast``); ``section(config_id)`` opens the log's section for one
@@ -63,8 +64,10 @@ def run_bundle_hop(layout: RunLayout, run: RunRecord, manifest: Manifest, bundle
     failed: list[HopRecord] = []
     skipped: list[str] = []
     carried: list[Assignment] = []
+    hop_of = t
     for assignment in bundle.assignments:
         cid = assignment.config_id
+        t = assignment.t + 1 if hop_of is None else hop_of
         if section is not None:
             section(cid)
         earlier = committed(layout, assignment, t)

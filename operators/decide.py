@@ -1,0 +1,43 @@
+"""The end of a block of a search decided between blocks (ASHA): decide what the next block trains,
+then start the DAG's run for it, or, when nothing is left, let this run report.
+
+The decision is :func:`mop_airflow.planning.blocks.decide_next_block`: the block's completions in the
+order their hops were saved, the method's jobs for the capacity they freed, and the next block's
+offset classes and bundles, written to the store before the next run exists (a retried task decides
+the same: the records it reads do not change).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mop_airflow.records import Continuation, Plan
+
+from mop_airflow.operators.base import MopBaseOperator
+from mop_airflow.operators.next_run import start_next_block
+
+
+class MopDecideOperator(MopBaseOperator):
+    ui_color = "#f6e7c1"
+
+    def work(self, context: Any) -> dict[str, Any] | None:
+        from mop_airflow.planning.blocks import decide_next_block  # noqa: PLC0415
+
+        continuing = self.continuation(context)
+        here = continuing or Continuation(first_run=context["run_id"], block=0, start=0)
+        layout = self.layout(context)
+        plan = Plan.read(layout.store, layout.plan_uri)
+        decision = decide_next_block(layout, self.run_record(layout), plan, here.block)
+        for job in decision.jobs:
+            self.log.info("%s %s to rung %d (%d iterations)%s", job["kind"], job["config_id"], job["rung"],
+                          job["iterations"], "" if job["kind"] == "start" else
+                          f": {job['metric']}, ranked {job['rank']} of {job['of']} at rung {job['rung'] - 1}")
+        if decision.finished:
+            self.log.info("block %d was the search's last: nothing is left to train, this run reports", here.block + 1)
+            return {"next_block": None, "block": here.block}
+        nxt = Continuation(first_run=here.first_run, block=here.block + 1, start=here.start + plan.shards)
+        self.log.info("block %d done; block %d trains %d configuration(s)", here.block + 1, nxt.block + 1,
+                      len(decision.training))
+        start_next_block(context, layout, here, nxt,
+                         note=f"block {nxt.block + 1} of the search started by run {here.first_run}")
+        return None

@@ -1,0 +1,99 @@
+"""ASHA decided between blocks of hops on a real Airflow: one block of one iteration a DAG run.
+
+4 configurations, rungs at 1 and 3 iterations, eta 3, 2 shards: block 1 starts all four (the
+capacity is two configurations per slot), its decide step promotes the best of the four (floor(4/3)
+= 1) and starts the next run; that one trains it two more iterations over two runs; the third run's
+decide step finds nothing left to train and its run reports. Every decision is recorded with what it
+saw, and the leaderboard says where each configuration stopped and why.
+"""
+
+import math
+
+import pytest
+
+from mop_airflow.airflow.local import LocalAirflow
+from mop_airflow.records import BlockDecision, HopRecord
+from mop_airflow.records.layout import RunLayout
+from mop_airflow.store import Store
+from tests.conftest import dag_file
+from tests.test_end_to_end import MLP, tiny_spec, write_digits
+
+pytestmark = pytest.mark.integration
+
+ASHA = "mop_asha_blocks"
+
+
+def asha_spec(source, root):
+    spec = tiny_spec(source, root)
+    spec["search"]["space"] = {"method": "random", "seed": 5, "params": {
+        "model": [MLP],
+        "learning_rate": {"distribution": "log_uniform", "low": 1e-4, "high": 3e-2},
+        "batch_size": [32], "hparams": {"units": [32]}}}
+    spec["search"]["adaptive"] = {"method": "asha", "n": 4, "r": 1, "R": 3, "eta": 3}
+    return spec
+
+
+@pytest.fixture(scope="module")
+def airflow(tmp_path_factory):
+    root = tmp_path_factory.mktemp("asha")
+    dags = root / "dags"
+    dags.mkdir()
+    write_digits(root / "digits.parquet")
+    dag_file(dags, ASHA, asha_spec(root / "digits.parquet", f"file://{root / 'store'}"))
+    with LocalAirflow(root / "airflow", dags, extra_env={"MOP_AIRFLOW_HOME": str(root / "mop")}) as af:
+        af.wait_for_dag(ASHA)
+        af.root = root
+        yield af
+
+
+def failed_logs(af, run_id):
+    failed = [ti["task_id"] for ti in af.task_instances(ASHA, run_id) if ti["state"] == "failed"]
+    return f"{run_id}: failed {failed}\n" + "\n".join(af.task_log(ASHA, run_id, t)[-3000:] for t in failed[:2])
+
+
+def test_asha_promotes_the_best_of_a_rung_between_dag_runs_and_reports_where_each_stopped(airflow):
+    store = Store(f"file://{airflow.root / 'store'}")
+    first = airflow.trigger(ASHA)
+    runs = [first, f"{first}__block_1", f"{first}__block_2"]
+    for run_id in runs:
+        assert airflow.wait_for_run(ASHA, run_id, timeout=420) == "success", failed_logs(airflow, run_id)
+    for run_id in runs:
+        states = {ti["task_id"]: ti["state"] for ti in airflow.task_instances(ASHA, run_id)}
+        assert states["decide"] == "success", run_id
+        assert states["report"] == ("success" if run_id == runs[-1] else "skipped"), run_id
+    layout = RunLayout(store, ASHA, first)
+    assert not store.exists(RunLayout(store, ASHA, f"{first}__block_3").continues_uri)  # no fourth run
+
+    blocks = [BlockDecision.read(store, layout.block_decision_uri(b)) for b in range(4)]
+    assert [len(b.training) for b in blocks] == [4, 1, 1, 0] and blocks[3].finished
+    assert [j["kind"] for j in blocks[0].jobs] == ["start"] * 4 and blocks[0].capacity == 4
+    (promotion,) = blocks[1].jobs
+    assert (promotion["kind"], promotion["rung"], promotion["iterations"], promotion["rank"], promotion["of"]) == \
+        ("promote", 1, 3, 1, 4)
+    # the promoted one is the best val_accuracy after one iteration, read from the hop records themselves
+    ids = [j["config_id"] for j in blocks[0].jobs]
+    after_one = {cid: HopRecord.read(store, layout.hop_record_uri(cid, 1)).val_metrics["val_accuracy"] for cid in ids}
+    best = max(sorted(after_one), key=lambda cid: after_one[cid])
+    assert promotion["config_id"] == best and promotion["metric"] == pytest.approx(after_one[best])
+    assert blocks[1].training == {best: 2} and blocks[2].training == {best: 4}
+    # it trained hops 0..5 (3 iterations x 2 shards), resuming from its checkpoints; the others hops 0..1
+    hops = {}
+    for uri in store.glob(layout.hops_glob):
+        record = store.read_json(uri)
+        hops.setdefault(record["config_id"], []).append(record["t"])
+    assert sorted(hops[best]) == list(range(6))
+    assert all(sorted(hops[cid]) == [0, 1] for cid in ids if cid != best)
+    assert [c["config_id"] for c in blocks[3].completions][-1] == best
+
+    board = store.read_json(layout.report_uri("leaderboard.json"))
+    rows = {row["config_id"]: row for row in board["leaderboard"]}
+    assert rows[best]["outcome"] == "finished: reached the top rung, 3 iterations" and rows[best]["rung"] == 1
+    for cid in ids:
+        if cid != best:
+            assert rows[cid]["status"] == "pruned" and rows[cid]["rung"] == 0
+            assert rows[cid]["outcome"].startswith("stopped at rung 0 (1 iteration(s)): ranked ")
+            assert "of 4 that completed it; ASHA promotes from the best 1/3 (1 promoted)" in rows[cid]["outcome"]
+    assert [d["kind"] for d in board["decisions"]] == ["start"] * 4 + ["promote"]
+    assert board["decisions"][-1]["block"] == 1
+    assert math.isclose(rows[best]["val_accuracy"],
+                        HopRecord.read(store, layout.hop_record_uri(best, 5)).val_metrics["val_accuracy"])
