@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test benchmark clean
+.PHONY: setup demo test docs docs-serve benchmark clean
 
 setup: $(STAMP)
 
@@ -20,8 +20,15 @@ demo: setup
 test: setup
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile
 
+# The documentation site (docs/, mkdocs.yml): built strict, so a broken link or a missing object fails.
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir build/site
+
+docs-serve: setup
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve
+
 benchmark: setup
 	$(BIN)/python benchmarks/hop_overhead.py
 
 clean:
-	rm -rf .mop_home .pytest_cache
+	rm -rf .mop_home .pytest_cache build/site

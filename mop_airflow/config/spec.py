@@ -12,7 +12,7 @@ import os
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Mapping
 
-from mop_airflow.errors import SpecError
+from mop_airflow.errors import SpecError, unknown_key
 from mop_airflow.search.space import SearchSpace
 
 # Metric names whose smaller value is better; anything else named here is larger-is-better.
@@ -69,21 +69,39 @@ def _positive_int(name: str, value: Any, minimum: int = 1) -> None:
 class DataSpec:
     """Where the training data is and what its columns mean.
 
-    ``source`` is a Parquet or CSV file, a folder of them (hive partitions allowed), a glob or an
-    ``s3://`` prefix; or a folder, glob or prefix of image files (:mod:`mop_airflow.data.images`),
-    one class folder per label, or beside a ``labels`` file (CSV or Parquet: a ``file`` column of
-    paths relative to the source, the label and any extra feature columns). ``features`` lists numeric columns, is one glob pattern such as ``"x*"``, or
-    maps model inputs to columns: ``{"image": {"shape": [32, 32, 3]}}`` (a list column, reshaped),
-    ``{"photo": {"shape": [32, 32, 3], "decode": "image"}}`` (PNG/JPEG bytes, decoded on the worker)
-    or ``{"tabular": {"columns": "x*"}}`` (scalar columns stacked). ``task`` is ``classification``
-    (``classes`` declared, or found by validation when left empty) or ``regression`` (a numeric
-    ``label``). ``validation`` is a fraction of ``source`` held out (seeded) or a separate source of
-    any of the same forms. ``shuffle`` is ``rows`` (each shard a seeded row-level random sample) or
-    ``files`` (files kept whole and dealt to shards, for data already shuffled). ``batch_mb`` bounds
-    the record batch a validating or sharding task holds; ``slice_mb`` is about how much of the source
-    one sharding task reads (whole files: more files, more tasks in parallel). For ``s3://`` sources, ``conn_id`` names an
-    Airflow AWS connection (credentials, ``endpoint_url``); credentials never go into the spec itself,
-    which is written to the store with the results.
+    Credentials never go into the spec, which is written to the store with the results: an ``s3://``
+    source names an Airflow connection in ``conn_id`` instead.
+
+    Attributes:
+        source: Required. A Parquet (``.parquet``, ``.pq``) or CSV file, a folder of them (read
+            recursively; ``key=value`` folders are hive partitions), a glob or an ``s3://`` prefix; or a
+            folder, glob or prefix of image files (:mod:`mop_airflow.data.images`), one folder per class
+            or beside a ``labels`` file. Must be a non-empty string; a path ending in a file of another
+            format is refused.
+        label: Required. The label column: a class or, with ``task="regression"``, a numeric target.
+            Must be a non-empty column name.
+        features: Required. A list of numeric columns (``["x0", "x1"]``), one glob (``"x*"``), or a dict
+            of named model inputs: ``{"image": {"shape": [32, 32, 3]}}`` (a list column reshaped per
+            row), ``{"photo": {"shape": [32, 32, 3], "decode": "image"}}`` (PNG/JPEG bytes decoded on
+            the worker; ``resize``, ``interpolation`` and ``color_mode`` as in Keras) or
+            ``{"tabular": {"columns": "x*"}}`` (scalar columns stacked). An input may add ``column``
+            and ``dtype`` (float32, float16, uint8 or int32). Never the label column.
+        classes: The label values, at least two, none repeated; left empty, validation finds them
+            (sorted). A regression target has none.
+        validation: A fraction of ``source`` held out (seeded), strictly between 0 and 1, or a
+            separate source of any of the forms ``source`` takes.
+        storage_options: Options passed to fsspec as they are (a mapping of option names to values).
+        conn_id: An Airflow AWS connection for an ``s3://`` source (key, secret, ``endpoint_url``),
+            or left out.
+        task: ``"classification"`` (integer or string labels) or ``"regression"`` (a numeric target).
+        shuffle: ``"rows"``: every shard is a seeded, uniform random sample of rows. ``"files"``:
+            whole files are dealt to the shards, for data already shuffled across files.
+        batch_mb: The record batch, in MB, a validating or sharding task holds at once: from 1 to 16384.
+        slice_mb: About how much of the source, in MB, one sharding task reads (whole files: more
+            files, more tasks in parallel). A positive number.
+        labels: Image folders only: the labels file beside the images, ``"labels.csv"`` (or a
+            Parquet file) whose ``file`` column holds each image's path relative to the source, or
+            ``{"path": ..., "file_column": ...}`` to name another column.
     """
 
     source: str
@@ -293,20 +311,32 @@ def _check_features(features: Any, label: str) -> Any:
 class ScheduleSpec:
     """The MOP schedule: infrastructure parameters that decide the DAG's shape.
 
-    ``shards`` and ``iterations`` are fixed when the DAG file is parsed; everything else may change
-    per run. One iteration = every configuration visits every shard once for ``epochs_per_hop``
-    passes; ``slots_per_shard`` is the number of models a shard trains at once (its GPUs).
+    ``shards`` and ``iterations`` (and ``iterations_per_run``) are fixed when the DAG file is parsed;
+    everything else may change per run. One iteration = every configuration visits every shard once
+    for ``epochs_per_hop`` passes.
 
-    ``bundle_size`` is how many configurations one hop task trains in turn on its shard: ``"auto"``
-    (see :func:`mop_airflow.planning.bundling.bundle_count`) or a whole number (1 = a task per configuration
-    per hop). ``threads_per_hop`` is TensorFlow's thread count in a hop task: ``"auto"`` divides the
-    worker's cores among the hops that share it, a whole number pins it (results on the CPU depend
-    on it, so every hop record says which it used).
-
-    ``iterations_per_run`` is how many iterations one DAG run trains; a longer plain search goes on
-    in the DAG's next runs (:mod:`mop_airflow.planning.run_chain`). ``"auto"`` keeps the whole search in one
-    run unless its hop task instances exceed ``run_chain.RUN_HOP_BUDGET``; a whole number must
-    divide ``iterations``. Fixed when the DAG file is parsed, like ``iterations``.
+    Attributes:
+        shards: How many shards the data is split into: one Airflow pool and queue each. An integer
+            from 1 to 256.
+        iterations: How many times every configuration visits every shard. An integer >= 1.
+        epochs_per_hop: Passes over the shard per visit (a hop). Total passes over the data =
+            ``iterations`` x ``epochs_per_hop``. An integer >= 1.
+        slots_per_shard: Models a shard trains at once: its GPUs. An integer >= 1.
+        metrics_every: Evaluate on the validation set every this many iterations, and always after
+            the last one. An integer >= 1.
+        seed: Seeds the split into shards, the deal of configurations into offset classes (their
+            visit order), each configuration's initial weights and its batch order. A random search
+            draws with ``search.space.seed``. An integer >= 0.
+        bundle_size: How many configurations one hop task trains in turn on its shard: ``"auto"``
+            (see :func:`mop_airflow.planning.bundling.bundle_count`) or an integer >= 1 (1 = a task
+            per configuration per hop).
+        threads_per_hop: TensorFlow's thread count in a hop task: ``"auto"`` divides the worker's
+            cores among the hops that share it, an integer >= 1 pins it. Results on the CPU depend on
+            it, so every hop record says which it used.
+        iterations_per_run: How many iterations one DAG run trains; a longer plain search goes on in
+            the DAG's next runs (:mod:`mop_airflow.planning.run_chain`). ``"auto"`` keeps the whole
+            search in one run unless its hop task instances exceed ``run_chain.RUN_HOP_BUDGET``; an
+            integer >= 1 must divide ``iterations``.
     """
 
     shards: int = 4
@@ -345,13 +375,23 @@ class ScheduleSpec:
 class StoreSpec:
     """Where shards, checkpoints and reports live: ``file://`` (default) or ``s3://``.
 
-    For S3, ``conn_id`` names an Airflow AWS connection (key, secret, ``endpoint_url`` in extra) and
-    ``storage_options`` are passed to s3fs as they are. A store call waits up to ``retry_seconds``
-    for an endpoint that does not answer before the task fails (and is retried).
-
-    ``keep_checkpoints`` bounds the checkpoints a run keeps: per configuration its last k (at least
-    2, so a retried hop always finds the state it starts from) plus the one of its best evaluated
-    hop. ``cache_max_gb`` bounds each worker's shard cache (``cache_dir``).
+    Attributes:
+        root: The store's root: a local folder, ``file://``, ``s3://bucket/prefix`` or ``memory://``.
+            Left out: ``file://`` under ``$MOP_AIRFLOW_HOME/store`` (``~/mop_airflow/store`` when
+            ``MOP_AIRFLOW_HOME`` is unset).
+        conn_id: An Airflow AWS connection for an ``s3://`` store: its login and password become the
+            key and secret, its ``endpoint_url`` extra the endpoint (MinIO and other S3-compatible
+            stores). Left out: s3fs's own credential chain.
+        storage_options: Options passed to s3fs as they are (a mapping of option names to values).
+        cache_dir: The worker's shard cache, a local folder resolved on the machine that runs the
+            task. Left out: ``$MOP_AIRFLOW_HOME/cache``.
+        retry_seconds: How long a store call waits, retrying with backoff, for an endpoint that does
+            not answer before the task fails (and is retried by Airflow). From 0 to 3600.
+        keep_checkpoints: Checkpoints a run keeps per configuration: its last k plus the one of its
+            best evaluated hop. An integer >= 2, so a retried hop always finds the state it starts
+            from; ``None`` keeps every one.
+        cache_max_gb: A bound on each worker's shard cache in GB; least recently used shards go first
+            (a shard used in the last 10 minutes stays). A positive number, or ``None`` for no bound.
     """
 
     root: str | None = None
@@ -402,11 +442,29 @@ class StoreSpec:
 
 @dataclass(frozen=True)
 class SearchSpec:
-    """What to search and how to rank: ``method`` grid or random over ``space``.
+    """What to search and how to rank: grid or random search over ``space``, optionally adaptive.
 
-    A configuration whose builder raises or whose loss diverges is marked failed with its reason and
-    the others go on; ``fail_fast=True`` fails the whole run at the first such configuration instead.
-    ``max_configurations`` guards against a space that expands to far more models than meant.
+    Attributes:
+        space: Required. The search space (:class:`~mop_airflow.search.space.SearchSpace`):
+            ``{"method": "grid" | "random", "params": {...}, "num_samples": n, "seed": s}``. Random
+            search needs ``num_samples`` unless the search is adaptive, where the plan decides it.
+        metric: The ranking metric: a validation metric (its name starts with ``val_``), either
+            ``val_loss`` or ``val_`` + one of the space's compiled ``metrics``.
+        direction: ``"min"`` or ``"max"``; left out, it follows the metric's name (loss, error, mse,
+            mae... are smaller-is-better; accuracy, auc, precision, recall, f1 larger-is-better).
+        adaptive: Hyperband, successive halving or ASHA: ``{"method": "hyperband", "R": 9, "eta": 3}``,
+            ``{"method": "successive_halving", "n": 27, "r": 1, "eta": 3}`` or
+            ``{"method": "asha", "n": 64, "r": 1, "R": 27, "eta": 3}`` (decided between blocks of hops,
+            one block a DAG run; see :mod:`mop_airflow.search.adaptive`). Needs ``space.method="random"`` without
+            ``num_samples``. Fixed when the DAG file is parsed.
+        fail_fast: ``False``: a configuration whose builder raises, whose loss diverges or that runs
+            out of memory is marked failed with its reason and the others go on. ``True``: the run
+            fails at the first such configuration.
+        max_configurations: A space that expands to more configurations is refused when the DAG file
+            is parsed. An integer >= 1.
+        warm_start: Start configurations from an earlier run's weights: ``{"from": "latest" |
+            "champion" | RUN_ID, "select": "winner" | "top_k" | "matching", "k": 3, "dag_id": ...}``
+            (see :func:`warm_start_spec`), or ``None`` to start fresh.
     """
 
     space: SearchSpace
@@ -494,8 +552,13 @@ def warm_start_spec(value: Any) -> dict[str, Any] | None:
 class PublishSpec:
     """Champion and challenger: after the report, the run's winner and the DAG's current champion are
     both evaluated on this run's validation data, and the winner is published (registry entry and
-    the ``mop://<dag_id>/champion`` Asset event) only if it beats the champion by more than ``margin``,
-    in the ranking metric's units and direction. ``enabled=False`` never publishes."""
+    the ``mop://<dag_id>/champion`` Asset event) only if it beats the champion.
+
+    Attributes:
+        enabled: ``True`` publishes a winner that beats the champion; ``False`` never publishes.
+        margin: How much the winner must beat the champion by, in the ranking metric's units and
+            direction (a tie keeps the champion). A number >= 0.
+    """
 
     enabled: bool = True
     margin: float = 0.0
@@ -512,7 +575,19 @@ class PublishSpec:
 
 @dataclass(frozen=True)
 class MopSpec:
-    """The whole job: data, search space, schedule, store and publishing."""
+    """The whole job: data, search space, schedule, store and publishing.
+
+    Built from a dict with :meth:`from_dict` (the DAG file's spec) or from the sections themselves;
+    every section is validated when the DAG file is parsed. A space larger than
+    ``search.max_configurations`` and a classification loss on a regression target are refused here.
+
+    Attributes:
+        data: Required. Where the training data is and what its columns mean (:class:`DataSpec`).
+        search: Required. What to search and how to rank (:class:`SearchSpec`).
+        schedule: Shards, iterations, passes per hop and bundles (:class:`ScheduleSpec`).
+        store: Where shards, checkpoints and reports live (:class:`StoreSpec`).
+        publish: Champion and challenger (:class:`PublishSpec`).
+    """
 
     data: DataSpec
     search: SearchSpec
@@ -626,11 +701,7 @@ def section_overrides(values: Mapping[str, Any], where: str) -> dict[str, dict]:
 
 
 def _build(cls: type, values: Mapping[str, Any], section: str) -> Any:
-    allowed = {f.name for f in fields(cls)}
-    unknown = set(values) - allowed
-    if unknown:
-        raise SpecError(f"{section}.{sorted(unknown)[0]}", values[sorted(unknown)[0]], "is not a known field",
-                        f"use only {sorted(allowed)}")
+    unknown_key(section, values, [f.name for f in fields(cls)], what="a known field")
     try:
         return cls(**values)
     except TypeError as exc:  # a required field is missing
