@@ -49,6 +49,7 @@ class MopPlanOperator(MopBaseOperator):
                           " | ".join(", ".join(b) for b in bundles) or "(empty)")
         if plan.adaptive:
             from mop_airflow.search.adaptive import adaptive_plan, decided_between_blocks  # noqa: PLC0415
+            from mop_airflow.search.asha import AshaPlan  # noqa: PLC0415
 
             adaptive = adaptive_plan(run.adaptive, plan.shards)
             if decided_between_blocks(adaptive):  # the first block: what the method starts with
@@ -56,9 +57,9 @@ class MopPlanOperator(MopBaseOperator):
 
                 block = first_block(run, plan)
                 block.write(layout.store, layout.block_decision_uri(0))
-                self.log.info("%s: rungs at %s iterations; block 1 starts %d configuration(s), %d at most per block",
-                              run.adaptive["method"], list(adaptive.rungs), len(block.jobs), block.capacity)
-            else:
+                self.log.info("%s, decided between blocks of one iteration: block 1 starts %d configuration(s), "
+                              "%d at most per block", run.adaptive["method"], len(block.jobs), block.capacity)
+            if not isinstance(adaptive, AshaPlan):  # Hyperband's brackets, drawn or decided between blocks
                 self.log.info("\n%s", format_plan(adaptive))
         return {"plan_uri": layout.plan_uri, "configurations": len(run.configs),
                 "model_hops_total": plan.model_hops_total}

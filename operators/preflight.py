@@ -97,8 +97,8 @@ class MopPreflightOperator(MopBaseOperator):
             adaptive = self.spec["search"]["adaptive"]
             raise SpecError("search.adaptive.method", adaptive["method"], "is decided between blocks of hops, one "
                             "block a DAG run, and dag.test() runs only one", "run it on Airflow (mop-airflow up, then "
-                            "trigger it); to test the search's shape in one run, use successive_halving with "
-                            f"the same r, eta and n={adaptive.get('n')}")
+                            "trigger it)" + ("" if adaptive["method"] == "asha" else ", or draw a small search into "
+                                             "one run with search.adaptive.between_runs: false"))
         if not dag.has_task("next_run"):
             return
         following = dag.get_task("next_run")

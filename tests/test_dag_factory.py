@@ -284,8 +284,8 @@ def test_the_plan_record_round_trips_and_every_class_visits_every_shard_once_per
         assert sorted(shards[:3]) == sorted(shards[3:]) == [0, 1, 2]
 
 
-@pytest.mark.parametrize("adaptive", [{"method": "hyperband", "R": 81, "eta": 3},
-                                      {"method": "hyperband", "R": 81, "eta": 3, "rounding": "madlib"},
+@pytest.mark.parametrize("adaptive", [{"method": "hyperband", "R": 9, "eta": 3},
+                                      {"method": "hyperband", "R": 9, "eta": 3, "rounding": "madlib"},
                                       {"method": "hyperband", "R": 27, "eta": 3, "skip_last": 1},
                                       {"method": "successive_halving", "n": 20, "r": 1, "eta": 2}])
 def test_a_rung_never_holds_more_configurations_than_it_renders_classes_for(adaptive):
@@ -339,3 +339,23 @@ def test_a_trigger_conf_may_name_builders_only_from_the_modules_the_dag_allows()
     assert package.get_task("preflight").builder_modules == ["mop_airflow.examples"]
     resolve_run(spec, conf("mop_airflow.examples.image_models:cnn2d"), dag_id="d", run_id="r",
                 allowed_modules=["mop_airflow.examples"])
+
+
+@pytest.mark.parametrize("adaptive, shards", [({"method": "hyperband", "R": 81, "eta": 3}, 16),
+                                              ({"method": "hyperband", "R": 81, "eta": 3, "rounding": "madlib"}, 16),
+                                              ({"method": "hyperband", "R": 27, "eta": 3}, 4),
+                                              ({"method": "asha", "n": 256, "r": 1, "R": 81, "eta": 3}, 16)])
+def test_an_adaptive_search_too_large_to_draw_renders_one_block_and_a_decide_step(adaptive, shards):
+    """Hyperband at MADlib's example size (R=81, eta=3, 16 workers) drew 24,722 tasks into one DAG;
+    decided between blocks, a run holds one iteration of every class's chains whatever R is."""
+    from mop_airflow.search.adaptive import adaptive_plan, decided_between_blocks, drawn_hop_tasks
+
+    plan = adaptive_plan(adaptive, shards)
+    assert decided_between_blocks(plan)
+    tasks = build_task_plan(shards, 0, plan)
+    assert len(tasks.tasks) <= 600 and {t.kind for t in tasks.tasks} >= {"decide", "stage", "hop"}
+    assert {t.args["t"] for t in tasks.tasks if t.kind == "hop"} == set(range(shards))  # one iteration
+    assert all(t.args.get("relative") for t in tasks.tasks if t.kind == "hop")
+    assert [t.task_id for t in tasks.tasks if t.kind in ("decide", "report")] == ["decide", "report"]
+    if adaptive["method"] != "asha":
+        assert drawn_hop_tasks(plan) > 600  # what the rungs would have drawn

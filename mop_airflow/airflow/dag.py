@@ -14,6 +14,7 @@ from airflow.sdk import DAG, Param
 from mop_airflow.airflow.render import RETRIES, champion_asset, render_selection
 from mop_airflow.planning.schedule import DEFAULT_PRIORITY
 from mop_airflow.search.adaptive import brackets_of, decided_between_blocks
+from mop_airflow.search.asha import AshaPlan
 from mop_airflow.config import MopSpec
 from mop_airflow.planning.task_plan import configuration_count, spec_task_plan
 from mop_airflow.config.form import form_fields, rung_iterations
@@ -32,7 +33,7 @@ def _description(spec: MopSpec) -> str:
         count = configuration_count(spec)
         return (f"{space.method.capitalize()} search, {count} configurations by default; models hop across {p} "
                 f"shards for {schedule.iterations} iteration(s) of {schedule.epochs_per_hop} epoch(s) per hop")
-    if decided_between_blocks(adaptive):
+    if isinstance(adaptive, AshaPlan):
         return (f"ASHA n={adaptive.n}, r={adaptive.r}, R={adaptive.R}, eta={adaptive.eta}: rungs at "
                 f"{', '.join(map(str, adaptive.rungs))} iteration(s), decided between blocks of one iteration, one "
                 f"block a DAG run; models hop across {p} shards")
@@ -40,6 +41,8 @@ def _description(spec: MopSpec) -> str:
     eta = brackets[0].eta
     named = (f"Hyperband R={adaptive.R}, eta={eta}" if spec.search.adaptive["method"] == "hyperband"
              else f"Successive halving n={brackets[0].n}, r={brackets[0].r}, eta={eta}")
+    if decided_between_blocks(adaptive):
+        named += ", decided between blocks of one iteration, one block a DAG run"
     return (f"{named}: "
             f"{adaptive.total_configurations} configurations in {len(brackets)} bracket(s), trained "
             f"{' or '.join(', '.join(rung_iterations(adaptive)).rsplit(', ', 1))} iteration(s) (each rung keeps "

@@ -199,9 +199,10 @@ def _fixed_fields(spec: MopSpec) -> list[FormField]:
 
 def rung_iterations(plan: Any) -> list[str]:
     """The distinct iteration counts an adaptive plan's rungs train to, smallest first ("1", "3", "9")."""
-    from mop_airflow.search.adaptive import brackets_of, decided_between_blocks  # noqa: PLC0415
+    from mop_airflow.search.adaptive import brackets_of  # noqa: PLC0415
+    from mop_airflow.search.asha import AshaPlan  # noqa: PLC0415
 
-    if decided_between_blocks(plan):
+    if isinstance(plan, AshaPlan):
         return [str(r) for r in plan.rungs]
     return [str(r) for r in sorted({rung.r_i for b in brackets_of(plan) for rung in b.rungs})]
 

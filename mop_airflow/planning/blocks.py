@@ -25,14 +25,15 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from mop_airflow.errors import StoreError
-from mop_airflow.planning.plan import bundle_classes, class_chains
+from mop_airflow.planning.plan import bundle_classes, class_chains, rung_classes
 from mop_airflow.records import BlockDecision, HopRecord, Plan, RunRecord
 from mop_airflow.records.layout import RunLayout
-from mop_airflow.search.adaptive import adaptive_plan
+from mop_airflow.search.adaptive import adaptive_plan, brackets_of, split_by_bracket
 from mop_airflow.search.asha import AshaPlan, next_jobs
+from mop_airflow.search.halving import halving_jobs
 from mop_airflow.search.jobs import Completion, Job
 
 # Configurations a block trains per slot of every shard: more than one, so that each shard has a
@@ -41,9 +42,11 @@ from mop_airflow.search.jobs import Completion, Job
 PER_SLOT = 2
 
 
-def block_capacity(shards: int, slots: int) -> int:
-    """How many configurations one block trains at most (the chains the DAG renders hold them)."""
-    return PER_SLOT * shards * slots
+def block_capacity(shards: int, slots: int, plan: Any) -> int:
+    """How many configurations one block trains at most (the chains the DAG renders hold them):
+    ASHA keeps two per slot busy; Hyperband starts every bracket at once, side by side (MADlib's
+    "on the diagonal"), so every configuration of its first rungs."""
+    return PER_SLOT * shards * slots if isinstance(plan, AshaPlan) else plan.total_configurations
 
 
 def completions(records: Sequence[HopRecord], jobs: Sequence[Job], *, shards: int, metric: str) -> list[Completion]:
@@ -70,14 +73,15 @@ def completions(records: Sequence[HopRecord], jobs: Sequence[Job], *, shards: in
 
 
 def next_classes(training: Mapping[str, int], new: Sequence[str], *, shards: int,
-                 rotation: Mapping[str, int]) -> tuple[list[list[str]], dict[str, int]]:
+                 rotation: Mapping[str, int], placed: Mapping[str, int] | None = None
+                 ) -> tuple[list[list[str]], dict[str, int]]:
     """The next block's offset classes, and every configuration's rotation.
 
     ``training``: configuration -> hops it has trained (all at an iteration's start here, since a
     block is an iteration); ``rotation``: the offset each had (its hop ``t`` was on shard
     ``(offset + t) mod shards``). A configuration in the middle of a job keeps its rotation; ``new``
-    ones (just started or promoted, listed in the order the method handed them out) join the class
-    with the fewest configurations, the lowest first."""
+    ones (just started or promoted, listed in the order the method handed them out) take the offset
+    ``placed`` gives them, or join the class with the fewest configurations, the lowest first."""
     classes: list[list[str]] = [[] for _ in range(shards)]
     offsets: dict[str, int] = {}
     for cid in sorted(c for c in training if c not in new):
@@ -85,6 +89,10 @@ def next_classes(training: Mapping[str, int], new: Sequence[str], *, shards: int
         classes[(offset + training[cid]) % shards].append(cid)
         offsets[cid] = offset
     for cid in new:
+        if placed is not None and cid in placed:
+            offsets[cid] = placed[cid]
+            classes[(placed[cid] + training.get(cid, 0)) % shards].append(cid)
+            continue
         o = min(range(shards), key=lambda k: (len(classes[k]), k))
         classes[o].append(cid)
         offsets[cid] = (o - training.get(cid, 0)) % shards
@@ -115,25 +123,43 @@ def decide_next_block(layout: RunLayout, run: RunRecord, plan: Plan, block: int)
 def _decision(run: RunRecord, plan: Plan, *, block: int, previous: BlockDecision | None,
               new: list[Completion], jobs_so_far: list[Job]) -> BlockDecision:
     shards, schedule = plan.shards, run.schedule
-    capacity = block_capacity(shards, schedule.slots_per_shard)
+    method = adaptive_plan(run.adaptive, shards)
+    capacity = block_capacity(shards, schedule.slots_per_shard, method)
     seen = [Completion(**c) for c in (previous.completions if previous else [])] + new
     ended = {c.config_id for c in new}
     busy = {cid: hops + shards for cid, hops in (previous.training if previous else {}).items() if cid not in ended}
-    method = adaptive_plan(run.adaptive, shards)
-    if not isinstance(method, AshaPlan):
-        raise StoreError(f"search.adaptive {run.adaptive} is not decided between blocks; the plan and the DAG "
-                         "disagree. Fix: re-parse the DAG file and trigger a new run")
-    handed = next_jobs(method, seen, [(j.config_id, j.rung - 1) for j in jobs_so_far if j.kind == "promote"],
-                       [j.config_id for j in jobs_so_far if j.kind == "start"], [c["config_id"] for c in run.configs],
-                       max(0, capacity - len(busy)), direction=run.direction)
+    promoted = [(j.config_id, j.rung - 1) for j in jobs_so_far if j.kind == "promote"]
+    started = [j.config_id for j in jobs_so_far if j.kind == "start"]
+    draw, free = [c["config_id"] for c in run.configs], max(0, capacity - len(busy))
+    if isinstance(method, AshaPlan):
+        handed = next_jobs(method, seen, promoted, started, draw, free, direction=run.direction)
+    else:
+        handed = halving_jobs(brackets_of(method), split_by_bracket(draw, method), seen, promoted, started, free,
+                              direction=run.direction)
     trained = {j.config_id: j.iterations * shards for j in jobs_so_far}  # where a finished job left each one
     training = {**busy, **{j.config_id: (0 if j.kind == "start" else trained[j.config_id]) for j in handed}}
     classes, offsets = next_classes(training, [j.config_id for j in handed], shards=shards,
-                                    rotation=previous.offsets if previous else {})
+                                    rotation=previous.offsets if previous else {},
+                                    placed=None if isinstance(method, AshaPlan) else _rung_deal(run, plan, handed))
     bundles = bundle_classes(run, classes, hops=shards, rows=plan.shard_rows, chains=class_chains(plan.chains, "", shards))
     return BlockDecision(block=block, capacity=capacity, jobs=[j.to_dict() for j in handed],
                          completions=[dataclasses.asdict(c) for c in seen], training=training, offsets=offsets,
                          bundles=bundles, finished=not training)
+
+
+def _rung_deal(run: RunRecord, plan: Plan, handed: Sequence[Job]) -> dict[str, int]:
+    """Hyperband's new rung members take the offsets the rung's seeded deal gives them, the same deal a
+    search drawn into one DAG makes (:func:`mop_airflow.planning.plan.rung_classes`), so a search
+    decided between blocks visits the shards in the same order and trains the same models."""
+    groups: dict[tuple[int | None, int], list[str]] = {}
+    for job in handed:
+        groups.setdefault((job.bracket, job.rung), []).append(job.config_id)
+    placed = {}
+    for (bracket, rung), ids in groups.items():
+        for offset, members in enumerate(rung_classes(run, ids, rows=plan.shard_rows, seed=plan.seed,
+                                                      bracket=bracket, rung=rung)):
+            placed.update({cid: offset for cid in members})
+    return placed
 
 
 def _block_records(layout: RunLayout, cid: str, hops: int, shards: int) -> list[HopRecord]:

@@ -13,6 +13,7 @@ from mop_airflow.planning.bundling import deal_configs, make_bundles
 from mop_airflow.planning.schedule import DEFAULT_PRIORITY, hash_seed, visit_order
 from mop_airflow.records import Plan, RunRecord
 from mop_airflow.search.adaptive import adaptive_plan, brackets_of, decided_between_blocks, split_by_bracket
+from mop_airflow.search.asha import AshaPlan
 
 
 def make_plan(run: RunRecord, priority: str = DEFAULT_PRIORITY, *, rows: int | None = None,
@@ -36,9 +37,13 @@ def make_plan(run: RunRecord, priority: str = DEFAULT_PRIORITY, *, rows: int | N
                     bundle_size=schedule.bundle_size, shard_rows=rows, chains=chains)
     adaptive = adaptive_plan(run.adaptive, p)
     if decided_between_blocks(adaptive):  # no classes up front: each block's step deals its own
-        return Plan(shards=p, iterations=adaptive.max_iterations, seed=seed, priority=priority,
-                    model_hops_total=adaptive.halving_iterations() * p, adaptive=adaptive.to_dict(),
-                    bundle_size=schedule.bundle_size, shard_rows=rows, chains=chains)
+        asha = isinstance(adaptive, AshaPlan)
+        longest = adaptive.R if asha else max(b.rungs[-1].hops_i for b in brackets_of(adaptive)) // p
+        return Plan(shards=p, iterations=longest, seed=seed, priority=priority,
+                    model_hops_total=adaptive.halving_iterations() * p if asha else adaptive.total_hops,
+                    adaptive={**adaptive.to_dict(), "decided": "blocks"}, bundle_size=schedule.bundle_size,
+                    brackets={} if asha else {str(s): m for s, m in split_by_bracket(ids, adaptive).items()},
+                    shard_rows=rows, chains=chains)
     brackets = split_by_bracket(ids, adaptive)
     longest = max(b.rungs[-1].hops_i for b in brackets_of(adaptive))
     rung0 = {str(s): rung_classes(run, m, rows=rows, seed=seed, bracket=s, rung=0) for s, m in brackets.items()}

@@ -151,7 +151,7 @@ def build_task_plan(shards: int, iterations: int, adaptive: Any = None, *,
                                   args={"hops_per_run": end, "hops": hops})]
             report_args = {"last_start": hops - end}  # the report waits for the run whose block starts there
     elif blocks:  # one block of one iteration a run; the decide step says what the next run trains
-        per_class = chains(block_capacity(shards, slots), shards)
+        per_class = chains(block_capacity(shards, slots, adaptive), shards)
         finals = [last for o in range(shards)
                   for last in builder.chain(f"class_{o}", source=stages[o], offset=o, start=0, end=shards,
                                             chain_end=shards, chains=per_class, wait_for=ready, rung_end=True,

@@ -156,7 +156,7 @@ def planned_hops(plan: Plan) -> dict[str, int]:
     """The hops each configuration trains if it is never pruned."""
     if not plan.adaptive:
         return {cid: len(shards) for cid, shards in plan.visit_order.items()}
-    if _blocks(plan):  # decided between blocks: a configuration trains at most R iterations
+    if _blocks(plan) and plan.adaptive.get("method") == "asha":  # a configuration trains at most R iterations
         return defaultdict(lambda: plan.adaptive["R"] * plan.shards)
     last = {str(b["s"]): b["rungs"][-1]["hops_i"] for b in _brackets(plan.adaptive)}
     return {cid: last[s] for s, members in plan.brackets.items() for cid in members}
@@ -297,7 +297,7 @@ def _brackets(adaptive: Mapping[str, Any]) -> list[Mapping[str, Any]]:
 
 
 def _blocks(plan: Plan) -> bool:
-    return bool(plan.adaptive) and plan.adaptive.get("method") == "asha"
+    return bool(plan.adaptive) and plan.adaptive.get("decided") == "blocks"
 
 
 def _finite(value: Any) -> bool:

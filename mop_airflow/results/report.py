@@ -34,7 +34,7 @@ def write_report(layout: RunLayout, run: RunRecord, *, cache_dir: str) -> dict[s
     rows = metrics_table(plan.shards, run.configs, records)
     metric, direction = run.metric, run.direction
     board = leaderboard(rows, run.configs, metric=metric, direction=direction, failed=failures)
-    blocks = plan.adaptive is not None and plan.adaptive.get("method") == "asha"  # decided between blocks
+    blocks = plan.adaptive is not None and plan.adaptive.get("decided") == "blocks"
     decisions = load_rung_decisions(layout) if plan.adaptive and not blocks else []
     mark_outcomes(board, failures, decisions)
     for row in board:  # which configurations started from an earlier run's weights, and whose
@@ -138,37 +138,45 @@ def adaptive_outcome(plan: Plan, decisions: Sequence[RungDecision], board: Seque
 
 def block_outcome(decisions: Sequence[BlockDecision], plan: Plan, board: Sequence[dict[str, Any]], metric: str,
                   direction: str) -> dict[str, Any]:
-    """A search decided between blocks (ASHA): per configuration the rung where it stopped and why,
-    and every decision in the order it was taken (the block, the job, the metric it was promoted on)."""
-    rungs, eta = plan.adaptive["rungs"], plan.adaptive["eta"]
+    """A search decided between blocks (ASHA, or a large Hyperband): per configuration the rung where
+    it stopped and why, and every decision in the order it was taken (the block, the job, the metric
+    it was promoted on)."""
+    adaptive, eta = plan.adaptive, plan.adaptive["eta"]
+    ladders = ({None: adaptive["rungs"]} if adaptive.get("method") == "asha" else
+               {b["s"]: [int(r["r_i"]) for r in b["rungs"]] for b in adaptive.get("brackets", [adaptive])})
     seen = decisions[-1].completions if decisions else []
-    per_rung: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    per_rung: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
+    reached: dict[str, tuple] = {}
     for done in seen:
-        per_rung[done["rung"]].append(done)
-    reached = {}
-    for done in seen:
-        if done["status"] == "ok":
-            reached[done["config_id"]] = max(done["rung"], reached.get(done["config_id"], -1))
+        key = (done.get("bracket"), done["rung"])
+        per_rung[key].append(done)
+        if done["status"] == "ok" and done["rung"] >= reached.get(done["config_id"], (None, -1))[1]:
+            reached[done["config_id"]] = key
     promoted_from = defaultdict(set)
     for d in decisions:
         for job in d.jobs:
             if job["kind"] == "promote":
-                promoted_from[job["rung"] - 1].add(job["config_id"])
+                promoted_from[(job.get("bracket"), job["rung"] - 1)].add(job["config_id"])
     for row in board:
-        k = reached.get(row["config_id"])
-        row["rung"] = k
-        if row["status"] in ("failed", "diverged") or k is None:
+        key = reached.get(row["config_id"])
+        row["rung"], row["bracket"] = (key[1], key[0]) if key else (None, None)
+        if row["status"] in ("failed", "diverged") or key is None:
             continue
-        if k == len(rungs) - 1:
-            row["outcome"] = f"finished: reached the top rung, {rungs[k]} iterations"
+        rungs = ladders[key[0]]
+        where = f"rung {key[1]}" + (f" of bracket {key[0]}" if key[0] is not None else "")
+        if key[1] == len(rungs) - 1:
+            row["outcome"] = f"finished: reached the last rung{'' if key[0] is None else f' of bracket {key[0]}'}, " \
+                             f"{rungs[key[1]]} iterations"
             continue
-        ranked = [r["config_id"] for r in rank_rung(per_rung[k], direction=direction)]
+        ranked = [r["config_id"] for r in rank_rung(per_rung[key], direction=direction)]
         row["status"] = "pruned"
-        row["outcome"] = (f"stopped at rung {k} ({rungs[k]} iteration(s)): ranked {ranked.index(row['config_id']) + 1} "
-                          f"of {len(ranked)} that completed it; ASHA promotes from the best 1/{eta} "
-                          f"({len(promoted_from[k])} promoted)")
-    return {"rungs": [{"rung": k, "iterations": end, "completed": per_rung.get(k, []),
-                       "promoted": sorted(promoted_from.get(k, ()))} for k, end in enumerate(rungs)],
+        row["outcome"] = (f"stopped at {where} ({rungs[key[1]]} iteration(s)): ranked "
+                          f"{ranked.index(row['config_id']) + 1} of {len(ranked)} that completed it; "
+                          f"{'ASHA promotes from' if key[0] is None else 'the rung keeps'} the best 1/{eta} "
+                          f"({len(promoted_from[key])} promoted)")
+    return {"rungs": [{"bracket": s, "rung": k, "iterations": end, "completed": per_rung.get((s, k), []),
+                       "promoted": sorted(promoted_from.get((s, k), ()))}
+                      for s, ends in ladders.items() for k, end in enumerate(ends)],
             "decisions": [{**job, "block": d.block} for d in decisions for job in d.jobs]}
 
 

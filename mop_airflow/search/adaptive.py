@@ -12,6 +12,7 @@ block per DAG run, so its DAG holds one block whatever ``n`` and ``R`` are.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -21,8 +22,8 @@ from mop_airflow.search.asha import AshaPlan, asha_plan
 from mop_airflow.search.hyperband import Bracket, HyperbandPlan, hyperband_plan, successive_halving
 
 _KEYS = {
-    "hyperband": {"R", "eta", "rounding", "skip_last", "allow_partial_iterations"},
-    "successive_halving": {"n", "r", "eta", "rungs", "allow_partial_iterations"},
+    "hyperband": {"R", "eta", "rounding", "skip_last", "allow_partial_iterations", "between_runs"},
+    "successive_halving": {"n", "r", "eta", "rungs", "allow_partial_iterations", "between_runs"},
     "asha": set(ASHA_OPTIONS),
 }
 
@@ -42,6 +43,16 @@ def adaptive_plan(adaptive: Mapping[str, Any], shards: int) -> HyperbandPlan | B
     options = {k: v for k, v in adaptive.items() if k != "method"}
     if method == "asha":
         return asha_plan(options)
+    between = options.pop("between_runs", "auto")
+    if between not in (True, False, "auto"):
+        raise SpecError("search.adaptive.between_runs", between, "must be true, false or \"auto\"",
+                        "leave it out (\"auto\": decided between DAG runs when the rungs would draw more than "
+                        f"{STATIC_HOP_TASKS} hop tasks), or true / false to choose")
+    plan = _halving_plan(method, options, shards)
+    return plan if between == "auto" else dataclasses.replace(plan, between_runs=between)
+
+
+def _halving_plan(method: str, options: dict[str, Any], shards: int) -> HyperbandPlan | Bracket:
     if method == "hyperband":
         if "R" not in options:
             raise SpecError("search.adaptive.R", None, "is required", "set R, the most iterations a configuration trains")
@@ -59,10 +70,26 @@ def brackets_of(plan: HyperbandPlan | Bracket | AshaPlan) -> tuple[Bracket, ...]
     return plan.brackets if isinstance(plan, HyperbandPlan) else (plan,)
 
 
+# Hop tasks a Hyperband or successive-halving DAG may draw (one chain per offset class) before its
+# rungs are decided between blocks instead: R=9, eta=3 on 4 shards draws 244 and stays in one run
+# (dag.test() runs it); R=27 on 4 shards would draw 1,128, R=81 on 16 shards 23,040.
+STATIC_HOP_TASKS = 600
+
+
+def drawn_hop_tasks(plan: HyperbandPlan | Bracket) -> int:
+    """The hop tasks the brackets' rungs take drawn into one DAG, with one chain per offset class."""
+    return sum(min(b.shards, rung.n_i) * rung.new_hops for b in brackets_of(plan) for rung in b.rungs)
+
+
 def decided_between_blocks(plan: Any) -> bool:
     """Whether the search is decided between blocks of hops (one block a DAG run) rather than drawn
-    into the DAG's shape."""
-    return isinstance(plan, AshaPlan)
+    into the DAG's shape: always for ASHA, and for Hyperband or successive halving whose rungs
+    would draw more than ``STATIC_HOP_TASKS`` hop tasks."""
+    if plan is None or isinstance(plan, AshaPlan):
+        return plan is not None
+    if plan.between_runs is not None:  # the spec chose
+        return plan.between_runs
+    return drawn_hop_tasks(plan) > STATIC_HOP_TASKS
 
 
 @dataclass(frozen=True)

@@ -95,6 +95,7 @@ class Bracket:
     eta: int
     shards: int = 1
     allow_partial_iterations: bool = False
+    between_runs: bool | None = None  # decided between blocks of hops: True, False, or None (by size)
 
     @property
     def total_configurations(self) -> int:
@@ -142,6 +143,7 @@ class HyperbandPlan:
     brackets: tuple[Bracket, ...]
     shards: int = 1
     allow_partial_iterations: bool = False
+    between_runs: bool | None = None  # decided between blocks of hops: True, False, or None (by size)
 
     @property
     def s_max(self) -> int:
