@@ -26,3 +26,19 @@ def test_successive_halving_plan(capsys):
 def test_plan_rejects_rungs_between_iterations(capsys):
     assert main(["plan", "--R", "4", "--eta", "3"]) == 2
     assert "not a whole number of iterations" in capsys.readouterr().err
+
+
+def test_plan_previews_asha_rungs_budget_and_a_replay_and_refuses_an_R_no_rung_reaches(capsys):
+    assert main(["plan", "--asha", "--n", "9", "--r", "1", "--R", "9", "--eta", "3", "--shards", "2",
+                 "--seconds-per-hop", "2", "--task-seconds", "4"]) == 0
+    out = capsys.readouterr().out
+    rows = [line.split() for line in out.splitlines() if len(line.split()) == 3 and line.split()[0].isdigit()]
+    assert rows == [["0", "1", "9"], ["1", "3", "3"], ["2", "9", "1"]]
+    # 9 x 1 + 3 x (3 - 1) + 1 x (9 - 3) iterations, each 2 hops on 2 shards
+    assert "budget: 21 iterations (42 model hops)" in out
+    assert "at least 21 hop steps" in out  # the budget over 2 slots (21) vs one configuration to R (18 hops)
+    steps = int(out.split(" hop steps, slot use")[0].rsplit(" ", 1)[1])
+    blocks = -(-steps // 2)
+    assert f"estimated wall time: {steps * 2 + blocks * 4:,} s" in out
+    assert main(["plan", "--asha", "--n", "9", "--R", "10"]) == 2
+    assert "search.adaptive.R=10: is not a rung" in capsys.readouterr().err

@@ -125,6 +125,8 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     from mop_airflow.errors import SpecError  # noqa: PLC0415
     from mop_airflow.search.hyperband import format_plan, hyperband_plan, successive_halving  # noqa: PLC0415
 
+    if args.asha:
+        return _plan_asha(args)
     try:
         if args.n is not None:
             plan = successive_halving(args.n, args.r, args.eta, args.rungs, shards=args.shards,
@@ -146,6 +148,45 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         print(f"simulated wall time: {sim.makespan:,.0f} s: the DAG's own task plan replayed with Airflow's pool "
               f"and priority rules, rung barriers and {args.task_seconds:g} s of fixed cost per task included; "
               f"shard slots busy {sim.busy_fraction:.0%}")
+    return OK
+
+
+def _plan_asha(args: argparse.Namespace) -> int:
+    """ASHA's rungs, its budget and a replay on the shards' slots: its promotions depend on the metrics,
+    so the budget is the synchronous halving one and the replay uses synthetic learning curves."""
+    from mop_airflow.errors import SpecError  # noqa: PLC0415
+    from mop_airflow.planning.blocks import block_capacity  # noqa: PLC0415
+    from mop_airflow.planning.search_sim import simulate_search  # noqa: PLC0415
+    from mop_airflow.search.asha import asha_plan, next_jobs  # noqa: PLC0415
+
+    try:
+        plan = asha_plan({"n": args.n if args.n is not None else 27, "r": args.r, "R": args.R, "eta": args.eta})
+    except SpecError as exc:
+        print(exc, file=sys.stderr)
+        return USAGE
+    p, slots = args.shards, args.slots
+    budget = plan.halving_iterations()
+    print(f"ASHA n={plan.n}, r={plan.r}, R={plan.R}, eta={plan.eta} on {p} shard(s) x {slots} slot(s)")
+    print("rung  iterations  configurations if each rung promotes floor(completed / eta)")
+    count = plan.n
+    for k, end in enumerate(plan.rungs):
+        print(f"{k:>4}  {end:>10}  {count:>14}")
+        count //= plan.eta
+    print(f"budget: {budget} iterations ({budget * p} model hops) if every rung promotes exactly floor(completed / "
+          "eta); ASHA may promote more when a later configuration overtakes one promoted earlier")
+    draw = [f"c{i:04d}" for i in range(plan.n)]
+    sim = simulate_search(lambda done, promoted, started, free: next_jobs(plan, done, promoted, started, draw, free,
+                                                                        direction="min"),
+                          shards=p, slots=slots, capacity=block_capacity(p, slots, plan), block_hops=p)
+    bound = max(budget * p / (p * slots), plan.R * p)  # the slots' share, or one configuration's R iterations
+    print(f"replayed with synthetic learning curves, decided between blocks of one iteration: {sim.iterations:g} "
+          f"iterations in {sim.steps} hop steps, slot use {sim.slot_use:.0%} (at least {bound:g} hop steps: the "
+          f"budget over the slots, or the {plan.R * p} hops of one configuration trained to R, which no slot shares)")
+    if args.seconds_per_hop is not None:
+        blocks = -(-sim.steps // p)
+        wall = sim.steps * args.seconds_per_hop + blocks * args.task_seconds
+        print(f"estimated wall time: {wall:,.0f} s ({sim.steps} hop steps of {args.seconds_per_hop:g} s, and "
+              f"{args.task_seconds:g} s of fixed cost for each of {blocks} block runs)")
     return OK
 
 
@@ -275,13 +316,16 @@ def build_parser() -> argparse.ArgumentParser:
     data.add_argument("--num-samples", type=int, default=20000)
     data.set_defaults(func=_cmd_example_data)
 
-    plan = sub.add_parser("plan", help="print a Hyperband or successive-halving schedule before running it")
+    plan = sub.add_parser("plan", help="print a Hyperband, successive-halving or ASHA schedule before running it")
+    plan.add_argument("--asha", action="store_true", help="ASHA with --n, --r, --R and --eta: its rungs, budget and "
+                                                          "a replay on the shards' slots")
     plan.add_argument("--R", type=int, default=9, help="Hyperband: maximum iterations per configuration")
     plan.add_argument("--eta", type=int, default=3)
     plan.add_argument("--rounding", choices=("paper", "madlib"), default="paper")
     plan.add_argument("--skip-last", type=int, default=0)
-    plan.add_argument("--n", type=int, default=None, help="successive halving: configurations in the bracket")
-    plan.add_argument("--r", type=int, default=1, help="successive halving: iterations of the first rung")
+    plan.add_argument("--n", type=int, default=None, help="successive halving: configurations in the bracket; "
+                                                          "ASHA: configurations started in all (default 27)")
+    plan.add_argument("--r", type=int, default=1, help="successive halving and ASHA: iterations of the first rung")
     plan.add_argument("--rungs", type=int, default=None)
     plan.add_argument("--shards", type=int, default=4)
     plan.add_argument("--slots", type=int, default=1)
