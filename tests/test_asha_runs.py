@@ -4,9 +4,11 @@
 capacity is two configurations per slot), its decide step promotes the best of the four (floor(4/3)
 = 1) and starts the next run; that one trains it two more iterations over two runs; the third run's
 decide step finds nothing left to train and its run reports. Every decision is recorded with what it
-saw, and the leaderboard says where each configuration stopped and why.
+saw, and the leaderboard says where each configuration stopped and why. A hop task SIGKILLed half-way
+through the search is retried, and the search decides and ranks as the undisturbed one does.
 """
 
+import json
 import math
 
 import pytest
@@ -21,6 +23,48 @@ from tests.test_end_to_end import MLP, tiny_spec, write_digits
 pytestmark = pytest.mark.integration
 
 ASHA = "mop_asha_blocks"
+KILLED, UNDISTURBED = "mop_asha_killed", "mop_asha_undisturbed"
+
+# A builder whose training process SIGKILLs itself at its 15th training batch in the first try of the
+# KILLED DAG's hop 1 in the search's second run (the promoted configuration's block); importable by the
+# task processes through PYTHONPATH, outside the DAG folder.
+KILLER = '''
+import os
+import signal
+
+import keras
+
+_batches = 0
+
+
+def _count(x):
+    global _batches
+    _batches += 1
+    env = os.environ
+    if (_batches == 15 and env.get("AIRFLOW_CTX_DAG_ID") == "mop_asha_killed"
+            and env.get("AIRFLOW_CTX_DAG_RUN_ID", "").endswith("__block_1")
+            and ".hop_1_" in env.get("AIRFLOW_CTX_TASK_ID", "") and env.get("AIRFLOW_CTX_TRY_NUMBER") == "1"):
+        os.kill(os.getpid(), signal.SIGKILL)
+    return x
+
+
+@keras.saving.register_keras_serializable(package="asha_killer")
+class DieHalfWay(keras.layers.Layer):
+    def call(self, inputs, training=None):
+        if not training:
+            return inputs
+        import tensorflow as tf
+
+        out = tf.numpy_function(_count, [inputs], inputs.dtype, stateful=True)
+        out.set_shape(inputs.shape)
+        return out
+
+
+def mlp(hparams):
+    return keras.Sequential([keras.Input((int(hparams["input_dim"]),)), DieHalfWay(),
+                             keras.layers.Dense(32, activation="relu"),
+                             keras.layers.Dense(int(hparams["num_classes"]), activation="softmax")])
+'''
 
 
 def asha_spec(source, root):
@@ -40,15 +84,27 @@ def airflow(tmp_path_factory):
     dags.mkdir()
     write_digits(root / "digits.parquet")
     dag_file(dags, ASHA, asha_spec(root / "digits.parquet", f"file://{root / 'store'}"))
-    with LocalAirflow(root / "airflow", dags, extra_env={"MOP_AIRFLOW_HOME": str(root / "mop")}) as af:
-        af.wait_for_dag(ASHA)
+    lib = root / "lib"
+    lib.mkdir()
+    (lib / "asha_killer.py").write_text(KILLER)
+    for dag_id in (KILLED, UNDISTURBED):
+        spec = asha_spec(root / "digits.parquet", f"file://{root / 'store'}")
+        spec["search"]["space"]["params"]["model"] = ["asha_killer:mlp"]
+        (dags / f"{dag_id}.py").write_text(
+            "import datetime, json\nfrom mop_airflow import build_mop_dag\n"
+            f"dag = build_mop_dag(json.loads({json.dumps(json.dumps(spec))}), dag_id={dag_id!r},\n"
+            "                    default_args={'retry_delay': datetime.timedelta(seconds=2)})\n")
+    env = {"MOP_AIRFLOW_HOME": str(root / "mop"), "PYTHONPATH": str(lib)}
+    with LocalAirflow(root / "airflow", dags, extra_env=env) as af:
+        for dag_id in (ASHA, KILLED, UNDISTURBED):
+            af.wait_for_dag(dag_id)
         af.root = root
         yield af
 
 
-def failed_logs(af, run_id):
-    failed = [ti["task_id"] for ti in af.task_instances(ASHA, run_id) if ti["state"] == "failed"]
-    return f"{run_id}: failed {failed}\n" + "\n".join(af.task_log(ASHA, run_id, t)[-3000:] for t in failed[:2])
+def failed_logs(af, run_id, dag_id=ASHA):
+    failed = [ti["task_id"] for ti in af.task_instances(dag_id, run_id) if ti["state"] == "failed"]
+    return f"{run_id}: failed {failed}\n" + "\n".join(af.task_log(dag_id, run_id, t)[-3000:] for t in failed[:2])
 
 
 def test_asha_promotes_the_best_of_a_rung_between_dag_runs_and_reports_where_each_stopped(airflow):
@@ -87,7 +143,7 @@ def test_asha_promotes_the_best_of_a_rung_between_dag_runs_and_reports_where_eac
 
     board = store.read_json(layout.report_uri("leaderboard.json"))
     rows = {row["config_id"]: row for row in board["leaderboard"]}
-    assert rows[best]["outcome"] == "finished: reached the top rung, 3 iterations" and rows[best]["rung"] == 1
+    assert rows[best]["outcome"] == "finished: reached the last rung, 3 iterations" and rows[best]["rung"] == 1
     for cid in ids:
         if cid != best:
             assert rows[cid]["status"] == "pruned" and rows[cid]["rung"] == 0
@@ -97,3 +153,28 @@ def test_asha_promotes_the_best_of_a_rung_between_dag_runs_and_reports_where_eac
     assert board["decisions"][-1]["block"] == 1
     assert math.isclose(rows[best]["val_accuracy"],
                         HopRecord.read(store, layout.hop_record_uri(best, 5)).val_metrics["val_accuracy"])
+
+
+def test_a_hop_killed_half_way_through_asha_is_retried_and_the_search_decides_and_ranks_the_same(airflow):
+    store = Store(f"file://{airflow.root / 'store'}")
+    searches = {dag_id: airflow.trigger(dag_id) for dag_id in (KILLED, UNDISTURBED)}
+    for dag_id, first in searches.items():
+        for run_id in (first, f"{first}__block_1", f"{first}__block_2"):
+            assert airflow.wait_for_run(dag_id, run_id, timeout=420) == "success", failed_logs(airflow, run_id, dag_id)
+    killed_first = searches[KILLED]
+    tries = [ti for ti in airflow.task_instances(KILLED, f"{killed_first}__block_1") if ".hop_1_" in ti["task_id"]
+             and ti["state"] == "success"]
+    assert max(ti["try_number"] for ti in tries) == 2  # the killed hop ran again
+
+    def decisions(dag_id):
+        layout = RunLayout(store, dag_id, searches[dag_id])
+        return [[(j["config_id"], j["kind"], j["rung"], j["rank"]) for j in
+                 BlockDecision.read(store, layout.block_decision_uri(b)).jobs] for b in range(4)]
+
+    assert decisions(KILLED) == decisions(UNDISTURBED)
+    boards = {dag_id: store.read_json(RunLayout(store, dag_id, first).report_uri("leaderboard.json"))["leaderboard"]
+              for dag_id, first in searches.items()}
+    assert [(r["config_id"], r["outcome"]) for r in boards[KILLED]] == \
+        [(r["config_id"], r["outcome"]) for r in boards[UNDISTURBED]]
+    for a, b in zip(boards[KILLED], boards[UNDISTURBED]):
+        assert a["val_accuracy"] == pytest.approx(b["val_accuracy"], abs=1e-6)
