@@ -131,13 +131,16 @@ class MopStageShardOperator(MopBaseOperator):
                 for j, members in enumerate(per_class[self.shard])]
             return hand_to_chains(context, items, self.heads, self.rest)
         per_class = plan.class_bundles()
-        bundles = per_class[self.shard]
+        # The class whose configurations reach this shard at the block's first hop: its own in a run
+        # of whole iterations, another in a block that starts inside an iteration (shard (o + t) mod p).
+        cls = (self.shard - (continuing.start if continuing else 0)) % plan.shards
+        bundles = per_class[cls]
         if continuing is None:
             resumed = {cid: Assignment(config_id=cid, t=-1, checkpoint=None) for b in bundles for cid in b}
         else:  # a block after the first: each configuration from its state after the block before
             resumed = {cid: self._resumed(layout, cid, continuing.start - 1) for b in bundles for cid in b}
             bundles = [[cid for cid in members if resumed[cid] is not None] for members in bundles]
-        items = bundle_items(bundles, sum(len(b) for b in per_class[:self.shard]), resumed.__getitem__)
+        items = bundle_items(bundles, sum(len(b) for b in per_class[:cls]), resumed.__getitem__)
         return hand_to_chains(context, items, self.heads, self.rest)
 
     def _resumed(self, layout: Any, cid: str, t: int) -> Assignment | None:

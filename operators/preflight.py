@@ -103,9 +103,8 @@ class MopPreflightOperator(MopBaseOperator):
             return
         following = dag.get_task("next_run")
         runs = following.hops // following.hops_per_run
-        per_run = following.hops_per_run // int(self.spec["schedule"]["shards"])
         raise SpecError("schedule.iterations_per_run", self.spec["schedule"]["iterations_per_run"],
-                        f"splits this search over {runs} DAG runs of {per_run} iteration(s) each, and dag.test() "
+                        f"splits this search over {runs} DAG runs of {following.hops_per_run} hop(s) each, and dag.test() "
                         "runs only one", "run it on Airflow (mop-airflow up, then trigger it), or test a copy with "
                         "schedule.iterations_per_run equal to schedule.iterations")
 

@@ -82,8 +82,8 @@ def test_only_a_whole_mop_dags_plain_search_is_split():
     with pytest.raises(SpecError, match="plain search"):
         spec_task_plan(MopSpec.from_dict(hyperband))
     # one plan for equal inputs, as the renderer and the simulator rely on
-    assert build_task_plan(2, 4, configurations=4, iterations_per_run=2) == build_task_plan(
-        2, 4, configurations=4, iterations_per_run=2)
+    assert build_task_plan(2, 4, configurations=4, hops_per_run=4) == build_task_plan(
+        2, 4, configurations=4, hops_per_run=4)
 
 
 def test_a_continuing_run_is_named_in_its_conf_and_its_folder_points_at_the_search(tmp_path):
@@ -121,3 +121,31 @@ def test_dag_test_refuses_a_split_search_before_anything_trains(airflow_db, tmp_
     assert states["preflight"] == "failed" and states["list_data"] == "upstream_failed"
     assert not (tmp_path / "store" / "mop_split_in_dag_test").exists() or not list(
         (tmp_path / "store" / "mop_split_in_dag_test").rglob("hops/*"))
+
+
+def test_a_block_is_counted_in_hops_and_may_be_shorter_than_an_iteration():
+    from mop_airflow.planning.run_chain import hops_per_run
+
+    # whole iterations while one fits the budget; then the most hops that divide the shards
+    assert hops_per_run(10, 4, "auto", lambda h: 4 * h) == 40
+    assert hops_per_run(10, 16, "auto", lambda h: 16 * h) == 16  # one iteration of 16 x 16 = 256 fits
+    assert hops_per_run(10, 64, "auto", lambda h: 64 * h) == 4  # 64 x 64 does not: 4 hops of 64 chains
+    assert hops_per_run(10, 64, "auto", lambda h: 1000 * h) == 1  # not even one hop: one a run
+    assert hops_per_run(10, 8, 0.25, lambda h: 8 * h) == 2 and hops_per_run(10, 8, 2, lambda h: 8 * h) == 16
+
+
+def test_a_plain_grid_on_64_shards_stays_within_the_budget_of_16_shards():
+    spec = random_spec(256, 64, 10)
+    plan = spec_task_plan(spec)
+    (following,) = [t for t in plan.tasks if t.kind == "next_run"]
+    per_run = following.args["hops_per_run"]
+    assert per_run < 64 and 64 % per_run == 0 and following.args["hops"] == 640
+    assert plan.hop_tasks <= RUN_HOP_BUDGET and len(plan.tasks) <= 600
+    assert {t.args["t"] for t in plan.tasks if t.kind == "hop"} == set(range(per_run))
+
+
+def test_a_fraction_of_an_iteration_must_be_whole_hops_dividing_the_shards():
+    assert tiny_spec_with(shards=4, iterations_per_run=0.5).schedule.iterations_per_run == 0.5
+    with pytest.raises(SpecError) as err:
+        tiny_spec_with(shards=4, iterations_per_run=0.3)
+    assert err.value.field == "schedule.iterations_per_run" and "1/4, 2/4" in err.value.fix

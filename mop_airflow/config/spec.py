@@ -335,8 +335,10 @@ class ScheduleSpec:
             it, so every hop record says which it used.
         iterations_per_run: How many iterations one DAG run trains; a longer plain search goes on in
             the DAG's next runs (:mod:`mop_airflow.planning.run_chain`). ``"auto"`` keeps the whole
-            search in one run unless its hop task instances exceed ``run_chain.RUN_HOP_BUDGET``; an
-            integer >= 1 must divide ``iterations``.
+            search in one run unless its hop task instances exceed ``run_chain.RUN_HOP_BUDGET``, then
+            takes the most whole iterations that fit, or, when one iteration does not (many shards),
+            a block of fewer hops; an integer >= 1 must divide ``iterations``; a fraction below 1 (0.25
+            on 8 shards: 2 hops a run) must be a whole number of hops dividing ``shards``.
     """
 
     shards: int = 4
@@ -352,6 +354,8 @@ class ScheduleSpec:
     def __post_init__(self) -> None:
         for name in ("bundle_size", "threads_per_hop", "iterations_per_run"):
             value = getattr(self, name)
+            if name == "iterations_per_run" and isinstance(value, float) and 0 < value < 1:
+                continue  # a block shorter than an iteration: checked against the shards below
             if value != "auto":
                 if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                     raise SpecError(f"schedule.{name}", value, 'must be "auto" or an integer >= 1',
@@ -362,6 +366,15 @@ class ScheduleSpec:
         _positive_int("schedule.slots_per_shard", self.slots_per_shard)
         _positive_int("schedule.metrics_every", self.metrics_every)
         _positive_int("schedule.seed", self.seed, minimum=0)
+        if isinstance(self.iterations_per_run, float):
+            hops = self.iterations_per_run * self.shards
+            if hops != round(hops) or self.shards % round(hops):
+                parts = [f"{d}/{self.shards}" for d in range(1, self.shards) if self.shards % d == 0]
+                raise SpecError("schedule.iterations_per_run", self.iterations_per_run,
+                                f"a fraction of an iteration must be a whole number of hops that divides the "
+                                f"{self.shards} shards, so that every run renders the same tasks",
+                                f"use one of {', '.join(parts) or 'none: 1 shard has no smaller block'} (as a "
+                                "decimal), a whole number of iterations, or \"auto\"")
         if self.shards > 256:
             raise SpecError("schedule.shards", self.shards, "must be at most 256 (one Airflow pool and queue each)",
                             "use fewer, larger shards")

@@ -56,6 +56,24 @@ def next_run_id(first_run: str, block: int) -> str:
     return f"{first_run}__block_{block}"
 
 
+def hops_per_run(iterations: int, shards: int, setting: int | float | str, hop_tasks: Callable[[int], int],
+                 budget: int = RUN_HOP_BUDGET) -> int:
+    """How many hops one DAG run trains. ``hop_tasks(h)`` is the hop task instances a run of ``h``
+    hops renders.
+
+    Whole iterations as :func:`iterations_per_run` gives them; when even one iteration's hop tasks
+    pass ``budget`` under ``"auto"`` (a run's tasks grow with shards squared: 64 shards render 4,169
+    a run), a block shorter than an iteration: the most hops that fit, a divisor of ``shards`` so that
+    every run renders the same tasks. A fraction below 1 (validated by the spec: it times ``shards`` is
+    a divisor of ``shards``) sets such a block by hand."""
+    if isinstance(setting, float):
+        return round(setting * shards)
+    k = iterations_per_run(iterations, setting, lambda n: hop_tasks(n * shards), budget)
+    if setting != "auto" or hop_tasks(k * shards) <= budget:
+        return k * shards
+    return max((d for d in range(1, shards + 1) if shards % d == 0 and hop_tasks(d) <= budget), default=1)
+
+
 def iterations_per_run(iterations: int, setting: int | str, hops_of: Callable[[int], int],
                        budget: int = RUN_HOP_BUDGET) -> int:
     """How many iterations one DAG run trains. ``hops_of(k)`` is the hop task instances a run of

@@ -41,7 +41,7 @@ from typing import Any, Mapping
 from mop_airflow.planning.blocks import block_capacity
 from mop_airflow.planning.bundling import chains_per_class
 from mop_airflow.errors import SpecError
-from mop_airflow.planning.run_chain import iterations_per_run
+from mop_airflow.planning.run_chain import hops_per_run
 from mop_airflow.planning.schedule import DEFAULT_PRIORITY, priority_weight, shard_at
 from mop_airflow.search.adaptive import decided_between_blocks
 
@@ -112,7 +112,7 @@ class TaskPlan:
 def build_task_plan(shards: int, iterations: int, adaptive: Any = None, *,
                     priority: str = DEFAULT_PRIORITY, publish: bool = True, configurations: int | None = None,
                     slots: int = 1, bundle_size: int | str = "auto", result: bool = False,
-                    iterations_per_run: int | None = None) -> TaskPlan:
+                    hops_per_run: int | None = None) -> TaskPlan:
     """The task plan for ``shards`` shards and ``iterations`` iterations, or an adaptive plan's rungs.
 
     ``adaptive`` is a :class:`~mop_airflow.search.hyperband.HyperbandPlan` or ``Bracket``;
@@ -121,8 +121,10 @@ def build_task_plan(shards: int, iterations: int, adaptive: Any = None, *,
     many chains each class holds (:func:`~mop_airflow.planning.bundling.chains_per_class`; one without a count).
     ``result`` ends the plan with a task that succeeds whether or not the winner was published (a
     MopTaskGroup's last task: what tasks downstream of the group wait for and read).
-    ``iterations_per_run`` (a plain search): the iterations one DAG run renders, when fewer than
-    ``iterations``; the DAG's later runs train the rest (:mod:`mop_airflow.planning.run_chain`).
+    ``hops_per_run`` (a plain search): the hops one DAG run renders, when fewer than the search's;
+    the DAG's later runs train the rest (:mod:`mop_airflow.planning.run_chain`). A block may be
+    shorter than an iteration (a divisor of ``shards``): a class's chains then start each run on the
+    shard the class's configurations have reached.
     """
     def chains(n: int | None, hops: int) -> int:
         return 1 if n is None else chains_per_class(n, shards=shards, slots=slots, hops=hops, bundle_size=bundle_size)
@@ -142,7 +144,7 @@ def build_task_plan(shards: int, iterations: int, adaptive: Any = None, *,
     if adaptive is None:
         hops = iterations * shards
         per_class = chains(configurations, hops)  # the whole search's bundles, whichever run trains a block
-        end = (iterations_per_run or iterations) * shards
+        end = hops_per_run or hops
         finals = [last for o in range(shards)
                   for last in builder.chain(f"class_{o}", source=stages[o], offset=o, start=0, end=end, chain_end=end,
                                             chains=per_class, wait_for=ready)]
@@ -188,11 +190,11 @@ def spec_task_plan(spec: Any, priority: str = DEFAULT_PRIORITY, *, result: bool 
     return build_task_plan(schedule.shards, schedule.iterations, adaptive, priority=priority,
                            publish=spec.publish.enabled, configurations=configurations,
                            slots=schedule.slots_per_shard, bundle_size=schedule.bundle_size, result=result,
-                           iterations_per_run=runs_split(spec, configurations, chained=adaptive is None and not result))
+                           hops_per_run=runs_split(spec, configurations, chained=adaptive is None and not result))
 
 
 def runs_split(spec: Any, configurations: int | None, *, chained: bool) -> int:
-    """The iterations one DAG run of ``spec`` trains (:func:`mop_airflow.planning.run_chain.iterations_per_run`).
+    """The hops one DAG run of ``spec`` trains (:func:`mop_airflow.planning.run_chain.hops_per_run`).
 
     Only a whole MOP DAG's plain search is split (``chained``): an adaptive search's rungs already
     end in promote tasks, and a MopTaskGroup's run is the user's DAG run, whose other tasks must not
@@ -206,13 +208,13 @@ def runs_split(spec: Any, configurations: int | None, *, chained: bool) -> int:
                             "its other tasks would run once per block", "leave schedule.iterations_per_run out")
         if schedule.iterations_per_run != "auto" and spec.adaptive_plan():
             raise SpecError("schedule.iterations_per_run", schedule.iterations_per_run,
-                            "applies to a plain search; a Hyperband or successive halving search runs in one DAG run",
-                            "leave schedule.iterations_per_run out")
-        return schedule.iterations
+                            "applies to a plain search; an adaptive search goes on over DAG runs by its own blocks "
+                            "(search.adaptive.between_runs)", "leave schedule.iterations_per_run out")
+        return schedule.iterations * schedule.shards
     per_class = chains_per_class(configurations or 0, shards=schedule.shards, slots=schedule.slots_per_shard,
                                  hops=schedule.iterations * schedule.shards, bundle_size=schedule.bundle_size)
-    return iterations_per_run(schedule.iterations, schedule.iterations_per_run,
-                              lambda k: schedule.shards * per_class * k * schedule.shards)
+    return hops_per_run(schedule.iterations, schedule.shards, schedule.iterations_per_run,
+                        lambda h: schedule.shards * per_class * h)
 
 
 def _adaptive(builder: "_Builder", adaptive: Any, ready: list[str], chains: Any) -> list[str]:
