@@ -471,6 +471,47 @@ def test_a_hyperband_run_shows_its_brackets_and_where_each_configuration_stopped
     page.context.close()
 
 
+def test_an_asha_run_shows_every_decision_between_blocks(airflow, browser, tmp_path):
+    """The page drawn from an ASHA run's data (mop_airflow.results.page over hand-written hop records and
+    the real decisions between its blocks): block 1 starts four configurations, block 2 promotes the
+    best of them on its metric, ranked 1 of 4."""
+    from mop_airflow.planning.blocks import decide_next_block, first_block
+    from mop_airflow.results.page import run_results
+    from tests.test_results import MLP, hop, planned
+
+    spec = tiny_spec("/data/digits.parquet", f"file://{tmp_path / 'store'}")
+    spec["search"]["space"] = {"method": "random", "seed": 3, "params": {
+        "model": [MLP], "learning_rate": {"distribution": "log_uniform", "low": 1e-4, "high": 3e-2},
+        "batch_size": [32], "hparams": {"units": [32]}}}
+    spec["search"]["adaptive"] = {"method": "asha", "n": 4, "r": 1, "R": 3, "eta": 3}
+    layout, run, plan = planned(Store(spec["store"]["root"]), spec)
+    first_block(run, plan).write(layout.store, layout.block_decision_uri(0))
+    ids = [c["config_id"] for c in run.configs]
+    for k, (accuracy, cid) in enumerate(zip((0.5, 0.8, 0.6, 0.7), ids)):
+        for t in (0, 1):
+            hop(layout, cid, t, t, start=2 * (k + t), seconds=2, loss=1.0 - accuracy, acc=accuracy,
+                val=(1.0 - accuracy, accuracy) if t == 1 else None)
+    decide_next_block(layout, run, plan, 0)
+    data = {**run_results(layout, run), "run_state": "running"}
+
+    page = logged_in(browser, airflow)
+    page.route("**/mop/api/runs/**", lambda route: route.fulfill(status=200, content_type="application/json",
+                                                                  body=json.dumps(data)))
+    page.goto(f"{airflow.base_url}/mop/runs/{layout.dag_id}/{quoted(layout.run_id)}")
+    page.locator("#decisions tbody tr").first.wait_for(timeout=60_000)
+    page.screenshot(path=str(tmp_path / "results_page_asha.png"), full_page=True)
+    assert "ASHA n=4 r=1 R=3 eta=3, decided between blocks" in page.locator("#plan-note").inner_text()
+    starts = page.locator("#decisions tbody tr[data-block='0'][data-kind='start']")
+    assert starts.count() == 4
+    promoted = page.locator("#decisions tbody tr[data-kind='promote']")
+    assert promoted.count() == 1 and promoted.get_attribute("data-config-id") == ids[1]
+    assert promoted.locator("td").all_inner_texts()[3:] == ["1", "3", "0.8", "1 of 4"]  # to rung 1 (3 iterations)
+    outcome = page.locator(f"#leaderboard tbody tr[data-config-id='{ids[1]}'] td").all_inner_texts()[-1]
+    assert outcome == "training: 2 of 6 hops done"  # on its way to R=3 iterations of 2 hops
+    assert page.locator("#best-per-bracket-table").count() == 0  # ASHA has no brackets
+    page.context.close()
+
+
 @pytest.fixture(scope="module")
 def group_run(airflow, finished):
     """A run of the DAG of two groups: model_selection's selection is the finished run written again as

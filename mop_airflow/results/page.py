@@ -18,9 +18,9 @@ from typing import Any, Iterator, Mapping, Sequence
 
 from mop_airflow.errors import StoreError
 from mop_airflow.records.layout import RunLayout
-from mop_airflow.records import HopRecord, Plan, RunRecord, RungDecision, ShardingPlan
+from mop_airflow.records import BlockDecision, HopRecord, Plan, RunRecord, RungDecision, ShardingPlan
 from mop_airflow.results.report import adaptive_outcome, config_label, leaderboard, mark_outcomes, metrics_table
-from mop_airflow.results.runs import load_all_hops, load_rung_decisions, visit_order
+from mop_airflow.results.runs import load_all_hops, load_block_decisions, load_rung_decisions, visit_order
 
 # What may be downloaded, by name, from the run's report folder and nowhere else.
 DOWNLOADS = {
@@ -98,7 +98,8 @@ def run_results(layout: RunLayout, run: RunRecord) -> dict[str, Any]:
         "dag_id": layout.dag_id, "run_id": layout.run_id, "stage": stage,
         "metric": run.metric, "direction": run.direction, "created_at": run.created_at,
         "configs": configurations(run, plan),
-        "plan": plan_view(run, plan, recorded, decisions),
+        "plan": {**plan_view(run, plan, recorded, decisions),
+                 "blocks": block_view(load_block_decisions(layout)) if recorded and _blocks(plan) else []},
         "progress": progress(plan, records, failures, board["leaderboard"], run.metric),
         "leaderboard": {**board, "final": report is not None},
         "curves": curves(rows, board["leaderboard"], failures, decisions, run.metric),
@@ -137,13 +138,13 @@ def provisional_leaderboard(run: RunRecord, plan: Plan, rows: Sequence[Mapping[s
     metric = run.metric
     board = leaderboard(rows, run.configs, metric=metric, direction=run.direction, failed=failures)
     mark_outcomes(board, failures, decisions)
-    extra = adaptive_outcome(plan, decisions, board, metric) if plan.adaptive else {}
+    extra = adaptive_outcome(plan, decisions, board, metric) if plan.adaptive and plan.brackets else {}
     if extra:  # a bracket none of whose configurations was evaluated yet has no best
         extra["best_per_bracket"] = {s: e for s, e in extra["best_per_bracket"].items() if _finite(e.get(metric))}
     done: dict[str, int] = defaultdict(int)
     for r in records:
         done[r.config_id] += 1
-    planned = planned_hops(plan)
+    planned = planned_hops(plan, [c["config_id"] for c in run.configs])
     for row in board:
         cid = row["config_id"]
         if row["status"] == "finished" and done[cid] < planned.get(cid, 0):
@@ -152,12 +153,12 @@ def provisional_leaderboard(run: RunRecord, plan: Plan, rows: Sequence[Mapping[s
     return {"metric": metric, "direction": run.direction, "leaderboard": board, **extra}
 
 
-def planned_hops(plan: Plan) -> dict[str, int]:
+def planned_hops(plan: Plan, config_ids: Sequence[str]) -> dict[str, int]:
     """The hops each configuration trains if it is never pruned."""
     if not plan.adaptive:
         return {cid: len(shards) for cid, shards in plan.visit_order.items()}
     if _blocks(plan) and plan.adaptive.get("method") == "asha":  # a configuration trains at most R iterations
-        return defaultdict(lambda: plan.adaptive["R"] * plan.shards)
+        return {cid: plan.adaptive["R"] * plan.shards for cid in config_ids}
     last = {str(b["s"]): b["rungs"][-1]["hops_i"] for b in _brackets(plan.adaptive)}
     return {cid: last[s] for s, members in plan.brackets.items() for cid in members}
 
@@ -196,6 +197,12 @@ def plan_view(run: RunRecord, plan: Plan, recorded: bool, decisions: Sequence[Ru
             "bundle_size": plan.bundle_size,
             "bundles": [b for per in plan.class_bundles() for b in per] if not plan.adaptive else
             [b for s in sorted(plan.rung0_bundles, key=int) for per in plan.rung0_bundles[s] for b in per]}
+
+
+def block_view(decisions: Sequence[BlockDecision]) -> list[dict[str, Any]]:
+    """A search decided between blocks: what each block's step decided, in the order it did."""
+    return [{"block": d.block, "training": len(d.training), "finished": d.finished, "capacity": d.capacity,
+             "jobs": d.jobs} for d in decisions]
 
 
 def progress(plan: Plan, records: Sequence[HopRecord], failures: Mapping[str, HopRecord],

@@ -390,8 +390,10 @@
     var plan = data.plan;
     var holder = clear(document.getElementById("plan"));
     document.getElementById("plan-note").textContent = plan.configurations + " configurations (" + plan.method +
-      (plan.adaptive ? ", " + (plan.adaptive.R !== undefined ? "Hyperband R=" + plan.adaptive.R : "successive halving n=" +
-        plan.adaptive.n) + " eta=" + plan.adaptive.eta : "") + ") \u00b7 " + plan.shards + " shard(s) \u00d7 " +
+      (plan.adaptive ? ", " + (plan.adaptive.method === "asha" ? "ASHA n=" + plan.adaptive.n + " r=" + plan.adaptive.r +
+        " R=" + plan.adaptive.R : plan.adaptive.R !== undefined ? "Hyperband R=" + plan.adaptive.R : "successive halving n=" +
+        plan.adaptive.n) + " eta=" + plan.adaptive.eta + (plan.adaptive.decided === "blocks" ?
+        ", decided between blocks of one iteration" : "") : "") + ") \u00b7 " + plan.shards + " shard(s) \u00d7 " +
       plan.slots_per_shard + " slot(s) \u00b7 " + plan.iterations + " iteration(s) of " + plan.epochs_per_hop +
       " pass(es) per hop \u00b7 " + plan.model_hops_total + " model hops \u00b7 seed " + plan.seed + " \u00b7 " +
       (plan.recorded ? "as recorded in plan.json." : "provisional: the plan task writes the plan once the data is sharded (before the data is listed, the shards' rows are assumed, and the classes and bundles may still change).");
@@ -407,6 +409,22 @@
               el("td", {"class": "num", text: g.i}), el("td", {"class": "num", text: g.n_i}),
               el("td", {"class": "num", text: g.r_i}), el("td", {"class": "num", text: g.hops_i}),
               el("td", {"class": "num", text: g.keep}), el("td", {text: decision}));
+          });
+        }))));
+    }
+    if ((plan.blocks || []).length) {  // a search decided between blocks: every decision, in the order taken
+      holder.appendChild(el("table", {id: "decisions"},
+        el("thead", {}, el("tr", {}, ["Block", "Decision", "Configuration", "To rung", "Iterations", "On", "Rank"]
+          .map(function (h) { return el("th", {text: h}); }))),
+        el("tbody", {}, plan.blocks.map(function (b) {
+          return b.jobs.map(function (j) {
+            return el("tr", {"data-block": b.block, "data-config-id": j.config_id, "data-kind": j.kind},
+              el("td", {"class": "num", text: b.block + 1}), el("td", {text: j.kind === "start" ? "start" : "promote"}),
+              el("td", {"class": "config"}, swatch(j.config_id), j.config_id),
+              el("td", {"class": "num", text: (j.bracket === null || j.bracket === undefined ? "" : "bracket " + j.bracket +
+                " \u00b7 ") + j.rung}), el("td", {"class": "num", text: j.iterations}),
+              el("td", {"class": "num", text: j.metric === null || j.metric === undefined ? "" : num(j.metric, 4)}),
+              el("td", {"class": "num", text: j.rank ? j.rank + " of " + j.of : ""}));
           });
         }))));
     }
