@@ -10,23 +10,12 @@ It runs on Airflow (``mop-airflow up``, then trigger it), not under ``dag.test()
 """
 
 from mop_airflow import build_mop_dag
-from mop_airflow.examples.mnist1d_spec import mnist1d_data_spec
+from mop_airflow.examples.mnist1d_spec import mnist1d_data_spec, mnist1d_random_space
 
 spec = {
     "data": mnist1d_data_spec(),
     "search": {
-        "space": {
-            "method": "random",
-            "seed": 7,
-            "params": {
-                "model": {"distribution": "choice", "values": ["mop_airflow.examples.mnist1d_models:mlp",
-                                                               "mop_airflow.examples.mnist1d_models:cnn"]},
-                "optimizer": "adam",
-                "learning_rate": {"distribution": "log_uniform", "low": 1e-3, "high": 3e-2},
-                "batch_size": {"distribution": "choice", "values": [32, 64, 128]},
-                "metrics": ["accuracy"],
-            },
-        },
+        "space": mnist1d_random_space(seed=7),
         "metric": "val_accuracy",
         "adaptive": {"method": "asha", "n": 27, "r": 1, "R": 9, "eta": 3},
     },

@@ -189,3 +189,10 @@ def make_bucket(endpoint, name):
 
     boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="test", aws_secret_access_key="test",
                  region_name="us-east-1").create_bucket(Bucket=name)
+
+
+def failed_logs(af, dag_id: str, run_id: str) -> str:
+    """What failed in a run of a real Airflow, with the end of each failed task's log: an assertion's
+    message, so a failed run says why."""
+    failed = [ti["task_id"] for ti in af.task_instances(dag_id, run_id) if ti["state"] == "failed"]
+    return f"{run_id}: failed {failed}\n" + "\n".join(af.task_log(dag_id, run_id, t)[-3000:] for t in failed[:2])

@@ -17,7 +17,8 @@ from mop_airflow.airflow.local import LocalAirflow
 from mop_airflow.records import BlockDecision, HopRecord
 from mop_airflow.records.layout import RunLayout
 from mop_airflow.store import Store
-from tests.conftest import dag_file
+from tests.conftest import dag_file, failed_logs
+from tests.killer import killer_source
 from tests.test_end_to_end import MLP, tiny_spec, write_digits
 
 pytestmark = pytest.mark.integration
@@ -28,43 +29,9 @@ KILLED, UNDISTURBED = "mop_asha_killed", "mop_asha_undisturbed"
 # A builder whose training process SIGKILLs itself at its 15th training batch in the first try of the
 # KILLED DAG's hop 1 in the search's second run (the promoted configuration's block); importable by the
 # task processes through PYTHONPATH, outside the DAG folder.
-KILLER = '''
-import os
-import signal
-
-import keras
-
-_batches = 0
-
-
-def _count(x):
-    global _batches
-    _batches += 1
-    env = os.environ
-    if (_batches == 15 and env.get("AIRFLOW_CTX_DAG_ID") == "mop_asha_killed"
-            and env.get("AIRFLOW_CTX_DAG_RUN_ID", "").endswith("__block_1")
-            and ".hop_1_" in env.get("AIRFLOW_CTX_TASK_ID", "") and env.get("AIRFLOW_CTX_TRY_NUMBER") == "1"):
-        os.kill(os.getpid(), signal.SIGKILL)
-    return x
-
-
-@keras.saving.register_keras_serializable(package="asha_killer")
-class DieHalfWay(keras.layers.Layer):
-    def call(self, inputs, training=None):
-        if not training:
-            return inputs
-        import tensorflow as tf
-
-        out = tf.numpy_function(_count, [inputs], inputs.dtype, stateful=True)
-        out.set_shape(inputs.shape)
-        return out
-
-
-def mlp(hparams):
-    return keras.Sequential([keras.Input((int(hparams["input_dim"]),)), DieHalfWay(),
-                             keras.layers.Dense(32, activation="relu"),
-                             keras.layers.Dense(int(hparams["num_classes"]), activation="softmax")])
-'''
+KILLER = killer_source('_batches == 15 and env.get("AIRFLOW_CTX_DAG_ID") == "mop_asha_killed" and '
+                       'env.get("AIRFLOW_CTX_DAG_RUN_ID", "").endswith("__block_1") and ".hop_1_" in '
+                       'env.get("AIRFLOW_CTX_TASK_ID", "") and env.get("AIRFLOW_CTX_TRY_NUMBER") == "1"', "asha_killer")
 
 
 def asha_spec(source, root):
@@ -102,17 +69,12 @@ def airflow(tmp_path_factory):
         yield af
 
 
-def failed_logs(af, run_id, dag_id=ASHA):
-    failed = [ti["task_id"] for ti in af.task_instances(dag_id, run_id) if ti["state"] == "failed"]
-    return f"{run_id}: failed {failed}\n" + "\n".join(af.task_log(dag_id, run_id, t)[-3000:] for t in failed[:2])
-
-
 def test_asha_promotes_the_best_of_a_rung_between_dag_runs_and_reports_where_each_stopped(airflow):
     store = Store(f"file://{airflow.root / 'store'}")
     first = airflow.trigger(ASHA)
     runs = [first, f"{first}__block_1", f"{first}__block_2"]
     for run_id in runs:
-        assert airflow.wait_for_run(ASHA, run_id, timeout=420) == "success", failed_logs(airflow, run_id)
+        assert airflow.wait_for_run(ASHA, run_id, timeout=420) == "success", failed_logs(airflow, ASHA, run_id)
     for run_id in runs:
         states = {ti["task_id"]: ti["state"] for ti in airflow.task_instances(ASHA, run_id)}
         assert states["decide"] == "success", run_id
@@ -160,7 +122,7 @@ def test_a_hop_killed_half_way_through_asha_is_retried_and_the_search_decides_an
     searches = {dag_id: airflow.trigger(dag_id) for dag_id in (KILLED, UNDISTURBED)}
     for dag_id, first in searches.items():
         for run_id in (first, f"{first}__block_1", f"{first}__block_2"):
-            assert airflow.wait_for_run(dag_id, run_id, timeout=420) == "success", failed_logs(airflow, run_id, dag_id)
+            assert airflow.wait_for_run(dag_id, run_id, timeout=420) == "success", failed_logs(airflow, dag_id, run_id)
     killed_first = searches[KILLED]
     tries = [ti for ti in airflow.task_instances(KILLED, f"{killed_first}__block_1") if ".hop_1_" in ti["task_id"]
              and ti["state"] == "success"]

@@ -14,7 +14,7 @@ from mop_airflow.airflow.local import LocalAirflow
 from mop_airflow.records import BlockDecision, RungDecision
 from mop_airflow.records.layout import RunLayout
 from mop_airflow.store import Store
-from tests.conftest import dag_file
+from tests.conftest import dag_file, failed_logs
 from tests.test_end_to_end import MLP, tiny_spec, write_digits
 
 pytestmark = pytest.mark.integration
@@ -44,11 +44,6 @@ def airflow(tmp_path_factory):
             af.wait_for_dag(dag_id)
         af.root = root
         yield af
-
-
-def failed_logs(af, dag_id, run_id):
-    failed = [ti["task_id"] for ti in af.task_instances(dag_id, run_id) if ti["state"] == "failed"]
-    return f"{run_id}: failed {failed}\n" + "\n".join(af.task_log(dag_id, run_id, t)[-3000:] for t in failed[:2])
 
 
 def test_hyperband_between_runs_decides_and_ranks_as_the_search_drawn_into_one_run(airflow):

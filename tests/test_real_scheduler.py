@@ -20,6 +20,7 @@ from mop_airflow.records.layout import RunLayout
 from mop_airflow.airflow.local import LocalAirflow
 from mop_airflow.store import Store
 from tests.conftest import dag_file
+from tests.killer import killer_source
 from tests.test_end_to_end import tiny_spec, write_digits
 
 pytestmark = pytest.mark.integration
@@ -35,51 +36,8 @@ HALF = "mop_half_iteration_runs"  # the same search, half an iteration (one hop 
 # batch, which is in the second configuration of the bundle (a hop is 23 batches of 32 rows here);
 # importable by the task processes through PYTHONPATH, outside the DAG folder so the DAG processor
 # never imports it.
-KILLER = '''
-import os
-import signal
-
-import keras
-
-_batches = 0
-
-
-def _count(x):
-    global _batches
-    _batches += 1
-    env = os.environ
-    if (_batches == 40 and env.get("AIRFLOW_CTX_DAG_ID") == "mop_killed_hop"
-            and ".hop_1_" in env.get("AIRFLOW_CTX_TASK_ID", "") and env.get("AIRFLOW_CTX_TRY_NUMBER") == "1"):
-        os.kill(os.getpid(), signal.SIGKILL)
-    return x
-
-
-@keras.saving.register_keras_serializable(package="killer")
-class DieHalfWay(keras.layers.Layer):
-    def call(self, inputs, training=None):
-        if not training:
-            return inputs
-        import tensorflow as tf
-
-        out = tf.numpy_function(_count, [inputs], inputs.dtype, stateful=True)
-        out.set_shape(inputs.shape)
-        return out
-
-
-def mlp(hparams):
-    return keras.Sequential([keras.Input((int(hparams["input_dim"]),)), DieHalfWay(),
-                             keras.layers.Dense(32, activation="relu"),
-                             keras.layers.Dense(int(hparams["num_classes"]), activation="softmax")])
-
-
-def narrow(hparams):
-    """A plain MLP that cannot be built wider than 100 units: such a configuration fails at its first hop."""
-    if int(hparams["units"]) > 100:
-        raise ValueError(f"units={hparams['units']} is too wide for this builder")
-    return keras.Sequential([keras.Input((int(hparams["input_dim"]),)),
-                             keras.layers.Dense(int(hparams["units"]), activation="relu"),
-                             keras.layers.Dense(int(hparams["num_classes"]), activation="softmax")])
-'''
+KILLER = killer_source('_batches == 40 and env.get("AIRFLOW_CTX_DAG_ID") == "mop_killed_hop" and ".hop_1_" in '
+                       'env.get("AIRFLOW_CTX_TASK_ID", "") and env.get("AIRFLOW_CTX_TRY_NUMBER") == "1"', "killer")
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,5 @@
-"""The data section the MNIST-1D example DAGs share (plain data: cheap to import at parse time)."""
+"""What the MNIST-1D example DAGs share: the data section, and the adaptive examples' random space
+(plain data: cheap to import at parse time)."""
 
 from __future__ import annotations
 
@@ -19,4 +20,21 @@ def mnist1d_data_spec(directory: str | None = None) -> dict:
         "label": "label",
         "features": "x*",
         "classes": list(range(10)),
+    }
+
+
+def mnist1d_random_space(seed: int = 7) -> dict:
+    """The random space the adaptive examples draw from: an MLP or a 1-D CNN, a log-uniform learning
+    rate and a batch size (an adaptive search decides how many configurations to draw)."""
+    return {
+        "method": "random",
+        "seed": seed,
+        "params": {
+            "model": {"distribution": "choice", "values": ["mop_airflow.examples.mnist1d_models:mlp",
+                                                           "mop_airflow.examples.mnist1d_models:cnn"]},
+            "optimizer": "adam",
+            "learning_rate": {"distribution": "log_uniform", "low": 1e-3, "high": 3e-2},
+            "batch_size": {"distribution": "choice", "values": [32, 64, 128]},
+            "metrics": ["accuracy"],
+        },
     }
