@@ -47,6 +47,7 @@ class CeleryWorker:
 
 
 IDLE_SLEEP_SECONDS = "0.2"  # the embedded scheduler's [scheduler] scheduler_idle_sleep_time (see airflow_env)
+EMBEDDED_PARALLELISM = 8  # task processes at once: the demo's 4 one-slot shard pools and default-pool tasks
 
 
 def free_port() -> int:
@@ -87,6 +88,12 @@ def airflow_env(home: Path, dags_folder: Path, port: int, extra: Mapping[str, st
                                                                         IDLE_SLEEP_SECONDS),
         "AIRFLOW__LOGGING__LOGGING_LEVEL": "INFO",
         "TF_CPP_MIN_LOG_LEVEL": "2",
+        # Airflow's LocalExecutor forks all of [core] parallelism (32 by default) worker processes
+        # when it starts, each a fork of the scheduler that preloaded TensorFlow: ~40 MB of its own
+        # each (PSS; RSS shows 0.5 GB, shared), 1.3 GB for 32. On one machine no more tasks run at
+        # once than the shard pools' slots and a few default-pool tasks beside them, so the
+        # deployment holds at most that many task processes (measured: benchmarks/task_parallel.py).
+        "AIRFLOW__CORE__PARALLELISM": os.environ.get("AIRFLOW__CORE__PARALLELISM", str(EMBEDDED_PARALLELISM)),
         # Every shard pool runs on this one machine: a hop task takes one TensorFlow thread
         # (threads_per_hop "auto"), so parallel hops do not oversubscribe the cores.
         HOPS_PER_WORKER_ENV: str(os.cpu_count() or 1),

@@ -69,12 +69,15 @@ def suite(checks: list[Check]):
     import great_expectations as gx  # noqa: PLC0415
     import great_expectations.expectations as gxe  # noqa: PLC0415
 
-    expectations = gx.ExpectationSuite(name="mop_airflow")
+    expectations = []
     for index, check in enumerate(checks):
         expectation_class = getattr(gxe, _class_name(check.expectation))
         column = {} if check.column is None else {"column": check.column}
-        expectations.add_expectation(expectation_class(**column, **check.kwargs, meta={"check": index}))
-    return expectations
+        expectations.append(expectation_class(**column, **check.kwargs, meta={"check": index}))
+    # Given to the constructor, not one by one: add_expectation compares each new expectation with
+    # every one already added (checks are distinct by construction), which for 128 feature columns
+    # (258 expectations) took 3.9 s of a scatter task's first batch.
+    return gx.ExpectationSuite(name="mop_airflow", expectations=expectations)
 
 
 def validate_batch(batch_definition: Any, frame: Any, suite: Any, checks: list[Check]):

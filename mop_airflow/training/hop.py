@@ -15,7 +15,8 @@ import keras
 import numpy as np
 
 from mop_airflow.errors import TrainingError
-from mop_airflow.training.steps import as_keras_arrays, evaluate_arrays, stepwise_supported, train_pass
+from mop_airflow.training.steps import (as_keras_arrays, evaluate_arrays, evaluate_batches, stepwise_supported,
+                                        train_batches, train_pass)
 
 
 def batch_order(n_rows: int, *, seed: int, iteration: int, shard: int, epoch: int) -> np.ndarray:
@@ -55,18 +56,23 @@ def train_on_shard(model: keras.Model, x: Any, y: np.ndarray, *, batch_size: int
 
 
 def train_streamed(model: keras.Model, path: str, load: Any, *, batch_size: int, epochs: int, seed: int,
-                   iteration: int, shard: int, window_rows: int) -> dict[str, float | int]:
+                   iteration: int, shard: int, window_rows: int, stepwise: bool = True) -> dict[str, float | int]:
     """Like :func:`train_on_shard`, streaming the shard file a window of row groups at a time.
 
     ``load(table) -> (x, y)`` decodes Parquet rows; the order is :func:`~mop_airflow.training.stream.stream_order`.
+    The batches run on the model's traced train step as in memory (``fit`` over a Python generator
+    cost a tf.data pipeline and a thread hand-off per batch); ``stepwise=False`` runs ``fit`` itself.
     """
     from mop_airflow.training.stream import count_rows, stream_batches  # noqa: PLC0415
 
     n_rows = count_rows(path)
+    stepwise = stepwise and stepwise_supported(model)
 
     def one_pass(epoch: int) -> dict[str, float]:
         batches = stream_batches(path, load, batch_size=batch_size, window_rows=window_rows, seed=seed,
                                  iteration=iteration, shard=shard, epoch=epoch)
+        if stepwise:
+            return train_batches(model, batches)
         return _last_epoch(model.fit(batches, steps_per_epoch=math.ceil(n_rows / batch_size), epochs=1, shuffle=False,
                                      verbose=0, callbacks=[keras.callbacks.TerminateOnNaN()]))
 
@@ -120,13 +126,15 @@ def evaluate(model: keras.Model, x: Any, y: np.ndarray, *, batch_size: int, step
 
 
 def evaluate_streamed(model: keras.Model, path: str, load: Any, *, batch_size: int,
-                      window_rows: int) -> dict[str, float]:
+                      window_rows: int, stepwise: bool = True) -> dict[str, float]:
     """:func:`evaluate` over a validation file larger than memory, a window of row groups at a time."""
     from mop_airflow.training.stream import count_rows, stream_batches  # noqa: PLC0415
 
     # Any fixed order will do: the metrics are means over every row.
     batches = stream_batches(path, load, batch_size=batch_size, window_rows=window_rows, seed=0, iteration=0,
                              shard=0, epoch=0)
+    if stepwise and stepwise_supported(model):
+        return {f"val_{name}": value for name, value in evaluate_batches(model, batches).items()}
     results = model.evaluate(batches, steps=math.ceil(count_rows(path) / batch_size), verbose=0, return_dict=True)
     return {f"val_{name}": float(value) for name, value in results.items()}
 

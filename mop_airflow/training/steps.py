@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 import weakref
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import keras
 import numpy as np
@@ -62,9 +62,15 @@ def train_pass(model: keras.Model, x: Any, y: np.ndarray, *, batch_size: int) ->
     the first batch whose running mean loss is not finite, as ``TerminateOnNaN`` does; the returned
     loss is then that non-finite mean.
     """
+    return train_batches(model, _batches(x, y, batch_size))
+
+
+def train_batches(model: keras.Model, batches: Iterable[tuple[Any, np.ndarray]]) -> dict[str, float]:
+    """:func:`train_pass` over batches already cut (a streamed shard's): what ``fit`` on them records."""
     model.reset_metrics()
     logs: Any = {}
-    for batch in _batches(x, y, batch_size):
+    for batch in batches:
+        batch = as_keras_arrays(*batch)
         logs = _step_function(model, "train", batch)(batch)
         loss = logs.get("loss") if isinstance(logs, dict) else None
         if loss is not None and not math.isfinite(float(loss)):
@@ -77,9 +83,15 @@ def train_pass(model: keras.Model, x: Any, y: np.ndarray, *, batch_size: int) ->
 
 def evaluate_arrays(model: keras.Model, x: Any, y: np.ndarray, *, batch_size: int) -> dict[str, float]:
     """What ``model.evaluate(x, y, batch_size=batch_size, return_dict=True)`` returns, batch by batch."""
+    return evaluate_batches(model, _batches(x, y, batch_size))
+
+
+def evaluate_batches(model: keras.Model, batches: Iterable[tuple[Any, np.ndarray]]) -> dict[str, float]:
+    """:func:`evaluate_arrays` over batches already cut."""
     model.reset_metrics()
     logs: Any = {}
-    for batch in _batches(x, y, batch_size):
+    for batch in batches:
+        batch = as_keras_arrays(*batch)
         logs = _step_function(model, "test", batch)(batch)
     return _epoch_logs(model, logs)
 

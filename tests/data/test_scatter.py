@@ -209,3 +209,33 @@ def test_shards_deleted_after_listing_are_an_error_not_an_empty_manifest(tmp_pat
     store.delete_tree(plan.folder)
     with pytest.raises(StoreError, match="were complete when the run listed its data but are not now"):
         collect_shards(plan, data, store, results)
+
+
+def test_a_reused_sharding_takes_the_same_checks_findings_without_reading_the_files(tmp_path, monkeypatch):
+    import mop_airflow.data.shard as shard_module
+
+    write_parts(tmp_path / "data", SIZES)
+    store = Store(f"file://{tmp_path}/store")
+    data = spec(tmp_path / "data", slice_mb=1e-6, classes=())
+    plan, results = scatter_all(data, store)
+    first = DataChecks.plan(data, plan.listing, plan.held, shards=3, max_batch_size=4)
+    collect_shards(plan, data, store, results, first)
+
+    again = plan_sharding(data, store, "dag", 3, 4)
+    reads = []
+    real = shard_module.iter_batches
+    monkeypatch.setattr(shard_module, "iter_batches", lambda *a, **k: reads.append(1) or real(*a, **k))
+    rerun = [scatter_slice(again, data, store, k, DataChecks.plan(data, again.listing, None, shards=3,
+                                                                   max_batch_size=4))
+             for k in range(len(again.slices))]
+    assert reads == [] and not any(r.wrote for r in rerun)
+    assert [r.findings for r in rerun] == [r.findings for r in results]
+    checks = DataChecks.plan(data, again.listing, None, shards=3, max_batch_size=4)
+    assert collect_shards(again, data, store, rerun, checks).reused
+    assert checks.conclude() == first.conclude()  # the same summary, classes found included
+
+    # other checks (a larger batch needs more rows per shard) read the files again
+    other = [scatter_slice(again, data, store, k, DataChecks.plan(data, again.listing, None, shards=3,
+                                                                   max_batch_size=8))
+             for k in range(len(again.slices))]
+    assert len(reads) == len(again.slices) and not any(r.wrote for r in other)

@@ -8,6 +8,7 @@ import pyarrow.parquet as pq
 
 from mop_airflow.training.builder import build_model
 from mop_airflow.training.hop import train_streamed
+from mop_airflow.training.model_hop import run_hop
 from mop_airflow.training.stream import stream_batches, stream_order, stream_windows
 from tests.training.test_hop import BATCH, SEED, same_variables
 from tests.training.toys import make_config
@@ -84,3 +85,56 @@ def test_streamed_evaluation_equals_evaluation_in_memory(tmp_path, toy_data):
     assert set(streamed) == {"val_loss", "val_accuracy"}
     for name, value in in_memory.items():
         assert abs(streamed[name] - value) < 1e-5, name
+
+
+def test_a_hop_over_a_shard_larger_than_its_window_reads_it_window_by_window(tmp_path, monkeypatch):
+    """run_hop streams a shard of many row groups: each read decodes one window of the stated rows."""
+    import pyarrow.parquet as pq_
+
+    from mop_airflow.data import cache as cache_module
+    from mop_airflow.data.shard import shard_dataset
+    from mop_airflow.planning.resolve import resolve_run
+    from mop_airflow.records import Assignment
+    from mop_airflow.records.layout import RunLayout
+    from mop_airflow.store import Store
+    from mop_airflow.training import model_hop
+    from tests.training.toys import TOY_MODEL
+
+    rng = np.random.default_rng(1)
+    source = tmp_path / "source"
+    source.mkdir()
+    for k in range(6):  # each file is a record batch of the sharding, so each shard gets 6 row groups
+        x = rng.normal(size=(300, 6)).astype("float32")
+        pq.write_table(pa.table({**{f"f{i}": x[:, i] for i in range(6)}, "y": (x[:, 0] > 0).astype("int64")}),
+                       source / f"part-{k}.parquet")
+    spec = {
+        "data": {"source": str(source), "label": "y", "features": "f*", "classes": [0, 1], "validation": 0.2},
+        "search": {"space": {"method": "grid", "params": {"model": [TOY_MODEL], "batch_size": [16]}}},
+        "schedule": {"shards": 2, "iterations": 2, "seed": 3},
+        "store": {"root": f"file://{tmp_path / 'store'}", "cache_dir": str(tmp_path / "cache")},
+    }
+    run = resolve_run(spec, None, dag_id="d", run_id="r")
+    layout = RunLayout(Store(run.store.root), "d", "r")
+    manifest = shard_dataset(run.data, layout.store, "d", 2, run.schedule.seed)
+    entry = manifest.shards[0]
+    window = 250  # rows: the share of data.batch_mb that makes it so
+    monkeypatch.setattr(model_hop, "WINDOW_SHARE", window * entry.bytes / entry.rows / (run.data.batch_mb * 1e6))
+    monkeypatch.setattr(model_hop, "STREAM_ABOVE_BATCHES", 0)  # every shard streams
+    assert model_hop.window_rows(entry, run, 16) == window
+
+    decoded = []
+    real = cache_module.load_table
+    monkeypatch.setattr(cache_module, "load_table", lambda table, m: decoded.append(table.num_rows) or real(table, m))
+    cid = run.configs[0]["config_id"]
+    record, _ = run_hop(layout, run, manifest, Assignment(cid, -1, None), t=0, shard=0,
+                        cache_dir=run.store.local_cache)
+
+    shard_file = pq_.ParquetFile(str(tmp_path / "cache" / f"{entry.sha256}.parquet"))
+    groups = [shard_file.metadata.row_group(i).num_rows for i in range(shard_file.num_row_groups)]
+    assert len(groups) == 6 and max(groups) < window
+    expected = [sum(groups[g] for g in chosen)
+                for chosen, _ in stream_windows(groups, window, seed=model_hop.config_seed(run.schedule.seed, cid),
+                                                iteration=0, shard=0, epoch=0)]
+    assert decoded == expected and len(decoded) > 1  # one decode per window, of the windows' rows
+    assert all(window <= rows < window + max(groups) for rows in decoded[:-1])  # whole row groups, >= the window
+    assert sum(decoded) == entry.rows == record.train_metrics["samples"]
