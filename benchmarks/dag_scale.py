@@ -818,8 +818,7 @@ def print_size(shape: Shape, configs: list[int]) -> dict[str, Any]:
         say(f"  the plan draws {e['configs']} configurations and trains {e['model_hops']} model hops "
             f"(promoted configurations resume)")
         say(f"  task instances of a run: {e['total']}  (= {e['control']} control + {e['hop_instances'] + e['empty']} "
-            f"hop tasks, in which {e['model_hops']} model hops train in bundles; a rung has one class per shard, at "
-            f"most one per configuration)")
+            f"hop tasks, in which {e['model_hops']} model hops train in bundles over the search's runs)")
     return {"tasks": len(plan.tasks), "hop_tasks": plan.hop_tasks, "plan_seconds_inproc": plan_seconds}
 
 
@@ -1105,13 +1104,14 @@ def print_limits(results: dict[str, dict[str, Any]], args: argparse.Namespace) -
     say("  what to do: keep a DAG file within the measured budget above; fewer, larger shards (tasks grow with "
         "shards^2 x iterations); epochs_per_hop > 1 with proportionally fewer iterations (same passes over the "
         "data, fewer hops, fewer tasks and task instances); metrics_every > 1 makes each hop cheaper (validation "
-        "every k iterations) but does not shrink the DAG; for Hyperband a smaller R with epochs_per_hop > 1, or fewer "
-        "shards; if a big DAG must stay, raise [core] dagbag_import_timeout, [dag_processor] "
+        "every k iterations) but does not shrink the DAG; an adaptive search too large to draw goes on over DAG "
+        "runs by itself (search.adaptive.between_runs); if a big DAG must stay, raise [core] dagbag_import_timeout, [dag_processor] "
         "dag_file_processor_timeout and min_file_process_interval (the file only changes when you edit it)")
     say("  for the scheduler: keep a run's task instances (the DAG's tasks: offset classes x chains x shards x "
         "iterations hops, whatever the number of configurations) within the loop budget above. A plain search does "
         f"so itself: past {RUN_HOP_BUDGET} hop task instances it goes on in the DAG's next runs, a block of iterations "
-        "each (schedule.iterations_per_run); for Hyperband: fewer shards, or a smaller R with epochs_per_hop > 1")
+        "each (schedule.iterations_per_run), shorter than an iteration on many shards; an adaptive search past "
+        "600 drawn hop tasks is decided between blocks of one iteration, one block a run")
     notes = [n for r in results.values() if r.get("run") and r["run"].figures for n in r["run"].figures.get("notes", [])]
     if any("database is locked" in n for n in notes):
         say("  the SQLite metadata database (one writer at a time) locked other services out during long scheduling "
