@@ -15,7 +15,7 @@ from typing import Any
 
 from mop_airflow.errors import TrainingError
 from mop_airflow.planning.resume import bundle_items, resume_after, resume_at
-from mop_airflow.records import Assignment, BlockDecision, BundleAssignment, Manifest, Plan, StageRecord
+from mop_airflow.records import Assignment, BlockDecision, Manifest, Plan, StageRecord
 from mop_airflow.planning.plan import make_plan
 from mop_airflow.planning.schedule import DEFAULT_PRIORITY
 
@@ -121,14 +121,11 @@ class MopStageShardOperator(MopBaseOperator):
             return None
         plan = Plan.read(layout.store, layout.plan_uri)
         continuing = self.continuation(context)
-        if plan.adaptive:  # decided between blocks: this run's block decision says what trains
+        if plan.decided_between_blocks:  # this run's block decision says what trains, and from where
             decision = BlockDecision.read(layout.store, layout.block_decision_uri(continuing.block if continuing else 0))
             per_class = decision.bundles
-            first = sum(len(b) for b in per_class[:self.shard])
-            items = [BundleAssignment.start(first + j, [
-                resume_at(layout, cid, decision.training[cid] - 1) if decision.training[cid] else
-                Assignment(config_id=cid, t=-1, checkpoint=None) for cid in members]).to_dict()
-                for j, members in enumerate(per_class[self.shard])]
+            items = bundle_items(per_class[self.shard], sum(len(b) for b in per_class[:self.shard]),
+                                 lambda cid: resume_at(layout, cid, decision.training[cid] - 1))
             return hand_to_chains(context, items, self.heads, self.rest)
         per_class = plan.class_bundles()
         # The class whose configurations reach this shard at the block's first hop: its own in a run

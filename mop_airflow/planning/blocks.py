@@ -177,9 +177,3 @@ def _block_records(layout: RunLayout, cid: str, hops: int, shards: int) -> list[
         if record.status != "ok":
             break
     return out
-
-
-def resume_points(decision: BlockDecision, cls: int) -> list[list[tuple[str, int]]]:
-    """Class ``cls``'s bundles, each configuration with the hops it has trained (it resumes after them)."""
-    return [[(cid, decision.training[cid]) for cid in bundle] for bundle in decision.bundles[cls]]
-

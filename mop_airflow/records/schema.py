@@ -137,6 +137,12 @@ class Plan(Record):
     shard_rows: int | None = None  # a shard's rows, which the bundles' cost estimate used
     chains: dict[str, int] = field(default_factory=dict)  # chains the DAG rendered per class group: the most bundles
 
+    @property
+    def decided_between_blocks(self) -> bool:
+        """An adaptive search whose every block's step decides what trains (ASHA, a large Hyperband):
+        no classes up front; each block's :class:`BlockDecision` holds them."""
+        return bool(self.adaptive) and self.adaptive.get("decided") == "blocks"
+
     def class_bundles(self) -> list[list[list[str]]]:
         """The bundles of each offset class of a plain search."""
         return self.bundles or [[[cid] for cid in members] for members in self.classes]

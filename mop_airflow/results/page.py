@@ -99,7 +99,7 @@ def run_results(layout: RunLayout, run: RunRecord) -> dict[str, Any]:
         "metric": run.metric, "direction": run.direction, "created_at": run.created_at,
         "configs": configurations(run, plan),
         "plan": {**plan_view(run, plan, recorded, decisions),
-                 "blocks": block_view(load_block_decisions(layout)) if recorded and _blocks(plan) else []},
+                 "blocks": block_view(load_block_decisions(layout)) if recorded and plan.decided_between_blocks else []},
         "progress": progress(plan, records, failures, board["leaderboard"], run.metric),
         "leaderboard": {**board, "final": report is not None},
         "curves": curves(rows, board["leaderboard"], failures, decisions, run.metric),
@@ -157,7 +157,7 @@ def planned_hops(plan: Plan, config_ids: Sequence[str]) -> dict[str, int]:
     """The hops each configuration trains if it is never pruned."""
     if not plan.adaptive:
         return {cid: len(shards) for cid, shards in plan.visit_order.items()}
-    if _blocks(plan) and plan.adaptive.get("method") == "asha":  # a configuration trains at most R iterations
+    if plan.decided_between_blocks and plan.adaptive.get("method") == "asha":  # a configuration trains at most R iterations
         return {cid: plan.adaptive["R"] * plan.shards for cid in config_ids}
     last = {str(b["s"]): b["rungs"][-1]["hops_i"] for b in _brackets(plan.adaptive)}
     return {cid: last[s] for s, members in plan.brackets.items() for cid in members}
@@ -302,9 +302,6 @@ def _brackets(adaptive: Mapping[str, Any]) -> list[Mapping[str, Any]]:
         return []
     return list(adaptive["brackets"]) if "brackets" in adaptive else [adaptive]
 
-
-def _blocks(plan: Plan) -> bool:
-    return bool(plan.adaptive) and plan.adaptive.get("decided") == "blocks"
 
 
 def _finite(value: Any) -> bool:

@@ -34,7 +34,7 @@ def write_report(layout: RunLayout, run: RunRecord, *, cache_dir: str) -> dict[s
     rows = metrics_table(plan.shards, run.configs, records)
     metric, direction = run.metric, run.direction
     board = leaderboard(rows, run.configs, metric=metric, direction=direction, failed=failures)
-    blocks = plan.adaptive is not None and plan.adaptive.get("decided") == "blocks"
+    blocks = plan.decided_between_blocks
     decisions = load_rung_decisions(layout) if plan.adaptive and not blocks else []
     mark_outcomes(board, failures, decisions)
     for row in board:  # which configurations started from an earlier run's weights, and whose

@@ -64,37 +64,36 @@ def run_bundle_hop(layout: RunLayout, run: RunRecord, manifest: Manifest, bundle
     failed: list[HopRecord] = []
     skipped: list[str] = []
     carried: list[Assignment] = []
-    hop_of = t
     for assignment in bundle.assignments:
         cid = assignment.config_id
-        t = assignment.t + 1 if hop_of is None else hop_of
+        hop = assignment.t + 1 if t is None else t  # this configuration's hop
         if section is not None:
             section(cid)
-        earlier = committed(layout, assignment, t)
+        earlier = committed(layout, assignment, hop)
         if earlier is not None:
             skipped.append(cid)
             if earlier.status != "ok":
                 failed.append(earlier)
-                log.info("%s: hop %d already recorded as %s by an earlier try", cid, t, earlier.status)
+                log.info("%s: hop %d already recorded as %s by an earlier try", cid, hop, earlier.status)
                 continue
             records.append(earlier)
-            carried.append(Assignment(config_id=cid, t=t, checkpoint=earlier.checkpoint,
+            carried.append(Assignment(config_id=cid, t=hop, checkpoint=earlier.checkpoint,
                                       checkpoint_sha256=earlier.checkpoint_sha256, best_t=earlier.best_t,
                                       best_metric=earlier.best_metric))
-            log.info("%s: hop %d already committed by try %d; not trained again", cid, t, earlier.try_number)
+            log.info("%s: hop %d already committed by try %d; not trained again", cid, hop, earlier.try_number)
             continue
         try:
-            record, out = run_hop(layout, run, manifest, assignment, t=t, shard=shard, rung_end=rung_end,
+            record, out = run_hop(layout, run, manifest, assignment, t=hop, shard=shard, rung_end=rung_end,
                                   cache_dir=cache_dir, where=where, session=session, bundle=bundle.bundle)
         except Exception as exc:
             if fatal(exc):
                 raise
             session.forget(run.config(cid))
-            failure = record_failure(layout, assignment, t=t, shard=shard, shards=run.schedule.shards, error=exc,
+            failure = record_failure(layout, assignment, t=hop, shard=shard, shards=run.schedule.shards, error=exc,
                                      where=where)
             failed.append(failure)
             log.exception("%s %s at hop %d; its remaining hops are skipped, the rest of the bundle goes on",
-                          cid, failure.status, t)
+                          cid, failure.status, hop)
             continue
         records.append(record)
         carried.append(out)
