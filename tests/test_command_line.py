@@ -51,7 +51,10 @@ def _wait_for_line(proc: subprocess.Popen, text: str, timeout: float) -> list[st
 def _up(folder: Path, home: Path, port: int, env: dict) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "mop_airflow.cli.main", "up", "--dags-folder", str(folder),
                              "--port", str(port), "--home", str(home)],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                            # a test run started in the background inherits SIGINT ignored, and so would `up`:
+                            # give it the terminal's Ctrl-C, which these tests send
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 def _unpause_when_parsed(api: AirflowAPI) -> None:
