@@ -5,11 +5,13 @@ capacity is two configurations per slot), its decide step promotes the best of t
 = 1) and starts the next run; that one trains it two more iterations over two runs; the third run's
 decide step finds nothing left to train and its run reports. Every decision is recorded with what it
 saw, and the leaderboard says where each configuration stopped and why. A hop task SIGKILLed half-way
-through the search is retried, and the search decides and ranks as the undisturbed one does.
+through the search is retried, and the search decides and ranks as the undisturbed one does; so does
+one whose scheduler is stopped between two blocks and started again.
 """
 
 import json
 import math
+import time
 
 import pytest
 
@@ -25,6 +27,7 @@ pytestmark = pytest.mark.integration
 
 ASHA = "mop_asha_blocks"
 KILLED, UNDISTURBED = "mop_asha_killed", "mop_asha_undisturbed"
+RESTARTED = "mop_asha_restarted"
 
 # A builder whose training process SIGKILLs itself at its 15th training batch in the first try of the
 # KILLED DAG's hop 1 in the search's second run (the promoted configuration's block); importable by the
@@ -44,13 +47,21 @@ def asha_spec(source, root):
     return spec
 
 
+def block_decisions(store, dag_id, first):
+    """What each of a search's four block decisions started or promoted, and at which rank."""
+    layout = RunLayout(store, dag_id, first)
+    return [[(j["config_id"], j["kind"], j["rung"], j["rank"]) for j in
+             BlockDecision.read(store, layout.block_decision_uri(b)).jobs] for b in range(4)]
+
+
 @pytest.fixture(scope="module")
 def airflow(tmp_path_factory):
     root = tmp_path_factory.mktemp("asha")
     dags = root / "dags"
     dags.mkdir()
     write_digits(root / "digits.parquet")
-    dag_file(dags, ASHA, asha_spec(root / "digits.parquet", f"file://{root / 'store'}"))
+    for dag_id in (ASHA, RESTARTED):
+        dag_file(dags, dag_id, asha_spec(root / "digits.parquet", f"file://{root / 'store'}"))
     lib = root / "lib"
     lib.mkdir()
     (lib / "asha_killer.py").write_text(KILLER)
@@ -63,7 +74,7 @@ def airflow(tmp_path_factory):
             "                    default_args={'retry_delay': datetime.timedelta(seconds=2)})\n")
     env = {"MOP_AIRFLOW_HOME": str(root / "mop"), "PYTHONPATH": str(lib)}
     with LocalAirflow(root / "airflow", dags, extra_env=env) as af:
-        for dag_id in (ASHA, KILLED, UNDISTURBED):
+        for dag_id in (ASHA, KILLED, UNDISTURBED, RESTARTED):
             af.wait_for_dag(dag_id)
         af.root = root
         yield af
@@ -128,15 +139,50 @@ def test_a_hop_killed_half_way_through_asha_is_retried_and_the_search_decides_an
              and ti["state"] == "success"]
     assert max(ti["try_number"] for ti in tries) == 2  # the killed hop ran again
 
-    def decisions(dag_id):
-        layout = RunLayout(store, dag_id, searches[dag_id])
-        return [[(j["config_id"], j["kind"], j["rung"], j["rank"]) for j in
-                 BlockDecision.read(store, layout.block_decision_uri(b)).jobs] for b in range(4)]
-
-    assert decisions(KILLED) == decisions(UNDISTURBED)
+    assert block_decisions(store, KILLED, killed_first) == block_decisions(store, UNDISTURBED, searches[UNDISTURBED])
     boards = {dag_id: store.read_json(RunLayout(store, dag_id, first).report_uri("leaderboard.json"))["leaderboard"]
               for dag_id, first in searches.items()}
     assert [(r["config_id"], r["outcome"]) for r in boards[KILLED]] == \
         [(r["config_id"], r["outcome"]) for r in boards[UNDISTURBED]]
     for a, b in zip(boards[KILLED], boards[UNDISTURBED]):
         assert a["val_accuracy"] == pytest.approx(b["val_accuracy"], abs=1e-6)
+
+
+def test_a_scheduler_stopped_between_two_blocks_and_started_again_goes_on_and_ranks_the_same(airflow):
+    store = Store(f"file://{airflow.root / 'store'}")
+    first = airflow.trigger(RESTARTED)
+    # Polled often, so that the scheduler stops before it has started anything of the next block
+    # (its first tasks take seconds before a hop can start).
+    assert airflow.wait_for_run(RESTARTED, first, timeout=420, tick=0.3) == "success", \
+        failed_logs(airflow, RESTARTED, first)
+    scheduler_log = airflow.home / "logs" / "scheduler.log"
+    old = airflow.processes["scheduler"]
+    airflow.stop_service("scheduler")
+    try:  # whatever fails while it is down, the module's other tests need it back
+        block_1 = airflow.task_instances(RESTARTED, f"{first}__block_1")
+        hops = [ti["state"] for ti in block_1 if ".hop_" in ti["task_id"]]
+        health = airflow.client.get("/api/v2/monitor/health").json()["scheduler"]["status"]
+        reference = airflow.trigger(ASHA)
+        time.sleep(5)
+        reference_state = airflow.run_state(ASHA, reference)
+        starts = scheduler_log.read_text().count("Starting the scheduler")
+    finally:
+        airflow.start_service("scheduler")
+    assert old.returncode == 0  # it left its loop on SIGTERM: nothing had to be killed
+    assert hops and hops == [None] * len(hops)  # between two blocks: no hop of block 1 had started
+    assert health == "unhealthy" and reference_state == "queued"  # no scheduler, so no run starts
+    airflow.wait_healthy()
+    assert airflow.processes["scheduler"].pid != old.pid
+    assert scheduler_log.read_text().count("Starting the scheduler") == starts + 1
+
+    searches = {RESTARTED: first, ASHA: reference}
+    for dag_id, run in searches.items():
+        for run_id in (run, f"{run}__block_1", f"{run}__block_2"):
+            assert airflow.wait_for_run(dag_id, run_id, timeout=420) == "success", failed_logs(airflow, dag_id, run_id)
+    assert block_decisions(store, RESTARTED, first) == block_decisions(store, ASHA, reference)
+    boards = {dag_id: store.read_json(RunLayout(store, dag_id, run).report_uri("leaderboard.json"))["leaderboard"]
+              for dag_id, run in searches.items()}
+    assert [(r["config_id"], r["outcome"]) for r in boards[RESTARTED]] == \
+        [(r["config_id"], r["outcome"]) for r in boards[ASHA]]
+    for a, b in zip(boards[RESTARTED], boards[ASHA]):
+        assert (a["val_accuracy"], a["val_loss"]) == pytest.approx((b["val_accuracy"], b["val_loss"]), abs=1e-6)

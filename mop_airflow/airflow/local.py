@@ -167,8 +167,7 @@ class LocalAirflow:
             # `kill` of the demo must stop Airflow too: turn SIGTERM into a normal exit.
             signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
         for name in self.services:
-            self._spawn(name, [_bin("airflow"), name] + (["--port", str(self.port)] if name == "api-server" else []),
-                        self.env)
+            self.start_service(name)
         for worker in self.workers:
             self.start_worker(worker)
         self.log(f"started {', '.join(self.processes)}; api at {self.base_url}")
@@ -187,6 +186,30 @@ class LocalAirflow:
             self.client.get("/execution/health", timeout=120)
         except httpx.HTTPError as exc:  # only a warm-up: the first task then waits as it would have
             self.log(f"the task execution API did not answer its warm-up ({exc!r}); the first task will wait for it")
+
+    def start_service(self, name: str) -> None:
+        """Start (or start again, after :meth:`stop_service`) one of :attr:`services`."""
+        self._spawn(name, [_bin("airflow"), name] + (["--port", str(self.port)] if name == "api-server" else []),
+                    self.env)
+
+    def stop_service(self, name: str, timeout: float = 120) -> None:
+        """Stop a service as an operator restarting it would, and forget it until :meth:`start_service`.
+
+        SIGTERM goes to the service's own process only: the scheduler then leaves its loop and its
+        LocalExecutor waits for the task processes it runs, which the signal would fail if it reached
+        them too (as :meth:`stop` sends it). What is left after ``timeout`` is killed.
+        """
+        proc = self.processes.pop(name)
+        try:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            pass
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
 
     def start_worker(self, worker: CeleryWorker) -> None:
         """Start (or start again, after :meth:`kill`) a Celery worker serving ``worker.queues``."""
