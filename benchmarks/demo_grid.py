@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import math
 import os
 import platform
 import shutil
@@ -31,6 +32,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable
 
 REPO = Path(__file__).resolve().parents[1]
 if __package__ in (None, ""):
@@ -53,7 +55,8 @@ def label(config: dict) -> str:
 
 # -- the sides that run in their own process ---------------------------------------------------
 
-def _data(folder: str):
+def load_data(folder: str):
+    """MNIST-1D's training and test splits as written by ``write_mnist1d``: ((x, y), (x_val, y_val))."""
     import pyarrow.parquet as pq  # noqa: PLC0415
 
     from mop_airflow.examples.mnist1d_spec import TEST_FILE, TRAIN_FILE  # noqa: PLC0415
@@ -66,8 +69,10 @@ def _data(folder: str):
     return load(TRAIN_FILE), load(TEST_FILE)
 
 
-def train_one(config: dict, data) -> float:
-    """One configuration as a Keras user would train it: build, compile, fit 3 epochs, evaluate."""
+def train_one(config: dict, data, *, epochs: int = EPOCHS, report: Callable[[float], None] | None = None) -> float:
+    """One configuration as a Keras user would train it: build, compile, fit ``epochs`` epochs, evaluate.
+    With ``report``, one epoch at a time, each followed by an evaluation passed to ``report`` (what a
+    tuner's early stopping needs)."""
     import keras  # noqa: PLC0415
 
     from mop_airflow.training.builder import load_builder  # noqa: PLC0415
@@ -77,11 +82,22 @@ def train_one(config: dict, data) -> float:
     model = load_builder(config["model"])({"input_dim": x.shape[1], "num_classes": 10})
     model.compile(optimizer=keras.optimizers.Adam(config["learning_rate"]), loss="sparse_categorical_crossentropy",
                   metrics=["accuracy"])
-    model.fit(x, y, batch_size=config["batch_size"], epochs=EPOCHS, shuffle=True, verbose=0)
-    return float(model.evaluate(xv, yv, batch_size=256, verbose=0, return_dict=True)["accuracy"])
+
+    def evaluate() -> float:
+        return float(model.evaluate(xv, yv, batch_size=256, verbose=0, return_dict=True)["accuracy"])
+
+    if report is None:
+        model.fit(x, y, batch_size=config["batch_size"], epochs=epochs, shuffle=True, verbose=0)
+        return evaluate()
+    accuracy = math.nan
+    for _ in range(epochs):
+        model.fit(x, y, batch_size=config["batch_size"], epochs=1, shuffle=True, verbose=0)
+        accuracy = evaluate()
+        report(accuracy)
+    return accuracy
 
 
-def _one_thread() -> None:
+def one_thread() -> None:
     import tensorflow as tf  # noqa: PLC0415
 
     tf.config.threading.set_intra_op_parallelism_threads(1)
@@ -89,8 +105,8 @@ def _one_thread() -> None:
 
 
 def plain_keras(folder: str) -> dict:
-    _one_thread()
-    data = _data(folder)
+    one_thread()
+    data = load_data(folder)
     return {label(c): train_one(c, data) for c in grid()}
 
 
@@ -101,8 +117,8 @@ def ray_tune(folder: str) -> dict:
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
 
     def trainable(config):
-        _one_thread()
-        return {"accuracy": train_one(config, _data(folder))}
+        one_thread()
+        return {"accuracy": train_one(config, load_data(folder))}
 
     space = {"model": tune.grid_search(list(MODELS)), "learning_rate": tune.grid_search(list(RATES)),
              "batch_size": tune.grid_search(list(BATCHES))}
@@ -113,9 +129,10 @@ def ray_tune(folder: str) -> dict:
     return {label(r.config): float(r.metrics["accuracy"]) for r in results}
 
 
-def _timed_process(side: str, folder: str) -> tuple[float, dict]:
+def timed_process(side: str, folder: str, *args: str, script: str = __file__) -> tuple[float, dict]:
+    """Run ``script --<side> folder *args`` in a fresh process: its wall time and the JSON of its last line."""
     began = time.perf_counter()
-    done = subprocess.run([sys.executable, __file__, f"--{side}", folder], capture_output=True, text=True,
+    done = subprocess.run([sys.executable, script, f"--{side}", folder, *args], capture_output=True, text=True,
                           env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
     wall = time.perf_counter() - began
     if done.returncode != 0:
@@ -194,7 +211,7 @@ def main(argv=None) -> int:
         for size, seconds, board, facts in mop_runs(home, [s.strip() for s in args.bundle_sizes.split(",")],
                                                dict(item.split("=", 1) for item in args.airflow_env)):
             rows.append((f"mop_airflow DAG run, bundle_size {size}", seconds, board, facts))
-        wall, board = _timed_process("plain", folder)
+        wall, board = timed_process("plain", folder)
         rows.append(("plain Keras, sequential (process wall)", wall, board, {}))
         try:
             import ray  # noqa: F401, PLC0415
@@ -202,7 +219,7 @@ def main(argv=None) -> int:
         except ImportError:
             have_ray = False
         if have_ray:
-            wall, board = _timed_process("ray", folder)
+            wall, board = timed_process("ray", folder)
             rows.append(("Ray Tune, 2 trials at a time (process wall)", wall, board, {}))
         else:
             print("Ray Tune: not installed (pip install -e '.[bench]'), left out")
