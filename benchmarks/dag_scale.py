@@ -46,8 +46,9 @@ LocalExecutor so a small machine stays usable; the scheduler still examines ever
 instance of the run in each loop.
 
 Shapes: demo (4 shards x 3 iterations), 8x10, 16x20, hb81-p4 and hb81-p16 (Hyperband R=81,
-eta=3 on 4 and 16 shards; see ``mop-airflow plan --R 81 --eta 3 --shards 16``), plus 16x40 and
-16x80, parsed and serialized only, so the fit has measured points near the timeouts. A shape
+eta=3 on 4 and 16 shards; see ``mop-airflow plan --R 81 --eta 3 --shards 16``), asha256-p16 (ASHA
+n=256, r=1, R=81, eta=3 on 16 shards), 256x16x10 and 256x64 (256 configurations on 64 shards, one
+iteration), plus 16x40 and 16x80, parsed and serialized only, so the fit has measured points near the timeouts. A shape
 whose file cannot be parsed and serialized within the dag-processor's timeout never reaches the
 scheduler and is not run.
 
@@ -95,6 +96,7 @@ PROCESSOR_TIMEOUT = 50.0  # [dag_processor] dag_file_processor_timeout default
 REPARSE_INTERVAL = 30.0  # [dag_processor] min_file_process_interval default
 TERMINAL = ("success", "failed", "skipped", "upstream_failed", "removed")
 HYPERBAND = {"method": "hyperband", "R": 81, "eta": 3}
+ASHA = {"method": "asha", "n": 256, "r": 1, "R": 81, "eta": 3}
 MODEL = "mop_airflow.examples.mnist1d_models:mlp"
 
 
@@ -109,6 +111,9 @@ class Shape:
 
     @property
     def label(self) -> str:
+        if self.adaptive and self.adaptive["method"] == "asha":
+            a = self.adaptive
+            return f"ASHA n={a['n']} r={a['r']} R={a['R']} eta={a['eta']} on {self.shards} shards"
         if self.adaptive:
             return f"Hyperband R={self.adaptive['R']} eta={self.adaptive['eta']} on {self.shards} shards"
         return f"{self.shards} shards x {self.iterations} iterations"
@@ -127,6 +132,9 @@ SHAPES = {s.name: s for s in (
     Shape("256x16x10", 16, 10, configs=256),  # the size of the systems we compare with, in bundles
     Shape("hb81-p4", 4, adaptive=HYPERBAND),
     Shape("hb81-p16", 16, adaptive=HYPERBAND),
+    Shape("asha256-p16", 16, adaptive=ASHA),
+    # a 64-GPU cluster: a block shorter than an iteration keeps a run within 16 shards' budget
+    Shape("256x64", 64, 1, configs=256),
 )}
 
 
@@ -196,7 +204,9 @@ def expected_instances(shape: Shape, configs: int | None = None) -> dict[str, in
         empty = plan.hop_tasks - hop_instances
     else:
         n = adaptive.total_configurations
-        model_hops = adaptive.total_hops
+        # ASHA's promotions depend on the metrics, so only its synchronous-halving guide is known ahead
+        model_hops = (adaptive.total_hops if hasattr(adaptive, "total_hops")
+                      else adaptive.halving_iterations() * shape.shards)
         hop_instances = min(model_hops, plan.hop_tasks)  # an upper bound: rungs bundle too
         empty = plan.hop_tasks - hop_instances
     return {"configs": n, "control": control, "model_hops": model_hops, "hop_instances": hop_instances,
@@ -762,6 +772,8 @@ def run_on_airflow(shape: Shape, home: Path, dag_file: Path, args: argparse.Name
             fig["titles"] = {role: sorted(t)[:3] for role, t in sampler.titles.items()}
             import psutil  # noqa: PLC0415
 
+            if args.blocks:
+                fig["blocks"] = follow_blocks(af, shape.dag_id, run_id, args.blocks, args.block_timeout)
             fig["rss_mb"] = {}
             for name, proc in af.processes.items():
                 try:
@@ -790,6 +802,45 @@ def run_on_airflow(shape: Shape, home: Path, dag_file: Path, args: argparse.Name
         fig["processor_rows"] = processor_durations(af.home / "logs" / "dag-processor.log", dag_file)
     fig["notes"] = notes
     return RunResult(figures=fig)
+
+
+def follow_blocks(af, dag_id: str, first: str, blocks: int, timeout: float) -> list[dict[str, Any]]:
+    """The first ``blocks`` DAG runs of a search that goes on over runs (``<first>__block_<k>``): each
+    run's wall time and hop task instances, and the hand-over before it: from the last hop of the run
+    before to its own first hop (the decide task, the trigger, the scheduler starting the run and its
+    control tasks). Stops at the run that reports, fails, or is not there within ``timeout``."""
+    def stamp(value: str) -> float:
+        return dt.datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+
+    rows: list[dict[str, Any]] = []
+    for k in range(blocks):
+        run_id = first if k == 0 else f"{first}__block_{k}"
+        deadline, state = time.time() + timeout, None
+        while time.time() < deadline:
+            try:
+                state = af.run_state(dag_id, run_id)
+            except RuntimeError:  # not triggered yet: the run before is still deciding
+                state = None
+            if state in ("success", "failed"):
+                break
+            time.sleep(2)
+        if state not in ("success", "failed"):
+            break
+        tis = af.task_instances(dag_id, run_id)
+        hops = [ti for ti in tis if ti.get("operator") == "MopTrainHopOperator" and ti["state"] == "success"]
+        ended = [stamp(ti["end_date"]) for ti in tis if ti.get("end_date")]
+        started = [stamp(ti["start_date"]) for ti in tis if ti.get("start_date")]
+        row = {"run_id": run_id, "state": state, "hops": len(hops), "task_instances": len(tis),
+               "wall": max(ended) - min(started) if ended and started else None,
+               "first_hop": min((stamp(ti["start_date"]) for ti in hops), default=None),
+               "last_hop": max((stamp(ti["end_date"]) for ti in hops), default=None),
+               "reported": any(ti["task_id"].endswith("report") and ti["state"] == "success" for ti in tis)}
+        if rows and rows[-1]["last_hop"] and row["first_hop"]:
+            row["handover"] = row["first_hop"] - rows[-1]["last_hop"]
+        rows.append(row)
+        if state == "failed" or row["reported"]:
+            break
+    return rows
 
 
 # -- printing --------------------------------------------------------------------------------------
@@ -908,6 +959,17 @@ def print_run(shape: Shape, result: RunResult, args: argparse.Namespace) -> None
     say(f"  run so far: {f['run_tis_terminal']} of {f['run_ti_rows']} task instance rows terminal, state "
         f"{f['run_state']}, {f['window_failed']} failed; RSS "
         + ", ".join(f"{k} {v:.0f} MB" for k, v in sorted(f["rss_mb"].items())))
+    blocks = f.get("blocks") or []
+    if blocks:
+        say(f"  runs of the search followed (--blocks {args.blocks}): {len(blocks)}")
+        for row in blocks:
+            handover = f", hand-over {row['handover']:.1f}s" if row.get("handover") is not None else ""
+            say(f"    {row['run_id']}: {row['state']}, {row['task_instances']} task instances, {row['hops']} hop tasks, "
+                f"wall {fmt_s(row['wall'], 0)}{handover}{', reported' if row['reported'] else ''}")
+        handovers = [row["handover"] for row in blocks if row.get("handover") is not None]
+        if handovers:
+            say(f"  hand-over between blocks (last hop of a run -> first hop of the next): median "
+                f"{statistics.median(handovers):.1f}s over {len(handovers)}")
     durations = f["processor_rows"]
     if durations:
         say(f"  the dag-processor's own stats table: last parse of the file took {durations[-1]:.2f}s "
@@ -1135,6 +1197,10 @@ def main() -> int:
     parser.add_argument("--parallelism", type=int, default=4, help="LocalExecutor slots ([core] parallelism)")
     parser.add_argument("--processor-timeout", type=float, default=PROCESSOR_TIMEOUT,
                         help="[dag_processor] dag_file_processor_timeout of the embedded Airflow (Airflow's default: 50)")
+    parser.add_argument("--blocks", type=int, default=0,
+                        help="after the window, follow a search that goes on over DAG runs for this many runs "
+                             "(each run's wall time and hops, the hand-over between runs)")
+    parser.add_argument("--block-timeout", type=float, default=900.0, help="bound on waiting for one run of --blocks")
     parser.add_argument("--configs", default="16,64,256", help="configuration counts for the task-instance table")
     parser.add_argument("--page-budget", type=float, default=120.0, help="bound on rendering one UI page")
     parser.add_argument("--skip-scheduler", action="store_true")
@@ -1156,7 +1222,10 @@ def main() -> int:
     results: dict[str, dict[str, Any]] = {}
     started = time.time()
     try:
-        data = write_tiny_data(root / "shared" / "data")
+        # the data check asks for a batch of 16 rows on every shard after holding out 20 %: 64 shards need
+        # more than the 800 rows the small shapes use
+        widest = max(SHAPES[name].shards for name in names)
+        data = write_tiny_data(root / "shared" / "data", rows=max(800, 2 * math.ceil(widest * 16 / 0.8)))
         for name in names:
             shape = SHAPES[name]
             home = root / name
