@@ -40,8 +40,8 @@ quadratic fit of parse and parse+serialize time against task count (the quadrati
 SDK hashing the whole DAG for every dependency it sets; each shape prints the hash's cost), and a
 model of the scheduling loop as milliseconds per unfinished task instance of the run. The
 embedded Airflow runs on SQLite, as ``mop-airflow demo`` does: one writer at a time, so a "database
-is locked" in another service during a long scheduling loop is SQLite's part of the picture (not
-measured here on PostgreSQL). ``--parallelism`` (default 4) caps the
+is locked" in another service during a long scheduling loop is SQLite's part of the picture;
+``--postgres HOST:PORT`` runs it on a throw-away PostgreSQL database instead. ``--parallelism`` (default 4) caps the
 LocalExecutor so a small machine stays usable; the scheduler still examines every waiting task
 instance of the run in each loop.
 
@@ -53,7 +53,8 @@ whose file cannot be parsed and serialized within the dag-processor's timeout ne
 scheduler and is not run.
 
     python benchmarks/dag_scale.py [--shapes demo,16x20] [--window 240] [--skip-scheduler]
-                                   [--skip-ui] [--skip-browser] [--parallelism 4]
+                                   [--skip-ui] [--skip-browser] [--parallelism 4] [--blocks K]
+                                   [--postgres 127.0.0.1:5432]
 
 Everything lives in a temporary folder that is deleted at the end (``--keep`` keeps it); every
 wait is bounded and every Airflow started here is stopped.
@@ -673,6 +674,28 @@ class RunResult:
     figures: dict[str, Any] = field(default_factory=dict)
 
 
+@contextlib.contextmanager
+def throwaway_postgres(server: str):
+    """A database of its own on the PostgreSQL server ``host:port`` (user postgres, trust auth), dropped
+    afterwards: the scheduler's loop measured on the metadata database a production Airflow uses."""
+    import uuid  # noqa: PLC0415
+
+    import psycopg2  # noqa: PLC0415
+
+    host, _, port = server.partition(":")
+    name = f"mop_dag_scale_{uuid.uuid4().hex[:8]}"
+    admin = psycopg2.connect(host=host, port=int(port or 5432), user="postgres", dbname="postgres")
+    admin.autocommit = True
+    admin.cursor().execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield f"postgresql+psycopg2://postgres@{host}:{port or 5432}/{name}"
+    finally:
+        cursor = admin.cursor()
+        cursor.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", (name,))
+        cursor.execute(f'DROP DATABASE IF EXISTS "{name}"')  # only the one created here
+        admin.close()
+
+
 def run_on_airflow(shape: Shape, home: Path, dag_file: Path, args: argparse.Namespace) -> RunResult:
     from mop_airflow.airflow.local import LocalAirflow  # noqa: PLC0415
 
@@ -687,7 +710,9 @@ def run_on_airflow(shape: Shape, home: Path, dag_file: Path, args: argparse.Name
     }
     notes: list[str] = []
     t0 = time.time()
-    with LocalAirflow(home / "airflow", dag_file.parent, extra_env=extra, log=lambda m: None) as af:
+    database = throwaway_postgres(args.postgres) if args.postgres else contextlib.nullcontext(None)
+    with database as sql_alchemy_conn, LocalAirflow(home / "airflow", dag_file.parent, extra_env=extra,
+                                                    log=lambda m: None, sql_alchemy_conn=sql_alchemy_conn) as af:
         fig["startup"] = time.time() - t0
         t1 = time.time()
         af.wait_for_dag(shape.dag_id, timeout=args.parse_timeout + 120)
@@ -1206,6 +1231,8 @@ def main() -> int:
     parser.add_argument("--skip-scheduler", action="store_true")
     parser.add_argument("--skip-ui", action="store_true")
     parser.add_argument("--skip-browser", action="store_true", help="time the UI endpoints but render no page")
+    parser.add_argument("--postgres", metavar="HOST:PORT", default=None,
+                        help="run Airflow on a throw-away PostgreSQL database on that server instead of SQLite")
     parser.add_argument("--keep", action="store_true", help="keep the temporary folder (logs, data, Airflow home)")
     args = parser.parse_args()
     names = [n.strip() for n in args.shapes.split(",") if n.strip()]
