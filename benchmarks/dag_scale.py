@@ -674,30 +674,8 @@ class RunResult:
     figures: dict[str, Any] = field(default_factory=dict)
 
 
-@contextlib.contextmanager
-def throwaway_postgres(server: str):
-    """A database of its own on the PostgreSQL server ``host:port`` (user postgres, trust auth), dropped
-    afterwards: the scheduler's loop measured on the metadata database a production Airflow uses."""
-    import uuid  # noqa: PLC0415
-
-    import psycopg2  # noqa: PLC0415
-
-    host, _, port = server.partition(":")
-    name = f"mop_dag_scale_{uuid.uuid4().hex[:8]}"
-    admin = psycopg2.connect(host=host, port=int(port or 5432), user="postgres", dbname="postgres")
-    admin.autocommit = True
-    admin.cursor().execute(f'CREATE DATABASE "{name}"')
-    try:
-        yield f"postgresql+psycopg2://postgres@{host}:{port or 5432}/{name}"
-    finally:
-        cursor = admin.cursor()
-        cursor.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", (name,))
-        cursor.execute(f'DROP DATABASE IF EXISTS "{name}"')  # only the one created here
-        admin.close()
-
-
 def run_on_airflow(shape: Shape, home: Path, dag_file: Path, args: argparse.Namespace) -> RunResult:
-    from mop_airflow.airflow.local import LocalAirflow  # noqa: PLC0415
+    from mop_airflow.airflow.local import LocalAirflow, throwaway_postgres  # noqa: PLC0415
 
     fig: dict[str, Any] = {}
     extra = {
@@ -710,7 +688,9 @@ def run_on_airflow(shape: Shape, home: Path, dag_file: Path, args: argparse.Name
     }
     notes: list[str] = []
     t0 = time.time()
-    database = throwaway_postgres(args.postgres) if args.postgres else contextlib.nullcontext(None)
+    host, _, port = (args.postgres or "").partition(":")
+    database = (throwaway_postgres(host, int(port or 5432), prefix="mop_dag_scale") if args.postgres
+                else contextlib.nullcontext(None))
     with database as sql_alchemy_conn, LocalAirflow(home / "airflow", dag_file.parent, extra_env=extra,
                                                     log=lambda m: None, sql_alchemy_conn=sql_alchemy_conn) as af:
         fig["startup"] = time.time() - t0

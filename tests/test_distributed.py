@@ -18,13 +18,12 @@ import json
 import os
 import socket
 import time
-import uuid
 
 import pytest
 
 from mop_airflow.records.layout import RunLayout
 from mop_airflow.records import HopRecord, Manifest, StageRecord
-from mop_airflow.airflow.local import CeleryWorker, LocalAirflow
+from mop_airflow.airflow.local import CeleryWorker, LocalAirflow, throwaway_postgres
 from mop_airflow.store import Store
 from tests.conftest import dag_file, make_bucket, write_dag_file
 from tests.test_end_to_end import tiny_spec, write_digits
@@ -55,19 +54,8 @@ def _reachable(address) -> bool:
 def postgres_db():
     if not _reachable(PG):
         _skip_or_fail(f"PostgreSQL is not reachable on {PG[0]}:{PG[1]}; start it (.ci/run does)")
-    import psycopg2
-
-    name = f"mop_airflow_test_{uuid.uuid4().hex[:8]}"
-    admin = psycopg2.connect(host=PG[0], port=PG[1], user="postgres", dbname="postgres")
-    admin.autocommit = True
-    admin.cursor().execute(f'CREATE DATABASE "{name}"')
-    try:
-        yield f"postgresql+psycopg2://postgres@{PG[0]}:{PG[1]}/{name}"
-    finally:
-        cursor = admin.cursor()
-        cursor.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", (name,))
-        cursor.execute(f'DROP DATABASE IF EXISTS "{name}"')  # only the database this test created
-        admin.close()
+    with throwaway_postgres(*PG, prefix="mop_airflow_test") as url:
+        yield url
 
 
 @pytest.fixture(scope="module")

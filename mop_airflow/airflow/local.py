@@ -11,6 +11,7 @@ the benchmark.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import secrets
@@ -20,6 +21,8 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -48,6 +51,25 @@ class CeleryWorker:
 
 IDLE_SLEEP_SECONDS = "0.2"  # the embedded scheduler's [scheduler] scheduler_idle_sleep_time (see airflow_env)
 EMBEDDED_PARALLELISM = 8  # task processes at once: the demo's 4 one-slot shard pools and default-pool tasks
+
+
+@contextlib.contextmanager
+def throwaway_postgres(host: str = "127.0.0.1", port: int = 5432, *, prefix: str = "mop_airflow") -> Iterator[str]:
+    """A database of its own on a PostgreSQL server (user postgres, trust auth), for a metadata database
+    as production runs it; dropped afterwards, and never one this did not create. Yields its URL."""
+    import psycopg2  # noqa: PLC0415 - only the PostgreSQL topology needs it
+
+    name = f"{prefix}_{uuid.uuid4().hex[:8]}"
+    admin = psycopg2.connect(host=host, port=port, user="postgres", dbname="postgres")
+    admin.autocommit = True
+    admin.cursor().execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield f"postgresql+psycopg2://postgres@{host}:{port}/{name}"
+    finally:
+        cursor = admin.cursor()
+        cursor.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", (name,))
+        cursor.execute(f'DROP DATABASE IF EXISTS "{name}"')
+        admin.close()
 
 
 def free_port() -> int:
