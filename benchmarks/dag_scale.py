@@ -89,7 +89,8 @@ sys.path.insert(0, str(REPO))
 
 from mop_airflow.search.adaptive import adaptive_plan, brackets_of, rung_spans  # noqa: E402
 from mop_airflow.config import MopSpec  # noqa: E402
-from mop_airflow.planning.run_chain import RUN_HOP_BUDGET  # noqa: E402
+from mop_airflow.planning.run_chain import RUN_HOP_BUDGET, next_run_id  # noqa: E402
+from mop_airflow.search.asha import AshaPlan  # noqa: E402
 from mop_airflow.planning.task_plan import build_task_plan, spec_task_plan  # noqa: E402
 
 IMPORT_TIMEOUT = 30.0  # [core] dagbag_import_timeout default
@@ -206,8 +207,8 @@ def expected_instances(shape: Shape, configs: int | None = None) -> dict[str, in
     else:
         n = adaptive.total_configurations
         # ASHA's promotions depend on the metrics, so only its synchronous-halving guide is known ahead
-        model_hops = (adaptive.total_hops if hasattr(adaptive, "total_hops")
-                      else adaptive.halving_iterations() * shape.shards)
+        model_hops = (adaptive.halving_iterations() * shape.shards if isinstance(adaptive, AshaPlan)
+                      else adaptive.total_hops)
         hop_instances = min(model_hops, plan.hop_tasks)  # an upper bound: rungs bundle too
         empty = plan.hop_tasks - hop_instances
     return {"configs": n, "control": control, "model_hops": model_hops, "hop_instances": hop_instances,
@@ -819,7 +820,7 @@ def follow_blocks(af, dag_id: str, first: str, blocks: int, timeout: float) -> l
 
     rows: list[dict[str, Any]] = []
     for k in range(blocks):
-        run_id = first if k == 0 else f"{first}__block_{k}"
+        run_id = first if k == 0 else next_run_id(first, k)
         deadline, state = time.time() + timeout, None
         while time.time() < deadline:
             try:
