@@ -18,7 +18,7 @@ from airflow.sdk.exceptions import AirflowFailException
 
 from mop_airflow.errors import DataValidationError, PoolsMissingError, SpecError, TrainingError
 
-from mop_airflow.records.layout import RunLayout
+from mop_airflow.records.layout import RunLayout, read_run
 from mop_airflow.records import RunRecord
 from mop_airflow.records import Continuation
 from mop_airflow.planning.run_chain import continuation_of
@@ -74,7 +74,7 @@ class MopBaseOperator(BaseOperator):
     @staticmethod
     def run_record(layout: RunLayout) -> RunRecord:
         """The run record the plan task wrote: every task after it reads the run from here."""
-        return RunRecord.read(layout.store, layout.run_record_uri)
+        return read_run(layout)
 
     def resolved_run(self, context: Mapping[str, Any]) -> RunRecord:
         """The run record as preflight resolved it, before the plan task writes it to the store."""

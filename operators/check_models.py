@@ -32,6 +32,13 @@ class MopCheckModelsOperator(MopBaseOperator):
         manifest = Manifest.read(layout.store, layout.manifest_pointer_uri)
         found = check_models(run.configs, input_shapes=input_shapes(manifest_inputs(manifest)),
                              num_classes=len(manifest.classes), task=manifest.task, seed=run.schedule.seed)
+        if (run.adaptive or {}).get("method") == "pbt":  # a copy goes on with its parent's weights: they must fit
+            from mop_airflow.search.pbt import mutations  # noqa: PLC0415
+            from mop_airflow.training.model_check import check_mutations  # noqa: PLC0415
+
+            check_mutations(run.configs, mutations(run.adaptive["mutations"]),
+                            input_shapes=input_shapes(manifest_inputs(manifest)), num_classes=len(manifest.classes),
+                            task=manifest.task, seed=run.schedule.seed)
         fatal = found.fatal(run.configs, fail_fast=run.fail_fast)
         if fatal:
             raise TrainingError(fatal)

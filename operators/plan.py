@@ -14,7 +14,7 @@ import socket
 from typing import Any
 
 from mop_airflow.errors import TrainingError
-from mop_airflow.planning.resume import bundle_items, resume_after, resume_at
+from mop_airflow.planning.resume import bundle_items, resume_after, resume_at, resume_in_block
 from mop_airflow.records import Assignment, BlockDecision, Manifest, Plan, StageRecord
 from mop_airflow.planning.plan import make_plan
 from mop_airflow.planning.schedule import DEFAULT_PRIORITY
@@ -48,8 +48,7 @@ class MopPlanOperator(MopBaseOperator):
             self.log.info("class %d starts on shard %d, %d bundle(s): %s", o, o, len(bundles),
                           " | ".join(", ".join(b) for b in bundles) or "(empty)")
         if plan.adaptive:
-            from mop_airflow.search.adaptive import adaptive_plan, decided_between_blocks  # noqa: PLC0415
-            from mop_airflow.search.asha import AshaPlan  # noqa: PLC0415
+            from mop_airflow.search.adaptive import LADDERS, adaptive_plan, decided_between_blocks  # noqa: PLC0415
 
             adaptive = adaptive_plan(run.adaptive, plan.shards)
             if decided_between_blocks(adaptive):  # the first block: what the method starts with
@@ -59,7 +58,7 @@ class MopPlanOperator(MopBaseOperator):
                 block.write(layout.store, layout.block_decision_uri(0))
                 self.log.info("%s, decided between blocks of one iteration: block 1 starts %d configuration(s), "
                               "%d at most per block", run.adaptive["method"], len(block.jobs), block.capacity)
-            if not isinstance(adaptive, AshaPlan):  # Hyperband's brackets, drawn or decided between blocks
+            if not isinstance(adaptive, LADDERS):  # Hyperband's brackets, drawn or decided between blocks
                 self.log.info("\n%s", format_plan(adaptive))
         return {"plan_uri": layout.plan_uri, "configurations": len(run.configs),
                 "model_hops_total": plan.model_hops_total}
@@ -125,7 +124,7 @@ class MopStageShardOperator(MopBaseOperator):
             decision = BlockDecision.read(layout.store, layout.block_decision_uri(continuing.block if continuing else 0))
             per_class = decision.bundles
             items = bundle_items(per_class[self.shard], sum(len(b) for b in per_class[:self.shard]),
-                                 lambda cid: resume_at(layout, cid, decision.training[cid] - 1))
+                                 lambda cid: resume_in_block(layout, decision, cid))
             return hand_to_chains(context, items, self.heads, self.rest)
         per_class = plan.class_bundles()
         # The class whose configurations reach this shard at the block's first hop: its own in a run

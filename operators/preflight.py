@@ -94,10 +94,16 @@ class MopPreflightOperator(MopBaseOperator):
         if self.selection is not None or dag is None or not running_in_dag_test():
             return
         if dag.has_task("decide"):
-            adaptive = self.spec["search"]["adaptive"]
-            raise SpecError("search.adaptive.method", adaptive["method"], "is decided between blocks of hops, one "
+            search = self.spec["search"]
+            if search.get("adaptive") is None:  # a model-based random search: proposals wait for results
+                raise SpecError("search.space.sampler", "tpe", "proposes configurations between blocks of hops, "
+                                "one block a DAG run, and dag.test() runs only one",
+                                "run it on Airflow (mop-airflow up, then trigger it), or test a copy with the "
+                                "random sampler")
+            method = search["adaptive"]["method"]
+            raise SpecError("search.adaptive.method", method, "is decided between blocks of hops, one "
                             "block a DAG run, and dag.test() runs only one", "run it on Airflow (mop-airflow up, then "
-                            "trigger it)" + ("" if adaptive["method"] == "asha" else ", or draw a small search into "
+                            "trigger it)" + ("" if method in ("asha", "pbt") else ", or draw a small search into "
                                              "one run with search.adaptive.between_runs: false"))
         if not dag.has_task("next_run"):
             return

@@ -15,6 +15,7 @@ from mop_airflow.airflow.render import RETRIES, champion_asset, render_selection
 from mop_airflow.planning.schedule import DEFAULT_PRIORITY
 from mop_airflow.search.adaptive import brackets_of, decided_between_blocks
 from mop_airflow.search.asha import AshaPlan
+from mop_airflow.search.pbt import PbtPlan
 from mop_airflow.config import MopSpec
 from mop_airflow.planning.task_plan import configuration_count, spec_task_plan
 from mop_airflow.config.form import form_fields, rung_iterations
@@ -36,6 +37,11 @@ def _description(spec: MopSpec) -> str:
     if isinstance(adaptive, AshaPlan):
         return (f"ASHA n={adaptive.n}, r={adaptive.r}, R={adaptive.R}, eta={adaptive.eta}: rungs at "
                 f"{', '.join(map(str, adaptive.rungs))} iteration(s), decided between blocks of one iteration, one "
+                f"block a DAG run; models hop across {p} shards")
+    if isinstance(adaptive, PbtPlan):
+        return (f"Population-based training: {adaptive.population} members for {adaptive.iterations} iteration(s); "
+                f"every {adaptive.interval} the bottom {adaptive.in_quantile()} copy the top {adaptive.in_quantile()} "
+                f"and explore {', '.join(sorted(adaptive.mutations))}, decided between blocks of one iteration, one "
                 f"block a DAG run; models hop across {p} shards")
     brackets = brackets_of(adaptive)
     eta = brackets[0].eta

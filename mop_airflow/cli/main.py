@@ -282,6 +282,14 @@ def build_parser() -> argparse.ArgumentParser:
                         help="export the DAG's current champion (the run its registry names), not RUN_ID")
     export.set_defaults(func=run_commands.cmd_export_best)
 
+    study = sub.add_parser(
+        "export-study", help="write a reported run as an Optuna study (for optuna-dashboard and Optuna's plots)",
+        description="Write the search's configurations as the trials of an Optuna study in a SQLite file: their "
+                    "searched values, final metric, per-iteration validation metric and outcome.")
+    api_options(study)
+    study.add_argument("--out", required=True, help="the SQLite file to write (it must not exist yet)")
+    study.set_defaults(func=run_commands.cmd_export_study)
+
     champion = sub.add_parser(
         "champion", help="a DAG's champion registry: list it, or roll back to an earlier model",
         description="Every model a DAG published, newest last; the last is the champion that "

@@ -344,6 +344,19 @@ def cmd_export_best(args: argparse.Namespace) -> int:
     return _model_command(args, work)
 
 
+def cmd_export_study(args: argparse.Namespace) -> int:
+    from mop_airflow.results.study import export_study  # noqa: PLC0415
+
+    def work(layout) -> int:
+        study = export_study(layout, args.out)
+        print(f"{len(study.trials)} trial(s) of {layout.dag_id} / {layout.run_id} written to {args.out} as the "
+              f"Optuna study {study.study_name!r}\nopen it with: optuna-dashboard sqlite:///{args.out}")
+        return OK
+
+    args.champion = False
+    return _model_command(args, work)
+
+
 # ---------------------------------------------------------------- champion list, publish
 def _champion_command(args: argparse.Namespace, work) -> int:
     """Run ``work(store)`` on the selection's store with the exit codes of the module docstring."""

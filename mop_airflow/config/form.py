@@ -166,6 +166,9 @@ def _epochs_field(spec: MopSpec) -> FormField:
                           "converge worse."}, ("epochs_per_hop",))
 
 
+NAMES = {"asha": "ASHA", "pbt": "Population-based training"}
+
+
 def _fixed_fields(spec: MopSpec) -> list[FormField]:
     """The adaptive plan shapes the DAG: shown for reference, with the only value a run can take."""
     from mop_airflow.search.adaptive import brackets_of  # noqa: PLC0415
@@ -181,11 +184,15 @@ def _fixed_fields(spec: MopSpec) -> list[FormField]:
                                    ("eta", 3, "η (eta): each rung keeps the best 1/η")),
             "asha": (("n", None, "n: configurations started in all"), ("r", 1, "r: iterations of the first rung"),
                      ("R", None, "R: most iterations a configuration trains"),
-                     ("eta", 3, "η (eta): a rung promotes its best 1/η"))}[method]
-    section = f"{'ASHA' if method == 'asha' else method.replace('_', ' ').capitalize()} (set in the DAG file)"
+                     ("eta", 3, "η (eta): a rung promotes its best 1/η")),
+            "pbt": (("population", None, "population: members training side by side"),
+                    ("iterations", None, "iterations: how long every member trains"),
+                    ("interval", 1, "interval: iterations between two rankings"))}[method]
+    section = f"{NAMES.get(method) or method.replace('_', ' ').capitalize()} (set in the DAG file)"
     shape = (f"{len(brackets)} bracket(s), " if brackets else "decided between blocks of one iteration, ")
+    ends = "rankings after" if method == "pbt" else "rungs of"
     note = (f"These decide the search's rungs, so they are set in the DAG file (`search.adaptive`), not per run. "
-            f"This DAG: {shape}{plan.total_configurations} configurations, rungs of "
+            f"This DAG: {shape}{plan.total_configurations} configurations, {ends} "
             f"{', '.join(rung_iterations(plan))} iteration(s).")
     out = []
     for k, (key, default, title) in enumerate(keys):
@@ -201,9 +208,12 @@ def rung_iterations(plan: Any) -> list[str]:
     """The distinct iteration counts an adaptive plan's rungs train to, smallest first ("1", "3", "9")."""
     from mop_airflow.search.adaptive import brackets_of  # noqa: PLC0415
     from mop_airflow.search.asha import AshaPlan  # noqa: PLC0415
+    from mop_airflow.search.pbt import PbtPlan  # noqa: PLC0415
 
     if isinstance(plan, AshaPlan):
         return [str(r) for r in plan.rungs]
+    if isinstance(plan, PbtPlan):
+        return [str(b) for b in [*plan.boundaries, plan.iterations]]
     return [str(r) for r in sorted({rung.r_i for b in brackets_of(plan) for rung in b.rungs})]
 
 

@@ -465,10 +465,13 @@ class SearchSpec:
             ``val_loss`` or ``val_`` + one of the space's compiled ``metrics``.
         direction: ``"min"`` or ``"max"``; left out, it follows the metric's name (loss, error, mse,
             mae... are smaller-is-better; accuracy, auc, precision, recall, f1 larger-is-better).
-        adaptive: Hyperband, successive halving or ASHA: ``{"method": "hyperband", "R": 9, "eta": 3}``,
-            ``{"method": "successive_halving", "n": 27, "r": 1, "eta": 3}`` or
-            ``{"method": "asha", "n": 64, "r": 1, "R": 27, "eta": 3}`` (decided between blocks of hops,
-            one block a DAG run; see :mod:`mop_airflow.search.adaptive`). Needs ``space.method="random"`` without
+        adaptive: Hyperband, successive halving, ASHA or population-based training:
+            ``{"method": "hyperband", "R": 9, "eta": 3}``,
+            ``{"method": "successive_halving", "n": 27, "r": 1, "eta": 3}``,
+            ``{"method": "asha", "n": 64, "r": 1, "R": 27, "eta": 3}`` or
+            ``{"method": "pbt", "population": 8, "iterations": 12, "interval": 2, "mutations": {...}}``
+            (ASHA and PBT are decided between blocks of hops, one block a DAG run; see
+            :mod:`mop_airflow.search.adaptive` and :mod:`mop_airflow.search.pbt`). Needs ``space.method="random"`` without
             ``num_samples``. Fixed when the DAG file is parsed.
         fail_fast: ``False``: a configuration whose builder raises, whose loss diverges or that runs
             out of memory is marked failed with its reason and the others go on. ``True``: the run
@@ -506,6 +509,10 @@ class SearchSpec:
                                 "the adaptive plan decides how many configurations to draw",
                                 "remove num_samples; `mop-airflow plan` shows the count")
             object.__setattr__(self, "adaptive", dict(self.adaptive))
+            if self.space.sampler == "tpe" and self.adaptive.get("method") != "asha":
+                raise SpecError("search.space.sampler", "tpe", f"proposes the configurations a random search or ASHA "
+                                f"starts, not those of {self.adaptive.get('method')!r}, which are drawn up front",
+                                "use search.adaptive.method='asha', or leave sampler out")
         elif self.space.method == "random" and self.space.num_samples is None:
             raise SpecError("search.space.num_samples", None, "random search needs an integer number of samples >= 1",
                             "set num_samples, e.g. 16")
@@ -635,17 +642,20 @@ class MopSpec:
                                 "'regression'", "use 'mse', 'mae' or 'huber' (and metrics such as ['mae'])")
 
     def adaptive_plan(self) -> Any:
-        """The Hyperband / successive-halving plan, or None for a plain MOP search."""
-        if self.search.adaptive is None:
-            return None
-        from mop_airflow.search.adaptive import adaptive_plan  # noqa: PLC0415
+        """The Hyperband, successive-halving, ASHA or PBT plan, or None for a plain MOP search."""
+        from mop_airflow.search.adaptive import adaptive_plan, effective_adaptive  # noqa: PLC0415
 
-        return adaptive_plan(self.search.adaptive, self.schedule.shards)
+        adaptive = effective_adaptive(self.search.adaptive, self.search.space.to_dict(), self.schedule.iterations)
+        if adaptive is None:
+            return None
+        return adaptive_plan(adaptive, self.schedule.shards, self.search.space.params)
 
     def configurations(self) -> list[dict[str, Any]]:
         """The run's configurations: the whole grid / random draw, or as many as the adaptive plan needs."""
         plan = self.adaptive_plan()
         count = plan.total_configurations if plan is not None else None
+        if self.search.space.sampler == "tpe":  # the rest are proposed from the results as the search goes
+            count = min(count or self.search.space.startup, self.search.space.startup)
         return self.search.space.expand(self.schedule.epochs_per_hop, count=count)
 
     def to_dict(self) -> dict[str, Any]:

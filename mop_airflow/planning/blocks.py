@@ -24,17 +24,20 @@ the block's run hand its bundles to the chains. Reads and writes records only: n
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import math
 from typing import Any, Mapping, Sequence
 
 from mop_airflow.errors import StoreError
 from mop_airflow.planning.plan import bundle_classes, class_chains, rung_classes
 from mop_airflow.records import BlockDecision, HopRecord, Plan, RunRecord
-from mop_airflow.records.layout import RunLayout
-from mop_airflow.search.adaptive import adaptive_plan, brackets_of, split_by_bracket
+from mop_airflow.records.layout import RunLayout, with_proposed
+from mop_airflow.search.adaptive import LADDERS, adaptive_plan, brackets_of, split_by_bracket
 from mop_airflow.search.asha import AshaPlan, next_jobs
 from mop_airflow.search.halving import halving_jobs
 from mop_airflow.search.jobs import Completion, Job
+from mop_airflow.search.pbt import Exploit, PbtPlan, pbt_decision
+from mop_airflow.search.space import config_id
 
 # Configurations a block trains per slot of every shard: more than one, so that each shard has a
 # configuration heading to it while another waits (simulated at R=81 on 16 shards: slot use 0.747
@@ -45,7 +48,8 @@ PER_SLOT = 2
 def block_capacity(shards: int, slots: int, plan: Any) -> int:
     """How many configurations one block trains at most (the chains the DAG renders hold them):
     ASHA keeps two per slot busy; Hyperband starts every bracket at once, side by side (MADlib's
-    "on the diagonal"), so every configuration of its first rungs."""
+    "on the diagonal"), so every configuration of its first rungs; PBT's whole population trains
+    together."""
     return PER_SLOT * shards * slots if isinstance(plan, AshaPlan) else plan.total_configurations
 
 
@@ -101,12 +105,15 @@ def next_classes(training: Mapping[str, int], new: Sequence[str], *, shards: int
 
 def first_block(run: RunRecord, plan: Plan) -> BlockDecision:
     """Block 0: what the method starts with an empty record and the whole capacity free."""
-    return _decision(run, plan, block=0, previous=None, new=[], jobs_so_far=[])
+    decision, _ = _decision(run, plan, block=0, previous=None, new=[], jobs_so_far=[])
+    return decision
 
 
 def decide_next_block(layout: RunLayout, run: RunRecord, plan: Plan, block: int) -> BlockDecision:
     """After block ``block`` trained: its completions, the method's jobs for the capacity they freed,
-    and block ``block + 1``'s classes and bundles, written to the store (and returned)."""
+    and block ``block + 1``'s classes and bundles, written to the store (and returned). Configurations
+    made here (PBT's copies) are added to the search's ``proposed.json`` and copies' checkpoints
+    written before the decision that names them."""
     store = layout.store
     decisions = [BlockDecision.read(store, layout.block_decision_uri(b)) for b in range(block + 1)]
     jobs = [Job(**job) for d in decisions for job in d.jobs]
@@ -115,13 +122,39 @@ def decide_next_block(layout: RunLayout, run: RunRecord, plan: Plan, block: int)
     shards = plan.shards
     records = [r for cid, hops in here.training.items() for r in _block_records(layout, cid, hops, shards)]
     new = completions(records, [current[cid] for cid in here.training], shards=shards, metric=run.metric)
-    out = _decision(run, plan, block=block + 1, previous=here, new=new, jobs_so_far=jobs)
+    out, made = _decision(with_proposed(layout, run), plan, block=block + 1, previous=here, new=new, jobs_so_far=jobs)
+    if made:
+        known = store.read_json(layout.proposed_uri)["configs"] if store.exists(layout.proposed_uri) else []
+        ids = {c["config_id"] for c in known}
+        store.write_json(layout.proposed_uri, {"configs": [*known, *(c for c in made if c["config_id"] not in ids)]})
+    out = dataclasses.replace(out, copies=[copy_checkpoint(layout, c, shards) for c in out.copies])
     out.write(store, layout.block_decision_uri(block + 1))
     return out
 
 
+def copy_checkpoint(layout: RunLayout, copy: Mapping[str, Any], shards: int) -> dict[str, Any]:
+    """Write PBT's copy of its parent's checkpoint as the copy's own state after the parent's last hop
+    (its id, and ``copied_from`` the parent's), and return the copy's record with its uri and sha256.
+    A copy is its own object: the parent's later hops may delete the parent's checkpoint."""
+    from mop_airflow.records.checkpoint_file import retag_state  # noqa: PLC0415 - NumPy only
+
+    store = layout.store
+    t = copy["iteration"] * shards - 1
+    source = HopRecord.read(store, layout.hop_record_uri(copy["parent"], t))
+    data = store.read_bytes(source.checkpoint or layout.checkpoint_uri(copy["parent"], t))
+    found = hashlib.sha256(data).hexdigest()
+    if source.checkpoint_sha256 and found != source.checkpoint_sha256:
+        raise StoreError(f"checkpoint of {copy['parent']} after hop {t} is corrupt: its sha256 is {found}, its hop "
+                         f"wrote {source.checkpoint_sha256}. Fix: clear {copy['parent']}'s hop {t} so it is written again")
+    state = retag_state(data, {"config_id": copy["config_id"], "t": t, "copied_from": copy["parent"]})
+    uri = layout.checkpoint_uri(copy["config_id"], t)
+    store.write_bytes(uri, state)
+    return {**copy, "t": t, "checkpoint": uri, "checkpoint_sha256": hashlib.sha256(state).hexdigest(),
+            "source_checkpoint": source.checkpoint, "source_sha256": found}
+
+
 def _decision(run: RunRecord, plan: Plan, *, block: int, previous: BlockDecision | None,
-              new: list[Completion], jobs_so_far: list[Job]) -> BlockDecision:
+              new: list[Completion], jobs_so_far: list[Job]) -> tuple[BlockDecision, list[dict[str, Any]]]:
     shards, schedule = plan.shards, run.schedule
     method = adaptive_plan(run.adaptive, shards)
     capacity = block_capacity(shards, schedule.slots_per_shard, method)
@@ -131,20 +164,80 @@ def _decision(run: RunRecord, plan: Plan, *, block: int, previous: BlockDecision
     promoted = [(j.config_id, j.rung - 1) for j in jobs_so_far if j.kind == "promote"]
     started = [j.config_id for j in jobs_so_far if j.kind == "start"]
     draw, free = [c["config_id"] for c in run.configs], max(0, capacity - len(busy))
-    if isinstance(method, AshaPlan):
-        handed = next_jobs(method, seen, promoted, started, draw, free, direction=run.direction)
+    trained = {j.config_id: j.iterations * shards for j in jobs_so_far}  # where a finished job left each one
+    members: list[str] = []
+    copies: list[Exploit] = []
+    made: list[dict[str, Any]] = []
+    if isinstance(method, PbtPlan):
+        members = list(previous.members) if previous else draw[:method.population]
+        handed, copies, made = _pbt_jobs(method, run, members, seen, busy, jobs_so_far)
+        for copy in copies:
+            members[copy.member] = copy.config_id
+            trained[copy.config_id] = copy.iteration * shards  # it goes on from its parent's state
+    elif isinstance(method, AshaPlan):
+        propose = _tpe(run, method, seen, set(busy), block, made) if run.spec["search"]["space"].get("sampler") == "tpe" \
+            else None
+        handed = next_jobs(method, seen, promoted, started, draw, free, direction=run.direction, propose=propose)
     else:
         handed = halving_jobs(brackets_of(method), split_by_bracket(draw, method), seen, promoted, started, free,
                               direction=run.direction)
-    trained = {j.config_id: j.iterations * shards for j in jobs_so_far}  # where a finished job left each one
     training = {**busy, **{j.config_id: (0 if j.kind == "start" else trained[j.config_id]) for j in handed}}
-    classes, offsets = next_classes(training, [j.config_id for j in handed], shards=shards,
+    run = dataclasses.replace(run, configs=[*run.configs, *made])
+    classes, offsets = next_classes(training, [j.config_id for j in handed if j.kind != "continue"], shards=shards,
                                     rotation=previous.offsets if previous else {},
-                                    placed=None if isinstance(method, AshaPlan) else _rung_deal(run, plan, handed))
+                                    placed=None if isinstance(method, LADDERS) else _rung_deal(run, plan, handed))
     bundles = bundle_classes(run, classes, hops=shards, rows=plan.shard_rows, chains=class_chains(plan.chains, "", shards))
     return BlockDecision(block=block, capacity=capacity, jobs=[j.to_dict() for j in handed],
                          completions=[dataclasses.asdict(c) for c in seen], training=training, offsets=offsets,
-                         bundles=bundles, finished=not training)
+                         bundles=bundles, finished=not training, members=members,
+                         copies=[dataclasses.asdict(c) for c in copies],
+                         proposed=[c["config_id"] for c in made]), made
+
+
+def _tpe(run: RunRecord, method: AshaPlan, seen: list[Completion], busy: set[str], block: int,
+         made: list[dict[str, Any]]) -> Any:
+    """ASHA's source of new configurations once the random start-up draw is used up: TPE's proposals
+    from the records so far (:mod:`mop_airflow.search.tpe`), each added to ``made``."""
+    from mop_airflow.search.space import SearchSpace  # noqa: PLC0415
+    from mop_airflow.search.tpe import proposer  # noqa: PLC0415 - Optuna loads here
+
+    count = len(run.configs)
+
+    def new_id(config: Mapping[str, Any]) -> str:
+        return config_id(count + len(made), config)
+
+    ask = proposer(SearchSpace.from_dict(run.spec["search"]["space"]), run.configs, seen, sorted(busy),
+                   top_rung=method.top, direction=run.direction, block=block,
+                   default_epochs_per_hop=run.schedule.epochs_per_hop, new_id=new_id)
+
+    def propose() -> str:
+        config = ask()
+        made.append(config)
+        return config["config_id"]
+
+    return propose
+
+
+def _pbt_jobs(method: PbtPlan, run: RunRecord, members: list[str], seen: list[Completion], busy: Mapping[str, int],
+              jobs_so_far: list[Job]) -> tuple[list[Job], list[Exploit], list[dict[str, Any]]]:
+    """PBT's jobs: the whole population at the start, then at each boundary (once no member is still
+    on its segment) every member going on or replaced by a copy (:func:`mop_airflow.search.pbt.pbt_decision`)."""
+    if not jobs_so_far:
+        return [Job(cid, 0, "start", method.segment_end(0)) for cid in members], [], []
+    if busy:
+        return [], [], []  # a member failed inside the segment: the rest finish it before anyone is ranked
+    segment = max(j.rung for j in jobs_so_far)
+    done = [c for c in seen if c.rung == segment and c.config_id in set(members)]
+    configs = {c["config_id"]: c for c in run.configs}
+    count = len(run.configs)
+
+    def new_id(config: Mapping[str, Any]) -> str:
+        nonlocal count
+        count += 1
+        return config_id(count - 1, config)
+
+    return pbt_decision(method, members, done, configs, segment=segment, seed=run.schedule.seed,
+                        direction=run.direction, new_id=new_id)
 
 
 def _rung_deal(run: RunRecord, plan: Plan, handed: Sequence[Job]) -> dict[str, int]:

@@ -12,8 +12,7 @@ from typing import Mapping
 from mop_airflow.planning.bundling import deal_configs, make_bundles
 from mop_airflow.planning.schedule import DEFAULT_PRIORITY, hash_seed, visit_order
 from mop_airflow.records import Plan, RunRecord
-from mop_airflow.search.adaptive import adaptive_plan, brackets_of, decided_between_blocks, split_by_bracket
-from mop_airflow.search.asha import AshaPlan
+from mop_airflow.search.adaptive import LADDERS, adaptive_plan, brackets_of, decided_between_blocks, split_by_bracket
 
 
 def make_plan(run: RunRecord, priority: str = DEFAULT_PRIORITY, *, rows: int | None = None,
@@ -37,8 +36,8 @@ def make_plan(run: RunRecord, priority: str = DEFAULT_PRIORITY, *, rows: int | N
                     bundle_size=schedule.bundle_size, shard_rows=rows, chains=chains)
     adaptive = adaptive_plan(run.adaptive, p)
     if decided_between_blocks(adaptive):  # no classes up front: each block's step deals its own
-        asha = isinstance(adaptive, AshaPlan)
-        longest = adaptive.R if asha else max(b.rungs[-1].hops_i for b in brackets_of(adaptive)) // p
+        asha = isinstance(adaptive, LADDERS)  # no brackets: ASHA's ladder, PBT's population
+        longest = adaptive.max_iterations if asha else max(b.rungs[-1].hops_i for b in brackets_of(adaptive)) // p
         return Plan(shards=p, iterations=longest, seed=seed, priority=priority,
                     model_hops_total=adaptive.halving_iterations() * p if asha else adaptive.total_hops,
                     adaptive={**adaptive.to_dict(), "decided": "blocks"}, bundle_size=schedule.bundle_size,

@@ -38,3 +38,14 @@ def resume_after(layout: Any, cid: str, t: int) -> Assignment | None:
     if record is not None and record.status == "ok":
         return resume_at(layout, cid, t, record)
     return None
+
+
+def resume_in_block(layout: Any, decision: Any, cid: str) -> Assignment:
+    """Where ``cid`` starts block ``decision.block`` of a search decided between blocks: from scratch,
+    from its own state, or, for a population-based training copy made at this decision, from the
+    copy of its parent's checkpoint that the decision wrote."""
+    copy = next((c for c in decision.copies if c["config_id"] == cid), None)
+    if copy is not None:
+        return Assignment(config_id=cid, t=copy["t"], checkpoint=copy["checkpoint"],
+                          checkpoint_sha256=copy["checkpoint_sha256"])
+    return resume_at(layout, cid, decision.training[cid] - 1)

@@ -6,9 +6,10 @@ the report and the progress display always agree.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
-from mop_airflow.records import Continuation
+from mop_airflow.records import Continuation, RunRecord
 from mop_airflow.store import Store, safe_segment
 
 
@@ -79,6 +80,11 @@ class RunLayout:
         """What block ``block`` of a search decided between blocks trains (:class:`~mop_airflow.records.BlockDecision`)."""
         return self._at("blocks", f"block_{block:05d}.json" if isinstance(block, int) else f"block_{block}.json")
 
+    @property
+    def proposed_uri(self) -> str:
+        """The configurations a search made between blocks (PBT's copies, TPE's proposals), in order."""
+        return self._at("proposed.json")
+
     def report_uri(self, name: str) -> str:
         return self._at("report", name)
 
@@ -100,3 +106,20 @@ def run_folder(store: Store, dag_id: str, run_id: str) -> RunLayout:
     if store.exists(layout.run_record_uri) or not store.exists(layout.continues_uri):
         return layout
     return RunLayout(store, dag_id, Continuation.read(store, layout.continues_uri).first_run)
+
+
+def read_run(layout: RunLayout) -> RunRecord:
+    """The search's run record with every configuration it has so far (:func:`with_proposed`)."""
+    return with_proposed(layout, RunRecord.read(layout.store, layout.run_record_uri))
+
+
+def with_proposed(layout: RunLayout, run: RunRecord) -> RunRecord:
+    """``run`` with the configurations its search made between blocks after those it drew when it
+    was resolved. The run record stays as resolved (written once); a decision step appends to the
+    search's ``proposed.json``, and every reader of a run's configurations reads it through here."""
+    store = layout.store
+    if not store.exists(layout.proposed_uri):
+        return run
+    known = {c["config_id"] for c in run.configs}
+    extra = [c for c in store.read_json(layout.proposed_uri)["configs"] if c["config_id"] not in known]
+    return dataclasses.replace(run, configs=[*run.configs, *extra])

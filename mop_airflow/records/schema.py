@@ -85,7 +85,11 @@ class RunRecord(Record):
 
     @property
     def adaptive(self) -> dict[str, Any] | None:
-        return self.spec["search"].get("adaptive")
+        """``search.adaptive``, or the one-rung ASHA a model-based random search runs as."""
+        from mop_airflow.search.adaptive import effective_adaptive  # noqa: PLC0415
+
+        search = self.spec["search"]
+        return effective_adaptive(search.get("adaptive"), search["space"], self.spec["schedule"]["iterations"])
 
     @property
     def publish(self) -> PublishSpec:
@@ -416,7 +420,8 @@ class BlockDecision(Record):
     saw (``completions``, in the order they happened); ``training``: every configuration of the
     block with the hops it had trained; ``offsets``: each one's rotation (hop ``t`` on shard
     ``(offset + t) mod shards``); ``bundles[o]``: offset class ``o``'s bundles. ``finished``: nothing
-    is left to train, and this block's run reports."""
+    is left to train, and this block's run reports. ``proposed``: the configurations this decision
+    made (their full records are in the search's ``proposed.json``)."""
 
     block: int
     capacity: int
@@ -426,6 +431,11 @@ class BlockDecision(Record):
     offsets: dict[str, int] = field(default_factory=dict)
     bundles: list[list[list[str]]] = field(default_factory=list)
     finished: bool = False
+    # Population-based training: each member's configuration now, and the copies made at this
+    # decision (mop_airflow.search.pbt.Exploit, with the copied checkpoint's uri and sha256).
+    members: list[str] = field(default_factory=list)
+    copies: list[dict[str, Any]] = field(default_factory=list)
+    proposed: list[str] = field(default_factory=list)  # configurations made here (copies, model-based proposals)
 
 
 @dataclass(frozen=True)

@@ -10,8 +10,8 @@ import json
 from pathlib import Path
 from typing import Any, Callable
 
-from mop_airflow.records.layout import RunLayout
-from mop_airflow.records import Plan, RunRecord
+from mop_airflow.records.layout import RunLayout, read_run
+from mop_airflow.records import Plan
 from mop_airflow.results.report import REPORT_FILES, config_label, hop_timeline, hop_timeline_png, learning_curves_png, metrics_table
 from mop_airflow.results.runs import load_all_hops, load_rung_decisions
 from mop_airflow.results.page import provisional_leaderboard
@@ -66,7 +66,7 @@ def fetch_report(layout: RunLayout, out_dir: Path) -> tuple[dict[str, Any], list
             (out_dir / name).write_bytes(store.read_bytes(uri))
             written.append(out_dir / name)
         return json.loads((out_dir / "leaderboard.json").read_text()), written
-    run = RunRecord.read(store, layout.run_record_uri)
+    run = read_run(layout)
     plan = Plan.read(store, layout.plan_uri)
     records, failures = load_all_hops(layout)
     rows = metrics_table(plan.shards, run.configs, records)

@@ -17,7 +17,7 @@ from collections import defaultdict
 from typing import Any, Iterator, Mapping, Sequence
 
 from mop_airflow.errors import StoreError
-from mop_airflow.records.layout import RunLayout
+from mop_airflow.records.layout import RunLayout, with_proposed
 from mop_airflow.records import BlockDecision, HopRecord, Plan, RunRecord, RungDecision, ShardingPlan
 from mop_airflow.results.report import adaptive_outcome, config_label, leaderboard, mark_outcomes, metrics_table
 from mop_airflow.results.runs import load_all_hops, load_block_decisions, load_rung_decisions, visit_order
@@ -78,6 +78,7 @@ def read_chunks(layout: RunLayout, name: str, chunk_bytes: int = 1 << 20) -> Ite
 def run_results(layout: RunLayout, run: RunRecord) -> dict[str, Any]:
     """Everything the results page shows for one run, as JSON-able data."""
     check_folder(layout, run)
+    run = with_proposed(layout, run)  # with the configurations a search made between blocks (PBT's copies)
     store = layout.store
     recorded = store.exists(layout.plan_uri)
     if recorded:
@@ -90,6 +91,7 @@ def run_results(layout: RunLayout, run: RunRecord) -> dict[str, Any]:
     decisions = load_rung_decisions(layout) if recorded and plan.adaptive else []
     summary = _read_optional(layout, "summary.json")
     report = _read_optional(layout, "leaderboard.json") if summary is not None else None
+    blocks = load_block_decisions(layout) if recorded and plan.decided_between_blocks else []
     rows = metrics_table(plan.shards, run.configs, records)
     board = report if report is not None else provisional_leaderboard(run, plan, rows, records, failures, decisions)
     stage = "reported" if report is not None else "training" if records or failures else \
@@ -99,7 +101,8 @@ def run_results(layout: RunLayout, run: RunRecord) -> dict[str, Any]:
         "metric": run.metric, "direction": run.direction, "created_at": run.created_at,
         "configs": configurations(run, plan),
         "plan": {**plan_view(run, plan, recorded, decisions),
-                 "blocks": block_view(load_block_decisions(layout)) if recorded and plan.decided_between_blocks else []},
+                 "blocks": block_view(blocks)},
+        "lineage": lineage_view(blocks, run),
         "progress": progress(plan, records, failures, board["leaderboard"], run.metric),
         "leaderboard": {**board, "final": report is not None},
         "curves": curves(rows, board["leaderboard"], failures, decisions, run.metric),
@@ -157,6 +160,8 @@ def planned_hops(plan: Plan, config_ids: Sequence[str]) -> dict[str, int]:
     """The hops each configuration trains if it is never pruned."""
     if not plan.adaptive:
         return {cid: len(shards) for cid, shards in plan.visit_order.items()}
+    if plan.adaptive.get("method") == "pbt":  # a copy starts where its parent stood: no fixed count per configuration
+        return {}
     if plan.decided_between_blocks and plan.adaptive.get("method") == "asha":  # a configuration trains at most R iterations
         return {cid: plan.adaptive["R"] * plan.shards for cid in config_ids}
     last = {str(b["s"]): b["rungs"][-1]["hops_i"] for b in _brackets(plan.adaptive)}
@@ -203,6 +208,34 @@ def block_view(decisions: Sequence[BlockDecision]) -> list[dict[str, Any]]:
     """A search decided between blocks: what each block's step decided, in the order it did."""
     return [{"block": d.block, "training": len(d.training), "finished": d.finished, "capacity": d.capacity,
              "jobs": d.jobs} for d in decisions]
+
+
+def lineage_view(decisions: Sequence[BlockDecision], run: RunRecord) -> dict[str, Any] | None:
+    """Population-based training's family tree: per member, the configurations it trained as, each a
+    segment of iterations with the values of the mutated fields, and every copy (who copied whom after
+    which iteration, on which metric values); None for any other search."""
+    if not decisions or not decisions[0].members:
+        return None
+    from mop_airflow.search.space import config_field  # noqa: PLC0415
+
+    mutated = sorted((run.adaptive or {}).get("mutations") or {})
+    configs = {c["config_id"]: c for c in run.configs}
+    segments: list[dict[str, Any]] = []
+    for m in range(len(decisions[0].members)):
+        for d in decisions:
+            if not d.training:
+                continue  # the finished search's last decision trains nothing
+            cid = d.members[m]
+            if segments and segments[-1]["member"] == m and segments[-1]["config_id"] == cid:
+                segments[-1]["to"] = d.block + 1
+            elif cid in d.training:
+                segments.append({"member": m, "config_id": cid, "from": d.block, "to": d.block + 1,
+                                 "values": {k: config_field(configs[cid], k) for k in mutated if cid in configs}})
+    copies = [{"block": d.block, **{k: c[k] for k in ("member", "iteration", "replaced", "config_id", "parent",
+                                                      "parent_metric", "replaced_metric", "changes")}}
+              for d in decisions for c in d.copies]
+    return {"members": len(decisions[0].members), "iterations": (run.adaptive or {}).get("iterations"),
+            "fields": mutated, "segments": segments, "copies": copies}
 
 
 def progress(plan: Plan, records: Sequence[HopRecord], failures: Mapping[str, HopRecord],
@@ -297,8 +330,8 @@ def _read_optional(layout: RunLayout, name: str) -> Any:
 
 
 def _brackets(adaptive: Mapping[str, Any]) -> list[Mapping[str, Any]]:
-    """Hyperband's brackets, or the one bracket of successive halving (ASHA has none)."""
-    if adaptive.get("method") == "asha":
+    """Hyperband's brackets, or the one bracket of successive halving (ASHA and PBT have none)."""
+    if adaptive.get("method") in ("asha", "pbt"):
         return []
     return list(adaptive["brackets"]) if "brackets" in adaptive else [adaptive]
 

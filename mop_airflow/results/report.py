@@ -48,7 +48,8 @@ def write_report(layout: RunLayout, run: RunRecord, *, cache_dir: str) -> dict[s
     extra = (block_outcome(load_block_decisions(layout), plan, board, metric, direction) if blocks else
              adaptive_outcome(plan, decisions, board, metric) if plan.adaptive else {})
     store.write_json(layout.report_uri("leaderboard.json"),
-                     {"metric": metric, "direction": direction, "leaderboard": board, **extra})
+                     {"metric": metric, "direction": direction, "leaderboard": board, **extra,
+                      "importance": hyperparameter_importance(run, board, rows)})
     store.write_bytes(layout.report_uri("metrics.parquet"), rows_to_parquet(rows))
     store.write_json(layout.report_uri("metrics.json"), rows)
     store.write_bytes(layout.report_uri("learning_curves.png"), learning_curves_png(
@@ -83,6 +84,18 @@ def write_report(layout: RunLayout, run: RunRecord, *, cache_dir: str) -> dict[s
     }
     store.write_json(layout.report_uri("summary.json"), summary)
     return summary
+
+
+def hyperparameter_importance(run: RunRecord, board: Sequence[Mapping[str, Any]],
+                              rows: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """Which searched hyperparameters mattered (:func:`mop_airflow.results.study.importance`); a
+    search the measure cannot take says why instead of failing its report."""
+    from mop_airflow.results.study import importance  # noqa: PLC0415 - Optuna loads here
+
+    try:
+        return importance(run, board, rows)
+    except (ValueError, RuntimeError) as exc:  # e.g. every finished configuration has the same metric
+        return {"metric": run.metric, "error": f"{type(exc).__name__}: {exc}"}
 
 
 def mark_outcomes(board: Sequence[dict[str, Any]], failures: Mapping[str, HopRecord],
@@ -141,6 +154,8 @@ def block_outcome(decisions: Sequence[BlockDecision], plan: Plan, board: Sequenc
     """A search decided between blocks (ASHA, or a large Hyperband): per configuration the rung where
     it stopped and why, and every decision in the order it was taken (the block, the job, the metric
     it was promoted on)."""
+    if plan.adaptive.get("method") == "pbt":
+        return pbt_outcome(decisions, plan, board)
     adaptive, eta = plan.adaptive, plan.adaptive["eta"]
     ladders = ({None: adaptive["rungs"]} if adaptive.get("method") == "asha" else
                {b["s"]: [int(r["r_i"]) for r in b["rungs"]] for b in adaptive.get("brackets", [adaptive])})
@@ -178,6 +193,36 @@ def block_outcome(decisions: Sequence[BlockDecision], plan: Plan, board: Sequenc
                        "promoted": sorted(promoted_from.get((s, k), ()))}
                       for s, ends in ladders.items() for k, end in enumerate(ends)],
             "decisions": [{**job, "block": d.block} for d in decisions for job in d.jobs]}
+
+
+def pbt_outcome(decisions: Sequence[BlockDecision], plan: Plan, board: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Population-based training: per configuration its member, the iterations it trained, and how it
+    ended (replaced by a copy of a better member, or trained to the end), and the lineage: every copy
+    with who copied whom, when, on which metric values and with which new values."""
+    copies = [{**c, "block": d.block} for d in decisions for c in d.copies]
+    members = decisions[-1].members if decisions else []
+    replaced = {c["replaced"]: c for c in copies}
+    born = {c["config_id"]: c for c in copies}
+    first_members = decisions[0].members if decisions else []
+    iterations = plan.adaptive["iterations"]
+    for row in board:
+        cid = row["config_id"]
+        origin = born.get(cid)
+        start = origin["iteration"] if origin else 0
+        member = origin["member"] if origin else (first_members.index(cid) if cid in first_members else None)
+        row["member"], row["from_iteration"] = member, start
+        row["parent"] = origin["parent"] if origin else None
+        if row["status"] in ("failed", "diverged"):
+            continue
+        if cid in replaced:
+            c = replaced[cid]
+            row["status"] = "pruned"
+            row["outcome"] = (f"replaced after iteration {c['iteration']}: ranked {c['rank']} of {c['of']}, so member "
+                              f"{c['member']} went on as {c['config_id']}, a copy of {c['parent']}")
+        elif cid in members:
+            row["outcome"] = (f"finished: member {member}, iterations {start + 1} to {iterations}"
+                              + (f", copied from {origin['parent']}" if origin else ""))
+    return {"members": members, "lineage": copies}
 
 
 def metrics_table(shards: int, configs: Sequence[Mapping[str, Any]],

@@ -17,7 +17,7 @@ from collections import defaultdict
 from typing import Any, Mapping, Sequence
 
 from mop_airflow.errors import StoreError
-from mop_airflow.records.layout import RunLayout, run_folder
+from mop_airflow.records.layout import RunLayout, read_run, run_folder
 from mop_airflow.records import BlockDecision, HopRecord, RunRecord, RungDecision
 from mop_airflow.records.selection import SEPARATOR, whole_first
 from mop_airflow.store import Store, safe_segment
@@ -131,7 +131,7 @@ class StoredRun:
 def read_stored_run(layout: RunLayout) -> StoredRun:
     store = layout.store
     summary_uri = layout.report_uri("summary.json")
-    return StoredRun(layout, RunRecord.read(store, layout.run_record_uri),
+    return StoredRun(layout, read_run(layout),
                      store.read_json(summary_uri) if store.exists(summary_uri) else None)
 
 

@@ -3,11 +3,13 @@
     "adaptive": {"method": "hyperband", "R": 9, "eta": 3}               # rounding, skip_last optional
     "adaptive": {"method": "successive_halving", "n": 9, "r": 1, "eta": 3}  # rungs optional
     "adaptive": {"method": "asha", "n": 64, "r": 1, "R": 27, "eta": 3}
+    "adaptive": {"method": "pbt", "population": 8, "iterations": 12, "interval": 2, "mutations": {...}}
 
 Hyperband's and successive halving's plan fixes the DAG's shape (brackets, rungs, hops), so like
 ``schedule.shards`` it cannot change per run. Each bracket draws its own configurations from the
 (random) search space. ASHA (:mod:`mop_airflow.search.asha`) is decided between blocks of hops, one
-block per DAG run, so its DAG holds one block whatever ``n`` and ``R`` are.
+block per DAG run, so its DAG holds one block whatever ``n`` and ``R`` are; so is population-based
+training (:mod:`mop_airflow.search.pbt`).
 """
 
 from __future__ import annotations
@@ -20,29 +22,38 @@ from mop_airflow.errors import SpecError, unknown_key
 from mop_airflow.search.asha import OPTIONS as ASHA_OPTIONS
 from mop_airflow.search.asha import AshaPlan, asha_plan
 from mop_airflow.search.hyperband import Bracket, HyperbandPlan, hyperband_plan, successive_halving
+from mop_airflow.search.pbt import OPTIONS as PBT_OPTIONS
+from mop_airflow.search.pbt import PbtPlan, pbt_plan
 
 _KEYS = {
     "hyperband": {"R", "eta", "rounding", "skip_last", "allow_partial_iterations", "between_runs"},
     "successive_halving": {"n", "r", "eta", "rungs", "allow_partial_iterations", "between_runs"},
     "asha": set(ASHA_OPTIONS),
+    "pbt": set(PBT_OPTIONS),
 }
+# Searches with no brackets: one ladder of rungs (ASHA) or one population (PBT), always decided between blocks.
+LADDERS = (AshaPlan, PbtPlan)
 
 
-def adaptive_plan(adaptive: Mapping[str, Any], shards: int) -> HyperbandPlan | Bracket | AshaPlan:
-    """Validate ``search.adaptive`` and return its plan for ``shards`` shards."""
+def adaptive_plan(adaptive: Mapping[str, Any], shards: int, space_params: Mapping[str, Any] | None = None
+                  ) -> HyperbandPlan | Bracket | AshaPlan | PbtPlan:
+    """Validate ``search.adaptive`` and return its plan for ``shards`` shards (``space_params``: the
+    search space's params, which PBT's mutations must be part of)."""
     if not isinstance(adaptive, Mapping):
         raise SpecError("search.adaptive", adaptive, "must be a mapping",
                         "use e.g. {'method': 'hyperband', 'R': 9, 'eta': 3}")
     method = adaptive.get("method")
     if method not in _KEYS:
         raise SpecError("search.adaptive.method", method, f"must be one of {sorted(_KEYS)}",
-                        "use 'hyperband' (several brackets), 'successive_halving' (one bracket) or 'asha' "
-                        "(asynchronous successive halving)")
+                        "use 'hyperband' (several brackets), 'successive_halving' (one bracket), 'asha' "
+                        "(asynchronous successive halving) or 'pbt' (population-based training)")
     unknown_key("search.adaptive", {k: v for k, v in adaptive.items() if k != "method"}, _KEYS[method],
                 what=f"an option of {method}")
     options = {k: v for k, v in adaptive.items() if k != "method"}
     if method == "asha":
         return asha_plan(options)
+    if method == "pbt":
+        return pbt_plan(options, space_params)
     between = options.pop("between_runs", "auto")
     if between not in (True, False, "auto"):
         raise SpecError("search.adaptive.between_runs", between, "must be true, false or \"auto\"",
@@ -50,6 +61,16 @@ def adaptive_plan(adaptive: Mapping[str, Any], shards: int) -> HyperbandPlan | B
                         f"{STATIC_HOP_TASKS} hop tasks), or true / false to choose")
     plan = _halving_plan(method, options, shards)
     return plan if between == "auto" else dataclasses.replace(plan, between_runs=between)
+
+
+def effective_adaptive(adaptive: Mapping[str, Any] | None, space: Mapping[str, Any],
+                       iterations: int) -> dict[str, Any] | None:
+    """``search.adaptive`` as written, or, for a model-based random search without one
+    (``space.sampler="tpe"``), the one-rung ASHA it runs as: every configuration trains all
+    ``iterations``, and a new one is proposed whenever one finishes, until ``num_samples`` have started."""
+    if adaptive is None and space.get("sampler") == "tpe":
+        return {"method": "asha", "n": space.get("num_samples"), "r": iterations, "R": iterations}
+    return None if adaptive is None else dict(adaptive)
 
 
 def _halving_plan(method: str, options: dict[str, Any], shards: int) -> HyperbandPlan | Bracket:
@@ -63,9 +84,10 @@ def _halving_plan(method: str, options: dict[str, Any], shards: int) -> Hyperban
                               shards=shards, **options)
 
 
-def brackets_of(plan: HyperbandPlan | Bracket | AshaPlan) -> tuple[Bracket, ...]:
-    """Hyperband's brackets, successive halving's one; ASHA has none (one ladder of rungs, no barrier)."""
-    if isinstance(plan, AshaPlan):
+def brackets_of(plan: HyperbandPlan | Bracket | AshaPlan | PbtPlan) -> tuple[Bracket, ...]:
+    """Hyperband's brackets, successive halving's one; ASHA (one ladder of rungs, no barrier) and PBT
+    (one population) have none."""
+    if isinstance(plan, LADDERS):
         return ()
     return plan.brackets if isinstance(plan, HyperbandPlan) else (plan,)
 
@@ -84,8 +106,8 @@ def drawn_hop_tasks(plan: HyperbandPlan | Bracket) -> int:
 def decided_between_blocks(plan: Any) -> bool:
     """Whether the search is decided between blocks of hops (one block a DAG run) rather than drawn
     into the DAG's shape: always for ASHA, and for Hyperband or successive halving whose rungs
-    would draw more than ``STATIC_HOP_TASKS`` hop tasks."""
-    if plan is None or isinstance(plan, AshaPlan):
+    would draw more than ``STATIC_HOP_TASKS`` hop tasks. PBT too: its copies are decided as it trains."""
+    if plan is None or isinstance(plan, LADDERS):
         return plan is not None
     if plan.between_runs is not None:  # the spec chose
         return plan.between_runs

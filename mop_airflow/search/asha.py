@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from mop_airflow.errors import SpecError, unknown_key
 from mop_airflow.search.jobs import Completion, Job
@@ -99,14 +99,16 @@ def asha_plan(options: Mapping[str, Any]) -> AshaPlan:
 
 
 def next_jobs(plan: AshaPlan, completions: Sequence[Completion], promoted: Sequence[tuple[str, int]],
-              started: Sequence[str], candidates: Sequence[str], free: int, *, direction: str) -> list[Job]:
+              started: Sequence[str], candidates: Sequence[str], free: int, *, direction: str,
+              propose: Callable[[], str] | None = None) -> list[Job]:
     """Up to ``free`` jobs, each as ASHA's ``get_job`` would hand it to a free worker.
 
     ``completions``: every rung completed so far, in the order they completed; ``promoted``: the
     (config_id, rung) pairs already promoted *from* that rung; ``started``: the configurations
     started so far; ``candidates``: the seeded draw of configurations, in order (new ones are taken
     from it). A job handed out here counts at once: the next free capacity sees it as promoted or
-    started.
+    started. ``propose``: once the draw is used up, names a new configuration to start (a
+    model-based sampler, :mod:`mop_airflow.search.tpe`), until ``n`` have started.
     """
     if free < 0:
         raise SpecError("free", free, "must be >= 0", "pass the capacity that is free now")
@@ -117,7 +119,7 @@ def next_jobs(plan: AshaPlan, completions: Sequence[Completion], promoted: Seque
     begun = list(started)
     jobs: list[Job] = []
     for _ in range(free):
-        job = _promotion(plan, by_rung, taken, direction) or _start(candidates, begun, plan.n, plan.rungs[0])
+        job = _promotion(plan, by_rung, taken, direction) or _start(candidates, begun, plan.n, plan.rungs[0], propose)
         if job is None:
             break
         if job.kind == "promote":
@@ -147,9 +149,12 @@ def _rankable(result: Mapping[str, Any]) -> bool:
     return result["status"] == "ok" and metric is not None and math.isfinite(metric)
 
 
-def _start(candidates: Sequence[str], begun: list[str], n: int, iterations: int) -> Job | None:
+def _start(candidates: Sequence[str], begun: list[str], n: int, iterations: int,
+           propose: Callable[[], str] | None = None) -> Job | None:
     if len(begun) >= n:
         return None
     seen = set(begun)
     fresh = next((cid for cid in candidates if cid not in seen), None)
+    if fresh is None and propose is not None:
+        fresh = propose()
     return None if fresh is None else Job(fresh, 0, "start", iterations)

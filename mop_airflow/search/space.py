@@ -22,11 +22,14 @@ from mop_airflow.search.distributions import Distribution, parse_distribution
 OPTIMIZERS = ("adam", "adamw", "sgd", "rmsprop", "adagrad", "adadelta", "adamax", "nadam",
               "ftrl", "lion", "lamb", "adafactor")
 METHODS = ("grid", "random")
+SAMPLERS = ("random", "tpe")
+# Optuna's TPESampler's own default: the configurations drawn at random before its model proposes.
+STARTUP = 10
 _KEYS = ("model", "optimizer", "learning_rate", "optimizer_params", "batch_size", "epochs_per_hop",
          "loss", "metrics", "hparams")
 _DEFAULTS: dict[str, Any] = {"optimizer": "adam", "learning_rate": 1e-3, "batch_size": 32,
                              "loss": "sparse_categorical_crossentropy", "metrics": ["accuracy"]}
-SPACE_KEYS = ("method", "params", "num_samples", "seed")
+SPACE_KEYS = ("method", "params", "num_samples", "seed", "sampler", "startup")
 _IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 
 
@@ -40,6 +43,10 @@ def config_id(index: int, config: Mapping[str, Any]) -> str:
 class SearchSpace:
     """``method`` is 'grid' (lists are crossed) or 'random' (``num_samples`` seeded draws).
 
+    ``sampler`` (random search only): 'random' draws every configuration up front; 'tpe' draws the
+    first ``startup`` at random and proposes each later one from the results so far
+    (:mod:`mop_airflow.search.tpe`), so the search is decided between blocks of hops.
+
     ``params`` keys: model (required), optimizer, learning_rate, optimizer_params, batch_size,
     epochs_per_hop, loss, metrics, hparams. A list means "one of these"; a dict such as
     ``{"distribution": "log_uniform", "low": 1e-4, "high": 1e-2}`` is a random-search distribution.
@@ -50,6 +57,8 @@ class SearchSpace:
     method: str = "grid"
     num_samples: int | None = None
     seed: int = 0
+    sampler: str = "random"
+    startup: int = STARTUP
     _dims: dict[str, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -78,6 +87,15 @@ class SearchSpace:
         elif self.num_samples is not None:
             raise SpecError("search.space.num_samples", self.num_samples, "only applies to random search",
                             "remove num_samples or set method='random'")
+        if self.sampler not in SAMPLERS:
+            raise SpecError("search.space.sampler", self.sampler, f"must be one of {list(SAMPLERS)}",
+                            "use 'random' (every configuration drawn up front) or 'tpe' (proposed from the results so far)")
+        if self.sampler == "tpe" and self.method != "random":
+            raise SpecError("search.space.sampler", self.sampler, "proposes configurations of a random search only",
+                            "set search.space.method='random' with distributions, or leave sampler out for a grid")
+        if isinstance(self.startup, bool) or not isinstance(self.startup, int) or self.startup < 1:
+            raise SpecError("search.space.startup", self.startup, "must be a whole number >= 1",
+                            f"the configurations drawn at random before TPE proposes: {STARTUP} is Optuna's default")
         params = {**_DEFAULTS, **dict(self.params)}
         metrics = params.pop("metrics")
         if isinstance(metrics, str):
@@ -145,9 +163,18 @@ class SearchSpace:
         values = self._dims.get(name)
         return list(values) if isinstance(values, list) else []
 
+    def dimensions(self) -> dict[str, Any]:
+        """Every searched field (``learning_rate``, ``hparams.units``...): its list or distribution."""
+        return {k: v for k, v in self._dims.items() if k != "metrics"}
+
+    def assemble(self, combo: Mapping[str, Any], default_epochs_per_hop: int = 1) -> dict[str, Any]:
+        """The configuration (without its id) of one value per field of :meth:`dimensions`."""
+        return _assemble(combo, self._dims["metrics"], default_epochs_per_hop)
+
     def to_dict(self) -> dict[str, Any]:
-        return {"method": self.method, "params": json.loads(json.dumps(dict(self.params))),
-                "num_samples": self.num_samples, "seed": self.seed}
+        out = {"method": self.method, "params": json.loads(json.dumps(dict(self.params))),
+               "num_samples": self.num_samples, "seed": self.seed}
+        return {**out, "sampler": self.sampler, "startup": self.startup} if self.sampler != "random" else out
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "SearchSpace":
@@ -155,7 +182,7 @@ class SearchSpace:
             raise SpecError("search.space", data, "must be a mapping with 'params' (and optionally 'method')",
                             "pass {'method': 'grid', 'params': {'model': [...], ...}}")
         unknown_key("search.space", data, SPACE_KEYS)
-        return cls(**{k: data[k] for k in ("params", "method", "num_samples", "seed") if k in data})
+        return cls(**{k: data[k] for k in SPACE_KEYS if k in data})
 
     def size(self, count: int | None = None) -> int:
         """How many configurations :meth:`expand` makes, without making them."""
@@ -183,6 +210,15 @@ class SearchSpace:
             config = _assemble(combo, self._dims["metrics"], default_epochs_per_hop)
             configs.append({"config_id": config_id(index, config), **config})
         return configs
+
+
+def config_field(config: Mapping[str, Any], key: str) -> Any:
+    """A configuration's value of search field ``key`` (``learning_rate``, ``batch_size``,
+    ``hparams.units``...): the learning rate lives in its ``optimizer_params``."""
+    if key == "learning_rate":
+        return config["optimizer_params"]["learning_rate"]
+    head, _, tail = key.partition(".")
+    return config[head][tail] if tail else config[head]
 
 
 def _stream(seed: int, name: str) -> Any:

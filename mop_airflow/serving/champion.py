@@ -21,7 +21,7 @@ import math
 from typing import Any, Mapping
 
 from mop_airflow.errors import SpecError, StoreError
-from mop_airflow.records.layout import RunLayout, run_folder
+from mop_airflow.records.layout import RunLayout, read_run, run_folder
 from mop_airflow.records import Manifest, RunRecord
 from mop_airflow.store import Store, safe_segment
 
@@ -56,7 +56,7 @@ def run_entry(layout: RunLayout) -> dict[str, Any]:
         raise StoreError(f"run {layout.run_id} of {layout.dag_id} has no report in {layout.run_uri}: only a run "
                          "whose report task finished can be published. Fix: pick a run from `mop-airflow champion "
                          "list` or one that finished")
-    return entry_of(layout, store.read_json(summary_uri), RunRecord.read(store, layout.run_record_uri),
+    return entry_of(layout, store.read_json(summary_uri), read_run(layout),
                     Manifest.read(store, layout.manifest_pointer_uri))
 
 

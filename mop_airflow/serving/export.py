@@ -10,7 +10,7 @@ import os
 import tempfile
 from typing import Any, Mapping
 
-from mop_airflow.records.layout import RunLayout
+from mop_airflow.records.layout import RunLayout, read_run
 from mop_airflow.records import Manifest, RunRecord
 from mop_airflow.training.best_model import versions
 
@@ -39,7 +39,7 @@ def export_for_serving(layout: RunLayout, out_dir: str, *, fmt: str = "keras",
         raise StoreError(f"run {layout.run_id} of {layout.dag_id} has no report in {layout.run_uri} (no summary.json "
                          "or best_model.keras): its report task has not run. Fix: wait for the run to finish")
     summary = store.read_json(summary_uri)
-    run = RunRecord.read(store, layout.run_record_uri)
+    run = read_run(layout)
     manifest = Manifest.read(store, layout.manifest_pointer_uri)
     out_dir = out_dir.rstrip("/") if "://" in out_dir else "file://" + os.path.abspath(os.path.expanduser(out_dir))
     out = Store(out_dir, options)

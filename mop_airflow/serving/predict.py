@@ -29,7 +29,7 @@ import numpy as np
 from mop_airflow.serving.champion import current_champion, registry_uri
 from mop_airflow.data.inputs import InputSpec, input_columns, to_arrays
 from mop_airflow.errors import DataValidationError, SpecError, StoreError
-from mop_airflow.records.layout import RunLayout
+from mop_airflow.records.layout import RunLayout, read_run
 from mop_airflow.records import Manifest, RunRecord
 from mop_airflow.results.runs import last_saved_hop
 from mop_airflow.store import Store
@@ -72,7 +72,7 @@ def champion_layout(store: Store, dag_id: str) -> tuple[RunLayout, dict[str, Any
 def load_run_model(layout: RunLayout, config_id: str | None = None) -> RunModel:
     """The run's best model (``report/best_model.keras``), or ``config_id``'s last checkpoint."""
     store = layout.store
-    run = RunRecord.read(store, layout.run_record_uri)
+    run = read_run(layout)
     manifest = Manifest.read(store, layout.manifest_pointer_uri)
     if config_id is None:
         from mop_airflow.training.best_model import load_saved_model  # noqa: PLC0415 - Keras loads here

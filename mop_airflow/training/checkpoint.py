@@ -22,12 +22,11 @@ from typing import TYPE_CHECKING, Any, Mapping
 import numpy as np
 
 from mop_airflow.errors import TrainingError
+from mop_airflow.records.checkpoint_file import FORMAT as _FORMAT
+from mop_airflow.records.checkpoint_file import META_KEY as _META_KEY
 
 if TYPE_CHECKING:
     import keras
-
-_FORMAT = "mop_airflow.checkpoint/1"
-_META_KEY = "meta"
 
 
 def _variables(model: keras.Model) -> dict[str, list[Any]]:

@@ -77,6 +77,52 @@ def _model_key(config: Mapping[str, Any]) -> str:
     return json.dumps(params, sort_keys=True, default=str)
 
 
+def check_mutations(configs: Sequence[Mapping[str, Any]], mutated: Mapping[str, Any], *,
+                    input_shapes: Mapping[str, tuple[int, ...]], num_classes: int, task: str, seed: int = 0) -> int:
+    """Refuse a population-based training mutation of a builder hparam that changes the model's
+    weights (a copy goes on with its parent's weights, so they must fit): each ``hparams.<name>``
+    mutation's extreme values (a list's values, a range's ends) are built on one configuration of each
+    builder and their weights' shapes compared with its own. Returns the models built.
+    ``mutated``: field -> list or :class:`~mop_airflow.search.distributions.Distribution`."""
+    import keras  # noqa: PLC0415
+
+    from mop_airflow.errors import SpecError  # noqa: PLC0415
+    from mop_airflow.search.pbt import extremes, set_field  # noqa: PLC0415
+    from mop_airflow.search.space import config_field  # noqa: PLC0415
+    from mop_airflow.training.builder import build_model  # noqa: PLC0415
+
+    def shapes(config: Mapping[str, Any]) -> list[tuple[int, ...]]:
+        keras.backend.clear_session()
+        model = build_model(config, input_shapes=input_shapes, num_classes=num_classes, seed=seed, task=task)
+        return [tuple(v.shape) for v in model.variables]  # what a checkpoint holds (dropout seeds too)
+
+    built = 0
+    firsts = {c["model"]: c for c in reversed(list(configs))}  # one configuration per builder
+    for key, spec in sorted(mutated.items()):
+        if not key.startswith("hparams."):
+            continue  # the learning rate, batch size and optimizer settings never change the weights
+        values = extremes(spec)
+        for config in firsts.values():
+            own = shapes(config)
+            built += 1
+            for value in values:
+                try:
+                    other = shapes(set_field(config, key, value))
+                except TrainingError:
+                    other = None
+                built += 1
+                if other != own:
+                    keras.backend.clear_session()
+                    raise SpecError(f"search.adaptive.mutations.{key}", value,
+                                    f"changes the weights of model {config['model']!r} (its weights' shapes differ "
+                                    f"from those with {key.split('.', 1)[1]}={config_field(config, key)!r}), so a copy "
+                                    "could not go on with its parent's weights",
+                                    "mutate only hparams that keep every layer's shape (a dropout rate, say), and put "
+                                    "shape-changing ones (units, layers) in search.space.params only")
+    keras.backend.clear_session()
+    return built
+
+
 def _misfit(model: Any, config: Mapping[str, Any], input_shapes: Mapping[str, tuple[int, ...]], num_classes: int,
             task: str) -> str | None:
     """Why ``model`` cannot train on rows of ``input_shapes``, or None when it can."""

@@ -95,9 +95,11 @@ def run_hop(layout: RunLayout, run: RunRecord, manifest: Manifest, assignment: A
                 f"{assignment.checkpoint_sha256}. Fix: clear {cid}'s hop {assignment.t} (and the hops after it) "
                 "so it is trained and written again")
         try:
-            restore_state(model, state_in, expect={"config_id": cid, "t": assignment.t})
+            meta = restore_state(model, state_in, expect={"config_id": cid, "t": assignment.t})
         except TrainingError as exc:
             raise TrainingError(f"{assignment.checkpoint}: {exc}") from exc
+        if meta.get("copied_from"):  # a PBT copy: the source's weights and moments, its own learning rate
+            model.optimizer.learning_rate = config["optimizer_params"]["learning_rate"]
     elif cid in run.warm_start:  # its first hop: the earlier run's weights instead of random ones
         checkpoint_bytes = warm_start(model, store, run.warm_start[cid])
     loaded = time.time()

@@ -169,6 +169,8 @@
     data.configs.forEach(function (config) { configs[config.config_id] = config; });
     renderProgress(data);
     renderLeaderboard(data, configs);
+    renderLineage(data);
+    renderImportance(data);
     renderCurves(data, configs);
     renderTimeline(data, configs);
     renderPlan(data, configs);
@@ -386,6 +388,89 @@
     holder.appendChild(root);
   }
 
+  function valueText(value) {
+    return typeof value === "number" ? num(value, 3) : String(value);
+  }
+
+  function renderLineage(data) {
+    var lineage = data.lineage;
+    var section = document.getElementById("lineage-section");
+    var holder = clear(document.getElementById("lineage"));
+    section.hidden = !lineage;
+    if (!lineage) return;
+    var L = 70, R = 20, T = 10, rowH = 34, W = 900;
+    var H = T + lineage.members * rowH + 30;
+    var span = Math.max(1, lineage.iterations || 1);
+    var x = function (it) { return L + (W - L - R) * it / span; };
+    var y = function (m) { return T + m * rowH + rowH / 2; };
+    var root = svg("svg", {width: W, height: H, viewBox: "0 0 " + W + " " + H, "class": "lineage"});
+    for (var m = 0; m < lineage.members; m++) {
+      root.appendChild(svg("text", {"class": "tick", x: L - 8, y: y(m) + 4, "text-anchor": "end", text: "member " + m}));
+    }
+    lineage.segments.forEach(function (seg) {
+      var label = seg.config_id + " " + lineage.fields.map(function (f) {
+        return f + "=" + valueText(seg.values[f]);
+      }).join(" ");
+      var bar = svg("rect", {"class": "segment", "data-config-id": seg.config_id, "data-member": seg.member,
+        x: x(seg.from) + 1, y: y(seg.member) - 9, width: Math.max(2, x(seg.to) - x(seg.from) - 2), height: 18,
+        fill: colors[seg.config_id] || "#999"});
+      bar.appendChild(svg("title", {text: label + " (iterations " + (seg.from + 1) + " to " + seg.to + ")"}));
+      root.appendChild(bar);
+      root.appendChild(svg("text", {"class": "segment-label", x: x(seg.from) + 4, y: y(seg.member) + 4, text: label}));
+    });
+    var member = {};
+    lineage.segments.forEach(function (seg) { (member[seg.config_id] = member[seg.config_id] || []).push(seg); });
+    lineage.copies.forEach(function (c) {
+      var from = (member[c.parent] || [{member: c.member}])[0].member;
+      var link = svg("line", {"class": "copy", "data-config-id": c.config_id, "data-parent": c.parent,
+        x1: x(c.iteration), y1: y(from), x2: x(c.iteration) + 8, y2: y(c.member)});
+      link.appendChild(svg("title", {text: c.config_id + " copied " + c.parent + " (" + num(c.parent_metric, 4) +
+        ") after iteration " + c.iteration + ", replacing " + c.replaced + " (" + num(c.replaced_metric, 4) + "): " +
+        Object.keys(c.changes).map(function (k) { return k + " " + valueText(c.changes[k][0]) + " \u2192 " +
+          valueText(c.changes[k][1]); }).join(", ")}));
+      root.appendChild(link);
+    });
+    for (var it = 0; it <= span; it++) {
+      root.appendChild(svg("text", {"class": "tick", x: x(it), y: H - 8, "text-anchor": "middle", text: it}));
+    }
+    holder.appendChild(root);
+    holder.appendChild(el("table", {id: "copies"},
+      el("thead", {}, el("tr", {}, ["After iteration", "Member", "Replaced", "By a copy of", "As", "Changes"]
+        .map(function (h) { return el("th", {text: h}); }))),
+      el("tbody", {}, lineage.copies.map(function (c) {
+        return el("tr", {"data-config-id": c.config_id},
+          el("td", {"class": "num", text: c.iteration}), el("td", {"class": "num", text: c.member}),
+          el("td", {"class": "config", text: c.replaced + " (" + num(c.replaced_metric, 4) + ")"}),
+          el("td", {"class": "config", text: c.parent + " (" + num(c.parent_metric, 4) + ")"}),
+          el("td", {"class": "config"}, swatch(c.config_id), c.config_id),
+          el("td", {text: Object.keys(c.changes).map(function (k) {
+            return k + " " + valueText(c.changes[k][0]) + " \u2192 " + valueText(c.changes[k][1]); }).join(", ")}));
+      }))));
+  }
+
+  function renderImportance(data) {
+    var found = (data.leaderboard || {}).importance;
+    var section = document.getElementById("importance-section");
+    section.hidden = !found;
+    if (!found) return;
+    var note = document.getElementById("importance-note");
+    var table = document.getElementById("importance");
+    clear(table.tHead); clear(table.tBodies[0]);
+    if (found.error) {
+      note.textContent = "Not measured: " + found.error;
+      return;
+    }
+    note.textContent = found.evaluator + " importance of each searched hyperparameter for " + found.metric +
+      ", over the " + found.trials + " configurations that finished (the shares add up to 1).";
+    table.tHead.appendChild(el("tr", {}, ["Hyperparameter", "Importance", ""].map(function (h) {
+      return el("th", {text: h}); })));
+    found.importances.forEach(function (row) {
+      table.tBodies[0].appendChild(el("tr", {"data-field": row.field}, el("td", {text: row.field}),
+        el("td", {"class": "num", text: num(row.importance, 3)}),
+        el("td", {}, el("div", {"class": "share", style: "width:" + (200 * row.importance).toFixed(0) + "px"}))));
+    });
+  }
+
   function renderPlan(data, configs) {
     var plan = data.plan;
     var holder = clear(document.getElementById("plan"));
@@ -419,7 +504,7 @@
         el("tbody", {}, plan.blocks.map(function (b) {
           return b.jobs.map(function (j) {
             return el("tr", {"data-block": b.block, "data-config-id": j.config_id, "data-kind": j.kind},
-              el("td", {"class": "num", text: b.block + 1}), el("td", {text: j.kind === "start" ? "start" : "promote"}),
+              el("td", {"class": "num", text: b.block + 1}), el("td", {text: j.kind}),
               el("td", {"class": "config"}, swatch(j.config_id), j.config_id),
               el("td", {"class": "num", text: (j.bracket === null || j.bracket === undefined ? "" : "bracket " + j.bracket +
                 " \u00b7 ") + j.rung}), el("td", {"class": "num", text: j.iterations}),
