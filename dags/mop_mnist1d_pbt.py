@@ -5,8 +5,8 @@ validation accuracy, and each of the bottom quarter copies one of the top quarte
 weights and Adam moments) and goes on with the learning rate and batch size explored (x1.2 or x0.8,
 a neighbouring batch size, or a fresh draw a quarter of the time). The copies are new
 configurations whose records say who copied whom, when, and what changed; the results page draws
-the family tree. Decided between blocks of one iteration, one block a DAG run, so it runs on Airflow
-(``mop-airflow up``, then trigger it), not under ``dag.test()``, which runs one run.
+the family tree. Decided between blocks of one iteration; its 12 blocks fit one DAG run (each
+block's deal tasks wait for the decision after the one before), so ``airflow dags test`` runs it whole.
 """
 
 from mop_airflow import build_mop_dag

@@ -54,8 +54,7 @@ class MopPlanOperator(MopBaseOperator):
             if decided_between_blocks(adaptive):  # the first block: what the method starts with
                 from mop_airflow.planning.blocks import first_block  # noqa: PLC0415
 
-                block = first_block(run, plan)
-                block.write(layout.store, layout.block_decision_uri(0))
+                block = first_block(layout, run, plan)
                 self.log.info("%s, decided between blocks of one iteration: block 1 starts %d configuration(s), "
                               "%d at most per block", run.adaptive["method"], len(block.jobs), block.capacity)
             if not isinstance(adaptive, LADDERS):  # Hyperband's brackets, drawn or decided between blocks
@@ -121,11 +120,8 @@ class MopStageShardOperator(MopBaseOperator):
         plan = Plan.read(layout.store, layout.plan_uri)
         continuing = self.continuation(context)
         if plan.decided_between_blocks:  # this run's block decision says what trains, and from where
-            decision = BlockDecision.read(layout.store, layout.block_decision_uri(continuing.block if continuing else 0))
-            per_class = decision.bundles
-            items = bundle_items(per_class[self.shard], sum(len(b) for b in per_class[:self.shard]),
-                                 lambda cid: resume_in_block(layout, decision, cid))
-            return hand_to_chains(context, items, self.heads, self.rest)
+            block = continuing.block if continuing else 0
+            return hand_to_chains(context, block_items(layout, block, self.shard), self.heads, self.rest)
         per_class = plan.class_bundles()
         # The class whose configurations reach this shard at the block's first hop: its own in a run
         # of whole iterations, another in a block that starts inside an iteration (shard (o + t) mod p).
@@ -144,6 +140,33 @@ class MopStageShardOperator(MopBaseOperator):
         if resumed is None:
             self.log.info("%s did not finish hop %d (it failed earlier): it trains no further", cid, t)
         return resumed
+
+
+def block_items(layout: Any, block: int, offset: int) -> list[dict[str, Any]]:
+    """Offset class ``offset``'s bundles of block ``block`` (its decision), each configuration resuming
+    where it stands (:func:`~mop_airflow.planning.resume.resume_in_block`)."""
+    decision = BlockDecision.read(layout.store, layout.block_decision_uri(block))
+    per_class = decision.bundles
+    return bundle_items(per_class[offset], sum(len(b) for b in per_class[:offset]),
+                        lambda cid: resume_in_block(layout, decision, cid))
+
+
+class MopBlockDealOperator(MopBaseOperator):
+    """List offset class ``offset``'s bundles of block ``block``, in a run that holds every block of
+    its search: the block's decision says what trains, and from where."""
+
+    ui_color = "#e3f4e1"
+
+    def __init__(self, *, block: int, offset: int, heads: list[str] | None = None,
+                 rest: list[list[str]] | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.block = block
+        self.offset = offset
+        self.heads = list(heads or [])
+        self.rest = [list(hops) for hops in rest or []]
+
+    def work(self, context: Any) -> list[dict[str, Any]]:
+        return hand_to_chains(context, block_items(self.layout(context), self.block, self.offset), self.heads, self.rest)
 
 
 class MopDealOperator(MopBaseOperator):

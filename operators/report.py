@@ -24,16 +24,17 @@ from mop_airflow.operators.base import MopBaseOperator
 class MopReportOperator(MopBaseOperator):
     ui_color = "#ece3f8"
 
-    def __init__(self, *, last_start: int = 0, decided: bool = False, **kwargs: Any) -> None:
+    def __init__(self, *, last_start: int = 0, decided: bool = False, blocks: int = 1, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.last_start = last_start  # a search split over DAG runs: the first hop of its last block
         self.decided = decided  # a search decided between blocks: the decide step says whether it ended
+        self.blocks = blocks  # the blocks one run holds (all of a small PBT or model-based search)
 
     def work(self, context: Any) -> dict[str, Any]:
         continuing = self.continuation(context)
         layout = self.layout(context)
         if (continuing.start if continuing else 0) < self.last_start or (self.decided and not BlockDecision.read(
-                layout.store, layout.block_decision_uri((continuing.block if continuing else 0) + 1)).finished):
+                layout.store, layout.block_decision_uri((continuing.block if continuing else 0) + self.blocks)).finished):
             from airflow.sdk.exceptions import AirflowSkipException  # noqa: PLC0415
 
             raise AirflowSkipException("the search goes on in the DAG's next run (see next_run or decide); "

@@ -1,4 +1,5 @@
-"""Population-based training on a real Airflow, decided between blocks of one iteration, one a DAG run.
+"""Population-based training and TPE proposals on a real Airflow, decided between blocks of one
+iteration; a search this small holds all its blocks in one DAG run.
 
 A population of 4 on 2 shards for 3 iterations, ranked after every iteration (interval 1, quantile
 0.25): after each of the first two iterations the worst member copies one of the best: its
@@ -15,9 +16,10 @@ import numpy as np
 import pytest
 
 from mop_airflow.airflow.local import LocalAirflow
-from mop_airflow.records import BlockDecision, HopRecord
+from mop_airflow.records import BlockDecision, HopRecord, RunRecord
 from mop_airflow.records.layout import RunLayout, read_run
 from mop_airflow.store import Store
+from mop_airflow.results.page import run_results
 from mop_airflow.search.jobs import Completion
 from mop_airflow.search.space import SearchSpace, config_id
 from mop_airflow.search.tpe import proposer
@@ -29,10 +31,10 @@ pytestmark = pytest.mark.integration
 
 KILLED, UNDISTURBED = "mop_pbt_killed", "mop_pbt_undisturbed"
 TPE = "mop_tpe"
-# Every first try of a hop task of the search's second run (the block right after the first copies)
+# Every first try of a hop task of the search's second block (the one right after the first copy)
 # SIGKILLs its process at its 5th training batch.
 KILLER = killer_source('_batches == 5 and env.get("AIRFLOW_CTX_DAG_ID") == "mop_pbt_killed" and '
-                       'env.get("AIRFLOW_CTX_DAG_RUN_ID", "").endswith("__block_1") and '
+                       '"block_1." in env.get("AIRFLOW_CTX_TASK_ID", "") and '
                        'env.get("AIRFLOW_CTX_TRY_NUMBER") == "1"', "pbt_killer")
 
 
@@ -101,11 +103,13 @@ def test_pbt_copies_the_best_members_checkpoint_between_dag_runs_and_a_killed_ho
     store = Store(f"file://{airflow.root / 'store'}")
     searches = {dag_id: airflow.trigger(dag_id) for dag_id in (KILLED, UNDISTURBED)}
     for dag_id, first in searches.items():
-        for run_id in (first, f"{first}__block_1", f"{first}__block_2"):
-            assert airflow.wait_for_run(dag_id, run_id, timeout=480) == "success", failed_logs(airflow, dag_id, run_id)
+        assert airflow.wait_for_run(dag_id, first, timeout=600) == "success", failed_logs(airflow, dag_id, first)
     first = searches[UNDISTURBED]
     layout = RunLayout(store, UNDISTURBED, first)
-    assert not store.exists(RunLayout(store, UNDISTURBED, f"{first}__block_3").continues_uri)  # three runs
+    states = {ti["task_id"]: ti["state"] for ti in airflow.task_instances(UNDISTURBED, first)}
+    # every block in this one run: block k's deal tasks wait for the decision after block k - 1
+    assert [states[f"block_{k}.decide"] for k in (1, 2)] + [states["decide"], states["report"]] == ["success"] * 4
+    assert not store.exists(RunLayout(store, UNDISTURBED, f"{first}__block_1").continues_uri)  # no second run
     blocks = [BlockDecision.read(store, layout.block_decision_uri(b)) for b in range(4)]
     assert [len(b.training) for b in blocks] == [4, 4, 4, 0] and blocks[3].finished
     assert [len(b.copies) for b in blocks] == [0, 1, 1, 0]  # ceil(4 x 0.25) = 1 member copies at each boundary
@@ -153,8 +157,18 @@ def test_pbt_copies_the_best_members_checkpoint_between_dag_runs_and_a_killed_ho
     for cid in blocks[3].members:
         assert rows[cid]["outcome"].startswith("finished: member ")
 
-    tries = [ti for ti in airflow.task_instances(KILLED, f"{searches[KILLED]}__block_1")
-             if ".hop_" in ti["task_id"] and ti["state"] == "success"]
+    # the results page's family tree: each member's configurations end to end, every copy an edge
+    lineage = run_results(layout, RunRecord.read(store, layout.run_record_uri))["lineage"]
+    assert lineage["members"] == 4 and lineage["fields"] == ["batch_size", "learning_rate"]
+    for m in range(4):
+        spans = [(seg["from"], seg["to"]) for seg in lineage["segments"] if seg["member"] == m]
+        assert spans[0][0] == 0 and spans[-1][1] == 3 and all(a[1] == b[0] for a, b in zip(spans, spans[1:]))
+    assert [(c["replaced"], c["config_id"], c["parent"]) for c in lineage["copies"]] == \
+        [(c["replaced"], c["config_id"], c["parent"]) for c in board["lineage"]]
+    assert board["importance"]["trials"] == 4  # the members that trained to the end
+
+    tries = [ti for ti in airflow.task_instances(KILLED, searches[KILLED])
+             if ti["task_id"].startswith("block_1.") and ".hop_" in ti["task_id"] and ti["state"] == "success"]
     assert max(ti["try_number"] for ti in tries) == 2  # the killed hops ran again
     assert lineage(store, KILLED, searches[KILLED]) == lineage(store, UNDISTURBED, first)
     boards = {dag_id: store.read_json(RunLayout(store, dag_id, run).report_uri("leaderboard.json"))["leaderboard"]
@@ -168,8 +182,7 @@ def test_pbt_copies_the_best_members_checkpoint_between_dag_runs_and_a_killed_ho
 def test_tpe_proposes_the_last_configurations_from_the_first_ones_results_and_a_replay_gives_the_same(airflow):
     store = Store(f"file://{airflow.root / 'store'}")
     first = airflow.trigger(TPE)
-    for run_id in (first, f"{first}__block_1"):
-        assert airflow.wait_for_run(TPE, run_id, timeout=420) == "success", failed_logs(airflow, TPE, run_id)
+    assert airflow.wait_for_run(TPE, first, timeout=420) == "success", failed_logs(airflow, TPE, first)
     layout = RunLayout(store, TPE, first)
     blocks = [BlockDecision.read(store, layout.block_decision_uri(b)) for b in range(3)]
     run = read_run(layout)

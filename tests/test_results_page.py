@@ -485,7 +485,7 @@ def test_an_asha_run_shows_every_decision_between_blocks(airflow, browser, tmp_p
         "batch_size": [32], "hparams": {"units": [32]}}}
     spec["search"]["adaptive"] = {"method": "asha", "n": 4, "r": 1, "R": 3, "eta": 3}
     layout, run, plan = planned(Store(spec["store"]["root"]), spec)
-    first_block(run, plan).write(layout.store, layout.block_decision_uri(0))
+    first_block(layout, run, plan)
     ids = [c["config_id"] for c in run.configs]
     for k, (accuracy, cid) in enumerate(zip((0.5, 0.8, 0.6, 0.7), ids)):
         for t in (0, 1):

@@ -26,7 +26,16 @@ def _params(spec: MopSpec) -> dict[str, Param]:
             for f in form_fields(spec).values()}
 
 
-def _description(spec: MopSpec) -> str:
+def _description(spec: MopSpec, blocks: int = 1) -> str:
+    """What the DAG does, in a line; ``blocks``: the blocks one run holds (a search decided between blocks)."""
+    text = _what(spec)
+    if blocks > 1:
+        return text.replace("decided between blocks of one iteration, one block a DAG run",
+                            f"decided between blocks of one iteration, all {blocks} in one DAG run")
+    return text
+
+
+def _what(spec: MopSpec) -> str:
     p, schedule = spec.schedule.shards, spec.schedule
     adaptive = spec.adaptive_plan()
     if adaptive is None:
@@ -34,10 +43,17 @@ def _description(spec: MopSpec) -> str:
         count = configuration_count(spec)
         return (f"{space.method.capitalize()} search, {count} configurations by default; models hop across {p} "
                 f"shards for {schedule.iterations} iteration(s) of {schedule.epochs_per_hop} epoch(s) per hop")
+    space = spec.search.space
+    if space.sampler == "tpe" and spec.search.adaptive is None:
+        return (f"Model-based random search (TPE): {space.num_samples} configurations, the first "
+                f"{min(space.startup, space.num_samples)} drawn at random, each later one proposed from the results; "
+                f"each trains {schedule.iterations} iteration(s), decided between blocks of one iteration, one block a "
+                f"DAG run; models hop across {p} shards")
     if isinstance(adaptive, AshaPlan):
+        tpe = f"; TPE proposes the configurations after the first {space.startup}" if space.sampler == "tpe" else ""
         return (f"ASHA n={adaptive.n}, r={adaptive.r}, R={adaptive.R}, eta={adaptive.eta}: rungs at "
                 f"{', '.join(map(str, adaptive.rungs))} iteration(s), decided between blocks of one iteration, one "
-                f"block a DAG run; models hop across {p} shards")
+                f"block a DAG run; models hop across {p} shards{tpe}")
     if isinstance(adaptive, PbtPlan):
         return (f"Population-based training: {adaptive.population} members for {adaptive.iterations} iteration(s); "
                 f"every {adaptive.interval} the bottom {adaptive.in_quantile()} copy the top {adaptive.in_quantile()} "
@@ -96,7 +112,7 @@ def build_mop_dag(
         tags=list(tags or ["mop_airflow"]),
         default_args={**RETRIES, **(default_args or {})},
         params=_params(spec),
-        description=description or _description(spec),
+        description=description or _description(spec, sum(t.kind == "decide" for t in plan.tasks)),
         max_active_runs=dag_kwargs.pop("max_active_runs", 1),
         # Airflow's default of 16 running tasks per run would idle shard slots past 16 of them;
         # the extra room is for the control tasks (deal, promote) running beside the hops.

@@ -24,7 +24,7 @@ from mop_airflow.operators.check_models import MopCheckModelsOperator
 from mop_airflow.operators.data import MopListDataOperator, MopScatterOperator, MopShardOperator
 from mop_airflow.operators.decide import MopDecideOperator
 from mop_airflow.operators.next_run import MopNextRunOperator
-from mop_airflow.operators.plan import MopDealOperator, MopPlanOperator, MopStageShardOperator
+from mop_airflow.operators.plan import MopBlockDealOperator, MopDealOperator, MopPlanOperator, MopStageShardOperator
 from mop_airflow.operators.preflight import MopPreflightOperator
 from mop_airflow.operators.promote import MopPromoteOperator
 from mop_airflow.operators.publish import MopPublishOperator
@@ -44,7 +44,7 @@ RETRIES = {"retries": 2, "retry_delay": dt.timedelta(seconds=10), "retry_exponen
 OPERATORS = {"list_data": MopListDataOperator, "shard": MopShardOperator, "stage": MopStageShardOperator,
              "deal": MopDealOperator, "promote": MopPromoteOperator, "report": MopReportOperator,
              "check_models": MopCheckModelsOperator, "result": MopResultOperator, "next_run": MopNextRunOperator,
-             "decide": MopDecideOperator}
+             "decide": MopDecideOperator, "block_deal": MopBlockDealOperator}
 
 
 def champion_asset(selection: str) -> Asset:
@@ -155,7 +155,11 @@ class _Renderer:
         return parent
 
     def _describe(self, parts: list[str]) -> tuple[str, str]:
-        """A bracket's or rung's label and tooltip, from the adaptive plan."""
+        """A bracket's, rung's or block's label and tooltip, from the adaptive plan."""
+        if parts[0].startswith("block_"):  # a run holding every block of its search: block k (1 is the first)
+            k = int(parts[0].split("_")[1])
+            return (f"block {k + 1}", f"Block {k + 1}: one iteration of hops, as the decision after block {k} dealt "
+                                      "them; then the next decision")
         bracket = self.brackets[int(parts[0].split("_")[1])]
         if len(parts) == 1:
             rungs = (f"each rung keeps the best 1/{bracket.eta} ({' -> '.join(str(r.n_i) for r in bracket.rungs)} "

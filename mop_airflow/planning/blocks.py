@@ -103,10 +103,11 @@ def next_classes(training: Mapping[str, int], new: Sequence[str], *, shards: int
     return classes, offsets
 
 
-def first_block(run: RunRecord, plan: Plan) -> BlockDecision:
-    """Block 0: what the method starts with an empty record and the whole capacity free."""
-    decision, _ = _decision(run, plan, block=0, previous=None, new=[], jobs_so_far=[])
-    return decision
+def first_block(layout: RunLayout, run: RunRecord, plan: Plan) -> BlockDecision:
+    """Block 0: what the method starts with an empty record and the whole capacity free, written to
+    the store (and returned), with the configurations it proposed (TPE past its start-up draw)."""
+    decision, made = _decision(run, plan, block=0, previous=None, new=[], jobs_so_far=[])
+    return _commit(layout, decision, made, plan.shards)
 
 
 def decide_next_block(layout: RunLayout, run: RunRecord, plan: Plan, block: int) -> BlockDecision:
@@ -123,12 +124,19 @@ def decide_next_block(layout: RunLayout, run: RunRecord, plan: Plan, block: int)
     records = [r for cid, hops in here.training.items() for r in _block_records(layout, cid, hops, shards)]
     new = completions(records, [current[cid] for cid in here.training], shards=shards, metric=run.metric)
     out, made = _decision(with_proposed(layout, run), plan, block=block + 1, previous=here, new=new, jobs_so_far=jobs)
+    return _commit(layout, out, made, shards)
+
+
+def _commit(layout: RunLayout, decision: BlockDecision, made: list[dict[str, Any]], shards: int) -> BlockDecision:
+    """Write what ``decision`` made (new configurations, copied checkpoints), then the decision itself,
+    which names them: a reader never meets a configuration or checkpoint that is not there yet."""
+    store = layout.store
     if made:
         known = store.read_json(layout.proposed_uri)["configs"] if store.exists(layout.proposed_uri) else []
         ids = {c["config_id"] for c in known}
         store.write_json(layout.proposed_uri, {"configs": [*known, *(c for c in made if c["config_id"] not in ids)]})
-    out = dataclasses.replace(out, copies=[copy_checkpoint(layout, c, shards) for c in out.copies])
-    out.write(store, layout.block_decision_uri(block + 1))
+    out = dataclasses.replace(decision, copies=[copy_checkpoint(layout, c, shards) for c in decision.copies])
+    out.write(store, layout.block_decision_uri(decision.block))
     return out
 
 

@@ -152,14 +152,28 @@ def build_task_plan(shards: int, iterations: int, adaptive: Any = None, *,
             finals = [builder.add("next_run", "next_run", tuple(finals), trigger_rule=REPORT_JOIN,
                                   args={"hops_per_run": end, "hops": hops})]
             report_args = {"last_start": hops - end}  # the report waits for the run whose block starts there
-    elif blocks:  # one block of one iteration a run; the decide step says what the next run trains
+    elif blocks:  # blocks of one iteration; each decide step says what the next block trains
         per_class = chains(block_capacity(shards, slots, adaptive), shards)
+        count = blocks_in_one_run(adaptive, shards, slots, per_class)
         finals = [last for o in range(shards)
                   for last in builder.chain(f"class_{o}", source=stages[o], offset=o, start=0, end=shards,
                                             chain_end=shards, chains=per_class, wait_for=ready, rung_end=True,
                                             relative=True)]
-        finals = [builder.add("decide", "decide", tuple(finals), trigger_rule=REPORT_JOIN)]
-        report_args = {"decided": True}  # reports only in the run whose decide step found nothing left
+        if count == 1:  # one block a run: the decide step starts the DAG's next run
+            finals = [builder.add("decide", "decide", tuple(finals), trigger_rule=REPORT_JOIN)]
+        for k in range(1, count):  # the whole search in this run: block k's deal tasks wait for decision k
+            gate = builder.add(f"block_{k}.decide", "decide", tuple(finals), trigger_rule=REPORT_JOIN,
+                               args={"block": k - 1})
+            finals = [last for o in range(shards)
+                      for last in builder.chain(f"block_{k}.class_{o}", offset=o, start=0, end=shards, chain_end=shards,
+                                                source=builder.add(f"block_{k}.deal_{o}", "block_deal", (gate,),
+                                                                   args={"block": k, "offset": o}),
+                                                chains=per_class, rung_end=True, relative=True)]
+        if count > 1:
+            finals = [builder.add("decide", "decide", tuple(finals), trigger_rule=REPORT_JOIN,
+                                  args={"block": count - 1, "last": True})]
+        # reports only in the run whose (last) decide step found nothing left
+        report_args = {"decided": True, **({"blocks": count} if count > 1 else {})}
     else:
         finals = _adaptive(builder, adaptive, ready, chains)
     last = builder.add("report", "report", tuple(finals), trigger_rule=REPORT_JOIN, args=report_args)
@@ -168,6 +182,19 @@ def build_task_plan(shards: int, iterations: int, adaptive: Any = None, *,
     if result:
         builder.add("result", "result", (last,), trigger_rule=REPORT_JOIN)
     return TaskPlan(shards=shards, tasks=tuple(builder.tasks), groups=tuple(builder.groups), priority=priority)
+
+
+def blocks_in_one_run(adaptive: Any, shards: int, slots: int, per_class: int) -> int:
+    """How many blocks one DAG run of a search decided between blocks renders: all of them when the
+    search has a known end that fits ``STATIC_HOP_TASKS`` hop tasks (population-based training, and a
+    model-based random search, which is a one-rung ASHA), so ``dag.test()`` and ``airflow dags test``
+    run it whole; otherwise one, and the decide step starts the DAG's next run for the next block."""
+    from mop_airflow.search.adaptive import STATIC_HOP_TASKS, most_blocks  # noqa: PLC0415
+
+    bound = most_blocks(adaptive, block_capacity(shards, slots, adaptive))
+    if bound is None or bound * shards * shards * per_class > STATIC_HOP_TASKS:
+        return 1
+    return bound
 
 
 def configuration_count(spec: Any) -> int:

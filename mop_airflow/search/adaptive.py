@@ -114,6 +114,18 @@ def decided_between_blocks(plan: Any) -> bool:
     return drawn_hop_tasks(plan) > STATIC_HOP_TASKS
 
 
+def most_blocks(plan: Any, capacity: int) -> int | None:
+    """The most blocks of one iteration a search decided between blocks can take, where that is known
+    up front: PBT's ``iterations``; a one-rung ASHA's (a model-based random search) waves of
+    ``capacity`` configurations trained ``R`` iterations each (a configuration that stops early only
+    lets the next one start sooner). None for ASHA with promotions and for Hyperband."""
+    if isinstance(plan, PbtPlan):
+        return plan.iterations
+    if isinstance(plan, AshaPlan) and len(plan.rungs) == 1:
+        return -(-plan.n // max(1, capacity)) * plan.R
+    return None
+
+
 @dataclass(frozen=True)
 class RungSpan:
     """Rung ``i`` of bracket ``s`` trains its configurations from global hop ``start`` to ``end`` (exclusive)."""
