@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from mop_airflow.errors import TrainingError
 from mop_airflow.records import BlockDecision, Continuation, Plan
 
 from mop_airflow.operators.base import MopBaseOperator
@@ -19,16 +18,17 @@ from mop_airflow.operators.next_run import start_next_block
 
 
 class MopDecideOperator(MopBaseOperator):
-    """``block``: in a run that holds every block of its search (a small PBT or model-based search),
-    the block this step ends; the next block's deal tasks read its decision. Otherwise (None) the run
-    holds one block and this step starts the DAG's next run."""
+    """``block``: in a run of several blocks, the block this step ends, counted from the run's first
+    (the next block's deal tasks read its decision); the ``last`` one starts the DAG's next run unless
+    the run holds the ``whole`` search. None: the run holds one block and this step starts the next run."""
 
     ui_color = "#f6e7c1"
 
-    def __init__(self, *, block: int | None = None, last: bool = False, **kwargs: Any) -> None:
+    def __init__(self, *, block: int | None = None, last: bool = False, whole: bool = False, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.block = block
         self.last = last
+        self.whole = whole
 
     def work(self, context: Any) -> dict[str, Any] | None:
         from mop_airflow.planning.blocks import decide_next_block  # noqa: PLC0415
@@ -38,7 +38,17 @@ class MopDecideOperator(MopBaseOperator):
         layout = self.layout(context)
         plan = Plan.read(layout.store, layout.plan_uri)
         if self.block is not None:
-            return self._in_this_run(layout, plan, context)
+            here = Continuation(first_run=here.first_run, block=here.block + self.block,
+                                start=here.start + self.block * plan.shards)
+            ended = BlockDecision.read(layout.store, layout.block_decision_uri(here.block)).finished
+            if ended:  # the search ended at an earlier block of this run: nothing to decide, nothing to train
+                self.log.info("the search ended before block %d", here.block + 1)
+                return {"next_block": None, "block": here.block}
+            if not self.last:
+                decision = decide_next_block(layout, self.run_record(layout), plan, here.block)
+                for job in decision.jobs:
+                    self.log.info("%s %s (%d iterations)", job["kind"], job["config_id"], job["iterations"])
+                return {"next_block": None if decision.finished else here.block + 1, "block": here.block}
         decision = decide_next_block(layout, self.run_record(layout), plan, here.block)
         for job in decision.jobs:
             self.log.info("%s %s to rung %d (%d iterations)%s", job["kind"], job["config_id"], job["rung"],
@@ -53,20 +63,3 @@ class MopDecideOperator(MopBaseOperator):
         start_next_block(context, layout, here, nxt,
                          note=f"block {nxt.block + 1} of the search started by run {here.first_run}")
         return None
-
-    def _in_this_run(self, layout: Any, plan: Plan, context: Any) -> dict[str, Any]:
-        from mop_airflow.planning.blocks import decide_next_block  # noqa: PLC0415
-
-        here = BlockDecision.read(layout.store, layout.block_decision_uri(self.block))
-        if here.finished:  # the search ended at an earlier block: nothing to decide, nothing to train
-            self.log.info("the search ended before block %d", self.block + 1)
-            return {"next_block": None, "block": self.block}
-        decision = decide_next_block(layout, self.run_record(layout), plan, self.block)
-        for job in decision.jobs:
-            self.log.info("%s %s (%d iterations)", job["kind"], job["config_id"], job["iterations"])
-        if self.last and not decision.finished:
-            raise TrainingError(f"the search has more to train after block {self.block + 1}, the last this DAG's run "
-                                f"holds: {sorted(decision.training)}. Fix: report this; the run's blocks are bounded "
-                                "by the search's plan (search.adaptive)")
-        return {"next_block": None if decision.finished else self.block + 1, "block": self.block,
-                "training": len(decision.training)}

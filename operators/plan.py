@@ -152,8 +152,8 @@ def block_items(layout: Any, block: int, offset: int) -> list[dict[str, Any]]:
 
 
 class MopBlockDealOperator(MopBaseOperator):
-    """List offset class ``offset``'s bundles of block ``block``, in a run that holds every block of
-    its search: the block's decision says what trains, and from where."""
+    """List offset class ``offset``'s bundles of block ``block`` (counted from the run's first), in a
+    run of several blocks: the block's decision says what trains, and from where."""
 
     ui_color = "#e3f4e1"
 
@@ -166,7 +166,9 @@ class MopBlockDealOperator(MopBaseOperator):
         self.rest = [list(hops) for hops in rest or []]
 
     def work(self, context: Any) -> list[dict[str, Any]]:
-        return hand_to_chains(context, block_items(self.layout(context), self.block, self.offset), self.heads, self.rest)
+        continuing = self.continuation(context)
+        block = (continuing.block if continuing else 0) + self.block
+        return hand_to_chains(context, block_items(self.layout(context), block, self.offset), self.heads, self.rest)
 
 
 class MopDealOperator(MopBaseOperator):

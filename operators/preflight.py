@@ -93,7 +93,7 @@ class MopPreflightOperator(MopBaseOperator):
         dag = context.get("dag")
         if self.selection is not None or dag is None or not running_in_dag_test():
             return
-        if dag.has_task("decide") and getattr(dag.get_task("decide"), "block", None) is None:  # a block a run
+        if dag.has_task("decide") and not getattr(dag.get_task("decide"), "whole", False):  # not all in one run
             search = self.spec["search"]
             if search.get("adaptive") is None:  # a model-based random search: proposals wait for results
                 raise SpecError("search.space.sampler", "tpe", "proposes configurations between blocks of hops, "

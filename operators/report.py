@@ -30,11 +30,21 @@ class MopReportOperator(MopBaseOperator):
         self.decided = decided  # a search decided between blocks: the decide step says whether it ended
         self.blocks = blocks  # the blocks one run holds (all of a small PBT or model-based search)
 
+    def _ended(self, layout: Any, first: int) -> bool:
+        """Whether the search ended in this run: a decision after one of its blocks found nothing left."""
+        for k in range(1, self.blocks + 1):
+            uri = layout.block_decision_uri(first + k)
+            if not layout.store.exists(uri):
+                return False
+            if BlockDecision.read(layout.store, uri).finished:
+                return True
+        return False
+
     def work(self, context: Any) -> dict[str, Any]:
         continuing = self.continuation(context)
         layout = self.layout(context)
-        if (continuing.start if continuing else 0) < self.last_start or (self.decided and not BlockDecision.read(
-                layout.store, layout.block_decision_uri((continuing.block if continuing else 0) + self.blocks)).finished):
+        if (continuing.start if continuing else 0) < self.last_start or (self.decided and not self._ended(
+                layout, continuing.block if continuing else 0)):
             from airflow.sdk.exceptions import AirflowSkipException  # noqa: PLC0415
 
             raise AirflowSkipException("the search goes on in the DAG's next run (see next_run or decide); "

@@ -16,7 +16,8 @@ import time
 import pytest
 
 from mop_airflow.airflow.local import LocalAirflow
-from mop_airflow.records import BlockDecision, HopRecord
+from mop_airflow.planning.run_chain import CONF_KEY
+from mop_airflow.records import BlockDecision, Continuation, HopRecord
 from mop_airflow.records.layout import RunLayout
 from mop_airflow.store import Store
 from tests.conftest import dag_file, failed_logs
@@ -28,6 +29,7 @@ pytestmark = pytest.mark.integration
 ASHA = "mop_asha_blocks"
 KILLED, UNDISTURBED = "mop_asha_killed", "mop_asha_undisturbed"
 RESTARTED = "mop_asha_restarted"
+TWO_BLOCKS = "mop_asha_two_blocks"
 
 # A builder whose training process SIGKILLs itself at its 15th training batch in the first try of the
 # KILLED DAG's hop 1 in the search's second run (the promoted configuration's block); importable by the
@@ -44,6 +46,7 @@ def asha_spec(source, root):
         "learning_rate": {"distribution": "log_uniform", "low": 1e-4, "high": 3e-2},
         "batch_size": [32], "hparams": {"units": [32]}}}
     spec["search"]["adaptive"] = {"method": "asha", "n": 4, "r": 1, "R": 3, "eta": 3}
+    spec["schedule"]["iterations_per_run"] = 1  # a DAG run a block, as a search too large for one run goes
     return spec
 
 
@@ -62,6 +65,9 @@ def airflow(tmp_path_factory):
     write_digits(root / "digits.parquet")
     for dag_id in (ASHA, RESTARTED):
         dag_file(dags, dag_id, asha_spec(root / "digits.parquet", f"file://{root / 'store'}"))
+    two = asha_spec(root / "digits.parquet", f"file://{root / 'store'}")
+    two["schedule"]["iterations_per_run"] = 2
+    dag_file(dags, TWO_BLOCKS, two)
     lib = root / "lib"
     lib.mkdir()
     (lib / "asha_killer.py").write_text(KILLER)
@@ -74,7 +80,7 @@ def airflow(tmp_path_factory):
             "                    default_args={'retry_delay': datetime.timedelta(seconds=2)})\n")
     env = {"MOP_AIRFLOW_HOME": str(root / "mop"), "PYTHONPATH": str(lib)}
     with LocalAirflow(root / "airflow", dags, extra_env=env) as af:
-        for dag_id in (ASHA, KILLED, UNDISTURBED, RESTARTED):
+        for dag_id in (ASHA, KILLED, UNDISTURBED, RESTARTED, TWO_BLOCKS):
             af.wait_for_dag(dag_id)
         af.root = root
         yield af
@@ -185,4 +191,33 @@ def test_a_scheduler_stopped_between_two_blocks_and_started_again_goes_on_and_ra
     assert [(r["config_id"], r["outcome"]) for r in boards[RESTARTED]] == \
         [(r["config_id"], r["outcome"]) for r in boards[ASHA]]
     for a, b in zip(boards[RESTARTED], boards[ASHA]):
+        assert (a["val_accuracy"], a["val_loss"]) == pytest.approx((b["val_accuracy"], b["val_loss"]), abs=1e-6)
+
+
+def test_two_blocks_a_run_decide_and_rank_as_one_block_a_run(airflow):
+    """iterations_per_run=2: the first run trains blocks 1 and 2 (block 2's deal tasks wait for the
+    decision after block 1), its last decide step starts the second run, which trains block 3 and
+    reports; its block 4 finds the search ended and trains nothing. The decisions and the leaderboard
+    are those of a DAG run a block."""
+    store = Store(f"file://{airflow.root / 'store'}")
+    searches = {TWO_BLOCKS: airflow.trigger(TWO_BLOCKS), ASHA: airflow.trigger(ASHA)}
+    for dag_id, runs in ((TWO_BLOCKS, 2), (ASHA, 3)):
+        first = searches[dag_id]
+        for run_id in [first] + [f"{first}__block_{b}" for b in range(1, runs)]:
+            assert airflow.wait_for_run(dag_id, run_id, timeout=420) == "success", failed_logs(airflow, dag_id, run_id)
+    first = searches[TWO_BLOCKS]
+    assert not store.exists(RunLayout(store, TWO_BLOCKS, f"{first}__block_2").continues_uri)  # two runs, not three
+    second = f"{first}__block_1"
+    assert Continuation.from_dict(airflow.api("GET", f"/dags/{TWO_BLOCKS}/dagRuns/{second}")["conf"][CONF_KEY]) == \
+        Continuation(first_run=first, block=2, start=4)
+    states = [{ti["task_id"]: ti["state"] for ti in airflow.task_instances(TWO_BLOCKS, run)} for run in (first, second)]
+    assert (states[0]["block_1.decide"], states[0]["decide"], states[0]["report"]) == ("success", "success", "skipped")
+    assert (states[1]["decide"], states[1]["report"]) == ("success", "success")
+    assert all(s in ("skipped", None) for t, s in states[1].items() if t.startswith("block_1.") and ".hop_" in t)
+    assert block_decisions(store, TWO_BLOCKS, first) == block_decisions(store, ASHA, searches[ASHA])
+    boards = {dag_id: store.read_json(RunLayout(store, dag_id, run).report_uri("leaderboard.json"))["leaderboard"]
+              for dag_id, run in searches.items()}
+    assert [(r["config_id"], r["outcome"]) for r in boards[TWO_BLOCKS]] == \
+        [(r["config_id"], r["outcome"]) for r in boards[ASHA]]
+    for a, b in zip(boards[TWO_BLOCKS], boards[ASHA]):
         assert (a["val_accuracy"], a["val_loss"]) == pytest.approx((b["val_accuracy"], b["val_loss"]), abs=1e-6)

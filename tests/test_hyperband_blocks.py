@@ -28,6 +28,8 @@ def hyperband(source, root, between_runs):
         "model": [MLP], "learning_rate": {"distribution": "log_uniform", "low": 1e-4, "high": 3e-2},
         "batch_size": [32], "hparams": {"units": {"distribution": "choice", "values": [16, 32]}}}}
     spec["search"]["adaptive"] = {"method": "hyperband", "R": 3, "eta": 3, "between_runs": between_runs}
+    if between_runs:
+        spec["schedule"]["iterations_per_run"] = 1  # a DAG run a block, as a search too large for one run goes
     return spec
 
 

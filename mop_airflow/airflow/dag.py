@@ -26,12 +26,14 @@ def _params(spec: MopSpec) -> dict[str, Param]:
             for f in form_fields(spec).values()}
 
 
-def _description(spec: MopSpec, blocks: int = 1) -> str:
-    """What the DAG does, in a line; ``blocks``: the blocks one run holds (a search decided between blocks)."""
+def _description(spec: MopSpec, plan: Any = None) -> str:
+    """What the DAG does, in a line, with how many blocks one run holds (a search decided between blocks)."""
     text = _what(spec)
-    if blocks > 1:
-        return text.replace("decided between blocks of one iteration, one block a DAG run",
-                            f"decided between blocks of one iteration, all {blocks} in one DAG run")
+    decides = [t for t in (plan.tasks if plan is not None else ()) if t.kind == "decide"]
+    if decides and (len(decides) > 1 or decides[-1].args.get("whole")):
+        held = (f"all {len(decides)} in one DAG run" if decides[-1].args.get("whole")
+                else f"{len(decides)} blocks a DAG run")
+        return text.replace("one block a DAG run", held)
     return text
 
 
@@ -112,7 +114,7 @@ def build_mop_dag(
         tags=list(tags or ["mop_airflow"]),
         default_args={**RETRIES, **(default_args or {})},
         params=_params(spec),
-        description=description or _description(spec, sum(t.kind == "decide" for t in plan.tasks)),
+        description=description or _description(spec, plan),
         max_active_runs=dag_kwargs.pop("max_active_runs", 1),
         # Airflow's default of 16 running tasks per run would idle shard slots past 16 of them;
         # the extra room is for the control tasks (deal, promote) running beside the hops.

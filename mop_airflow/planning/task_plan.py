@@ -112,7 +112,7 @@ class TaskPlan:
 def build_task_plan(shards: int, iterations: int, adaptive: Any = None, *,
                     priority: str = DEFAULT_PRIORITY, publish: bool = True, configurations: int | None = None,
                     slots: int = 1, bundle_size: int | str = "auto", result: bool = False,
-                    hops_per_run: int | None = None) -> TaskPlan:
+                    hops_per_run: int | None = None, blocks_setting: int | str = "auto") -> TaskPlan:
     """The task plan for ``shards`` shards and ``iterations`` iterations, or an adaptive plan's rungs.
 
     ``adaptive`` is a :class:`~mop_airflow.search.hyperband.HyperbandPlan` or ``Bracket``;
@@ -124,7 +124,8 @@ def build_task_plan(shards: int, iterations: int, adaptive: Any = None, *,
     ``hops_per_run`` (a plain search): the hops one DAG run renders, when fewer than the search's;
     the DAG's later runs train the rest (:mod:`mop_airflow.planning.run_chain`). A block may be
     shorter than an iteration (a divisor of ``shards``): a class's chains then start each run on the
-    shard the class's configurations have reached.
+    shard the class's configurations have reached. ``blocks_setting``: a search decided between
+    blocks, the blocks one run holds (:func:`blocks_per_run`).
     """
     def chains(n: int | None, hops: int) -> int:
         return 1 if n is None else chains_per_class(n, shards=shards, slots=slots, hops=hops, bundle_size=bundle_size)
@@ -154,12 +155,12 @@ def build_task_plan(shards: int, iterations: int, adaptive: Any = None, *,
             report_args = {"last_start": hops - end}  # the report waits for the run whose block starts there
     elif blocks:  # blocks of one iteration; each decide step says what the next block trains
         per_class = chains(block_capacity(shards, slots, adaptive), shards)
-        count = blocks_in_one_run(adaptive, shards, slots, per_class)
+        count, whole = blocks_per_run(adaptive, shards, slots, per_class, blocks_setting)
         finals = [last for o in range(shards)
                   for last in builder.chain(f"class_{o}", source=stages[o], offset=o, start=0, end=shards,
                                             chain_end=shards, chains=per_class, wait_for=ready, rung_end=True,
                                             relative=True)]
-        if count == 1:  # one block a run: the decide step starts the DAG's next run
+        if count == 1 and not whole:  # one block a run: the decide step starts the DAG's next run
             finals = [builder.add("decide", "decide", tuple(finals), trigger_rule=REPORT_JOIN)]
         for k in range(1, count):  # the whole search in this run: block k's deal tasks wait for decision k
             gate = builder.add(f"block_{k}.decide", "decide", tuple(finals), trigger_rule=REPORT_JOIN,
@@ -169,11 +170,11 @@ def build_task_plan(shards: int, iterations: int, adaptive: Any = None, *,
                                                 source=builder.add(f"block_{k}.deal_{o}", "block_deal", (gate,),
                                                                    args={"block": k, "offset": o}),
                                                 chains=per_class, rung_end=True, relative=True)]
-        if count > 1:
+        if count > 1 or whole:  # the last decide step starts the DAG's next run unless the run holds the whole search
             finals = [builder.add("decide", "decide", tuple(finals), trigger_rule=REPORT_JOIN,
-                                  args={"block": count - 1, "last": True})]
+                                  args={"block": count - 1, "last": True, "whole": whole})]
         # reports only in the run whose (last) decide step found nothing left
-        report_args = {"decided": True, **({"blocks": count} if count > 1 else {})}
+        report_args = {"decided": True, **({"blocks": count} if count > 1 or whole else {})}
     else:
         finals = _adaptive(builder, adaptive, ready, chains)
     last = builder.add("report", "report", tuple(finals), trigger_rule=REPORT_JOIN, args=report_args)
@@ -184,17 +185,30 @@ def build_task_plan(shards: int, iterations: int, adaptive: Any = None, *,
     return TaskPlan(shards=shards, tasks=tuple(builder.tasks), groups=tuple(builder.groups), priority=priority)
 
 
-def blocks_in_one_run(adaptive: Any, shards: int, slots: int, per_class: int) -> int:
-    """How many blocks one DAG run of a search decided between blocks renders: all of them when the
-    search has a known end that fits ``STATIC_HOP_TASKS`` hop tasks (population-based training, and a
-    model-based random search, which is a one-rung ASHA), so ``dag.test()`` and ``airflow dags test``
-    run it whole; otherwise one, and the decide step starts the DAG's next run for the next block."""
+def blocks_per_run(adaptive: Any, shards: int, slots: int, per_class: int,
+                   setting: int | str = "auto") -> tuple[int, bool]:
+    """How many blocks (of one iteration) one DAG run of a search decided between blocks renders, and
+    whether they are the whole search.
+
+    ``"auto"``: all of them when the search has a known end that fits ``STATIC_HOP_TASKS`` hop tasks
+    (population-based training, and a model-based random search, which is a one-rung ASHA), so
+    ``dag.test()`` and ``airflow dags test`` run it whole; otherwise as many as fit ``RUN_HOP_BUDGET``
+    hop tasks (a run's scheduler loop grows with its tasks), at least one: each DAG run hands over to
+    the next only after that many blocks. A whole number (``schedule.iterations_per_run``) sets it.
+    """
+    from mop_airflow.planning.run_chain import RUN_HOP_BUDGET  # noqa: PLC0415
     from mop_airflow.search.adaptive import STATIC_HOP_TASKS, most_blocks  # noqa: PLC0415
 
+    per_block = shards * shards * per_class
     bound = most_blocks(adaptive, block_capacity(shards, slots, adaptive))
-    if bound is None or bound * shards * shards * per_class > STATIC_HOP_TASKS:
-        return 1
-    return bound
+    if setting != "auto":
+        count = int(setting) if bound is None else min(int(setting), bound)
+    elif bound is not None and bound * per_block <= STATIC_HOP_TASKS:
+        count = bound
+    else:
+        count = max(1, RUN_HOP_BUDGET // per_block)
+        count = count if bound is None else min(count, bound)
+    return count, bound is not None and count >= bound
 
 
 def configuration_count(spec: Any) -> int:
@@ -217,7 +231,8 @@ def spec_task_plan(spec: Any, priority: str = DEFAULT_PRIORITY, *, result: bool 
     return build_task_plan(schedule.shards, schedule.iterations, adaptive, priority=priority,
                            publish=spec.publish.enabled, configurations=configurations,
                            slots=schedule.slots_per_shard, bundle_size=schedule.bundle_size, result=result,
-                           hops_per_run=runs_split(spec, configurations, chained=adaptive is None and not result))
+                           hops_per_run=runs_split(spec, configurations, chained=adaptive is None and not result),
+                           blocks_setting=schedule.iterations_per_run)
 
 
 def runs_split(spec: Any, configurations: int | None, *, chained: bool) -> int:
@@ -233,10 +248,15 @@ def runs_split(spec: Any, configurations: int | None, *, chained: bool) -> int:
             raise SpecError("schedule.iterations_per_run", schedule.iterations_per_run,
                             "cannot split a MopTaskGroup's search over several DAG runs: the run is your DAG's, and "
                             "its other tasks would run once per block", "leave schedule.iterations_per_run out")
-        if schedule.iterations_per_run != "auto" and spec.adaptive_plan():
+        adaptive = spec.adaptive_plan()
+        if schedule.iterations_per_run != "auto" and adaptive and not decided_between_blocks(adaptive):
             raise SpecError("schedule.iterations_per_run", schedule.iterations_per_run,
-                            "applies to a plain search; an adaptive search goes on over DAG runs by its own blocks "
-                            "(search.adaptive.between_runs)", "leave schedule.iterations_per_run out")
+                            "applies to a plain search or one decided between blocks; this adaptive search is drawn "
+                            "into one DAG run (search.adaptive.between_runs)", "leave schedule.iterations_per_run out")
+        if isinstance(schedule.iterations_per_run, float) and adaptive:
+            raise SpecError("schedule.iterations_per_run", schedule.iterations_per_run,
+                            "a search decided between blocks ranks at iteration boundaries, so a run holds whole "
+                            "iterations (blocks)", "use a whole number of blocks per run, or \"auto\"")
         return schedule.iterations * schedule.shards
     per_class = chains_per_class(configurations or 0, shards=schedule.shards, slots=schedule.slots_per_shard,
                                  hops=schedule.iterations * schedule.shards, bundle_size=schedule.bundle_size)
