@@ -13,12 +13,13 @@ time:
                 embedded Airflow (SQLite, LocalExecutor), on ``--shards`` one-slot shard pools, so at
                 most two hop tasks train at once with the default 2 shards, each on half of the data.
                 One iteration (every member visits every shard once) is one pass over the whole
-                training data; the search is decided between blocks of one iteration, one DAG run a
-                block. At every ``interval`` the whole population is ranked together and each member
-                of the bottom quantile goes on as a copy of one of the top (its checkpoint: weights
-                and Adam moments), explored. Timed from the start of its first DAG run to the end of
-                its last (the one whose ``report`` task ran), the hand-offs between runs included and
-                Airflow's start-up not.
+                training data; the search is decided between blocks of one iteration, by the decide
+                tasks of one DAG run or of a chain of runs (``schedule.iterations_per_run``; "auto"
+                holds a search this small in one run). At every ``interval`` the whole population is
+                ranked together and each member of the bottom quantile goes on as a copy of one of
+                the top (its checkpoint: weights and Adam moments), explored. Timed from the start of
+                its first DAG run to the end of its last (the one whose ``report`` task ran), any
+                hand-offs between runs included and Airflow's start-up not.
   Ray Tune      ``tune.Tuner`` with ``PopulationBasedTraining(time_attr="epoch",
                 perturbation_interval=interval, quantile_fraction=quantile, resample_probability=...,
                 perturbation_factors=(1.2, 0.8), hyperparam_mutations=..., synch=True)``,
@@ -181,7 +182,12 @@ def _ray_trials(folder: str, options: dict) -> dict:
         resample_probability=options["resample_probability"], perturbation_factors=FACTORS,
         hyperparam_mutations={"learning_rate": param_space["learning_rate"], "batch_size": list(BATCH_SIZES)},
         synch=True)
-    random.seed(SEED)  # Ray's PBT draws its parents and explorations from Python's generator, in this process
+    # Ray's PBT draws its parents and explorations from Python's generator, and a resampled value from
+    # the search space's distribution through NumPy's global one, in this process: both seeded
+    random.seed(SEED)
+    import numpy as np  # noqa: PLC0415
+
+    np.random.seed(SEED)
     search = BasicVariantGenerator(points_to_evaluate=options.get("points"), random_state=SPACE_SEED)
     tuner = tune.Tuner(
         tune.with_resources(trainable, {"cpu": 1}), param_space=param_space,

@@ -201,13 +201,14 @@ def test_two_blocks_a_run_decide_and_rank_as_one_block_a_run(airflow):
     are those of a DAG run a block."""
     store = Store(f"file://{airflow.root / 'store'}")
     searches = {TWO_BLOCKS: airflow.trigger(TWO_BLOCKS), ASHA: airflow.trigger(ASHA)}
-    for dag_id, runs in ((TWO_BLOCKS, 2), (ASHA, 3)):
+    # a continuing run is named by the block it starts with: the second run starts with block 3
+    for dag_id, blocks in ((TWO_BLOCKS, (2,)), (ASHA, (1, 2))):
         first = searches[dag_id]
-        for run_id in [first] + [f"{first}__block_{b}" for b in range(1, runs)]:
+        for run_id in [first] + [f"{first}__block_{b}" for b in blocks]:
             assert airflow.wait_for_run(dag_id, run_id, timeout=420) == "success", failed_logs(airflow, dag_id, run_id)
     first = searches[TWO_BLOCKS]
-    assert not store.exists(RunLayout(store, TWO_BLOCKS, f"{first}__block_2").continues_uri)  # two runs, not three
-    second = f"{first}__block_1"
+    second = f"{first}__block_2"
+    assert store.read_json(RunLayout(store, TWO_BLOCKS, first).chain_uri)["runs"] == [first, second]
     assert Continuation.from_dict(airflow.api("GET", f"/dags/{TWO_BLOCKS}/dagRuns/{second}")["conf"][CONF_KEY]) == \
         Continuation(first_run=first, block=2, start=4)
     states = [{ti["task_id"]: ti["state"] for ti in airflow.task_instances(TWO_BLOCKS, run)} for run in (first, second)]

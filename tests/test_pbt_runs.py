@@ -158,12 +158,12 @@ def test_pbt_copies_the_best_members_checkpoint_between_dag_runs_and_a_killed_ho
         assert rows[cid]["outcome"].startswith("finished: member ")
 
     # the results page's family tree: each member's configurations end to end, every copy an edge
-    lineage = run_results(layout, RunRecord.read(store, layout.run_record_uri))["lineage"]
-    assert lineage["members"] == 4 and lineage["fields"] == ["batch_size", "learning_rate"]
+    tree = run_results(layout, RunRecord.read(store, layout.run_record_uri))["lineage"]
+    assert tree["members"] == 4 and tree["fields"] == ["batch_size", "learning_rate"]
     for m in range(4):
-        spans = [(seg["from"], seg["to"]) for seg in lineage["segments"] if seg["member"] == m]
+        spans = [(seg["from"], seg["to"]) for seg in tree["segments"] if seg["member"] == m]
         assert spans[0][0] == 0 and spans[-1][1] == 3 and all(a[1] == b[0] for a, b in zip(spans, spans[1:]))
-    assert [(c["replaced"], c["config_id"], c["parent"]) for c in lineage["copies"]] == \
+    assert [(c["replaced"], c["config_id"], c["parent"]) for c in tree["copies"]] == \
         [(c["replaced"], c["config_id"], c["parent"]) for c in board["lineage"]]
     assert board["importance"]["trials"] == 4  # the members that trained to the end
 

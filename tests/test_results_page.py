@@ -512,6 +512,76 @@ def test_an_asha_run_shows_every_decision_between_blocks(airflow, browser, tmp_p
     page.context.close()
 
 
+def test_a_pbt_run_draws_its_family_tree_and_which_hyperparameters_mattered(airflow, browser, tmp_path):
+    """The page drawn from a population-based training run's data (hand-written hop records and
+    checkpoints, the real decision after its first block): member 0, the worst, went on as a copy of
+    member 1, the best; the family tree shows each member's bars and the copy, and a report's
+    importance table shows the learning rate first."""
+    import io
+
+    import numpy as np
+
+    from mop_airflow.planning.blocks import decide_next_block, first_block
+    from mop_airflow.records.checkpoint_file import FORMAT
+    from mop_airflow.records.layout import with_proposed
+    from mop_airflow.results.page import run_results
+    from tests.test_results import MLP, hop, planned
+
+    spec = tiny_spec("/data/digits.parquet", f"file://{tmp_path / 'store'}")
+    lr = {"distribution": "log_uniform", "low": 1e-4, "high": 3e-2}
+    spec["search"]["space"] = {"method": "random", "seed": 3, "params": {
+        "model": [MLP], "learning_rate": lr, "batch_size": [32], "hparams": {"units": [32]}}}
+    spec["search"]["adaptive"] = {"method": "pbt", "population": 4, "iterations": 3, "interval": 1,
+                                  "mutations": {"learning_rate": lr}}
+    layout, run, plan = planned(Store(spec["store"]["root"]), spec)
+    first_block(layout, run, plan)
+    ids = [c["config_id"] for c in run.configs]
+    for k, (accuracy, cid) in enumerate(zip((0.5, 0.8, 0.6, 0.7), ids)):
+        for t in (0, 1):
+            record = hop(layout, cid, t, t, start=2 * (k + t), seconds=2, loss=1.0 - accuracy, acc=accuracy,
+                         val=(1.0 - accuracy, accuracy) if t == 1 else None)
+        buffer = io.BytesIO()  # the state of its last hop, in the checkpoint file's format
+        np.savez(buffer, **{"model/00000": np.full(3, float(k)), "meta": np.frombuffer(json.dumps(
+            {"format": FORMAT, "meta": {"config_id": cid, "t": 1}}).encode(), dtype=np.uint8)})
+        layout.store.write_bytes(layout.checkpoint_uri(cid, 1), buffer.getvalue())
+        record.__class__(**{**record.to_dict(), "checkpoint": layout.checkpoint_uri(cid, 1)}).write(
+            layout.store, layout.hop_record_uri(cid, 1))
+    decision = decide_next_block(layout, run, plan, 0)
+    (copy,) = decision.copies
+    assert (copy["replaced"], copy["parent"], copy["member"]) == (ids[0], ids[1], 0)
+    data = {**run_results(layout, run), "run_state": "running"}
+    data["leaderboard"]["importance"] = {"metric": "val_accuracy", "evaluator": "fANOVA", "trials": 4, "importances": [
+        {"field": "learning_rate", "importance": 0.9}, {"field": "batch_size", "importance": 0.1}]}
+
+    page = logged_in(browser, airflow)
+    page.route("**/mop/api/runs/**", lambda route: route.fulfill(status=200, content_type="application/json",
+                                                                  body=json.dumps(data)))
+    page.goto(f"{airflow.base_url}/mop/runs/{layout.dag_id}/{quoted(layout.run_id)}")
+    page.locator("#lineage svg").wait_for(timeout=60_000)
+    page.screenshot(path=str(tmp_path / "results_page_pbt.png"), full_page=True)
+    bars = page.locator("#lineage rect.segment")
+    members = sorted((bars.nth(k).get_attribute("data-member"), bars.nth(k).get_attribute("data-config-id"))
+                     for k in range(bars.count()))
+    child = copy["config_id"]
+    assert members == sorted([("0", ids[0]), ("0", child), ("1", ids[1]), ("2", ids[2]), ("3", ids[3])])
+    edge = page.locator("#lineage line.copy")
+    assert edge.count() == 1 and (edge.get_attribute("data-config-id"), edge.get_attribute("data-parent")) == \
+        (child, ids[1])
+    cells = page.locator(f"#copies tbody tr[data-config-id='{child}'] td").all_inner_texts()
+    assert cells[:4] == ["1", "0", f"{ids[0]} (0.5)", f"{ids[1]} (0.8)"] and cells[5].startswith("learning_rate ")
+    assert page.locator("#decisions tbody tr[data-kind='exploit']").get_attribute("data-config-id") == child
+    assert "population-based training, population=4 iterations=3 interval=1" in page.locator("#plan-note").inner_text()
+    outcomes = {cid: page.locator(f"#leaderboard tbody tr[data-config-id='{cid}'] td").all_inner_texts()[-1]
+                for cid in (ids[0], child)}
+    assert outcomes[ids[0]].startswith("replaced after iteration 1: ranked 4 of 4, so member 0 went on as " + child)
+    assert outcomes[child] == "training: member 0, iteration 2 of 3"
+    rows = page.locator("#importance tbody tr")
+    assert rows.count() == 2 and rows.first.get_attribute("data-field") == "learning_rate"
+    assert "fANOVA importance" in page.locator("#importance-note").inner_text()
+    assert child in {c["config_id"] for c in with_proposed(layout, run).configs}
+    page.context.close()
+
+
 @pytest.fixture(scope="module")
 def group_run(airflow, finished):
     """A run of the DAG of two groups: model_selection's selection is the finished run written again as

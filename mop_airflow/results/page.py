@@ -19,7 +19,8 @@ from typing import Any, Iterator, Mapping, Sequence
 from mop_airflow.errors import StoreError
 from mop_airflow.records.layout import RunLayout, with_proposed
 from mop_airflow.records import BlockDecision, HopRecord, Plan, RunRecord, RungDecision, ShardingPlan
-from mop_airflow.results.report import adaptive_outcome, config_label, leaderboard, mark_outcomes, metrics_table
+from mop_airflow.results.report import (adaptive_outcome, config_label, leaderboard, mark_outcomes, metrics_table,
+                                        pbt_outcome)
 from mop_airflow.results.runs import load_all_hops, load_block_decisions, load_rung_decisions, visit_order
 
 # What may be downloaded, by name, from the run's report folder and nowhere else.
@@ -94,6 +95,8 @@ def run_results(layout: RunLayout, run: RunRecord) -> dict[str, Any]:
     blocks = load_block_decisions(layout) if recorded and plan.decided_between_blocks else []
     rows = metrics_table(plan.shards, run.configs, records)
     board = report if report is not None else provisional_leaderboard(run, plan, rows, records, failures, decisions)
+    if report is None and blocks and blocks[0].members:  # PBT on its way: who was replaced, who trains on
+        provisional_lineage(board, blocks, plan)
     stage = "reported" if report is not None else "training" if records or failures else \
         "planned" if recorded else "resolved"
     return json_safe({
@@ -208,6 +211,20 @@ def block_view(decisions: Sequence[BlockDecision]) -> list[dict[str, Any]]:
     """A search decided between blocks: what each block's step decided, in the order it did."""
     return [{"block": d.block, "training": len(d.training), "finished": d.finished, "capacity": d.capacity,
              "jobs": d.jobs} for d in decisions]
+
+
+def provisional_lineage(board: Mapping[str, Any], blocks: Sequence[BlockDecision], plan: Plan) -> None:
+    """A population-based training search still training: each replaced configuration says so, and the
+    members of the latest block are training (the report's words once it has ended)."""
+    extra = pbt_outcome(blocks, plan, board["leaderboard"])
+    latest = blocks[-1]
+    if not latest.finished:
+        for row in board["leaderboard"]:
+            if row["config_id"] in latest.training and row["status"] not in ("failed", "diverged"):
+                row["status"] = "training"
+                row["outcome"] = (f"training: member {row['member']}, iteration {latest.block + 1} of "
+                                  f"{plan.adaptive['iterations']}")
+    board.update(extra)
 
 
 def lineage_view(decisions: Sequence[BlockDecision], run: RunRecord) -> dict[str, Any] | None:

@@ -471,13 +471,20 @@
     });
   }
 
+  function adaptiveText(a) {
+    if (a.method === "pbt") {
+      return "population-based training, population=" + a.population + " iterations=" + a.iterations +
+        " interval=" + a.interval + " quantile=" + a.quantile;
+    }
+    return (a.method === "asha" ? "ASHA n=" + a.n + " r=" + a.r + " R=" + a.R : a.R !== undefined ?
+      "Hyperband R=" + a.R : "successive halving n=" + a.n) + " eta=" + a.eta;
+  }
+
   function renderPlan(data, configs) {
     var plan = data.plan;
     var holder = clear(document.getElementById("plan"));
     document.getElementById("plan-note").textContent = plan.configurations + " configurations (" + plan.method +
-      (plan.adaptive ? ", " + (plan.adaptive.method === "asha" ? "ASHA n=" + plan.adaptive.n + " r=" + plan.adaptive.r +
-        " R=" + plan.adaptive.R : plan.adaptive.R !== undefined ? "Hyperband R=" + plan.adaptive.R : "successive halving n=" +
-        plan.adaptive.n) + " eta=" + plan.adaptive.eta + (plan.adaptive.decided === "blocks" ?
+      (plan.adaptive ? ", " + adaptiveText(plan.adaptive) + (plan.adaptive.decided === "blocks" ?
         ", decided between blocks of one iteration" : "") : "") + ") \u00b7 " + plan.shards + " shard(s) \u00d7 " +
       plan.slots_per_shard + " slot(s) \u00b7 " + plan.iterations + " iteration(s) of " + plan.epochs_per_hop +
       " pass(es) per hop \u00b7 " + plan.model_hops_total + " model hops \u00b7 seed " + plan.seed + " \u00b7 " +
