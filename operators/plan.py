@@ -14,8 +14,8 @@ import socket
 from typing import Any
 
 from mop_airflow.errors import TrainingError
-from mop_airflow.planning.resume import bundle_items, resume_after, resume_at, resume_in_block
-from mop_airflow.records import Assignment, BlockDecision, Manifest, Plan, StageRecord
+from mop_airflow.planning.resume import block_items, bundle_items, resume_after, resume_at
+from mop_airflow.records import Assignment, Manifest, Plan, StageRecord
 from mop_airflow.planning.plan import make_plan
 from mop_airflow.planning.schedule import DEFAULT_PRIORITY
 
@@ -140,15 +140,6 @@ class MopStageShardOperator(MopBaseOperator):
         if resumed is None:
             self.log.info("%s did not finish hop %d (it failed earlier): it trains no further", cid, t)
         return resumed
-
-
-def block_items(layout: Any, block: int, offset: int) -> list[dict[str, Any]]:
-    """Offset class ``offset``'s bundles of block ``block`` (its decision), each configuration resuming
-    where it stands (:func:`~mop_airflow.planning.resume.resume_in_block`)."""
-    decision = BlockDecision.read(layout.store, layout.block_decision_uri(block))
-    per_class = decision.bundles
-    return bundle_items(per_class[offset], sum(len(b) for b in per_class[:offset]),
-                        lambda cid: resume_in_block(layout, decision, cid))
 
 
 class MopBlockDealOperator(MopBaseOperator):

@@ -33,3 +33,26 @@ def test_the_next_blocks_classes_keep_a_rotation_inside_a_job_and_spread_new_job
     assert offsets == {"a": 0, "b": 1, "c": 0, "d": 1}
     classes, _ = next_classes({}, ["x", "y", "z"], shards=2, rotation={})
     assert classes == [["x", "z"], ["y"]]
+
+
+def test_a_block_after_the_search_ended_in_the_same_run_deals_nothing_and_a_missing_decision_is_an_error(tmp_path):
+    """A run of several blocks: the decide steps after the one that found nothing left write no
+    decision, so their blocks' deal tasks find none and train nothing; a decision missing while the
+    search goes on is a StoreError that says which decide task to clear."""
+    import pytest
+
+    from mop_airflow.errors import StoreError
+    from mop_airflow.planning.resume import block_items
+    from mop_airflow.records import BlockDecision
+    from mop_airflow.records.layout import RunLayout
+    from mop_airflow.store import Store
+
+    layout = RunLayout(Store(f"file://{tmp_path}"), "d", "r")
+    BlockDecision(block=0, capacity=2, training={"a": 0}, offsets={"a": 0}, bundles=[[["a"]], []]).write(
+        layout.store, layout.block_decision_uri(0))
+    items = block_items(layout, 0, 0)
+    assert [[a["config_id"] for a in item["assignments"]] for item in items] == [["a"]]
+    with pytest.raises(StoreError, match="no decision for block 2 .* Fix: clear the decide task of block 1"):
+        block_items(layout, 1, 0)
+    BlockDecision(block=1, capacity=2, finished=True, bundles=[[], []]).write(layout.store, layout.block_decision_uri(1))
+    assert block_items(layout, 1, 0) == [] and block_items(layout, 2, 0) == [] and block_items(layout, 5, 1) == []
