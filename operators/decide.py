@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from mop_airflow.records import BlockDecision, Continuation, Plan
+from mop_airflow.records import Continuation, Plan
 
 from mop_airflow.operators.base import MopBaseOperator
 from mop_airflow.operators.next_run import start_next_block
@@ -31,7 +31,7 @@ class MopDecideOperator(MopBaseOperator):
         self.whole = whole
 
     def work(self, context: Any) -> dict[str, Any] | None:
-        from mop_airflow.planning.blocks import decide_next_block  # noqa: PLC0415
+        from mop_airflow.planning.blocks import decide_next_block, decision_or_end  # noqa: PLC0415
 
         continuing = self.continuation(context)
         here = continuing or Continuation(first_run=context["run_id"], block=0, start=0)
@@ -40,8 +40,8 @@ class MopDecideOperator(MopBaseOperator):
         if self.block is not None:
             here = Continuation(first_run=here.first_run, block=here.block + self.block,
                                 start=here.start + self.block * plan.shards)
-            ended = BlockDecision.read(layout.store, layout.block_decision_uri(here.block)).finished
-            if ended:  # the search ended at an earlier block of this run: nothing to decide, nothing to train
+            current = decision_or_end(layout, here.block)
+            if current is None or current.finished:  # the search ended in this run: nothing to decide or train
                 self.log.info("the search ended before block %d", here.block + 1)
                 return {"next_block": None, "block": here.block}
             if not self.last:

@@ -35,7 +35,7 @@ class MopReportOperator(MopBaseOperator):
         for k in range(1, self.blocks + 1):
             uri = layout.block_decision_uri(first + k)
             if not layout.store.exists(uri):
-                return False
+                return False  # the search ended only if a decision of this run found nothing left
             if BlockDecision.read(layout.store, uri).finished:
                 return True
         return False

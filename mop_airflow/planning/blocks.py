@@ -103,6 +103,21 @@ def next_classes(training: Mapping[str, int], new: Sequence[str], *, shards: int
     return classes, offsets
 
 
+def decision_or_end(layout: RunLayout, block: int) -> BlockDecision | None:
+    """Block ``block``'s decision, or None when the search ended at an earlier block of the same run:
+    the decide steps after the one that found nothing left write no decision, and their blocks train
+    nothing. A decision missing while the search goes on is a :class:`StoreError` naming the step to clear."""
+    store = layout.store
+    uri = layout.block_decision_uri(block)
+    if store.exists(uri):
+        return BlockDecision.read(store, uri)
+    earlier = next((b for b in range(block - 1, -1, -1) if store.exists(layout.block_decision_uri(b))), None)
+    if earlier is not None and BlockDecision.read(store, layout.block_decision_uri(earlier)).finished:
+        return None
+    raise StoreError(f"no decision for block {block + 1} ({uri}), and the search has not ended. Fix: clear the "
+                     f"decide task of block {block} so it decides again")
+
+
 def first_block(layout: RunLayout, run: RunRecord, plan: Plan) -> BlockDecision:
     """Block 0: what the method starts with an empty record and the whole capacity free, written to
     the store (and returned), with the configurations it proposed (TPE past its start-up draw)."""

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from mop_airflow.errors import StoreError
-from mop_airflow.records import Assignment, BlockDecision, BundleAssignment, HopRecord
+from mop_airflow.records import Assignment, BundleAssignment, HopRecord
 
 
 def bundle_items(bundles: list[list[str]], first: int, resume: Callable[[str], Assignment]) -> list[dict[str, Any]]:
@@ -54,18 +53,13 @@ def resume_in_block(layout: Any, decision: Any, cid: str) -> Assignment:
 
 def block_items(layout: Any, block: int, offset: int) -> list[dict[str, Any]]:
     """Offset class ``offset``'s bundles of block ``block`` of a search decided between blocks (its
-    decision), each configuration resuming where it stands (:func:`resume_in_block`). None when the
-    search ended at an earlier block of the same run: the decide steps after the one that found
-    nothing left write no decision, and their blocks train nothing."""
-    store = layout.store
-    uri = layout.block_decision_uri(block)
-    if not store.exists(uri):
-        earlier = next((b for b in range(block - 1, -1, -1) if store.exists(layout.block_decision_uri(b))), None)
-        if earlier is not None and BlockDecision.read(store, layout.block_decision_uri(earlier)).finished:
-            return []
-        raise StoreError(f"no decision for block {block + 1} ({uri}), and the search has not ended. Fix: clear the "
-                         f"decide task of block {block} so it decides again")
-    decision = BlockDecision.read(store, uri)
+    decision), each configuration resuming where it stands (:func:`resume_in_block`); none when the
+    search ended at an earlier block of the same run (:func:`~mop_airflow.planning.blocks.decision_or_end`)."""
+    from mop_airflow.planning.blocks import decision_or_end  # noqa: PLC0415
+
+    decision = decision_or_end(layout, block)
+    if decision is None:
+        return []
     per_class = decision.bundles
     return bundle_items(per_class[offset], sum(len(b) for b in per_class[:offset]),
                         lambda cid: resume_in_block(layout, decision, cid))
