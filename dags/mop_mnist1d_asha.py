@@ -3,10 +3,9 @@
 Asynchronous successive halving (Li et al., MLSys 2020): whenever capacity frees up, the best third
 of a rung that has not gone on yet is promoted to the next rung, and only when none can be does a
 new configuration start. No slot waits for a rung to fill. The search is decided between blocks of
-one iteration: each block's ``decide`` task reads the block's hop records and decides what the next
-block trains. A DAG run holds 8 blocks (as many as fit 256 hop tasks); its last ``decide`` task
-starts the DAG's next run, until nothing is left, and that run reports. So the DAG's shape does not
-grow with ``n`` and ``R``.
+one iteration, one block a DAG run: each run trains a block of hops, then its ``decide`` task reads
+the block's hop records, decides what trains next and starts the DAG's next run, until nothing is
+left; the last run reports. So the DAG holds one block whatever ``n`` and ``R`` are.
 It runs on Airflow (``mop-airflow up``, then trigger it), not under ``dag.test()``, which runs one run.
 """
 

@@ -345,12 +345,9 @@ def test_a_trigger_conf_may_name_builders_only_from_the_modules_the_dag_allows()
                                               ({"method": "hyperband", "R": 81, "eta": 3, "rounding": "madlib"}, 16),
                                               ({"method": "hyperband", "R": 27, "eta": 3}, 4),
                                               ({"method": "asha", "n": 256, "r": 1, "R": 81, "eta": 3}, 16)])
-def test_an_adaptive_search_too_large_to_draw_renders_blocks_and_decide_steps(adaptive, shards):
+def test_an_adaptive_search_too_large_to_draw_renders_one_block_and_a_decide_step(adaptive, shards):
     """Hyperband at MADlib's example size (R=81, eta=3, 16 workers) drew 24,722 tasks into one DAG;
-    decided between blocks, a run holds blocks of one iteration of every class's chains whatever R
-    is: as many as fit 256 hop tasks, at least one (MADlib's size: one; R=27 on 4 shards: several),
-    each ending in a decide step."""
-    from mop_airflow.planning.run_chain import RUN_HOP_BUDGET
+    decided between blocks, a run holds one iteration of every class's chains whatever R is."""
     from mop_airflow.search.adaptive import adaptive_plan, decided_between_blocks, drawn_hop_tasks
 
     plan = adaptive_plan(adaptive, shards)
@@ -359,10 +356,9 @@ def test_an_adaptive_search_too_large_to_draw_renders_blocks_and_decide_steps(ad
     assert len(tasks.tasks) <= 600 and {t.kind for t in tasks.tasks} >= {"decide", "stage", "hop"}
     assert {t.args["t"] for t in tasks.tasks if t.kind == "hop"} == set(range(shards))  # blocks of one iteration
     assert all(t.args.get("relative") for t in tasks.tasks if t.kind == "hop")
-    decides = [t.task_id for t in tasks.tasks if t.kind == "decide"]
-    assert decides[-1] == "decide" and [t.task_id for t in tasks.tasks if t.kind == "report"] == ["report"]
-    per_block = tasks.hop_tasks // len(decides)
-    assert len(decides) == max(1, RUN_HOP_BUDGET // per_block)
-    assert (len(decides) == 1) == (shards == 16)
+    assert [t.task_id for t in tasks.tasks if t.kind in ("decide", "report")] == ["decide", "report"]
+    two = build_task_plan(shards, 0, plan, blocks_setting=2)  # schedule.iterations_per_run: 2 blocks a run
+    assert [t.task_id for t in two.tasks if t.kind == "decide"] == ["block_1.decide", "decide"]
+    assert two.hop_tasks == 2 * tasks.hop_tasks
     if adaptive["method"] != "asha":
         assert drawn_hop_tasks(plan) > 600  # what the rungs would have drawn

@@ -340,8 +340,8 @@ class ScheduleSpec:
             a block of fewer hops; an integer >= 1 must divide ``iterations``; a fraction below 1 (0.25
             on 8 shards: 2 hops a run) must be a whole number of hops dividing ``shards``. A search
             decided between blocks (ASHA, PBT, TPE, a large Hyperband): how many blocks of one
-            iteration one run holds; ``"auto"`` takes the whole search when its end is known and fits
-            600 hop tasks, else as many blocks as fit ``RUN_HOP_BUDGET``, at least one.
+            iteration one run holds; ``"auto"`` takes the whole search when its end is known (PBT,
+            TPE) and fits 600 hop tasks, else one.
     """
 
     shards: int = 4
@@ -473,7 +473,7 @@ class SearchSpec:
             ``{"method": "successive_halving", "n": 27, "r": 1, "eta": 3}``,
             ``{"method": "asha", "n": 64, "r": 1, "R": 27, "eta": 3}`` or
             ``{"method": "pbt", "population": 8, "iterations": 12, "interval": 2, "mutations": {...}}``
-            (ASHA and PBT are decided between blocks of hops, a few blocks a DAG run; see
+            (ASHA and PBT are decided between blocks of hops; see
             :mod:`mop_airflow.search.adaptive` and :mod:`mop_airflow.search.pbt`). Needs ``space.method="random"`` without
             ``num_samples``. Fixed when the DAG file is parsed.
         fail_fast: ``False``: a configuration whose builder raises, whose loss diverges or that runs

@@ -192,11 +192,12 @@ def blocks_per_run(adaptive: Any, shards: int, slots: int, per_class: int,
 
     ``"auto"``: all of them when the search has a known end that fits ``STATIC_HOP_TASKS`` hop tasks
     (population-based training, and a model-based random search, which is a one-rung ASHA), so
-    ``dag.test()`` and ``airflow dags test`` run it whole; otherwise as many as fit ``RUN_HOP_BUDGET``
-    hop tasks (a run's scheduler loop grows with its tasks), at least one: each DAG run hands over to
-    the next only after that many blocks. A whole number (``schedule.iterations_per_run``) sets it.
+    ``dag.test()`` and ``airflow dags test`` run it whole; otherwise one, and each block's decide step
+    starts the DAG's next run. Several blocks a run are not faster: the MNIST-1D ASHA of
+    ``benchmarks/asha_vs_ray.py`` took 230.9 s with its 23 blocks in one run against 170.2 s in 23
+    runs (each block in a run waits for a decide and a deal task, and the run's many waiting tasks
+    slow every scheduler loop). A whole number (``schedule.iterations_per_run``) sets the count.
     """
-    from mop_airflow.planning.run_chain import RUN_HOP_BUDGET  # noqa: PLC0415
     from mop_airflow.search.adaptive import STATIC_HOP_TASKS, most_blocks  # noqa: PLC0415
 
     per_block = shards * shards * per_class
@@ -206,8 +207,7 @@ def blocks_per_run(adaptive: Any, shards: int, slots: int, per_class: int,
     elif bound is not None and bound * per_block <= STATIC_HOP_TASKS:
         count = bound
     else:
-        count = max(1, RUN_HOP_BUDGET // per_block)
-        count = count if bound is None else min(count, bound)
+        count = 1
     return count, bound is not None and count >= bound
 
 

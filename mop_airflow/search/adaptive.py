@@ -7,9 +7,9 @@
 
 Hyperband's and successive halving's plan fixes the DAG's shape (brackets, rungs, hops), so like
 ``schedule.shards`` it cannot change per run. Each bracket draws its own configurations from the
-(random) search space. ASHA (:mod:`mop_airflow.search.asha`) is decided between blocks of hops, a few
-blocks a DAG run, so its DAG's shape does not grow with ``n`` and ``R``; so is population-based
-training (:mod:`mop_airflow.search.pbt`).
+(random) search space. ASHA (:mod:`mop_airflow.search.asha`) is decided between blocks of hops, one
+block a DAG run, so its DAG holds one block whatever ``n`` and ``R`` are; so is population-based
+training (:mod:`mop_airflow.search.pbt`), whose blocks a small search holds all in one run.
 """
 
 from __future__ import annotations
@@ -104,7 +104,8 @@ def drawn_hop_tasks(plan: HyperbandPlan | Bracket) -> int:
 
 
 def decided_between_blocks(plan: Any) -> bool:
-    """Whether the search is decided between blocks of hops (a few blocks a DAG run) rather than drawn
+    """Whether the search is decided between blocks of hops (one block a DAG run, or all of a small
+    PBT or TPE search in one) rather than drawn
     into the DAG's shape: always for ASHA, and for Hyperband or successive halving whose rungs
     would draw more than ``STATIC_HOP_TASKS`` hop tasks. PBT too: its copies are decided as it trains."""
     if plan is None or isinstance(plan, LADDERS):
