@@ -197,7 +197,8 @@ def _fixed_fields(spec: MopSpec) -> list[FormField]:
     out = []
     for k, (key, default, title) in enumerate(keys):
         value = adaptive.get(key, default)
-        out.append(FormField(key, value, {
+        # PBT's options are named pbt_<option> in the form: its "iterations" is not schedule.iterations
+        out.append(FormField(f"pbt_{key}" if method == "pbt" else key, value, {
             "type": "integer", "title": title, "section": section, "enum": [value],
             "values_display": {str(value): f"{value} (set in the DAG file)"},
             **({"description_md": note} if k == 0 else {})}, ("fixed", key)))

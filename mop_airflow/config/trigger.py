@@ -92,7 +92,7 @@ def _typed_edits(spec: MopSpec, fields: Mapping[str, FormField], edits: Mapping[
             out[("search", "direction")] = spec.search.direction if value == spec.search.metric else None
         elif kind == "fixed":
             raise SpecError(f"conf.{name}", value, "decides the brackets and rungs of the DAG's graph, so it is fixed "
-                            "when the DAG file is parsed", f"change search.adaptive in the DAG file ({name}="
+                            "when the DAG file is parsed", f"change search.adaptive in the DAG file ({where[0]}="
                             f"{fields[name].default} there), or leave {name} out of the conf")
     if "num_samples" in fields:
         method = edits.get("method", space["method"])
