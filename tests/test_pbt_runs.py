@@ -99,7 +99,7 @@ def arrays(data):
             json.loads(archive["meta"].tobytes().decode())["meta"]
 
 
-def test_pbt_copies_the_best_members_checkpoint_between_dag_runs_and_a_killed_hop_changes_nothing(airflow):
+def test_pbt_copies_the_best_members_checkpoint_between_blocks_and_a_killed_hop_changes_nothing(airflow):
     store = Store(f"file://{airflow.root / 'store'}")
     searches = {dag_id: airflow.trigger(dag_id) for dag_id in (KILLED, UNDISTURBED)}
     for dag_id, first in searches.items():
