@@ -174,7 +174,10 @@ def test_a_scheduler_stopped_between_two_blocks_and_started_again_goes_on_and_ra
         starts = scheduler_log.read_text().count("Starting the scheduler")
     finally:
         airflow.start_service("scheduler")
-    assert old.returncode == 0  # it left its loop on SIGTERM: nothing had to be killed
+    # It left its loop on SIGTERM by itself: nothing had to be killed (a negative code). Airflow's
+    # scheduler may still exit 1 when the signal lands while it enqueues tasks: on its way out it
+    # commits inside its HA-lock guard ("UNEXPECTED COMMIT - THIS WILL BREAK HA LOCKS!").
+    assert old.returncode == 0 or (old.returncode == 1 and "UNEXPECTED COMMIT" in scheduler_log.read_text())
     assert hops and hops == [None] * len(hops)  # between two blocks: no hop of block 1 had started
     assert health == "unhealthy" and reference_state == "queued"  # no scheduler, so no run starts
     airflow.wait_healthy()
