@@ -44,11 +44,6 @@ class MopDecideOperator(MopBaseOperator):
             if current is None or current.finished:  # the search ended in this run: nothing to decide or train
                 self.log.info("the search ended before block %d", here.block + 1)
                 return {"next_block": None, "block": here.block}
-            if not self.last:
-                decision = decide_next_block(layout, self.run_record(layout), plan, here.block)
-                for job in decision.jobs:
-                    self.log.info("%s %s (%d iterations)", job["kind"], job["config_id"], job["iterations"])
-                return {"next_block": None if decision.finished else here.block + 1, "block": here.block}
         decision = decide_next_block(layout, self.run_record(layout), plan, here.block)
         for job in decision.jobs:
             self.log.info("%s %s to rung %d (%d iterations)%s", job["kind"], job["config_id"], job["rung"],
@@ -60,6 +55,8 @@ class MopDecideOperator(MopBaseOperator):
         nxt = Continuation(first_run=here.first_run, block=here.block + 1, start=here.start + plan.shards)
         self.log.info("block %d done; block %d trains %d configuration(s)", here.block + 1, nxt.block + 1,
                       len(decision.training))
+        if self.block is not None and not self.last:  # the next block is this run's: its deal tasks read the decision
+            return {"next_block": nxt.block, "block": here.block}
         start_next_block(context, layout, here, nxt,
                          note=f"block {nxt.block + 1} of the search started by run {here.first_run}")
         return None

@@ -198,8 +198,8 @@ def _decision(run: RunRecord, plan: Plan, *, block: int, previous: BlockDecision
             members[copy.member] = copy.config_id
             trained[copy.config_id] = copy.iteration * shards  # it goes on from its parent's state
     elif isinstance(method, AshaPlan):
-        propose = _tpe(run, method, seen, set(busy), block, made) if run.spec["search"]["space"].get("sampler") == "tpe" \
-            else None
+        model_based = run.spec["search"]["space"].get("sampler") == "tpe"
+        propose = _tpe(run, method, seen, set(busy), block, made) if model_based else None
         handed = next_jobs(method, seen, promoted, started, draw, free, direction=run.direction, propose=propose)
     else:
         handed = halving_jobs(brackets_of(method), split_by_bracket(draw, method), seen, promoted, started, free,

@@ -284,18 +284,20 @@ def pbt_decision(plan: PbtPlan, members: Sequence[str], done: Sequence[Completio
     if segment >= len(plan.boundaries):  # the last segment ended: the search is over
         return [], [], []
     end = plan.segment_end(segment + 1)
-    ranked = rank_rung([c.result() for c in done if c.config_id in set(members)], direction=direction)
+    current = set(members)
+    ranked = rank_rung([c.result() for c in done if c.config_id in current], direction=direction)
     position = {r["config_id"]: k for k, r in enumerate(ranked)}
     metric = {c.config_id: c.metric for c in done}
     rankable = [r["config_id"] for r in ranked if _finite(r)]
+    trained = set(rankable)
     count = plan.in_quantile()
     top = rankable[:count]
     bottom = set(rankable[len(rankable) - count:]) if len(rankable) > count else set()
-    bottom |= {cid for cid in members if cid not in set(rankable)}  # failed or diverged: its state is lost
+    bottom |= current - trained  # failed or diverged: its state is lost
     jobs, copies, born = [], [], []
     for m, cid in enumerate(members):
         if cid not in bottom or not top:
-            if cid in set(rankable):
+            if cid in trained:
                 jobs.append(Job(cid, segment + 1, "continue", end, metric=metric.get(cid),
                                 rank=position[cid] + 1, of=len(ranked)))
             continue

@@ -96,15 +96,14 @@ def check_mutations(configs: Sequence[Mapping[str, Any]], mutated: Mapping[str, 
         model = build_model(config, input_shapes=input_shapes, num_classes=num_classes, seed=seed, task=task)
         return [tuple(v.shape) for v in model.variables]  # what a checkpoint holds (dropout seeds too)
 
-    built = 0
-    firsts = {c["model"]: c for c in reversed(list(configs))}  # one configuration per builder
-    for key, spec in sorted(mutated.items()):
-        if not key.startswith("hparams."):
-            continue  # the learning rate, batch size and optimizer settings never change the weights
-        values = extremes(spec)
-        for config in firsts.values():
-            own = shapes(config)
-            built += 1
+    # the learning rate, batch size and optimizer settings never change the weights
+    hparams = {key: extremes(spec) for key, spec in sorted(mutated.items()) if key.startswith("hparams.")}
+    firsts = {c["model"]: c for c in reversed(list(configs))} if hparams else {}  # one configuration per builder
+    owns = {model: shapes(config) for model, config in firsts.items()}
+    built = len(owns)
+    for key, values in hparams.items():
+        for model, config in firsts.items():
+            own = owns[model]
             for value in values:
                 try:
                     other = shapes(set_field(config, key, value))

@@ -61,3 +61,20 @@ def test_a_regression_model_must_output_one_value_per_row():
     found = check(cfgs, task="regression", classes=0)
     assert found.failures["c000-test00"].endswith(
         "the model outputs 7 value(s) per row but a regression target need(s) 1. Fix: end with keras.layers.Dense(1)")
+
+
+def test_a_pbt_mutation_of_an_hparam_that_changes_the_weights_is_refused_and_one_that_does_not_passes():
+    from mop_airflow.errors import SpecError
+    from mop_airflow.search.pbt import mutations
+    from mop_airflow.training.model_check import check_mutations
+
+    cfgs = configs((TOY_MODEL, {"hparams": {"units": 12, "scale": 1.0}}))
+    space = {"hparams": {"units": [12], "scale": [1.0]}}
+    built = check_mutations(cfgs, mutations({"learning_rate": [0.01, 0.1], "hparams.scale": [0.5, 2.0]}, space),
+                            input_shapes=SHAPES, num_classes=3, task="classification")
+    assert built == 3  # the builder's own model, then each listed value of the hparam
+    with pytest.raises(SpecError) as caught:
+        check_mutations(cfgs, mutations({"hparams.units": {"distribution": "int_uniform", "low": 8, "high": 16}}, space),
+                        input_shapes=SHAPES, num_classes=3, task="classification")
+    assert caught.value.field == "search.adaptive.mutations.hparams.units" and caught.value.value == 8
+    assert "changes the weights of model" in str(caught.value) and "units=12" in str(caught.value)
