@@ -109,7 +109,8 @@ class MopStageShardOperator(MopBaseOperator):
         manifest = Manifest.read(layout.store, layout.manifest_pointer_uri)
         before = layout.store.bytes_read
         for entry in (manifest.shards[self.shard], manifest.validation):
-            path = cached_shard(layout.store, entry, cache_dir, max_bytes=store_spec.cache_max_bytes)
+            path = cached_shard(layout.store, entry, cache_dir, max_bytes=store_spec.cache_max_bytes,
+                                manifest=manifest)
             self.log.info("cached %s at %s", entry.uri, path)
         ti = context["ti"]
         StageRecord(shard=self.shard, host=getattr(ti, "hostname", None) or socket.getfqdn(), queue=self.queue,

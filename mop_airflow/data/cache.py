@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import time
 import uuid
 
@@ -16,6 +17,7 @@ import numpy as np
 
 from typing import Any
 
+from mop_airflow.data.decoded import DecodedShard, decoded_path, decodes, folder_bytes, is_decoded, write_decoded
 from mop_airflow.data.inputs import SCALAR_INPUT, InputSpec, input_columns, to_arrays
 from mop_airflow.errors import DataValidationError, StoreError
 from mop_airflow.records import Manifest, ShardEntry
@@ -29,14 +31,27 @@ _HASH_CHUNK = 1 << 20
 IN_USE_SECONDS = 600.0
 
 
-def cached_shard(store: Store, entry: ShardEntry, cache_dir: str, *, max_bytes: int | None = None) -> str:
+def cached_shard(store: Store, entry: ShardEntry, cache_dir: str, *, max_bytes: int | None = None,
+                 manifest: Manifest | None = None) -> str:
     """Local path of the shard (or validation set) described by manifest ``entry``.
 
     The first call copies it from the store and checks its sha256 (every part's, for a shard the
     slices scattered in parts, which are then gathered into one file); later calls only check the
     cached file and read nothing from the store. Each call marks the file used; after a copy, the
     least recently used files go until the cache holds at most ``max_bytes``.
+
+    Given the ``manifest``, numeric rows are cached decoded instead (:mod:`~mop_airflow.data.decoded`):
+    the path is then a folder of arrays, which :func:`load_shard` and the stream read.
     """
+    if manifest is not None and decodes(manifest_inputs(manifest), entry):
+        path = decoded_path(cache_dir, entry, _recipe(manifest))
+        copied = not os.path.isdir(path)
+        if copied:
+            _decode_verified(store, entry, manifest, path)
+        os.utime(path)
+        if copied and max_bytes is not None:
+            evict(cache_dir, max_bytes)
+        return path
     path = os.path.join(cache_dir, f"{entry.sha256}.parquet")
     if entry.parts:
         copied = not os.path.exists(path)
@@ -71,7 +86,7 @@ def evict(cache_dir: str, max_bytes: int, *, now: float | None = None) -> list[s
         if now - used < IN_USE_SECONDS:
             continue
         try:
-            os.unlink(path)
+            shutil.rmtree(path) if is_decoded(path) else os.unlink(path)
         except FileNotFoundError:  # another process on this worker evicted it first
             pass
         total -= size
@@ -83,13 +98,14 @@ def _cached_files(cache_dir: str) -> list[tuple[str, float, int]]:
     """(path, last use, bytes) of every complete cached shard (temp files of copies in flight aside)."""
     out = []
     for name in os.listdir(cache_dir) if os.path.isdir(cache_dir) else []:
-        if name.endswith(".parquet"):
+        if name.endswith(".parquet") or is_decoded(name):
             path = os.path.join(cache_dir, name)
             try:
                 stat = os.stat(path)
+                size = folder_bytes(path) if is_decoded(name) else stat.st_size
             except FileNotFoundError:
                 continue
-            out.append((path, stat.st_mtime, stat.st_size))
+            out.append((path, stat.st_mtime, size))
     return out
 
 
@@ -125,6 +141,32 @@ def _gathered_shard(store: Store, entry: ShardEntry, cache_dir: str) -> str:
     return path
 
 
+def _decode_verified(store: Store, entry: ShardEntry, manifest: Manifest, path: str) -> None:
+    """Copy ``entry``'s files one at a time (each checked against its sha256) and decode them into ``path``."""
+    folder = os.path.dirname(path)
+    os.makedirs(folder, exist_ok=True)
+    locals_ = [os.path.join(folder, f"{part.sha256}.parquet.decode-{uuid.uuid4().hex}") for part in entry.files]
+
+    def files() -> Any:
+        for part, local in zip(entry.files, locals_):
+            _copy_verified(store, part, local)
+            yield local
+            os.unlink(local)  # one stored file on disk at a time, beside the arrays
+
+    try:
+        write_decoded(files(), path, rows=entry.rows, inputs=manifest_inputs(manifest),
+                      decode=lambda table: load_table(table, manifest))
+    finally:
+        for local in locals_:
+            if os.path.exists(local):
+                os.unlink(local)
+
+
+def _recipe(manifest: Manifest) -> list[Any]:
+    """What decoding a row depends on besides its bytes."""
+    return [manifest.inputs or manifest.features, manifest.label, manifest.classes, manifest.task]
+
+
 def _copy_verified(store: Store, entry: ShardEntry, path: str) -> None:
     """Copy ``entry``'s file to ``path``, checked against its sha256 before it appears there."""
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
@@ -153,6 +195,8 @@ def manifest_inputs(manifest: Manifest) -> list[InputSpec]:
 
 def load_shard(path: str, manifest: Manifest) -> tuple[Any, np.ndarray]:
     """A cached shard as the model's input (an array, or a dict per input) and its targets."""
+    if is_decoded(path):
+        return DecodedShard.open(path).arrays()
     return load_xy(path, manifest_inputs(manifest), manifest.label, manifest.classes, manifest.task)
 
 

@@ -23,6 +23,7 @@ def export_best(layout: RunLayout, run: RunRecord, manifest: Manifest, config_id
     import pyarrow.parquet as pq  # noqa: PLC0415
 
     from mop_airflow.data.cache import cached_shard, load_table, manifest_inputs  # noqa: PLC0415
+    from mop_airflow.data.decoded import DecodedShard, is_decoded  # noqa: PLC0415
     from mop_airflow.data.inputs import input_shapes  # noqa: PLC0415
     from mop_airflow.training.builder import build_model  # noqa: PLC0415
     from mop_airflow.training.checkpoint import restore_state  # noqa: PLC0415
@@ -31,8 +32,11 @@ def export_best(layout: RunLayout, run: RunRecord, manifest: Manifest, config_id
     store = layout.store
     config = run.config(config_id)
     # 64 validation rows prove the export; the first row group has them (the file may be huge).
-    first_rows = pq.ParquetFile(cached_shard(store, manifest.validation, cache_dir)).read_row_group(0).slice(0, 64)
-    xv, _ = load_table(first_rows, manifest)
+    held = cached_shard(store, manifest.validation, cache_dir, manifest=manifest)
+    if is_decoded(held):
+        xv, _ = DecodedShard.open(held).head(64)
+    else:
+        xv, _ = load_table(pq.ParquetFile(held).read_row_group(0).slice(0, 64), manifest)
     model = build_model(config, input_shapes=input_shapes(manifest_inputs(manifest)),
                         num_classes=len(manifest.classes), seed=config_seed(run.schedule.seed, config_id),
                         task=manifest.task)

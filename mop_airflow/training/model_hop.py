@@ -70,7 +70,7 @@ def run_hop(layout: RunLayout, run: RunRecord, manifest: Manifest, assignment: A
 
     metadata_bytes = store.bytes_read
     entry = manifest.shards[shard]
-    path = cached_shard(store, entry, cache_dir, max_bytes=run.store.cache_max_bytes)
+    path = cached_shard(store, entry, cache_dir, max_bytes=run.store.cache_max_bytes, manifest=manifest)
     streamed = streams(entry, run)
     x, y = (None, None) if streamed else session.arrays(path)
     shard_bytes = store.bytes_read - metadata_bytes  # 0 once the shard is in this worker's cache
@@ -163,7 +163,8 @@ def evaluate_validation(model: Any, store: Any, manifest: Manifest, run: RunReco
     from mop_airflow.data.cache import cached_shard, load_shard, load_table  # noqa: PLC0415
     from mop_airflow.training.hop import evaluate, evaluate_streamed  # noqa: PLC0415
 
-    held = cached_shard(store, manifest.validation, cache_dir, max_bytes=run.store.cache_max_bytes)
+    held = cached_shard(store, manifest.validation, cache_dir, max_bytes=run.store.cache_max_bytes,
+                        manifest=manifest)
     eval_batch = max(batch_size, 256)
     if streams(manifest.validation, run):
         return evaluate_streamed(model, held, lambda table: load_table(table, manifest), batch_size=eval_batch,

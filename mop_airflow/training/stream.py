@@ -51,20 +51,16 @@ def stream_batches(path: str, load: Any, *, batch_size: int, window_rows: int, s
     Each window is read (its row groups), decoded once by ``load`` and shuffled as arrays; the
     batches are slices of them. Decoding a window at once, not a batch at a time, costs one
     column-to-array conversion per window instead of one per batch (for 128 feature columns and
-    batches of 256 rows that conversion was most of a streamed hop's time). Memory holds one
-    window: its stored rows, their arrays and the shuffled copy. Rows left over at the end of a
-    window wait for the next one, so every batch but the last has ``batch_size`` rows, as in memory.
+    batches of 256 rows that conversion was most of a streamed hop's time). A decoded shard
+    (:mod:`~mop_airflow.data.decoded`) reads the window's row groups as arrays instead. Memory holds one window: its rows and their shuffled copy. Rows left over
+    at the end of a window wait for the next one, so every batch but the last has ``batch_size``
+    rows, as in memory.
     """
-    import pyarrow as pa  # noqa: PLC0415
-    import pyarrow.parquet as pq  # noqa: PLC0415
-
-    parquet = pq.ParquetFile(path)
-    sizes = [parquet.metadata.row_group(i).num_rows for i in range(parquet.num_row_groups)]
+    sizes, read = _window_reader(path, load)
     carry = None
     for groups, permutation in stream_windows(sizes, window_rows, seed=seed, iteration=iteration, shard=shard,
                                               epoch=epoch):
-        x, y = load(pa.concat_tables([parquet.read_row_group(g) for g in groups]))
-        x, y = _take(x, permutation), y[permutation]
+        x, y = read(groups, permutation)
         if carry is not None:
             x, y = _concat(carry[0], x), np.concatenate([carry[1], y])
         usable = len(y) - len(y) % batch_size
@@ -74,6 +70,29 @@ def stream_batches(path: str, load: Any, *, batch_size: int, window_rows: int, s
         carry = (_take(x, np.arange(usable, len(y))), y[usable:].copy()) if usable < len(y) else None
     if carry is not None:
         yield carry
+
+
+def _window_reader(path: str, load: Any) -> tuple[list[int], Any]:
+    """The file's row-group sizes, and ``read(groups, permutation) -> (x, y)``: those groups' rows, permuted."""
+    from mop_airflow.data.decoded import DecodedShard, is_decoded  # noqa: PLC0415
+
+    if is_decoded(path):
+        decoded = DecodedShard.open(path)
+
+        def read(groups: list[int], permutation: np.ndarray) -> tuple[Any, np.ndarray]:
+            x, y = decoded.read(groups)
+            return _take(x, permutation), y[permutation]
+        return decoded.group_rows, read
+
+    import pyarrow as pa  # noqa: PLC0415
+    import pyarrow.parquet as pq  # noqa: PLC0415
+
+    parquet = pq.ParquetFile(path)
+
+    def decode(groups: list[int], permutation: np.ndarray) -> tuple[Any, np.ndarray]:
+        x, y = load(pa.concat_tables([parquet.read_row_group(g) for g in groups]))
+        return _take(x, permutation), y[permutation]
+    return [parquet.metadata.row_group(i).num_rows for i in range(parquet.num_row_groups)], decode
 
 
 def _take(x: Any, rows: np.ndarray) -> Any:
@@ -89,8 +108,9 @@ def _concat(a: Any, b: Any) -> Any:
 
 
 def count_rows(path: str) -> int:
+    from mop_airflow.data.decoded import DecodedShard, is_decoded  # noqa: PLC0415
     import pyarrow.parquet as pq  # noqa: PLC0415
 
-    return pq.ParquetFile(path).metadata.num_rows
+    return DecodedShard.open(path).rows if is_decoded(path) else pq.ParquetFile(path).metadata.num_rows
 
 

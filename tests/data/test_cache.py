@@ -131,3 +131,28 @@ def test_a_new_shard_copied_into_a_full_cache_evicts_the_stale_one(tmp_path, sto
     # a hit marks the file used: it is now the most recent
     assert cached_shard(store, manifest.shards[1], str(cache), max_bytes=1) == second
     assert os.path.getmtime(second) > stale + IN_USE_SECONDS
+
+
+def test_only_numeric_rows_about_their_stored_size_are_cached_decoded():
+    from mop_airflow.data.decoded import decodes
+    from mop_airflow.records import ShardEntry
+
+    floats = [InputSpec("x", "columns", ("a", "b"), (2,))]
+    entry = ShardEntry(uri="s", rows=1000, sha256="0" * 64, bytes=12_000)  # 12 stored bytes a row
+    assert decodes(floats, entry)  # 2 x float32 + the target: 12 bytes a row
+    assert not decodes([InputSpec("img", "image", ("img",), (32, 32, 3))], entry)  # JPEG bytes decode to far more
+    small_ints = [InputSpec("t", "tensor", ("t",), (64,), stored="uint8")]  # 64 bytes stored, 256 decoded
+    assert not decodes(small_ints, ShardEntry(uri="s", rows=1000, sha256="0" * 64, bytes=70_000))
+    assert not decodes(floats, ShardEntry(uri="s", rows=0, sha256="0" * 64, bytes=100))
+
+
+def test_the_cache_evicts_a_decoded_shard_by_its_arrays_bytes(tmp_path, store, manifest):
+    from mop_airflow.data.cache import IN_USE_SECONDS, cache_bytes, evict
+    from mop_airflow.data.decoded import folder_bytes
+
+    cache = str(tmp_path / "cache")
+    decoded = cached_shard(store, manifest.shards[0], cache, manifest=manifest)
+    assert cache_bytes(cache) == folder_bytes(decoded) > manifest.shards[0].rows * 16
+    stale = time.time() - IN_USE_SECONDS - 60
+    os.utime(decoded, (stale, stale))
+    assert evict(cache, 0) == [decoded] and not os.path.exists(decoded)

@@ -239,3 +239,59 @@ def test_a_reused_sharding_takes_the_same_checks_findings_without_reading_the_fi
                                                                    max_batch_size=8))
              for k in range(len(again.slices))]
     assert len(reads) == len(again.slices) and not any(r.wrote for r in other)
+
+
+def test_a_shard_of_many_parts_is_cached_decoded_as_its_gathered_file_reads(tmp_path):
+    """Decoding the parts straight into arrays gives the gathered file's rows, targets and row groups,
+    so a hop's batches do not depend on which cache it reads."""
+    from mop_airflow.data.cache import load_shard
+    from mop_airflow.data.decoded import DecodedShard, is_decoded
+    from mop_airflow.training.stream import stream_batches
+
+    write_parts(tmp_path / "data", SIZES)
+    store = Store(f"file://{tmp_path}/store")
+    manifest = shard_dataset(spec(tmp_path / "data", slice_mb=1e-6), store, "dag", 3, 4)
+    for entry in [*manifest.shards, manifest.validation]:
+        parquet = cached_shard(store, entry, str(tmp_path / "parquet"))
+        store.bytes_read = 0
+        decoded = cached_shard(store, entry, str(tmp_path / "decoded"), manifest=manifest)
+        assert is_decoded(decoded) and store.bytes_read == entry.bytes  # each part read once
+        x, y = load_shard(parquet, manifest)
+        xd, yd = load_shard(decoded, manifest)
+        np.testing.assert_array_equal(xd, x)
+        np.testing.assert_array_equal(yd, y)
+        assert xd.dtype == x.dtype == np.float32 and yd.dtype == y.dtype
+        file = pq.ParquetFile(parquet)
+        assert DecodedShard.open(decoded).group_rows == [file.metadata.row_group(i).num_rows
+                                                         for i in range(file.num_row_groups)]
+        seeds = dict(seed=3, iteration=1, shard=entry.index or 0, epoch=0)
+        from_parquet = list(stream_batches(parquet, lambda t: load_shard_table(t, manifest), batch_size=7,
+                                           window_rows=20, **seeds))
+        from_arrays = list(stream_batches(decoded, None, batch_size=7, window_rows=20, **seeds))
+        assert len(from_parquet) == len(from_arrays) > 1
+        for (xa, ya), (xb, yb) in zip(from_parquet, from_arrays):
+            np.testing.assert_array_equal(xa, xb)
+            np.testing.assert_array_equal(ya, yb)
+        store.bytes_read = 0
+        assert cached_shard(store, entry, str(tmp_path / "decoded"), manifest=manifest) == decoded
+        assert store.bytes_read == 0  # a hit reads nothing
+    assert sorted(p.suffix for p in (tmp_path / "decoded").iterdir()) == [".arrays"] * 4  # no Parquet, no temp
+
+
+def test_a_corrupt_part_leaves_no_decoded_shard(tmp_path):
+    write_parts(tmp_path / "data", SIZES)
+    store = Store(f"file://{tmp_path}/store")
+    manifest = shard_dataset(spec(tmp_path / "data", slice_mb=1e-6), store, "dag", 3, 4)
+    entry = manifest.shards[1]
+    with open(store.local_path(entry.parts[1].uri), "r+b") as handle:
+        handle.seek(20)
+        handle.write(b"\xff\xff")
+    with pytest.raises(StoreError, match=r"is corrupt: its sha256 is [0-9a-f]{64}, the manifest says"):
+        cached_shard(store, entry, str(tmp_path / "cache"), manifest=manifest)
+    assert tree(tmp_path / "cache") == []
+
+
+def load_shard_table(table, manifest):
+    from mop_airflow.data.cache import load_table
+
+    return load_table(table, manifest)

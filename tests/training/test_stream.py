@@ -89,9 +89,7 @@ def test_streamed_evaluation_equals_evaluation_in_memory(tmp_path, toy_data):
 
 def test_a_hop_over_a_shard_larger_than_its_window_reads_it_window_by_window(tmp_path, monkeypatch):
     """run_hop streams a shard of many row groups: each read decodes one window of the stated rows."""
-    import pyarrow.parquet as pq_
-
-    from mop_airflow.data import cache as cache_module
+    from mop_airflow.data.decoded import DecodedShard, is_decoded
     from mop_airflow.data.shard import shard_dataset
     from mop_airflow.planning.resolve import resolve_run
     from mop_airflow.records import Assignment
@@ -122,19 +120,43 @@ def test_a_hop_over_a_shard_larger_than_its_window_reads_it_window_by_window(tmp
     monkeypatch.setattr(model_hop, "STREAM_ABOVE_BATCHES", 0)  # every shard streams
     assert model_hop.window_rows(entry, run, 16) == window
 
-    decoded = []
-    real = cache_module.load_table
-    monkeypatch.setattr(cache_module, "load_table", lambda table, m: decoded.append(table.num_rows) or real(table, m))
+    # Float features are cached decoded: a window reads its row groups' rows, and only those.
+    gathered = []
+    real_read = DecodedShard.read
+
+    def read(self, groups):
+        x, y = real_read(self, groups)
+        gathered.append(len(y))
+        return x, y
+    monkeypatch.setattr(DecodedShard, "read", read)
     cid = run.configs[0]["config_id"]
     record, _ = run_hop(layout, run, manifest, Assignment(cid, -1, None), t=0, shard=0,
                         cache_dir=run.store.local_cache)
 
-    shard_file = pq_.ParquetFile(str(tmp_path / "cache" / f"{entry.sha256}.parquet"))
-    groups = [shard_file.metadata.row_group(i).num_rows for i in range(shard_file.num_row_groups)]
+    cached = [p for p in (tmp_path / "cache").iterdir() if p.name.startswith(entry.sha256)]
+    assert len(cached) == 1 and is_decoded(str(cached[0]))  # no Parquet copy beside the arrays
+    groups = DecodedShard.open(str(cached[0])).group_rows
     assert len(groups) == 6 and max(groups) < window
     expected = [sum(groups[g] for g in chosen)
                 for chosen, _ in stream_windows(groups, window, seed=model_hop.config_seed(run.schedule.seed, cid),
                                                 iteration=0, shard=0, epoch=0)]
-    assert decoded == expected and len(decoded) > 1  # one decode per window, of the windows' rows
-    assert all(window <= rows < window + max(groups) for rows in decoded[:-1])  # whole row groups, >= the window
-    assert sum(decoded) == entry.rows == record.train_metrics["samples"]
+    assert gathered == expected and len(gathered) > 1  # one read per window, of the windows' rows
+    assert all(window <= rows < window + max(groups) for rows in gathered[:-1])  # whole row groups, >= the window
+    assert sum(gathered) == entry.rows == record.train_metrics["samples"]
+
+
+def test_a_streamed_parquet_shard_is_decoded_window_by_window(tmp_path):
+    """Rows not cached decoded (images, narrow tensors) stream from the Parquet file: one decode per window."""
+    path = str(tmp_path / "shard.parquet")
+    rng = np.random.default_rng(2)
+    with pq.ParquetWriter(path, pa.schema([("f0", pa.float32()), ("y", pa.int64())])) as writer:
+        for _ in range(6):
+            writer.write_table(pa.table({"f0": rng.normal(size=90).astype("float32"), "y": rng.integers(0, 2, 90)}))
+    decoded = []
+
+    def load(table):
+        decoded.append(table.num_rows)
+        return table["f0"].to_numpy().reshape(-1, 1), table["y"].to_numpy()
+    batches = list(stream_batches(path, load, batch_size=16, window_rows=200, seed=1, iteration=0, shard=0, epoch=0))
+    assert decoded == [270, 270]  # windows of whole row groups of 90 rows, at least 200 rows each
+    assert sum(len(b[1]) for b in batches) == 540
