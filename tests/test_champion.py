@@ -166,6 +166,17 @@ def test_only_a_better_winner_is_published_and_its_asset_event_carries_the_metad
     assert summary["challenge"]["reason"] == third["reason"]
     assert len(read_registry(store, "mop_champion")) == 2
 
+    # The champion's run again over the same data trains the very same weights: nothing to evaluate.
+    repeat = dag.test(run_conf={"learning_rate": [1e-2]})
+    assert repeat.state == "success" and states(repeat) == {"report": "success", "publish": "skipped"}
+    fourth = challenge(repeat)
+    assert fourth["publish"] is False and fourth["gain"] == 0.0
+    assert f"has the very weights of the champion (version 2, {v2['config_id']} of run {strong.run_id}" in \
+        fourth["reason"] and fourth["reason"].endswith("a tie; the champion stays")
+    assert v2["checkpoint_sha256"] == store.read_json(
+        RunLayout(store, "mop_champion", repeat.run_id).report_uri("summary.json"))["best_checkpoint_sha256"]
+    assert len(read_registry(store, "mop_champion")) == 2
+
     events = asset_events("mop://mop_champion/champion")
     assert [run_id for run_id, _ in events] == [weak.run_id, strong.run_id]  # none for the run that lost
     extra = events[-1][1]

@@ -51,6 +51,11 @@ class CeleryWorker:
 
 IDLE_SLEEP_SECONDS = "0.2"  # the embedded scheduler's [scheduler] scheduler_idle_sleep_time (see airflow_env)
 EMBEDDED_PARALLELISM = 8  # task processes at once: the demo's 4 one-slot shard pools and default-pool tasks
+# Default-pool tasks at once (data and control tasks; hops and stage tasks have their shard pools).
+# A scatter task holds about 0.6 GB whatever its slice's size: 8 of them at once took 5.4 GB above
+# idle at 8 GB of data on a 2-core machine, 4 of them at once keep a run under 4 GB, as fast
+# (benchmarks/task_parallel.py).
+DATA_TASKS_AT_ONCE = max(4, os.cpu_count() or 1)
 
 
 @contextlib.contextmanager
@@ -116,6 +121,9 @@ def airflow_env(home: Path, dags_folder: Path, port: int, extra: Mapping[str, st
         # once than the shard pools' slots and a few default-pool tasks beside them, so the
         # deployment holds at most that many task processes (measured: benchmarks/task_parallel.py).
         "AIRFLOW__CORE__PARALLELISM": os.environ.get("AIRFLOW__CORE__PARALLELISM", str(EMBEDDED_PARALLELISM)),
+        # The default pool's size when the metadata database is made (a later change: `airflow pools set`).
+        "AIRFLOW__CORE__DEFAULT_POOL_TASK_SLOT_COUNT": os.environ.get("AIRFLOW__CORE__DEFAULT_POOL_TASK_SLOT_COUNT",
+                                                                      str(DATA_TASKS_AT_ONCE)),
         # Every shard pool runs on this one machine: a hop task takes one TensorFlow thread
         # (threads_per_hop "auto"), so parallel hops do not oversubscribe the cores.
         HOPS_PER_WORKER_ENV: str(os.cpu_count() or 1),

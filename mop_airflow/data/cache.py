@@ -7,6 +7,8 @@ reuses a stale file, and two processes copying the same shard at once both end w
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import os
 import shutil
@@ -15,7 +17,7 @@ import uuid
 
 import numpy as np
 
-from typing import Any
+from typing import Any, Iterator
 
 from mop_airflow.data.decoded import DecodedShard, decoded_path, decodes, folder_bytes, is_decoded, write_decoded
 from mop_airflow.data.inputs import SCALAR_INPUT, InputSpec, input_columns, to_arrays
@@ -45,25 +47,45 @@ def cached_shard(store: Store, entry: ShardEntry, cache_dir: str, *, max_bytes: 
     """
     if manifest is not None and decodes(manifest_inputs(manifest), entry):
         path = decoded_path(cache_dir, entry, _recipe(manifest))
-        copied = not os.path.isdir(path)
-        if copied:
-            _decode_verified(store, entry, manifest, path)
-        os.utime(path)
-        if copied and max_bytes is not None:
-            evict(cache_dir, max_bytes)
-        return path
-    path = os.path.join(cache_dir, f"{entry.sha256}.parquet")
-    if entry.parts:
-        copied = not os.path.exists(path)
-        _gathered_shard(store, entry, cache_dir)
+        with _one_maker(path):
+            copied = not os.path.isdir(path)
+            if copied:
+                _decode_verified(store, entry, manifest, path)
     else:
-        copied = not (os.path.exists(path) and os.path.getsize(path) == entry.bytes)
-        if copied:
-            _copy_verified(store, entry, path)
+        path = os.path.join(cache_dir, f"{entry.sha256}.parquet")
+        with _one_maker(path):
+            if entry.parts:
+                copied = not os.path.exists(path)
+                _gathered_shard(store, entry, cache_dir)
+            else:
+                copied = not (os.path.exists(path) and os.path.getsize(path) == entry.bytes)
+                if copied:
+                    _copy_verified(store, entry, path)
     os.utime(path)  # the file's mtime is its last use
     if copied and max_bytes is not None:
         evict(cache_dir, max_bytes)
     return path
+
+
+@contextlib.contextmanager
+def _one_maker(path: str) -> Iterator[None]:
+    """Only one process of this machine copies or decodes ``path`` at a time; the others wait for it
+    and then find it made. Several shard pools of one machine (a laptop, the demo) stage at once, and
+    each caches the validation set: without this, each copied and decoded it in full.
+
+    Only a saving, not what keeps the cache whole (every copy is renamed into place complete), so
+    the lock file goes afterwards, even though a process arriving then may make its own.
+    """
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    lock = f"{path}.lock"
+    with open(lock, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(lock)
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def cache_bytes(cache_dir: str) -> int:

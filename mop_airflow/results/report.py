@@ -78,6 +78,8 @@ def write_report(layout: RunLayout, run: RunRecord, *, cache_dir: str) -> dict[s
         "last_hop_saved_at": iso(max((r.saved_at for r in records), default=None)),
         "report_written_at": dt.datetime.now(dt.timezone.utc).isoformat(),
         "best": best, "best_model_uri": best_uri, "versions": versions(),
+        "best_checkpoint_sha256": next((r.checkpoint_sha256 for r in records
+                                        if r.config_id == best["config_id"] and r.t == last_t), None),
         "warm_start": run.warm_start,
         "visit_order": visit_order(records),
         "files": {name: layout.report_uri(name) for name in REPORT_FILES},

@@ -66,7 +66,8 @@ def entry_of(layout: RunLayout, summary: Mapping[str, Any], run: RunRecord, mani
     return {"dag_id": layout.dag_id, "run_id": layout.run_id, "config_id": best["config_id"],
             "metric": run.metric, "direction": run.direction, "value": best[run.metric],
             "model_uri": summary["best_model_uri"], "report_uri": layout.report_uri(""),
-            "data_fingerprint": manifest.fingerprint, "configuration": run.config(best["config_id"])}
+            "data_fingerprint": manifest.fingerprint, "configuration": run.config(best["config_id"]),
+            "checkpoint_sha256": summary.get("best_checkpoint_sha256")}
 
 
 def better(challenger: float, champion: float, direction: str, margin: float) -> bool:
@@ -113,6 +114,18 @@ def challenge(layout: RunLayout, run: RunRecord, summary: Mapping[str, Any], *, 
         decision["challenger"]["value"] = entry["value"]
         decision.update(publish=True, reason=f"first champion of {run.dag_id}: {entry['config_id']} with "
                         f"{metric}={entry['value']:.6g}")
+        return _record(layout, summary, decision)
+    weights = entry.get("checkpoint_sha256")
+    if weights and champion.get("checkpoint_sha256") == weights and champion.get("data_fingerprint") == manifest.fingerprint:
+        # The champion's very weights, on the data it was chosen on (a retrain over unchanged data
+        # repeats its run): both evaluations would give one value, and a tie never replaces it.
+        decision["challenger"]["value"] = champion["value"]
+        decision["champion"] = {**{k: champion[k] for k in ("version", "run_id", "config_id", "model_uri")},
+                                "recorded_value": champion["value"], "value": champion["value"]}
+        decision.update(gain=0.0, reason=(
+            f"the winner {entry['config_id']} has the very weights of the champion (version {champion['version']}, "
+            f"{champion['config_id']} of run {champion['run_id']}: checkpoint sha256 {weights[:12]}) on the same data "
+            f"({manifest.fingerprint}), so {metric}={champion['value']:.6g} for both: a tie; the champion stays"))
         return _record(layout, summary, decision)
     challenger_value = evaluate_model(store, entry["model_uri"], metric, manifest, run, cache_dir)
     entry["value"] = challenger_value

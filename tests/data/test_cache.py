@@ -156,3 +156,32 @@ def test_the_cache_evicts_a_decoded_shard_by_its_arrays_bytes(tmp_path, store, m
     stale = time.time() - IN_USE_SECONDS - 60
     os.utime(decoded, (stale, stale))
     assert evict(cache, 0) == [decoded] and not os.path.exists(decoded)
+
+
+def _cache_in_a_child(root, entry, cache, manifest, out):
+    worker = Store(root)
+    out.put((cached_shard(worker, entry, cache, manifest=manifest), worker.bytes_read))
+
+
+def test_a_second_process_waits_for_the_one_caching_a_shard_and_reads_nothing(tmp_path, store, manifest):
+    """Shard pools of one machine stage at once and all cache the validation set: one copies it."""
+    import multiprocessing
+
+    from mop_airflow.data.cache import _decode_verified, _one_maker, _recipe
+    from mop_airflow.data.decoded import decoded_path
+
+    entry, cache = manifest.validation, str(tmp_path / "cache")
+    path = decoded_path(cache, entry, _recipe(manifest))
+    context = multiprocessing.get_context("fork")
+    out = context.Queue()
+    with _one_maker(path):
+        child = context.Process(target=_cache_in_a_child, args=(store.root, entry, cache, manifest, out))
+        child.start()
+        time.sleep(1.0)
+        assert child.is_alive() and out.empty()  # waiting for this process
+        _decode_verified(store, entry, manifest, path)
+    made, read = out.get(timeout=30)
+    child.join(timeout=30)
+    assert child.exitcode == 0 and made == path and read == 0
+    assert tree(cache) == [os.path.relpath(p, cache) for p in sorted(
+        os.path.join(path, name) for name in os.listdir(path))]  # no lock or temp file left
