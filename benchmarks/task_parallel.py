@@ -18,13 +18,13 @@ Each Ray case runs in a child process of its own session, watched: past ``--kill
 memory", so the OOM killer never picks a process of the machine. Memory is counted as
 :mod:`memory_watch` says (machine: processes and shared memory, page cache excluded; tree: PSS).
 
-    python benchmarks/task_parallel.py                    # 1, 2 and 4 GB (about 30 minutes on 2 cores)
+    python benchmarks/task_parallel.py                    # 1, 2, 4 and 8 GB (about 17 minutes on 2 cores)
     python benchmarks/task_parallel.py --sizes 0.25 0.5   # a quick run
-    python benchmarks/task_parallel.py --sizes 8          # where the disk holds ~3.5x the data
 
 The data is generated into a temporary folder (deleted afterwards, with the store, the shard cache
 and Airflow's home); mop_airflow keeps the source, the shards in the store and the worker's cache
-copy on disk: about 3x the data, checked before each size.
+copy on disk: about 3x the data, checked before each size (a size the disk cannot hold is skipped
+and says so).
 """
 
 from __future__ import annotations
@@ -372,7 +372,7 @@ def print_row(size: float, name: str, row: dict) -> None:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--sizes", type=float, nargs="+", default=[1.0, 2.0, 4.0], help="source sizes in GB")
+    parser.add_argument("--sizes", type=float, nargs="+", default=[1.0, 2.0, 4.0, 8.0], help="source sizes in GB")
     parser.add_argument("--cases", nargs="+", default=["ray-files", "ray-params", "mop"],
                         choices=["ray-files", "ray-params", "mop"])
     parser.add_argument("--mop-runs", type=int, default=2, help="runs of the DAG per size (the 2nd reuses shards)")
