@@ -16,6 +16,7 @@ from mop_airflow.hooks.connections import open_spec_store
 from mop_airflow.planning.resolve import resolve_run
 from mop_airflow.serving.warm_start import with_warm_start
 from mop_airflow.planning.run_chain import CONF_KEY
+from mop_airflow.planning.task_plan import CONTINUING_SKIPS
 from mop_airflow.records.selection import conf_of
 
 from mop_airflow.operators.base import MopBaseOperator
@@ -68,7 +69,12 @@ class MopPreflightOperator(MopBaseOperator):
             self.log.info("continues the search of run %s: block %d, from hop %d", continuing.first_run,
                           continuing.block, continuing.start)
             self._pools(run.schedule)
-            return run.to_dict()
+            from airflow.sdk.exceptions import DownstreamTasksSkipped  # noqa: PLC0415
+
+            # Sharded and planned by the search's first run: straight on to staging this block. The
+            # record is still this task's result: the results page and `mop-airflow status` read it.
+            context["ti"].xcom_push(key="return_value", value=run.to_dict())
+            raise DownstreamTasksSkipped(tasks=list(CONTINUING_SKIPS))
         self._check_one_run_suffices(context)
         conf = conf_of(getattr(context.get("dag_run"), "conf", None), self.selection)
         run = resolve_run(self.rendered_spec(), conf, dag_id=self.selection_id(context), run_id=context["run_id"],

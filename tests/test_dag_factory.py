@@ -191,9 +191,13 @@ def test_a_hop_waits_only_for_the_same_configurations_previous_hop(shards, itera
     last = {f"class_{o}.chain_{k}.hop_{end - 1:0{width}d}_shard_{shard_at(o, end - 1, shards)}"
             for o in range(shards) for k in range(chains)}
     assert dag.get_task("report").upstream_task_ids == last
-    assert dag.get_task("preflight").downstream_task_ids == {"list_data"}
+    # a run continuing a search skips list_data ... plan from preflight and stages after it alone
+    stages = {f"stage_shard_{s}" for s in range(shards)}
+    assert dag.get_task("preflight").downstream_task_ids == {"list_data", "check_models"} | stages
     assert dag.get_task("shard").upstream_task_ids == {"scatter"}
-    assert dag.get_task("check_models").upstream_task_ids == {"plan"}
+    for after_plan in ("check_models", *stages):
+        assert dag.get_task(after_plan).upstream_task_ids == {"plan", "preflight"}
+        assert dag.get_task(after_plan).trigger_rule == "none_failed_min_one_success"
     assert dag.max_active_tasks >= shards  # never fewer running tasks than shard slots
 
 

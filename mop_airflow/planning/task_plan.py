@@ -50,6 +50,13 @@ from mop_airflow.search.adaptive import decided_between_blocks
 # task failure). The report runs even when every chain was skipped: it then says why each stopped.
 JOIN = "none_failed_min_one_success"
 REPORT_JOIN = "none_failed"
+# The tasks a run continuing a search skips at once from its preflight: the search's data is sharded
+# and its plan written by its first run. Each was a task process that returned at once, one after
+# the other, between two blocks (about 0.8 s each on the embedded Airflow).
+CONTINUING_SKIPS = ("list_data", "scatter", "shard", "plan")
+# Stage and check_models: after plan, or after preflight when it skipped plan. Not plain
+# "none_failed": a MopTaskGroup skipped as a whole (a branch upstream) must skip them too.
+AFTER_PLAN_OR_SKIP = "none_failed_min_one_success"
 
 
 def shard_pool(shard: int) -> str:
@@ -137,10 +144,14 @@ def build_task_plan(shards: int, iterations: int, adaptive: Any = None, *,
     builder.add("scatter", "scatter", ("list_data",))  # mapped over the slices list_data returns
     builder.add("shard", "shard", ("scatter",))
     builder.add("plan", "plan", ("shard",))
-    stages = [builder.add(f"stage_shard_{s}", "stage", ("plan",), pool=shard_pool(s), queue=shard_pool(s),
-                          args={"shard": s, "deals": adaptive is None or blocks}) for s in range(shards)]
+    # A run that continues a search skips the data and planning tasks from its preflight
+    # (CONTINUING_SKIPS): its stage tasks and check_models then run after preflight alone.
+    stages = [builder.add(f"stage_shard_{s}", "stage", ("plan", "preflight"), pool=shard_pool(s), queue=shard_pool(s),
+                          args={"shard": s, "deals": adaptive is None or blocks}, trigger_rule=AFTER_PLAN_OR_SKIP)
+              for s in range(shards)]
     # Beside the staging: builds each distinct model once on the data's shapes before any hop.
-    ready = [*stages, builder.add("check_models", "check_models", ("plan",))]
+    ready = [*stages, builder.add("check_models", "check_models", ("plan", "preflight"),
+                                  trigger_rule=AFTER_PLAN_OR_SKIP)]
     report_args: dict[str, Any] = {}
     if adaptive is None:
         hops = iterations * shards
