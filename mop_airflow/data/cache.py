@@ -47,20 +47,26 @@ def cached_shard(store: Store, entry: ShardEntry, cache_dir: str, *, max_bytes: 
     """
     if manifest is not None and decodes(manifest_inputs(manifest), entry):
         path = decoded_path(cache_dir, entry, _recipe(manifest))
-        with _one_maker(path):
-            copied = not os.path.isdir(path)
-            if copied:
-                _decode_verified(store, entry, manifest, path)
+
+        def present() -> bool:
+            return os.path.isdir(path)
+
+        def make() -> None:
+            _decode_verified(store, entry, manifest, path)
     else:
         path = os.path.join(cache_dir, f"{entry.sha256}.parquet")
+
+        def present() -> bool:  # a gathered file appears whole; a copied one is checked for its size
+            return os.path.exists(path) and (bool(entry.parts) or os.path.getsize(path) == entry.bytes)
+
+        def make() -> None:
+            _gathered_shard(store, entry, cache_dir) if entry.parts else _copy_verified(store, entry, path)
+    copied = False
+    if not present():  # a hit (every hop's call) takes no lock
         with _one_maker(path):
-            if entry.parts:
-                copied = not os.path.exists(path)
-                _gathered_shard(store, entry, cache_dir)
-            else:
-                copied = not (os.path.exists(path) and os.path.getsize(path) == entry.bytes)
-                if copied:
-                    _copy_verified(store, entry, path)
+            if not present():
+                make()
+                copied = True
     os.utime(path)  # the file's mtime is its last use
     if copied and max_bytes is not None:
         evict(cache_dir, max_bytes)

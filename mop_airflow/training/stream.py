@@ -52,15 +52,16 @@ def stream_batches(path: str, load: Any, *, batch_size: int, window_rows: int, s
     batches are slices of them. Decoding a window at once, not a batch at a time, costs one
     column-to-array conversion per window instead of one per batch (for 128 feature columns and
     batches of 256 rows that conversion was most of a streamed hop's time). A decoded shard
-    (:mod:`~mop_airflow.data.decoded`) reads the window's row groups as arrays instead. Memory holds one window: its rows and their shuffled copy. Rows left over
-    at the end of a window wait for the next one, so every batch but the last has ``batch_size``
-    rows, as in memory.
+    (:mod:`~mop_airflow.data.decoded`) reads the window's row groups as arrays instead. Memory
+    holds one window: its rows and their shuffled copy. Rows left over at the end of a window wait
+    for the next one, so every batch but the last has ``batch_size`` rows, as in memory.
     """
     sizes, read = _window_reader(path, load)
     carry = None
     for groups, permutation in stream_windows(sizes, window_rows, seed=seed, iteration=iteration, shard=shard,
                                               epoch=epoch):
-        x, y = read(groups, permutation)
+        x, y = read(groups)
+        x, y = _take(x, permutation), y[permutation]
         if carry is not None:
             x, y = _concat(carry[0], x), np.concatenate([carry[1], y])
         usable = len(y) - len(y) % batch_size
@@ -73,26 +74,19 @@ def stream_batches(path: str, load: Any, *, batch_size: int, window_rows: int, s
 
 
 def _window_reader(path: str, load: Any) -> tuple[list[int], Any]:
-    """The file's row-group sizes, and ``read(groups, permutation) -> (x, y)``: those groups' rows, permuted."""
+    """The file's row-group sizes, and ``read(groups) -> (x, y)``: those groups' rows, in that order."""
     from mop_airflow.data.decoded import DecodedShard, is_decoded  # noqa: PLC0415
 
     if is_decoded(path):
         decoded = DecodedShard.open(path)
-
-        def read(groups: list[int], permutation: np.ndarray) -> tuple[Any, np.ndarray]:
-            x, y = decoded.read(groups)
-            return _take(x, permutation), y[permutation]
-        return decoded.group_rows, read
+        return decoded.group_rows, decoded.read
 
     import pyarrow as pa  # noqa: PLC0415
     import pyarrow.parquet as pq  # noqa: PLC0415
 
     parquet = pq.ParquetFile(path)
-
-    def decode(groups: list[int], permutation: np.ndarray) -> tuple[Any, np.ndarray]:
-        x, y = load(pa.concat_tables([parquet.read_row_group(g) for g in groups]))
-        return _take(x, permutation), y[permutation]
-    return [parquet.metadata.row_group(i).num_rows for i in range(parquet.num_row_groups)], decode
+    sizes = [parquet.metadata.row_group(i).num_rows for i in range(parquet.num_row_groups)]
+    return sizes, lambda groups: load(pa.concat_tables([parquet.read_row_group(g) for g in groups]))
 
 
 def _take(x: Any, rows: np.ndarray) -> Any:
