@@ -39,6 +39,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -238,6 +239,45 @@ def _seconds(a: str | None, b: str | None) -> float | None:
     return (dt.datetime.fromisoformat(b) - dt.datetime.fromisoformat(a)).total_seconds()
 
 
+class CpuWatch:
+    """The machine's busy CPU time (/proc/stat: all but idle and iowait), sampled every 0.5 s, so a
+    phase of a run (e.g. its hops) can say how busy the cores were: near 1.0 means the phase was
+    bound by computing, and only less computing shortens it."""
+
+    def __init__(self) -> None:
+        self.samples: list[tuple[float, int, int]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    @staticmethod
+    def _read() -> tuple[float, int, int]:
+        with open("/proc/stat") as handle:
+            values = [int(v) for v in handle.readline().split()[1:]]
+        idle = values[3] + values[4]
+        return time.time(), sum(values) - idle, sum(values)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(0.5):
+            self.samples.append(self._read())
+
+    def __enter__(self) -> "CpuWatch":
+        self.samples.append(self._read())
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.samples.append(self._read())
+
+    def busy(self, start: float, end: float) -> float | None:
+        """The fraction of all cores' time that was busy between two wall-clock times."""
+        inside = [s for s in self.samples if start <= s[0] <= end]
+        if len(inside) < 2:
+            return None
+        return (inside[-1][1] - inside[0][1]) / max(1, inside[-1][2] - inside[0][2])
+
+
 def mop_profile(tis: list[dict], run: dict) -> dict:
     """Where the run's time went: each kind of task, from the run's start, in seconds."""
     start = run["start_date"]
@@ -288,7 +328,8 @@ def mop_runs(home: Path, source: str, nbytes: int, kill_bytes: float, runs: int)
                         pass
 
             began = time.perf_counter()
-            with MemoryWatch(roots, idle=airflow_idle, kill_above=kill_bytes, on_limit=stop_all) as watch:
+            with MemoryWatch(roots, idle=airflow_idle, kill_above=kill_bytes, on_limit=stop_all) as watch, \
+                    CpuWatch() as cpu:
                 run_id = af.trigger(DAG_ID)
                 try:
                     state = af.wait_for_run(DAG_ID, run_id, timeout=3600, tick=1.0)
@@ -305,6 +346,11 @@ def mop_runs(home: Path, source: str, nbytes: int, kill_bytes: float, runs: int)
                    "task_names": {t["id"]: t["task_id"].rsplit(".", 1)[-1] + (f"[{t['map_index']}]" if t["map_index"] >= 0 else "")
                                   for t in tis if t.get("id")},
                    "profile": mop_profile(tis, run)}
+            hop_tis = [t for t in tis if t["task_id"].rsplit(".", 1)[-1].startswith("hop_") and t.get("end_date")]
+            if hop_tis:  # how busy the cores were while hops ran: is the hop phase bound by training?
+                first = min(dt.datetime.fromisoformat(t["start_date"]).timestamp() for t in hop_tis)
+                last = max(dt.datetime.fromisoformat(t["end_date"]).timestamp() for t in hop_tis)
+                row["hop_phase"] = {"seconds": round(last - first, 1), "cpu_busy": cpu.busy(first, last)}
             if state != "success":
                 failed = [t for t in tis if t["state"] == "failed"]
                 row["outcome"] = f"run {state}: " + ", ".join(t["task_id"] for t in failed)
@@ -366,6 +412,10 @@ def print_row(size: float, name: str, row: dict) -> None:
         print(f"{'':12}bytes read: {json.dumps(row['bytes_read'])}")
     if "profile" in row:
         print(f"{'':12}profile (s from the run's start): {json.dumps(row['profile'])}")
+    if row.get("hop_phase"):
+        busy = row["hop_phase"]["cpu_busy"]
+        print(f"{'':12}hop phase: {row['hop_phase']['seconds']} s, the machine's cores busy "
+              f"{'?' if busy is None else format(busy, '.0%')} of it")
     if "hop_timings" in row:
         print(f"{'':12}hop timings (mean s): {json.dumps(row['hop_timings'])}")
 
@@ -426,6 +476,14 @@ def main(argv=None) -> int:
         print(f"| {size:g} GB | {case} | {row['wall']:.1f} | {_gb(watch.peak_machine)} | "
               f"{_gb(watch.peak_tree_pss - watch.idle_tree_pss)} | {_gb(watch.peak_process_rss)} | "
               f"{row.get('outcome') or format(row['best'], '.4f')} |")
+    first = None
+    for size, case, row in summary:  # each second run against the first run of its size
+        if case == "mop first":
+            first = row if "best" in row else None
+        elif case == "mop again" and first and "best" in row:
+            hops = [r.get("profile", {}).get("hop", {}).get("from") for r in (first, row)]
+            print(f"{size:g} GB: the second run is {first['wall'] / row['wall']:.2f}x faster than the first; "
+                  f"trigger to first hop {hops[0]} s, then {hops[1]} s")
     return 0
 
 
