@@ -346,11 +346,11 @@ def mop_runs(home: Path, source: str, nbytes: int, kill_bytes: float, runs: int)
                    "task_names": {t["id"]: t["task_id"].rsplit(".", 1)[-1] + (f"[{t['map_index']}]" if t["map_index"] >= 0 else "")
                                   for t in tis if t.get("id")},
                    "profile": mop_profile(tis, run)}
-            hop_tis = [t for t in tis if t["task_id"].rsplit(".", 1)[-1].startswith("hop_") and t.get("end_date")]
-            if hop_tis:  # how busy the cores were while hops ran: is the hop phase bound by training?
-                first = min(dt.datetime.fromisoformat(t["start_date"]).timestamp() for t in hop_tis)
-                last = max(dt.datetime.fromisoformat(t["end_date"]).timestamp() for t in hop_tis)
-                row["hop_phase"] = {"seconds": round(last - first, 1), "cpu_busy": cpu.busy(first, last)}
+            hops = row["profile"].get("hop")
+            if hops and hops["to"] is not None:  # how busy the cores were while hops ran: bound by training?
+                began_at = dt.datetime.fromisoformat(run["start_date"]).timestamp()
+                row["hop_phase"] = {"seconds": round(hops["to"] - hops["from"], 1),
+                                    "cpu_busy": cpu.busy(began_at + hops["from"], began_at + hops["to"])}
             if state != "success":
                 failed = [t for t in tis if t["state"] == "failed"]
                 row["outcome"] = f"run {state}: " + ", ".join(t["task_id"] for t in failed)

@@ -9,8 +9,9 @@ nothing.
 The folder ``<sha256>-<recipe>.arrays`` holds ``x.<input>.npy``, ``y.npy`` and ``arrays.json``
 (the rows of each row group of the stored files, in row order, so a streamed pass reads the very
 windows a Parquet pass reads; a window is one read per row group, whose rows lie together). It is
-written under a temporary name and renamed into place: its presence means it is whole. ``recipe`` hashes how rows were decoded (inputs, label, classes),
-so a shard decoded for another spec is never reused.
+written under a temporary name and renamed into place: its presence means it is whole. ``recipe``
+hashes how rows were decoded (inputs, label, classes), so a shard decoded for another spec is never
+reused.
 
 Only where the decoded rows take at most :data:`DECODED_RATIO` times the stored bytes (numeric
 features: about the Parquet file's size), so the cache's disk use stays what it was; images and
