@@ -388,7 +388,7 @@ class HopRecord(Record):
     best_t: int | None = None  # as in Assignment: the configuration's best evaluated hop so far
     best_metric: float | None = None
     bundle: int | None = None  # the bundle whose task trained it (mop_airflow.planning.bundling)
-    threads: int | None = None  # TensorFlow's intra-op threads in that task: CPU results depend on it
+    threads: int | None = None  # the backend's intra-op threads in that task (None on JAX): CPU results depend on it
     model_reused: bool = False  # trained in a compiled model another configuration of the bundle built
     # the sha256 of the checkpoint the hop started from (None: the builder's initial weights): a
     # retried bundle hop skips a configuration only when its record started from the same state

@@ -76,10 +76,10 @@ def run_hop(layout: RunLayout, run: RunRecord, manifest: Manifest, assignment: A
     shard_bytes = store.bytes_read - metadata_bytes  # 0 once the shard is in this worker's cache
     shard_read = time.time()
 
-    from mop_airflow.training.checkpoint import restore_state, state_to_bytes  # noqa: PLC0415 - TensorFlow loads here
+    from mop_airflow.training.checkpoint import restore_state, state_to_bytes  # noqa: PLC0415 - Keras and its backend load here
     from mop_airflow.training.hop import train_on_shard, train_streamed  # noqa: PLC0415
 
-    threads = session.start_tensorflow()
+    threads = session.start_backend()
     imported = time.time()
     seed = config_seed(schedule.seed, cid)
     model, reused = session.model(config, seed=seed, fresh=not assignment.checkpoint)

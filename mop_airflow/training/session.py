@@ -20,6 +20,7 @@ from mop_airflow.records import Manifest, RunRecord
 # Compiled models kept per task: a bundle mixing many architectures keeps the most recently used.
 MAX_MODELS = 4
 HOPS_PER_WORKER_ENV = "MOP_AIRFLOW_HOPS_PER_WORKER"
+COMPILATION_CACHE_ENV = "MOP_COMPILATION_CACHE"  # "0": JAX compiles every hop's steps afresh
 
 
 def threads_for(setting: int | str, slots: int, *, cores: int | None = None, env: Any = os.environ) -> int:
@@ -32,9 +33,14 @@ def threads_for(setting: int | str, slots: int, *, cores: int | None = None, env
     return max(1, (cores or os.cpu_count() or 1) // max(1, sharing))
 
 
-def apply_threads(threads: int) -> int:
-    """Set TensorFlow's thread pools before its first op; returns the intra-op count in effect
-    (unchanged when TensorFlow already started in this process, e.g. ``dag.test()``)."""
+def apply_threads(threads: int) -> int | None:
+    """Set TensorFlow's CPU thread pools before its first op; returns the intra-op count in effect
+    (unchanged when TensorFlow already started in this process, e.g. ``dag.test()``). None on Keras's
+    other backends, whose pools this leaves alone (JAX fixes its own from ``XLA_FLAGS`` when it starts)."""
+    import keras  # noqa: PLC0415
+
+    if keras.config.backend() != "tensorflow":
+        return None
     import tensorflow as tf  # noqa: PLC0415
 
     try:
@@ -45,6 +51,30 @@ def apply_threads(threads: int) -> int:
     return tf.config.threading.get_intra_op_parallelism_threads() or (os.cpu_count() or 1)
 
 
+def compilation_cache(cache_dir: str, environ: Any = os.environ) -> str | None:
+    """On the JAX backend, keep compiled train and test steps in ``<cache_dir>/jax-compilation``.
+
+    Every hop task is a new process, and JAX compiles a model's steps again in each one (XLA, about
+    a second per step function on a GPU); with the cache on disk, the second hop of a model on this
+    worker loads them instead. Returns the folder in use; None on other backends, or with
+    ``MOP_COMPILATION_CACHE=0``. A folder the user set (``JAX_COMPILATION_CACHE_DIR``) is kept.
+    """
+    import keras  # noqa: PLC0415
+
+    if keras.config.backend() != "jax" or (environ.get(COMPILATION_CACHE_ENV) or "1").strip() == "0":
+        return None
+    import jax  # noqa: PLC0415
+
+    folder = jax.config.jax_compilation_cache_dir
+    if not folder:
+        folder = os.path.join(cache_dir, "jax-compilation")
+        jax.config.update("jax_compilation_cache_dir", folder)
+        # JAX's default keeps only compilations over a second: a hop's steps often take less, and
+        # every hop of the model pays them again
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    return folder
+
+
 class TaskSession:
     """Per task process: the loaded shard and validation arrays, and compiled models by key."""
 
@@ -53,13 +83,17 @@ class TaskSession:
         self.manifest = manifest
         self.cache_dir = cache_dir
         self.threads: int | None = None
+        self._started = False
         self._arrays: dict[str, Any] = {}
         self._models: OrderedDict[str, Any] = OrderedDict()
 
-    def start_tensorflow(self) -> int:
-        if self.threads is None:
+    def start_backend(self) -> int | None:
+        """Thread pools and compilation cache, once per task, before the backend's first op."""
+        if not self._started:
             schedule = self.run.schedule
             self.threads = apply_threads(threads_for(schedule.threads_per_hop, schedule.slots_per_shard))
+            compilation_cache(self.cache_dir)
+            self._started = True
         return self.threads
 
     def arrays(self, path: str) -> Any:
