@@ -5,7 +5,7 @@ in every task process takes the first GPU and reserves nearly all of every GPU's
 hop on the machine fails or shares GPU 0. So a hop process claims a slot of its machine (a file lock
 held until the process dies) and restricts itself to that slot's GPU before TensorFlow starts.
 Settings come from the worker's environment: ``MOP_GPUS`` (a count, or ids with a comma),
-``MOP_SLOTS``, ``MOP_SLOT_LOCK_DIR``, ``MOP_SLOT_WAIT_S``. Without ``MOP_GPUS`` or
+``MOP_SLOTS``, ``MOP_SLOT_LOCK_DIR``, ``MOP_SLOT_WAIT_S``, ``MOP_GPU_RESERVE``. Without ``MOP_GPUS`` or
 ``CUDA_VISIBLE_DEVICES`` nothing changes: a CPU worker runs exactly as before.
 
 The variables take effect only if CUDA has not started in the process. The worker process that forks
@@ -36,6 +36,11 @@ SLOTS_ENV = "MOP_SLOTS"
 LOCK_DIR_ENV = "MOP_SLOT_LOCK_DIR"
 WAIT_ENV = "MOP_SLOT_WAIT_S"
 # Consulted for MOP_SLOTS in this order when it is unset: both say how many hop tasks share the machine.
+# "1": a slot alone on its GPU lets the backend reserve the GPU's memory when it starts, as TensorFlow and
+# JAX do by default. Off by default: a hop task is a short process that trains one model, and reserving
+# the GPU cost more than a whole hop's training (1.4 s of each hop process's start on an H200 with
+# JAX, for models that used at most 150 MB; benchmarks/gpu_hops.py, docs/performance.md).
+RESERVE_ENV = "MOP_GPU_RESERVE"
 SLOTS_FALLBACK_ENV = ("MOP_AIRFLOW_HOPS_PER_WORKER", "AIRFLOW__CELERY__WORKER_CONCURRENCY")
 # Airflow frees a pool slot when a task reports its state, a moment before its process exits and drops
 # its lock, so the next hop may find every slot taken for a second or so. A longer wait means the pools
@@ -50,7 +55,7 @@ class DevicePlacement:
     slot: int
     gpu: str | None            # the id as CUDA_VISIBLE_DEVICES names it; None on a CPU machine
     visible_devices: str | None
-    memory_growth: bool        # several slots share the GPU: allocate on demand, never reserve it all
+    memory_growth: bool        # allocate on demand, never reserve the GPU (always when slots share it)
     slots_sharing: int         # slots of the machine on this GPU (on a CPU machine: all of them)
 
 
@@ -64,8 +69,10 @@ class SlotClaim:
         os.close(self.fd)  # closing the last descriptor drops the lock
 
 
-def choose_device(slot: int, gpus: int | Sequence[str], slots: int) -> DevicePlacement:
-    """Slot ``slot`` of ``slots`` gets GPU ``gpus[slot % len(gpus)]``; ``gpus`` a count or the ids."""
+def choose_device(slot: int, gpus: int | Sequence[str], slots: int, *, reserve: bool = False) -> DevicePlacement:
+    """Slot ``slot`` of ``slots`` gets GPU ``gpus[slot % len(gpus)]``; ``gpus`` a count or the ids.
+
+    Its memory grows on demand, unless ``reserve`` and the slot is alone on its GPU."""
     if isinstance(gpus, int):
         if gpus < 0:
             raise SpecError(GPUS_ENV, gpus, "must be a count of at least 0 or a list of GPU ids",
@@ -83,7 +90,7 @@ def choose_device(slot: int, gpus: int | Sequence[str], slots: int) -> DevicePla
         return DevicePlacement(slot, None, None, memory_growth=False, slots_sharing=slots)
     n, i = len(ids), slot % len(ids)
     sharing = slots // n + (1 if i < slots % n else 0)
-    return DevicePlacement(slot, ids[i], ids[i], memory_growth=sharing > 1, slots_sharing=sharing)
+    return DevicePlacement(slot, ids[i], ids[i], memory_growth=sharing > 1 or not reserve, slots_sharing=sharing)
 
 
 def _checked_ids(ids: list[str]) -> list[str]:
@@ -189,19 +196,34 @@ def apply_placement(placement: DevicePlacement, environ: MutableMapping[str, str
         return {}
     changes = {"CUDA_VISIBLE_DEVICES": placement.visible_devices}
     if placement.memory_growth:
+        # TensorFlow reserves nearly all of the GPU, and JAX (Keras's jax backend) three quarters of
+        # it, when they start; PyTorch allocates on demand already
         changes["TF_FORCE_GPU_ALLOW_GROWTH"] = "true"
+        changes["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
     environ.update(changes)
     return changes
 
 
-def tensorflow_started(modules: Mapping[str, Any] = sys.modules) -> bool:
-    """True when TensorFlow in this process already enumerated its devices: the placement comes too late."""
+def backend_started(modules: Mapping[str, Any] = sys.modules) -> bool:
+    """True when TensorFlow or JAX in this process already enumerated its devices: the placement comes
+    too late."""
     eager = modules.get("tensorflow.python.eager.context")
+    bridge = modules.get("jax._src.xla_bridge")
     try:
         ctx = eager.context_safe() if eager is not None else None
-        return ctx is not None and bool(ctx._initialized or ctx._physical_devices is not None)
-    except AttributeError:  # a TensorFlow whose internals moved: say nothing rather than guess
+        tf_started = ctx is not None and bool(ctx._initialized or ctx._physical_devices is not None)
+        return tf_started or (bridge is not None and bool(bridge._backends))
+    except AttributeError:  # internals that moved: say nothing rather than guess
         return False
+
+
+def _flag(value: str | None, name: str) -> bool:
+    text = (value or "").strip().lower()
+    if text in ("", "0", "false", "no"):
+        return False
+    if text in ("1", "true", "yes"):
+        return True
+    raise SpecError(name, value, "must be 1 or 0", f"set {name}=1 to let a lone slot reserve its GPU, or unset it")
 
 
 def _seconds(value: str | None) -> float:
@@ -217,7 +239,7 @@ _placed: dict[int, tuple[DevicePlacement, SlotClaim]] = {}
 def place_this_process(environ: MutableMapping[str, str] = os.environ) -> DevicePlacement | None:
     """Claim a slot of this machine and restrict this process to its GPU; None (and no change) without GPUs.
 
-    Call it at the start of a hop task, before TensorFlow runs anything. With ``os.environ``, a second
+    Call it at the start of a hop task, before TensorFlow or JAX runs anything. With ``os.environ``, a second
     call in the same process returns the first placement: a process never holds two slots."""
     own = environ is os.environ
     if own and os.getpid() in _placed:
@@ -227,14 +249,15 @@ def place_this_process(environ: MutableMapping[str, str] = os.environ) -> Device
         return None
     slots = slots_from_env(environ, len(gpus))
     lock_dir = environ.get(LOCK_DIR_ENV) or default_lock_dir(gpus)
+    reserve = _flag(environ.get(RESERVE_ENV), RESERVE_ENV)  # read before a slot is held: a bad value holds none
     claim = claim_slot(slots, lock_dir, wait_s=_seconds(environ.get(WAIT_ENV)))
-    placement = choose_device(claim.slot, gpus, slots)
+    placement = choose_device(claim.slot, gpus, slots, reserve=reserve)
     apply_placement(placement, environ)
     if own:
         _placed[os.getpid()] = (placement, claim)
     log.info("slot %d of %d on GPU %s (%d slot(s) share it, memory growth %s)", placement.slot, slots,
              placement.gpu, placement.slots_sharing, "on" if placement.memory_growth else "off")
-    if tensorflow_started():
-        log.warning("TensorFlow had already started in this process: CUDA_VISIBLE_DEVICES=%s does not take "
+    if backend_started():
+        log.warning("TensorFlow or JAX had already started in this process: CUDA_VISIBLE_DEVICES=%s does not take "
                     "effect here (was it started before the fork, or is this dag.test()?)", placement.visible_devices)
     return placement

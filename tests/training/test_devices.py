@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from mop_airflow.errors import SpecError
 from mop_airflow.training.devices import (
     DevicePlacement, apply_placement, choose_device, claim_slot, default_lock_dir, gpus_from_env,
-    place_this_process, slots_from_env, tensorflow_started,
+    place_this_process, slots_from_env, backend_started,
 )
 
 REPO = Path(__file__).resolve().parents[2]
@@ -27,9 +27,10 @@ REPO = Path(__file__).resolve().parents[2]
 
 # --- the table: which GPU each slot gets -------------------------------------------------------
 
-def test_one_gpu_one_slot_reserves_the_gpu_as_today():
+def test_one_gpu_one_slot_grows_memory_on_demand_unless_asked_to_reserve_the_gpu():
     assert choose_device(0, 1, 1) == DevicePlacement(slot=0, gpu="0", visible_devices="0",
-                                                     memory_growth=False, slots_sharing=1)
+                                                     memory_growth=True, slots_sharing=1)
+    assert choose_device(0, 1, 1, reserve=True).memory_growth is False
 
 
 def test_one_gpu_two_slots_share_gpu_0_and_grow_memory_on_demand():
@@ -39,17 +40,18 @@ def test_one_gpu_two_slots_share_gpu_0_and_grow_memory_on_demand():
     assert [p.slots_sharing for p in placements] == [2, 2]
 
 
-def test_two_gpus_two_slots_one_gpu_each_without_growth():
+def test_two_gpus_two_slots_one_gpu_each_reserved_only_when_asked():
     placements = [choose_device(slot, 2, 2) for slot in range(2)]
     assert [p.gpu for p in placements] == ["0", "1"]
-    assert [p.memory_growth for p in placements] == [False, False]
+    assert [p.memory_growth for p in placements] == [True, True]
     assert [p.slots_sharing for p in placements] == [1, 1]
+    assert [choose_device(slot, 2, 2, reserve=True).memory_growth for slot in range(2)] == [False, False]
 
 
 def test_an_explicit_list_maps_slots_onto_its_ids_in_order():
     assert [choose_device(slot, ["2", "3"], 2).visible_devices for slot in range(2)] == ["2", "3"]
     # three slots on 2,3: GPU 2 carries slots 0 and 2 (grows), GPU 3 only slot 1 (reserves)
-    three = [choose_device(slot, ["2", "3"], 3) for slot in range(3)]
+    three = [choose_device(slot, ["2", "3"], 3, reserve=True) for slot in range(3)]
     assert [(p.gpu, p.slots_sharing, p.memory_growth) for p in three] == [
         ("2", 2, True), ("3", 1, False), ("2", 2, True)]
 
@@ -61,8 +63,9 @@ def test_no_gpu_is_a_cpu_placement_that_names_no_device():
 
 
 @given(gpus=st.integers(1, 8), slots=st.integers(1, 24))
-def test_every_gpu_carries_an_even_share_and_grows_exactly_when_shared(gpus, slots):
-    placements = [choose_device(slot, gpus, slots) for slot in range(slots)]
+def test_every_gpu_carries_an_even_share_and_a_reserving_one_grows_exactly_when_shared(gpus, slots):
+    assert all(choose_device(slot, gpus, slots).memory_growth for slot in range(slots))
+    placements = [choose_device(slot, gpus, slots, reserve=True) for slot in range(slots)]
     per_gpu = {g: sum(p.gpu == g for p in placements) for g in {p.gpu for p in placements}}
     assert set(per_gpu.values()) <= {slots // gpus, -(-slots // gpus)}
     assert len(per_gpu) == min(gpus, slots)
@@ -199,12 +202,12 @@ def test_a_lock_folder_that_cannot_be_written_names_mop_slot_lock_dir(tmp_path):
 
 def test_applying_a_placement_sets_only_the_gpu_variables():
     environ = {"PATH": "/bin"}
-    assert apply_placement(choose_device(1, 2, 2), environ) == {"CUDA_VISIBLE_DEVICES": "1"}
+    assert apply_placement(choose_device(1, 2, 2, reserve=True), environ) == {"CUDA_VISIBLE_DEVICES": "1"}
     assert environ == {"PATH": "/bin", "CUDA_VISIBLE_DEVICES": "1"}
     shared = {}
-    assert apply_placement(choose_device(1, 1, 2), shared) == {"CUDA_VISIBLE_DEVICES": "0",
-                                                               "TF_FORCE_GPU_ALLOW_GROWTH": "true"}
-    assert shared == {"CUDA_VISIBLE_DEVICES": "0", "TF_FORCE_GPU_ALLOW_GROWTH": "true"}
+    growth = {"CUDA_VISIBLE_DEVICES": "0", "TF_FORCE_GPU_ALLOW_GROWTH": "true", "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
+    assert apply_placement(choose_device(1, 1, 2), shared) == growth
+    assert shared == growth
 
 
 def test_a_cpu_placement_changes_nothing():
@@ -225,12 +228,13 @@ def test_a_cpu_machine_is_left_exactly_as_it_was(environ, tmp_path):
 
 
 def test_place_this_process_gives_each_process_its_own_gpu(tmp_path):
-    base = {"MOP_GPUS": "2", "MOP_SLOTS": "2", "MOP_SLOT_LOCK_DIR": str(tmp_path), "MOP_SLOT_WAIT_S": "0"}
+    base = {"MOP_GPUS": "2", "MOP_SLOTS": "2", "MOP_SLOT_LOCK_DIR": str(tmp_path), "MOP_SLOT_WAIT_S": "0",
+            "MOP_GPU_RESERVE": "1"}
     first, second = dict(base), dict(base)
     assert place_this_process(first).gpu == "0"
     assert place_this_process(second).gpu == "1"
     assert (first["CUDA_VISIBLE_DEVICES"], second["CUDA_VISIBLE_DEVICES"]) == ("0", "1")
-    assert "TF_FORCE_GPU_ALLOW_GROWTH" not in first and "TF_FORCE_GPU_ALLOW_GROWTH" not in second
+    assert not {"TF_FORCE_GPU_ALLOW_GROWTH", "XLA_PYTHON_CLIENT_PREALLOCATE"} & {*first, *second}
     third = dict(base)
     with pytest.raises(SpecError, match="^MOP_SLOTS=2: all 2 slots"):
         place_this_process(third)
@@ -244,18 +248,30 @@ def test_place_this_process_on_a_preset_cuda_list_with_more_slots_than_gpus(tmp_
     assert environ["CUDA_VISIBLE_DEVICES"] == "2" and environ["TF_FORCE_GPU_ALLOW_GROWTH"] == "true"
 
 
+def test_a_lone_slot_grows_memory_by_default_and_a_bad_reserve_flag_names_its_variable(tmp_path):
+    environ = {"MOP_GPUS": "1", "MOP_SLOTS": "1", "MOP_SLOT_LOCK_DIR": str(tmp_path / "a")}
+    assert place_this_process(environ).memory_growth is True
+    assert environ["TF_FORCE_GPU_ALLOW_GROWTH"] == "true" and environ["XLA_PYTHON_CLIENT_PREALLOCATE"] == "false"
+    bad = {"MOP_GPUS": "1", "MOP_SLOT_LOCK_DIR": str(tmp_path / "b"), "MOP_GPU_RESERVE": "always"}
+    with pytest.raises(SpecError, match="^MOP_GPU_RESERVE='always': must be 1 or 0"):
+        place_this_process(bad)
+
+
 def test_a_bad_wait_names_mop_slot_wait_s(tmp_path):
     environ = {"MOP_GPUS": "1", "MOP_SLOT_LOCK_DIR": str(tmp_path), "MOP_SLOT_WAIT_S": "soon"}
     with pytest.raises(SpecError, match="^MOP_SLOT_WAIT_S='soon': must be a number of seconds"):
         place_this_process(environ)
 
 
-def test_tensorflow_started_reads_the_eager_context_without_importing_tensorflow():
+def test_backend_started_reads_tensorflow_and_jax_state_without_importing_either():
     def modules(ctx):
         return {"tensorflow.python.eager.context": SimpleNamespace(context_safe=lambda: ctx)}
 
-    assert tensorflow_started({}) is False                                     # never imported
-    assert tensorflow_started(modules(None)) is False                          # imported (the preload)
-    assert tensorflow_started(modules(SimpleNamespace(_initialized=False, _physical_devices=[1]))) is True
-    assert tensorflow_started(modules(SimpleNamespace(_initialized=True, _physical_devices=None))) is True
-    assert tensorflow_started(modules(SimpleNamespace())) is False             # internals moved
+    assert backend_started({}) is False                                     # never imported
+    assert backend_started(modules(None)) is False                          # imported (the preload)
+    assert backend_started(modules(SimpleNamespace(_initialized=False, _physical_devices=[1]))) is True
+    assert backend_started(modules(SimpleNamespace(_initialized=True, _physical_devices=None))) is True
+    assert backend_started(modules(SimpleNamespace())) is False             # internals moved
+    # JAX: its bridge module holds the backends it started (none until the first device query or op)
+    assert backend_started({"jax._src.xla_bridge": SimpleNamespace(_backends={})}) is False
+    assert backend_started({"jax._src.xla_bridge": SimpleNamespace(_backends={"cuda": object()})}) is True
