@@ -1,0 +1,104 @@
+"""A hop on Keras's JAX backend: each hop task process compiles its model's steps once per worker,
+not once per hop, through the compilation cache in the worker's cache folder.
+
+Each hop runs in a fresh process (KERAS_BACKEND is fixed when Keras is imported, and a hop task is a
+process of its own), on JAX's CPU backend."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from mop_airflow.data.shard import shard_dataset
+from mop_airflow.planning.resolve import resolve_run
+from mop_airflow.records.layout import RunLayout
+from mop_airflow.store import Store
+
+from .toys import TOY_MODEL
+
+pytest.importorskip("jax")
+REPO = Path(__file__).resolve().parents[2]
+
+HOP = """
+import json, sys
+from mop_airflow.records import Assignment, Manifest, RunRecord
+from mop_airflow.records.layout import RunLayout
+from mop_airflow.store import Store
+from mop_airflow.training.model_hop import run_hop
+
+root, run_uri, manifest_uri, cache_dir = sys.argv[1:]
+store = Store(root)
+run = RunRecord.read(store, run_uri)
+manifest = Manifest.read(store, manifest_uri)
+cid = run.configs[0]["config_id"]
+record, out = run_hop(RunLayout(store, run.dag_id, run.run_id), run, manifest, Assignment(cid, -1, None), t=0,
+                      shard=0, cache_dir=cache_dir)
+import keras
+print(json.dumps({"backend": keras.config.backend(), "threads": record.threads, "loss": record.train_metrics["loss"],
+                  "checkpoint_sha256": record.checkpoint_sha256}))
+"""
+
+
+@pytest.fixture
+def runs(tmp_path, toy_data):
+    """Two runs of the same spec: the same hop trains in both."""
+    x, y = toy_data
+    source = tmp_path / "toy.parquet"
+    pq.write_table(pa.table({**{f"f{i}": x[:, i] for i in range(x.shape[1])}, "y": y}), source)
+    spec = {
+        "data": {"source": str(source), "label": "y", "features": "f*", "classes": [0, 1, 2], "validation": 0.2},
+        "search": {"space": {"method": "grid", "params": {"model": [TOY_MODEL], "learning_rate": [1e-2],
+                                                          "batch_size": [8]}}},
+        "schedule": {"shards": 2, "iterations": 1, "seed": 3},
+        "store": {"root": f"file://{tmp_path / 'store'}", "cache_dir": str(tmp_path / "shards")},
+    }
+    store = Store(spec["store"]["root"])
+    uris = []
+    for run_id in ("r1", "r2", "r3"):
+        run = resolve_run(spec, None, dag_id="d", run_id=run_id)
+        uris.append(run.write(store, RunLayout(store, "d", run_id).run_record_uri))
+    manifest = shard_dataset(run.data, store, "d", 2, run.schedule.seed)
+    return store.root, uris, manifest.write(store, f"{store.root}/manifest.json")
+
+
+def hop_process(root: str, run_uri: str, manifest_uri: str, cache_dir: Path, **env: str) -> dict:
+    done = subprocess.run([sys.executable, "-c", HOP, root, run_uri, manifest_uri, str(cache_dir)],
+                          env={**os.environ, "KERAS_BACKEND": "jax", "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(REPO),
+                               **env}, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def cached(folder: Path) -> set[str]:
+    return {p.name for p in folder.rglob("*") if p.is_file()} if folder.exists() else set()
+
+
+def test_a_second_hop_process_loads_the_compiled_steps_and_trains_to_the_same_bits(runs, tmp_path):
+    root, (first_run, second_run, third_run), manifest = runs
+    cache_dir = tmp_path / "worker-cache"
+    folder = cache_dir / "jax-compilation"
+
+    first = hop_process(root, first_run, manifest, cache_dir)
+    assert first["backend"] == "jax" and first["threads"] is None  # TensorFlow's pools are not touched
+    assert first["loss"] == first["loss"] and first["loss"] > 0     # trained: a finite, positive loss
+    entries = cached(folder)
+    assert entries, "the first hop process wrote no compiled step to the cache"
+
+    # the same hop in a new process: every step it compiles is already there, and the executables it
+    # loads train exactly as the ones it would have compiled
+    second = hop_process(root, second_run, manifest, cache_dir)
+    assert cached(folder) == entries
+    assert second["checkpoint_sha256"] == first["checkpoint_sha256"]
+
+    # the cache turned off: nothing written, the same result
+    off_dir = tmp_path / "off-cache"
+    third = hop_process(root, third_run, manifest, off_dir, MOP_COMPILATION_CACHE="0")
+    assert not (off_dir / "jax-compilation").exists()
+    assert third["checkpoint_sha256"] == first["checkpoint_sha256"]
