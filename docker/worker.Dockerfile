@@ -1,6 +1,7 @@
 # mop_airflow shard worker: Airflow 3 + the training stack + mop_airflow.
 #   CPU:  docker build -f docker/worker.Dockerfile -t mop-airflow-worker .
 #   GPU:  docker build -f docker/worker.Dockerfile --build-arg TF_PACKAGE="tensorflow[and-cuda]" -t mop-airflow-worker:cuda .
+#   Keras on JAX: add --build-arg JAX_PACKAGE="jax[cuda12]" and run the worker with KERAS_BACKEND=jax.
 # A worker serves one shard: `airflow celery worker --queues mop_shard_<s> --concurrency <slots>`
 # (the shard's pool has as many slots: `mop-airflow pools sync --slots <slots>`).
 # GPU image: the tensorflow[and-cuda] wheels bring CUDA 12 and cuDNN, so the host needs only the NVIDIA
@@ -12,6 +13,7 @@
 FROM python:3.11-slim
 
 ARG TF_PACKAGE="tensorflow"
+ARG JAX_PACKAGE=""
 ENV PIP_NO_CACHE_DIR=1 \
     AIRFLOW_HOME=/opt/airflow \
     MOP_AIRFLOW_HOME=/opt/mop \
@@ -30,8 +32,8 @@ COPY pyproject.toml README.md ./
 COPY mop_airflow ./mop_airflow
 COPY operators ./operators
 COPY plugins ./plugins
-RUN pip install "${TF_PACKAGE}" ".[examples,celery,tensorboard]" "apache-airflow-providers-amazon" \
- && pip list --format=freeze | grep -E "^(apache-airflow|tensorflow|keras|s3fs|pyarrow)=="
+RUN pip install "${TF_PACKAGE}" ${JAX_PACKAGE:+"$JAX_PACKAGE"} ".[examples,celery,tensorboard]" "apache-airflow-providers-amazon" \
+ && pip list --format=freeze | grep -E "^(apache-airflow|tensorflow|keras|jax|s3fs|pyarrow)=="
 
 # Keras is imported once in the worker and inherited by every forked task (see mop_airflow.airflow.preload).
 RUN printf 'from mop_airflow.airflow.preload import preload_if_task_host\npreload_if_task_host()\n' \
