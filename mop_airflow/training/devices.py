@@ -35,12 +35,12 @@ GPUS_ENV = "MOP_GPUS"
 SLOTS_ENV = "MOP_SLOTS"
 LOCK_DIR_ENV = "MOP_SLOT_LOCK_DIR"
 WAIT_ENV = "MOP_SLOT_WAIT_S"
-# Consulted for MOP_SLOTS in this order when it is unset: both say how many hop tasks share the machine.
 # "1": a slot alone on its GPU lets the backend reserve the GPU's memory when it starts, as TensorFlow and
 # JAX do by default. Off by default: a hop task is a short process that trains one model, and reserving
-# the GPU cost more than a whole hop's training (1.4 s of each hop process's start on an H200 with
-# JAX, for models that used at most 150 MB; benchmarks/gpu_hops.py, docs/performance.md).
+# the GPU cost more than a whole hop's training (1.5 s of each hop process's start on an H200 with
+# JAX, for models that used at most 151 MB; benchmarks/gpu_hops.py, docs/performance.md).
 RESERVE_ENV = "MOP_GPU_RESERVE"
+# Consulted for MOP_SLOTS in this order when it is unset: both say how many hop tasks share the machine.
 SLOTS_FALLBACK_ENV = ("MOP_AIRFLOW_HOPS_PER_WORKER", "AIRFLOW__CELERY__WORKER_CONCURRENCY")
 # Airflow frees a pool slot when a task reports its state, a moment before its process exits and drops
 # its lock, so the next hop may find every slot taken for a second or so. A longer wait means the pools
