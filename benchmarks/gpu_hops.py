@@ -86,7 +86,6 @@ def hop_main(args: argparse.Namespace) -> None:
     from mop_airflow.training.session import TaskSession, compilation_cache
 
     import keras
-    import numpy as np
 
     imported = time.time()
     state = json.loads(Path(args.state).read_text())
@@ -129,7 +128,6 @@ def hop_main(args: argparse.Namespace) -> None:
     memory = _device_memory()
     print("END " + json.dumps({"assignments": [a.to_dict() for a in assignments], "memory": memory,
                                "platform": keras.config.backend(), "devices": memory.get("device")}), flush=True)
-    del np
 
 
 def _device_memory() -> dict:

@@ -7,8 +7,6 @@ from __future__ import annotations
 import io
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
 from mop_airflow.data.shard import shard_dataset
@@ -19,24 +17,15 @@ from mop_airflow.store import Store
 from mop_airflow.training.bundle_hop import run_bundle_hop
 from mop_airflow.training.model_hop import run_hop
 
-from .toys import TOY_MODEL
+from .toys import TOY_MODEL, toy_spec
 
 SHARDS = 2
 HOPS = 4  # 2 iterations
 
 
 def _setup(tmp_path, toy_data, name, models=(TOY_MODEL,)):
-    x, y = toy_data
-    source = tmp_path / "toy.parquet"
-    if not source.exists():
-        pq.write_table(pa.table({**{f"f{i}": x[:, i] for i in range(x.shape[1])}, "y": y}), source)
-    spec = {
-        "data": {"source": str(source), "label": "y", "features": "f*", "classes": [0, 1, 2], "validation": 0.2},
-        "search": {"space": {"method": "grid", "params": {"model": list(models), "learning_rate": [1e-2, 3e-2],
-                                                          "batch_size": [8, 16]}}},
-        "schedule": {"shards": SHARDS, "iterations": 2, "seed": 3},
-        "store": {"root": f"file://{tmp_path / name}", "cache_dir": str(tmp_path / f"{name}-cache")},
-    }
+    spec = toy_spec(tmp_path, *toy_data, store=name, cache=f"{name}-cache", models=models, batch_sizes=(8, 16),
+                    shards=SHARDS)
     run = resolve_run(spec, None, dag_id="d", run_id="r")
     layout = RunLayout(Store(run.store.root), "d", "r")
     manifest = shard_dataset(run.data, layout.store, "d", SHARDS, run.schedule.seed)

@@ -12,8 +12,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
 from mop_airflow.data.shard import shard_dataset
@@ -21,7 +19,7 @@ from mop_airflow.planning.resolve import resolve_run
 from mop_airflow.records.layout import RunLayout
 from mop_airflow.store import Store
 
-from .toys import TOY_MODEL
+from .toys import toy_spec
 
 pytest.importorskip("jax")
 REPO = Path(__file__).resolve().parents[2]
@@ -48,17 +46,8 @@ print(json.dumps({"backend": keras.config.backend(), "threads": record.threads, 
 
 @pytest.fixture
 def runs(tmp_path, toy_data):
-    """Two runs of the same spec: the same hop trains in both."""
-    x, y = toy_data
-    source = tmp_path / "toy.parquet"
-    pq.write_table(pa.table({**{f"f{i}": x[:, i] for i in range(x.shape[1])}, "y": y}), source)
-    spec = {
-        "data": {"source": str(source), "label": "y", "features": "f*", "classes": [0, 1, 2], "validation": 0.2},
-        "search": {"space": {"method": "grid", "params": {"model": [TOY_MODEL], "learning_rate": [1e-2],
-                                                          "batch_size": [8]}}},
-        "schedule": {"shards": 2, "iterations": 1, "seed": 3},
-        "store": {"root": f"file://{tmp_path / 'store'}", "cache_dir": str(tmp_path / "shards")},
-    }
+    """Three runs of the same spec: the same hop trains in each."""
+    spec = toy_spec(tmp_path, *toy_data, cache="shards", learning_rates=(1e-2,), iterations=1)
     store = Store(spec["store"]["root"])
     uris = []
     for run_id in ("r1", "r2", "r3"):

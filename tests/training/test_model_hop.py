@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
 from mop_airflow.data.shard import shard_dataset
@@ -17,21 +15,12 @@ from mop_airflow.planning.rungs import decide_rung, rung_members
 from mop_airflow.store import Store
 from mop_airflow.training.model_hop import record_failure, run_hop
 
-from .toys import TOY_MODEL
+from .toys import TOY_MODEL, toy_spec
 
 
 @pytest.fixture
 def run_setup(tmp_path, toy_data):
-    x, y = toy_data
-    source = tmp_path / "toy.parquet"
-    pq.write_table(pa.table({**{f"f{i}": x[:, i] for i in range(x.shape[1])}, "y": y}), source)
-    spec = {
-        "data": {"source": str(source), "label": "y", "features": "f*", "classes": [0, 1, 2], "validation": 0.2},
-        "search": {"space": {"method": "grid", "params": {"model": [TOY_MODEL], "learning_rate": [1e-2, 3e-2],
-                                                          "batch_size": [8]}}},
-        "schedule": {"shards": 2, "iterations": 2, "seed": 3},
-        "store": {"root": f"file://{tmp_path / 'store'}", "cache_dir": str(tmp_path / "cache")},
-    }
+    spec = toy_spec(tmp_path, *toy_data)
     run = resolve_run(spec, {"schedule": {"seed": 5}}, dag_id="d", run_id="r")
     layout = RunLayout(Store(run.store.root), "d", "r")
     manifest = shard_dataset(run.data, layout.store, "d", 2, run.schedule.seed)

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
+from pathlib import Path
+from typing import Any, Sequence
 
 import keras
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 TOY_MODEL = "tests.training.toys:batchnorm_dropout_mlp"
 
@@ -16,6 +20,23 @@ def make_config(model: str = TOY_MODEL, **overrides: Any) -> dict[str, Any]:
               "metrics": ["accuracy"], "batch_size": 8, "epochs_per_hop": 1}
     config.update(overrides)
     return config
+
+
+def toy_spec(folder: Path, x: np.ndarray, y: np.ndarray, *, store: str = "store", cache: str = "cache",
+             models: Sequence[str] = (TOY_MODEL,), learning_rates: Sequence[float] = (1e-2, 3e-2),
+             batch_sizes: Sequence[int] = (8,), shards: int = 2, iterations: int = 2) -> dict[str, Any]:
+    """A grid spec over ``x``/``y``, written once as ``<folder>/toy.parquet`` (features f0.., label y),
+    with its store and worker cache in ``<folder>/<store>`` and ``<folder>/<cache>``."""
+    source = folder / "toy.parquet"
+    if not source.exists():
+        pq.write_table(pa.table({**{f"f{i}": x[:, i] for i in range(x.shape[1])}, "y": y}), source)
+    return {
+        "data": {"source": str(source), "label": "y", "features": "f*", "classes": [0, 1, 2], "validation": 0.2},
+        "search": {"space": {"method": "grid", "params": {"model": list(models), "learning_rate": list(learning_rates),
+                                                          "batch_size": list(batch_sizes)}}},
+        "schedule": {"shards": shards, "iterations": iterations, "seed": 3},
+        "store": {"root": f"file://{folder / store}", "cache_dir": str(folder / cache)},
+    }
 
 
 # The hparams the last call of `remember_hparams` received.
