@@ -59,7 +59,9 @@ next?" (:mod:`mop_airflow.search.halving`, :mod:`mop_airflow.search.asha`), repl
 one slot by :func:`mop_airflow.planning.search_sim.simulate_search` with a synthetic learning curve per
 configuration, decided after every hop step or only between blocks of one iteration (a search decided
 between DAG runs). Slot use is the fraction of slot time spent training. ASHA gets Hyperband's budget:
-the smallest ``n`` whose synchronous-halving budget reaches Hyperband's iterations.
+the smallest ``n`` whose synchronous-halving budget reaches Hyperband's iterations, or Hyperband's
+iterations as its own ``budget`` (a deadline: no leg begins that would end after it). "at R": the
+configurations that completed the top rung; "best loss": the best synthetic loss among them.
 
     python benchmarks/schedule_sim.py [--seeds 10] [--iterations 3] [--quick] [--bundles]
     python benchmarks/schedule_sim.py --adaptive [--R 81] [--eta 3] [--shards 16]
@@ -330,15 +332,15 @@ def bundles_table(seeds: range) -> None:
 
 # -- adaptive searches ---------------------------------------------------------------------------
 
-def adaptive_table(R: int, eta: int, shards: int) -> None:
-    from mop_airflow.planning.search_sim import simulate_search
+def adaptive_table(R: int, eta: int, shards: int, seeds: int) -> None:
+    from mop_airflow.planning.search_sim import simulate_search, synthetic_metric
     from mop_airflow.search.adaptive import adaptive_plan, brackets_of, split_by_bracket
     from mop_airflow.search.asha import asha_plan, next_jobs
     from mop_airflow.search.halving import halving_jobs
 
     hb = adaptive_plan({"method": "hyperband", "R": R, "eta": eta}, shards)
     brackets = brackets_of(hb)
-    ids = [f"h{i:04d}" for i in range(hb.total_configurations)]
+    ids = [f"c{i:04d}" for i in range(hb.total_configurations)]  # one draw: ids nest
     members = split_by_bracket(ids, hb)
     bracket_of = {cid: b for b, group in members.items() for cid in group}
     budget = hb.incremental_resource_iterations
@@ -346,24 +348,42 @@ def adaptive_table(R: int, eta: int, shards: int) -> None:
     while asha_plan({"n": n, "r": 1, "R": R, "eta": eta}).halving_iterations() < budget:
         n += 1
     print(f"Hyperband: {hb.total_configurations} configurations, {float(budget):g} iterations (paper rounding); "
-          f"ASHA with the same budget: n={n}, r=1")
-    head = f"{'search':<44} {'decided':<20} {'iterations':>10} {'steps':>7} {'slot use':>9}"
+          f"ASHA with the same budget: n={n}, r=1; mean over {seeds} seeds of learning curves (worst)")
+    head = (f"{'search':<44} {'decided':<16} {'iterations':>10} {'steps':>7} {'slot use (worst)':>15} {'at R':>5} "
+            f"{'best loss':>9}")
     print(head)
     print("-" * len(head))
-    rows = [(f"Hyperband, every bracket at once", lambda c, pr, st, f: halving_jobs(
+    rows = [("Hyperband, every bracket at once", lambda c, pr, st, f, b: halving_jobs(
                 brackets, members, c, pr, st, f, direction="min"), 10**9, bracket_of.get),
-            (f"Hyperband, {shards} configurations at once", lambda c, pr, st, f: halving_jobs(
+            (f"Hyperband, {shards} configurations at once", lambda c, pr, st, f, b: halving_jobs(
                 brackets, members, c, pr, st, f, direction="min"), None, bracket_of.get)]
     for label, size in ((f"ASHA n={n} (Hyperband's budget)", n), ("ASHA n=256", 256)):
-        plan, draw = asha_plan({"n": size, "r": 1, "R": R, "eta": eta}), [f"a{i:04d}" for i in range(size)]
+        plan, draw = asha_plan({"n": size, "r": 1, "R": R, "eta": eta}), [f"c{i:04d}" for i in range(size)]
         for width in (1, 2):
             rows.append((f"{label}, {width * shards} at once",
-                         lambda c, pr, st, f, plan=plan, draw=draw: next_jobs(plan, c, pr, st, draw, f, direction="min"),
+                         lambda c, pr, st, f, b, plan=plan, draw=draw: next_jobs(plan, c, pr, st, draw, f,
+                                                                                 direction="min"),
                          width * shards, lambda cid: None))
+    # ASHA with Hyperband's budget as its own (a deadline in blocks, one configuration per slot)
+    for size in (n, 2 * n):
+        plan, draw = asha_plan({"n": size, "r": 1, "R": R, "eta": eta, "budget": int(budget)}), [
+            f"c{i:04d}" for i in range(size)]
+        rows.append((f"ASHA n={size}, budget={int(budget)}, {plan.capacity(shards)} at once",
+                     lambda c, pr, st, f, b, plan=plan, draw=draw: next_jobs(plan, c, pr, st, draw, f, direction="min",
+                                                                             block=b, slots=shards),
+                     plan.capacity(shards), lambda cid: None))
     for label, method, capacity, bracket in rows:
         for block, when in ((None, "after every hop"), (shards, f"every {shards} hops")):
-            sim = simulate_search(method, shards=shards, capacity=capacity, block_hops=block, bracket_of=bracket)
-            print(f"{label:<44} {when:<20} {sim.iterations:>10g} {sim.steps:>7} {sim.slot_use:>9.3f}")
+            runs = []
+            for seed in range(seeds):  # each seed: other learning curves for the same draw
+                sim = simulate_search(method, shards=shards, capacity=capacity, block_hops=block, bracket_of=bracket,
+                                      metric_of=lambda cid, it, seed=seed: synthetic_metric(cid, it, seed))
+                top = max((c.rung for c in sim.completions), default=0)
+                finals = [c.metric for c in sim.completions if c.rung == top]
+                runs.append((sim.iterations, sim.steps, sim.slot_use, len(finals), min(finals)))
+            it, steps, use, at_r, best = (statistics.mean(col) for col in zip(*runs))
+            print(f"{label:<44} {when:<16} {it:>10.0f} {steps:>7.0f} {use:>7.3f} ({min(r[2] for r in runs):.3f})"
+                  f" {at_r:>5.1f} {best:>9.4f}")
 
 
 # -- the table --------------------------------------------------------------------------------
@@ -382,7 +402,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.adaptive:
         print(f"schedule_sim --adaptive: R={args.R}, eta={args.eta}, {args.shards} shards x 1 slot; "
               f"{platform.platform()}, {os.cpu_count()} CPUs; {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC")
-        adaptive_table(args.R, args.eta, args.shards)
+        adaptive_table(args.R, args.eta, args.shards, args.seeds)
         return 0
     seeds = range(3 if args.quick and args.seeds == 10 else args.seeds)
     if args.bundles:

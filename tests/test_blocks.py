@@ -56,3 +56,48 @@ def test_a_block_after_the_search_ended_in_the_same_run_deals_nothing_and_a_miss
         block_items(layout, 1, 0)
     BlockDecision(block=1, capacity=2, finished=True, bundles=[[], []]).write(layout.store, layout.block_decision_uri(1))
     assert block_items(layout, 1, 0) == [] and block_items(layout, 2, 0) == [] and block_items(layout, 5, 1) == []
+
+
+def test_an_asha_budget_trains_one_per_slot_ends_where_no_leg_fits_and_says_why(tmp_path):
+    """ASHA with a budget of 6 iterations on 2 shards x 1 slot, decided from hand-written hop records:
+    2 configurations at once for 3 blocks. The best of the first four is in the top third of rung 0,
+    but in block 2 its 2 more iterations would end after block 2, so the search ends and its row says why."""
+    from mop_airflow.planning.blocks import decide_next_block, first_block
+    from mop_airflow.results.report import block_outcome
+    from mop_airflow.results.runs import load_block_decisions
+    from mop_airflow.store import Store
+    from tests.test_end_to_end import MLP, tiny_spec
+    from tests.test_results import hop, planned
+
+    spec = tiny_spec("/data/digits.parquet", f"file://{tmp_path / 'store'}")  # 2 shards
+    spec["search"]["space"] = {"method": "random", "seed": 3, "params": {
+        "model": [MLP], "learning_rate": {"distribution": "log_uniform", "low": 1e-4, "high": 3e-2}}}
+    spec["search"]["adaptive"] = {"method": "asha", "n": 4, "r": 1, "R": 3, "eta": 3, "budget": 6}
+    layout, run, plan = planned(Store(spec["store"]["root"]), spec)
+    ids = [c["config_id"] for c in run.configs]
+    accuracy = dict(zip(ids, (0.5, 0.8, 0.6, 0.7)))
+
+    def trained(cids, start):
+        for k, cid in enumerate(cids):
+            for t in (0, 1):
+                hop(layout, cid, t, t, start=start + k + t, acc=accuracy[cid],
+                    val=(1.0 - accuracy[cid], accuracy[cid]) if t == 1 else None)
+
+    blocks = [first_block(layout, run, plan)]
+    assert blocks[0].capacity == 2 and [(j["config_id"], j["kind"]) for j in blocks[0].jobs] == [
+        (ids[0], "start"), (ids[1], "start")]
+    trained(ids[:2], 0)
+    blocks.append(decide_next_block(layout, run, plan, 0))  # two completions: none promotable, two start
+    assert [(j["config_id"], j["kind"]) for j in blocks[1].jobs] == [(ids[2], "start"), (ids[3], "start")]
+    trained(ids[2:], 10)
+    blocks.append(decide_next_block(layout, run, plan, 1))
+    assert blocks[2].jobs == [] and blocks[2].training == {} and blocks[2].finished
+
+    board = [{"config_id": cid, "status": "finished"} for cid in ids]
+    block_outcome(load_block_decisions(layout), plan, board, "val_accuracy", "max")
+    best = next(row for row in board if row["config_id"] == ids[1])
+    assert best["outcome"] == (
+        "stopped at rung 0 (1 iteration(s)): ranked 1 of 4 that completed it; ASHA promotes from the best 1/3 "
+        "(0 promoted); it was among them, but its 2 more iteration(s) to rung 1 would not have ended within the "
+        "3 blocks the budget of 6 iterations lasts")
+    assert all("budget" not in row["outcome"] for row in board if row["config_id"] != ids[1])

@@ -42,3 +42,15 @@ def test_plan_previews_asha_rungs_budget_and_a_replay_and_refuses_an_R_no_rung_r
     assert f"estimated wall time: {steps * 2 + blocks * 4:,} s" in out
     assert main(["plan", "--asha", "--n", "9", "--R", "10"]) == 2
     assert "search.adaptive.R=10: is not a rung" in capsys.readouterr().err
+
+
+def test_plan_previews_an_asha_budget_as_blocks_and_refuses_one_that_cannot_reach_R(capsys):
+    assert main(["plan", "--asha", "--n", "27", "--R", "9", "--shards", "2", "--budget", "30"]) == 0
+    out = capsys.readouterr().out
+    assert "budget: 30 iterations: 2 configurations at once (one per slot) for at most 15 blocks" in out
+    iterations, steps = out.split("decided between blocks of one iteration: ")[1].split(" hop steps")[0].split(
+        " iterations in ")
+    assert float(iterations) <= 30 and int(steps) <= 15 * 2  # never past the budget's blocks
+    assert "at most 30 hop steps: the budget's blocks" in out and "reached R=9" in out
+    assert main(["plan", "--asha", "--n", "27", "--R", "9", "--shards", "2", "--budget", "17"]) == 2
+    assert "search.adaptive.budget=17: lasts 8 block(s)" in capsys.readouterr().err

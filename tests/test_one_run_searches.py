@@ -73,3 +73,31 @@ def test_dag_test_trains_a_small_pbt_and_a_tpe_search_whole(airflow_db, tmp_path
     assert len(read_run(layout).configs) == 5
     board = store.read_json(layout.report_uri("leaderboard.json"))["leaderboard"]
     assert len(board) == 5 and all(r["status"] == "finished" for r in board)
+
+
+@pytest.mark.integration
+def test_dag_test_trains_an_asha_search_with_a_budget_whole_and_stops_at_its_deadline(airflow_db, tmp_path):
+    """ASHA with a budget of 8 iterations on 2 shards x 1 slot: 2 configurations at once for at most 4
+    blocks, all rendered into one DAG run. The four configurations start two by two, the best of them
+    is promoted in block 2 (its 2 more iterations end in block 3, the last), and nothing trains after."""
+    source = tmp_path / "digits.parquet"
+    write_digits(source)
+    root = f"file://{tmp_path / 'store'}"
+    store = Store(root)
+    spec = tiny_spec(source, root)
+    spec["search"]["space"] = {"method": "random", "seed": 2, "params": {
+        "model": [MLP], "learning_rate": LR, "batch_size": [16, 32], "hparams": {"units": [32]}}}
+    spec["search"]["adaptive"] = {"method": "asha", "n": 4, "r": 1, "R": 3, "eta": 3, "budget": 8}
+
+    run = write_dag_file("mop_asha_budget", spec).test()
+    assert run.state == "success"
+    layout = RunLayout(store, "mop_asha_budget", run.run_id)
+    blocks = [BlockDecision.read(store, layout.block_decision_uri(b)) for b in range(5)]
+    assert [b.capacity for b in blocks] == [2] * 5
+    assert [[j["kind"] for j in b.jobs] for b in blocks] == [["start"] * 2, ["start"] * 2, ["promote"], [], []]
+    assert [len(b.training) for b in blocks] == [2, 2, 1, 1, 0] and blocks[4].finished
+    promoted = blocks[2].jobs[0]["config_id"]
+    trained = sum(1 for _ in store.glob(layout.hops_glob))
+    assert trained == (4 * 1 + 2) * 2 <= 8 * 2  # 6 iterations of 2 hops: within the budget
+    board = {r["config_id"]: r for r in store.read_json(layout.report_uri("leaderboard.json"))["leaderboard"]}
+    assert board[promoted]["outcome"] == "finished: reached the last rung, 3 iterations"

@@ -107,8 +107,8 @@ def test_an_adaptive_search_replayed_on_slots_counts_every_hop_and_idle_slot():
     plan = asha_plan({"n": 3, "r": 1, "R": 3, "eta": 3})  # rungs at 1 and 3 iterations
     draw = ["a", "b", "c"]
     loss = {"a": 0.3, "b": 0.1, "c": 0.2}
-    sim = simulate_search(lambda done, promoted, started, free: next_jobs(plan, done, promoted, started, draw, free,
-                                                                        direction="min"),
+    sim = simulate_search(lambda done, promoted, started, free, block: next_jobs(plan, done, promoted, started, draw,
+                                                                               free, direction="min"),
                           shards=2, capacity=2, metric_of=lambda cid, iterations: loss[cid])
     # a and b start on the two shards and finish rung 0 after 2 steps; nothing is promotable from
     # two completions (floor(2/3) = 0), so c starts and runs alone for 2 steps (one slot idle); then
@@ -118,3 +118,20 @@ def test_an_adaptive_search_replayed_on_slots_counts_every_hop_and_idle_slot():
     assert (sim.steps, sim.trained_hops) == (8, 2 * 3 + 4)
     assert sim.slot_use == 10 / 16
     assert [(c.config_id, c.rung) for c in sim.completions] == [("a", 0), ("b", 0), ("c", 0), ("b", 1)]
+
+
+def test_asha_with_hyperbands_budget_as_a_deadline_trains_at_least_nine_tenths_of_the_slot_time():
+    """R=81, eta=3 on 16 shards x 1 slot, decided between blocks of one iteration: with Hyperband's
+    1,581 iterations as its budget, ASHA never begins a leg it cannot end, so no long leg runs alone
+    at the end; every job stays within the budget's 98 blocks."""
+    from mop_airflow.planning.search_sim import simulate_search
+    from mop_airflow.search.asha import asha_plan, next_jobs
+
+    plan = asha_plan({"n": 441, "r": 1, "R": 81, "eta": 3, "budget": 1581})
+    draw = [f"c{i:04d}" for i in range(441)]
+    sim = simulate_search(lambda done, promoted, started, free, block: next_jobs(
+        plan, done, promoted, started, draw, free, direction="min", block=block, slots=16),
+        shards=16, capacity=plan.capacity(16), block_hops=16)
+    assert sim.slot_use >= 0.9
+    assert sim.steps <= plan.deadline(16) * 16 and sim.iterations <= 1581
+    assert any(c.rung == plan.top for c in sim.completions)  # some configuration still reaches R=81

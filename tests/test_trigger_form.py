@@ -100,6 +100,20 @@ def test_a_hyperband_dags_form_offers_a_learning_rate_range_and_shows_r_and_eta_
     assert "1 to 9 iterations" in fields["epochs_per_hop"].schema["description_md"]
 
 
+def test_an_asha_dags_form_shows_its_budget_as_set_in_the_dag_file_and_a_conf_cannot_change_it():
+    spec = hyperband()
+    spec["search"]["adaptive"] = {"method": "asha", "n": 64, "r": 1, "R": 9, "eta": 3, "budget": 72}
+    fields = form_fields(spec)
+    assert [k for k in fields if fields[k].schema.get("section") == "ASHA (set in the DAG file)"] == [
+        "n", "r", "R", "eta", "budget"]
+    assert fields["budget"].schema["enum"] == [72]
+    del spec["search"]["adaptive"]["budget"]
+    assert "budget" not in form_fields(spec)  # only a spec that sets one shows it
+    spec["search"]["adaptive"]["budget"] = 72
+    with pytest.raises(SpecError, match="conf.budget.*fixed when the DAG file is parsed"):
+        apply_conf(MopSpec.from_dict(spec), {"budget": 100})
+
+
 def test_a_field_that_could_not_take_effect_is_left_out():
     spec = grid()
     params = spec["search"]["space"]["params"]

@@ -157,31 +157,44 @@ def _plan_asha(args: argparse.Namespace) -> int:
     from mop_airflow.errors import SpecError  # noqa: PLC0415
     from mop_airflow.planning.blocks import block_capacity  # noqa: PLC0415
     from mop_airflow.planning.search_sim import simulate_search  # noqa: PLC0415
-    from mop_airflow.search.asha import asha_plan, next_jobs  # noqa: PLC0415
+    from mop_airflow.search.asha import asha_plan, check_budget, next_jobs  # noqa: PLC0415
 
+    options = {"n": args.n if args.n is not None else 27, "r": args.r, "R": args.R, "eta": args.eta}
     try:
-        plan = asha_plan({"n": args.n if args.n is not None else 27, "r": args.r, "R": args.R, "eta": args.eta})
+        plan = asha_plan(options if args.budget is None else {**options, "budget": args.budget})
+        check_budget(plan, args.shards, args.slots)
     except SpecError as exc:
         print(exc, file=sys.stderr)
         return USAGE
     p, slots = args.shards, args.slots
-    budget = plan.halving_iterations()
     print(f"ASHA n={plan.n}, r={plan.r}, R={plan.R}, eta={plan.eta} on {p} shard(s) x {slots} slot(s)")
     print("rung  iterations  configurations if each rung promotes floor(completed / eta)")
     count = plan.n
     for k, end in enumerate(plan.rungs):
         print(f"{k:>4}  {end:>10}  {count:>14}")
         count //= plan.eta
-    print(f"budget: {budget} iterations ({budget * p} model hops) if every rung promotes exactly floor(completed / "
-          "eta); ASHA may promote more when a later configuration overtakes one promoted earlier")
+    if plan.budget is None:
+        budget = plan.halving_iterations()
+        print(f"budget: {budget} iterations ({budget * p} model hops) if every rung promotes exactly floor(completed / "
+              "eta); ASHA may promote more when a later configuration overtakes one promoted earlier")
+    else:
+        budget = plan.budget
+        print(f"budget: {budget} iterations: {plan.capacity(p * slots)} configurations at once (one per slot) for at "
+              f"most {plan.deadline(p * slots)} blocks of one iteration; no leg begins that would end after the last")
     draw = [f"c{i:04d}" for i in range(plan.n)]
-    sim = simulate_search(lambda done, promoted, started, free: next_jobs(plan, done, promoted, started, draw, free,
-                                                                        direction="min"),
+    sim = simulate_search(lambda done, promoted, started, free, block: next_jobs(
+                              plan, done, promoted, started, draw, free, direction="min", block=block, slots=p * slots),
                           shards=p, slots=slots, capacity=block_capacity(p, slots, plan), block_hops=p)
-    bound = max(budget * p / (p * slots), plan.R * p)  # the slots' share, or one configuration's R iterations
+    top = sum(1 for c in sim.completions if c.rung == plan.top)
+    if plan.budget is None:
+        bound = max(budget * p / (p * slots), plan.R * p)  # the slots' share, or one configuration's R iterations
+        limit = (f"at least {bound:g} hop steps: the budget over the slots, or the {plan.R * p} hops of one "
+                 "configuration trained to R, which no slot shares")
+    else:
+        limit = f"at most {plan.deadline(p * slots) * p} hop steps: the budget's blocks"
     print(f"replayed with synthetic learning curves, decided between blocks of one iteration: {sim.iterations:g} "
-          f"iterations in {sim.steps} hop steps, slot use {sim.slot_use:.0%} (at least {bound:g} hop steps: the "
-          f"budget over the slots, or the {plan.R * p} hops of one configuration trained to R, which no slot shares)")
+          f"iterations in {sim.steps} hop steps, slot use {sim.slot_use:.0%} ({limit}); {top} configuration(s) "
+          f"reached R={plan.R}")
     if args.seconds_per_hop is not None:
         blocks = -(-sim.steps // p)
         wall = sim.steps * args.seconds_per_hop + blocks * args.task_seconds
@@ -335,6 +348,7 @@ def build_parser() -> argparse.ArgumentParser:
                                                           "ASHA: configurations started in all (default 27)")
     plan.add_argument("--r", type=int, default=1, help="successive halving and ASHA: iterations of the first rung")
     plan.add_argument("--rungs", type=int, default=None)
+    plan.add_argument("--budget", type=int, default=None, help="ASHA: iterations the whole search may train")
     plan.add_argument("--shards", type=int, default=4)
     plan.add_argument("--slots", type=int, default=1)
     plan.add_argument("--allow-partial-iterations", action="store_true")

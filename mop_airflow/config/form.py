@@ -28,7 +28,7 @@ BATCH_SIZES = (8, 16, 32, 64, 128, 256, 512, 1024)
 # Every field some DAG's form may have: a conf naming one this DAG leaves out is told so.
 ANY_FIELD_NAMES = {"method", "num_samples", "architectures", "optimizer", "learning_rate", "learning_rate_low",
               "learning_rate_high", "batch_size", "batch_size_low", "batch_size_high", "epochs_per_hop", "metric",
-              "R", "n", "r", "eta", OVERRIDES}
+              "R", "n", "r", "eta", "budget", OVERRIDES}
 _OPTIMIZER_NAMES = {"adam": "Adam", "adamw": "AdamW", "sgd": "SGD", "rmsprop": "RMSprop", "adagrad": "Adagrad",
                     "adadelta": "Adadelta", "adamax": "Adamax", "nadam": "Nadam", "ftrl": "FTRL", "lion": "Lion",
                     "lamb": "LAMB", "adafactor": "Adafactor"}
@@ -184,7 +184,9 @@ def _fixed_fields(spec: MopSpec) -> list[FormField]:
                                    ("eta", 3, "η (eta): each rung keeps the best 1/η")),
             "asha": (("n", None, "n: configurations started in all"), ("r", 1, "r: iterations of the first rung"),
                      ("R", None, "R: most iterations a configuration trains"),
-                     ("eta", 3, "η (eta): a rung promotes its best 1/η")),
+                     ("eta", 3, "η (eta): a rung promotes its best 1/η"),
+                     *((("budget", None, "budget: iterations the whole search may train"),)
+                       if "budget" in adaptive else ())),
             "pbt": (("population", None, "population: members training side by side"),
                     ("iterations", None, "iterations: how long every member trains"),
                     ("interval", 1, "interval: iterations between two rankings"))}[method]

@@ -628,6 +628,10 @@ class MopSpec:
                 raise SpecError(name, value, f"must be a {cls.__name__} or a dict",
                                 f"pass {cls.__name__}(...) or a dict of its fields")
         plan = self.adaptive_plan()  # validate brackets against the shard count now, at parse time
+        if getattr(plan, "budget", None) is not None:  # an ASHA budget must last R blocks on these slots
+            from mop_airflow.search.asha import check_budget  # noqa: PLC0415
+
+            check_budget(plan, self.schedule.shards, self.schedule.slots_per_shard)
         self._check_loss_fits_task()
         size = self.search.space.size(plan.total_configurations if plan is not None else None)
         if size > self.search.max_configurations:

@@ -39,18 +39,13 @@ from mop_airflow.search.jobs import Completion, Job
 from mop_airflow.search.pbt import Exploit, PbtPlan, pbt_decision
 from mop_airflow.search.space import config_id
 
-# Configurations a block trains per slot of every shard: more than one, so that each shard has a
-# configuration heading to it while another waits (simulated at R=81 on 16 shards: slot use 0.747
-# with two per slot against 0.730 with one; benchmarks/schedule_sim.py --adaptive).
-PER_SLOT = 2
-
 
 def block_capacity(shards: int, slots: int, plan: Any) -> int:
     """How many configurations one block trains at most (the chains the DAG renders hold them):
-    ASHA keeps two per slot busy; Hyperband starts every bracket at once, side by side (MADlib's
-    "on the diagonal"), so every configuration of its first rungs; PBT's whole population trains
-    together."""
-    return PER_SLOT * shards * slots if isinstance(plan, AshaPlan) else plan.total_configurations
+    ASHA keeps two per slot busy, or one under a budget (:meth:`AshaPlan.capacity`); Hyperband
+    starts every bracket at once, side by side (MADlib's "on the diagonal"), so every configuration
+    of its first rungs; PBT's whole population trains together."""
+    return plan.capacity(shards * slots) if isinstance(plan, AshaPlan) else plan.total_configurations
 
 
 def completions(records: Sequence[HopRecord], jobs: Sequence[Job], *, shards: int, metric: str) -> list[Completion]:
@@ -200,7 +195,8 @@ def _decision(run: RunRecord, plan: Plan, *, block: int, previous: BlockDecision
     elif isinstance(method, AshaPlan):
         model_based = run.spec["search"]["space"].get("sampler") == "tpe"
         propose = _tpe(run, method, seen, set(busy), block, made) if model_based else None
-        handed = next_jobs(method, seen, promoted, started, draw, free, direction=run.direction, propose=propose)
+        handed = next_jobs(method, seen, promoted, started, draw, free, direction=run.direction, propose=propose,
+                           block=block, slots=shards * schedule.slots_per_shard)
     else:
         handed = halving_jobs(brackets_of(method), split_by_bracket(draw, method), seen, promoted, started, free,
                               direction=run.direction)

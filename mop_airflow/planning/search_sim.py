@@ -22,8 +22,9 @@ from typing import Callable, Sequence
 
 from mop_airflow.search.jobs import Completion, Job
 
-# (completions, promoted, started, free) -> jobs: a method with its plan and members bound
-Method = Callable[[Sequence[Completion], Sequence[tuple[str, int]], Sequence[str], int], list[Job]]
+# (completions, promoted, started, free, block) -> jobs: a method with its plan and members bound;
+# ``block``: the blocks of one iteration gone by, the clock an ASHA budget's deadline is counted on
+Method = Callable[[Sequence[Completion], Sequence[tuple[str, int]], Sequence[str], int, int], list[Job]]
 
 
 @dataclass
@@ -72,7 +73,8 @@ def simulate_search(method: Method, *, shards: int, slots: int = 1, capacity: in
     waiting_since: dict[str, int] = {}
 
     def decide() -> None:
-        jobs = method(sim.completions, promoted, started, max(0, capacity - len(target)))
+        jobs = method(sim.completions, promoted, started, max(0, capacity - len(target)),
+                      sim.steps // (block_hops or shards))
         for job in jobs:
             if job.kind == "start":
                 started.append(job.config_id)

@@ -186,11 +186,17 @@ def block_outcome(decisions: Sequence[BlockDecision], plan: Plan, board: Sequenc
                              f"{rungs[key[1]]} iterations"
             continue
         ranked = [r["config_id"] for r in rank_rung(per_rung[key], direction=direction)]
+        place = ranked.index(row["config_id"]) + 1
         row["status"] = "pruned"
         row["outcome"] = (f"stopped at {where} ({rungs[key[1]]} iteration(s)): ranked "
-                          f"{ranked.index(row['config_id']) + 1} of {len(ranked)} that completed it; "
+                          f"{place} of {len(ranked)} that completed it; "
                           f"{'ASHA promotes from' if key[0] is None else 'the rung keeps'} the best 1/{eta} "
                           f"({len(promoted_from[key])} promoted)")
+        if adaptive.get("budget") is not None and decisions and place <= len(ranked) // eta:
+            deadline = adaptive["budget"] // decisions[0].capacity
+            row["outcome"] += (f"; it was among them, but its {rungs[key[1] + 1] - rungs[key[1]]} more iteration(s) "
+                               f"to rung {key[1] + 1} would not have ended within the {deadline} blocks the budget "
+                               f"of {adaptive['budget']} iterations lasts")
     return {"rungs": [{"bracket": s, "rung": k, "iterations": end, "completed": per_rung.get((s, k), []),
                        "promoted": sorted(promoted_from.get((s, k), ()))}
                       for s, ends in ladders.items() for k, end in enumerate(ends)],

@@ -119,12 +119,16 @@ def most_blocks(plan: Any, capacity: int) -> int | None:
     """The most blocks of one iteration a search decided between blocks can take, where that is known
     up front: PBT's ``iterations``; a one-rung ASHA's (a model-based random search) waves of
     ``capacity`` configurations trained ``R`` iterations each (a configuration that stops early only
-    lets the next one start sooner). None for ASHA with promotions and for Hyperband."""
+    lets the next one start sooner); an ASHA budget's deadline. None for ASHA with promotions and no
+    budget, and for Hyperband."""
     if isinstance(plan, PbtPlan):
         return plan.iterations
-    if isinstance(plan, AshaPlan) and len(plan.rungs) == 1:
-        return -(-plan.n // max(1, capacity)) * plan.R
-    return None
+    if not isinstance(plan, AshaPlan):
+        return None
+    bounds = [-(-plan.n // max(1, capacity)) * plan.R] if len(plan.rungs) == 1 else []
+    if plan.budget is not None:  # nothing begins a leg it cannot end by the budget's last block
+        bounds.append(plan.budget // max(1, capacity))
+    return min(bounds) if bounds else None
 
 
 @dataclass(frozen=True)

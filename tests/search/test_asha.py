@@ -85,3 +85,62 @@ def test_bad_options_name_the_field_the_rule_and_the_fix(options, field, words, 
     with pytest.raises(SpecError) as raised:
         asha_plan(options)
     assert raised.value.field == field and words in raised.value.rule and fix in raised.value.fix
+
+
+# A budget of 40 iterations on 4 slots: 4 configurations at once, one per slot, for 10 blocks (0-9).
+BUDGETED = asha_plan({"n": 27, "r": 1, "R": 9, "eta": 3, "budget": 40})
+MANY = [f"c{i}" for i in range(27)]
+RUNG0 = [done(f"c{i}", 0, 0.1 * (i + 1)) for i in range(9)]  # c0 best; floor(9/3): c0, c1, c2 go on
+RUNG1 = RUNG0 + [done("c0", 1, 0.05), done("c1", 1, 0.15), done("c2", 1, 0.25)]  # c0 may go to rung 2
+UP = [("c0", 0), ("c1", 0), ("c2", 0)]
+
+
+def budgeted(block, completions=RUNG1, promoted=UP, plan=BUDGETED):
+    return [(j.config_id, j.kind, j.rung) for j in next_jobs(plan, completions, promoted, MANY[:9], MANY, 1,
+                                                             direction="min", block=block, slots=4)]
+
+
+def test_a_budget_trains_one_configuration_per_slot_for_the_blocks_it_lasts():
+    assert (BUDGETED.capacity(4), BUDGETED.deadline(4)) == (4, 10)
+    assert (PLAN.capacity(4), PLAN.deadline(4)) == (8, None)  # no budget: two per slot, no deadline
+    assert BUDGETED.to_dict()["budget"] == 40 and "budget" not in PLAN.to_dict()
+
+
+def test_under_a_budget_no_leg_begins_that_would_end_after_its_last_block():
+    # c0's leg to rung 2 is 6 iterations: begun in block 4 it trains blocks 4-9, the budget's last
+    assert budgeted(4) == [("c0", "promote", 2)]
+    # from block 5 on it would end after that: a new configuration (one iteration) starts instead
+    assert budgeted(5) == [("c9", "start", 0)] and budgeted(9) == [("c9", "start", 0)]
+    assert budgeted(10) == []  # not even a start fits: the search ends
+    # a leg from rung 0 to rung 1 is 2 iterations: it fits up to block 8
+    assert budgeted(8, RUNG0, []) == [("c0", "promote", 1)]
+    assert budgeted(9, RUNG0, []) == [("c9", "start", 0)]
+    # the same records without a budget promote at any block
+    unbounded = asha_plan({"n": 27, "r": 1, "R": 9, "eta": 3})
+    assert budgeted(500, plan=unbounded) == [("c0", "promote", 2)]
+
+
+@pytest.mark.parametrize("budget, words", [(8, "whole number >= 9"), ("lots", "whole number"), (True, "whole number")])
+def test_a_budget_below_R_or_not_a_whole_number_is_refused(budget, words):
+    with pytest.raises(SpecError) as raised:
+        asha_plan({"n": 8, "r": 1, "R": 9, "eta": 3, "budget": budget})
+    assert raised.value.field == "search.adaptive.budget" and words in raised.value.rule
+    assert "at least R" in raised.value.fix
+
+
+def test_a_budget_too_small_to_reach_R_on_the_specs_slots_is_refused_when_the_spec_is_read():
+    from mop_airflow.config import MopSpec
+    from tests.test_end_to_end import MLP, tiny_spec
+
+    spec = tiny_spec("/d.parquet", "file:///s", shards=4, slots_per_shard=2)  # 8 slots: 8 at once
+    spec["search"]["space"] = {"method": "random", "seed": 1, "params": {
+        "model": [MLP], "learning_rate": {"distribution": "log_uniform", "low": 1e-4, "high": 1e-2}}}
+    spec["search"]["adaptive"] = {"method": "asha", "n": 16, "r": 1, "R": 9, "eta": 3, "budget": 71}
+    with pytest.raises(SpecError) as raised:
+        MopSpec.from_dict(spec)
+    error = raised.value
+    assert (error.field, error.value) == ("search.adaptive.budget", 71)
+    assert "lasts 8 block(s) of one iteration on 4 shard(s) x 2 slot(s)" in error.rule and "R=9" in error.rule
+    assert "raise budget to at least R x slots = 72, or lower R" == error.fix
+    spec["search"]["adaptive"]["budget"] = 72
+    assert MopSpec.from_dict(spec).adaptive_plan().deadline(8) == 9
