@@ -47,7 +47,8 @@ instance of the run in each loop.
 
 Shapes: demo (4 shards x 3 iterations), 8x10, 16x20, hb81-p4 and hb81-p16 (Hyperband R=81,
 eta=3 on 4 and 16 shards; see ``mop-airflow plan --R 81 --eta 3 --shards 16``), asha256-p16 (ASHA
-n=256, r=1, R=81, eta=3 on 16 shards), 256x16x10 and 256x64 (256 configurations on 64 shards, one
+n=256, r=1, R=81, eta=3 on 16 shards), asha-budget-p16 (the same with n=512 and Hyperband's 1,581
+iterations as its budget), 256x16x10 and 256x64 (256 configurations on 64 shards, one
 iteration), plus 16x40 and 16x80, parsed and serialized only, so the fit has measured points near the timeouts. A shape
 whose file cannot be parsed and serialized within the dag-processor's timeout never reaches the
 scheduler and is not run.
@@ -87,7 +88,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from mop_airflow.search.adaptive import adaptive_plan, brackets_of, rung_spans  # noqa: E402
+from mop_airflow.search.adaptive import adaptive_plan  # noqa: E402
 from mop_airflow.config import MopSpec  # noqa: E402
 from mop_airflow.planning.run_chain import RUN_HOP_BUDGET, next_run_id  # noqa: E402
 from mop_airflow.search.asha import AshaPlan  # noqa: E402
@@ -99,6 +100,7 @@ REPARSE_INTERVAL = 30.0  # [dag_processor] min_file_process_interval default
 TERMINAL = ("success", "failed", "skipped", "upstream_failed", "removed")
 HYPERBAND = {"method": "hyperband", "R": 81, "eta": 3}
 ASHA = {"method": "asha", "n": 256, "r": 1, "R": 81, "eta": 3}
+ASHA_BUDGET = {"method": "asha", "n": 512, "r": 1, "R": 81, "eta": 3, "budget": 1581}  # Hyperband's iterations
 MODEL = "mop_airflow.examples.mnist1d_models:mlp"
 
 
@@ -115,7 +117,8 @@ class Shape:
     def label(self) -> str:
         if self.adaptive and self.adaptive["method"] == "asha":
             a = self.adaptive
-            return f"ASHA n={a['n']} r={a['r']} R={a['R']} eta={a['eta']} on {self.shards} shards"
+            budget = f" budget={a['budget']}" if "budget" in a else ""
+            return f"ASHA n={a['n']} r={a['r']} R={a['R']} eta={a['eta']}{budget} on {self.shards} shards"
         if self.adaptive:
             return f"Hyperband R={self.adaptive['R']} eta={self.adaptive['eta']} on {self.shards} shards"
         return f"{self.shards} shards x {self.iterations} iterations"
@@ -135,6 +138,7 @@ SHAPES = {s.name: s for s in (
     Shape("hb81-p4", 4, adaptive=HYPERBAND),
     Shape("hb81-p16", 16, adaptive=HYPERBAND),
     Shape("asha256-p16", 16, adaptive=ASHA),
+    Shape("asha-budget-p16", 16, adaptive=ASHA_BUDGET),  # one configuration per slot, 98 blocks at most
     # a 64-GPU cluster: a block shorter than an iteration keeps a run within 16 shards' budget
     Shape("256x64", 64, 1, configs=256),
 )}
@@ -207,7 +211,7 @@ def expected_instances(shape: Shape, configs: int | None = None) -> dict[str, in
     else:
         n = adaptive.total_configurations
         # ASHA's promotions depend on the metrics, so only its synchronous-halving guide is known ahead
-        model_hops = (adaptive.halving_iterations() * shape.shards if isinstance(adaptive, AshaPlan)
+        model_hops = (adaptive.expected_iterations() * shape.shards if isinstance(adaptive, AshaPlan)
                       else adaptive.total_hops)
         hop_instances = min(model_hops, plan.hop_tasks)  # an upper bound: rungs bundle too
         empty = plan.hop_tasks - hop_instances

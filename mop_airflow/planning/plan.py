@@ -7,12 +7,14 @@ from the store, and the rung tasks deal survivors with :func:`rung_classes`.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Mapping
 
 from mop_airflow.planning.bundling import deal_configs, make_bundles
 from mop_airflow.planning.schedule import DEFAULT_PRIORITY, hash_seed, visit_order
 from mop_airflow.records import Plan, RunRecord
 from mop_airflow.search.adaptive import LADDERS, adaptive_plan, brackets_of, decided_between_blocks, split_by_bracket
+from mop_airflow.search.asha import AshaPlan
+from mop_airflow.search.pbt import PbtPlan
 
 
 def make_plan(run: RunRecord, priority: str = DEFAULT_PRIORITY, *, rows: int | None = None,
@@ -39,7 +41,7 @@ def make_plan(run: RunRecord, priority: str = DEFAULT_PRIORITY, *, rows: int | N
         asha = isinstance(adaptive, LADDERS)  # no brackets: ASHA's ladder, PBT's population
         longest = adaptive.max_iterations if asha else max(b.rungs[-1].hops_i for b in brackets_of(adaptive)) // p
         return Plan(shards=p, iterations=longest, seed=seed, priority=priority,
-                    model_hops_total=_ladder_iterations(adaptive) * p if asha else adaptive.total_hops,
+                    model_hops_total=_expected_iterations(adaptive) * p if asha else adaptive.total_hops,
                     adaptive={**adaptive.to_dict(), "decided": "blocks"}, bundle_size=schedule.bundle_size,
                     brackets={} if asha else {str(s): m for s, m in split_by_bracket(ids, adaptive).items()},
                     shard_rows=rows, chains=chains)
@@ -90,7 +92,5 @@ def rung_classes(run: RunRecord, config_ids: list[str], *, rows: int | None, see
     return deal_run(run, config_ids, rows=rows, seed=hash_seed(seed, bracket, rung))
 
 
-def _ladder_iterations(plan: Any) -> int:
-    """What ASHA or PBT is expected to train: the synchronous-halving guide, never more than a budget."""
-    budget = getattr(plan, "budget", None)
-    return plan.halving_iterations() if budget is None else min(plan.halving_iterations(), budget)
+def _expected_iterations(plan: AshaPlan | PbtPlan) -> int:
+    return plan.expected_iterations() if isinstance(plan, AshaPlan) else plan.halving_iterations()

@@ -87,6 +87,10 @@ class AshaPlan:
             previous, count = end, count // self.eta
         return total
 
+    def expected_iterations(self) -> int:
+        """What the search is expected to train: the synchronous-halving guide, never more than a budget."""
+        return self.halving_iterations() if self.budget is None else min(self.halving_iterations(), self.budget)
+
     def to_dict(self) -> dict[str, Any]:
         out = {"method": "asha", "n": self.n, "r": self.r, "R": self.R, "eta": self.eta, "rungs": list(self.rungs)}
         return out if self.budget is None else {**out, "budget": self.budget}

@@ -477,7 +477,8 @@
         " interval=" + a.interval + " quantile=" + a.quantile;
     }
     return (a.method === "asha" ? "ASHA n=" + a.n + " r=" + a.r + " R=" + a.R : a.R !== undefined ?
-      "Hyperband R=" + a.R : "successive halving n=" + a.n) + " eta=" + a.eta;
+      "Hyperband R=" + a.R : "successive halving n=" + a.n) + " eta=" + a.eta +
+      (a.budget !== undefined && a.budget !== null ? " budget=" + a.budget + " iterations" : "");
   }
 
   function renderPlan(data, configs) {
