@@ -3,7 +3,9 @@
 Tests never touch a developer's own Airflow home or metadata database.
 """
 
+import atexit
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -12,6 +14,8 @@ from pathlib import Path
 import pytest
 
 _SESSION = Path(tempfile.mkdtemp(prefix="mop-airflow-tests-"))
+# each pytest process (every xdist worker too) makes its own; without this every `make test` left them behind
+atexit.register(shutil.rmtree, _SESSION, ignore_errors=True)
 os.environ["AIRFLOW_HOME"] = str(_SESSION / "airflow")
 os.environ["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = f"sqlite:///{_SESSION / 'airflow' / 'airflow.db'}"
 os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"

@@ -509,6 +509,20 @@ def test_an_asha_run_shows_every_decision_between_blocks(airflow, browser, tmp_p
     outcome = page.locator(f"#leaderboard tbody tr[data-config-id='{ids[1]}'] td").all_inner_texts()[-1]
     assert outcome == "training: 2 of 6 hops done"  # on its way to R=3 iterations of 2 hops
     assert page.locator("#best-per-bracket-table").count() == 0  # ASHA has no brackets
+
+    # with a budget the plan note says so, and block 0 starts one configuration per slot
+    spec["search"]["adaptive"] = {**spec["search"]["adaptive"], "budget": 6}
+    budgeted, run, plan = planned(Store(f"file://{tmp_path / 'budget'}"), spec)
+    first_block(budgeted, run, plan)
+    data = {**run_results(budgeted, run), "run_state": "running"}
+    page.unroute("**/mop/api/runs/**")
+    page.route("**/mop/api/runs/**", lambda route: route.fulfill(status=200, content_type="application/json",
+                                                                  body=json.dumps(data)))
+    page.goto(f"{airflow.base_url}/mop/runs/{budgeted.dag_id}/{quoted(budgeted.run_id)}")
+    page.locator("#decisions tbody tr").first.wait_for(timeout=60_000)
+    assert "ASHA n=4 r=1 R=3 eta=3 budget=6 iterations, decided between blocks" in \
+        page.locator("#plan-note").inner_text()
+    assert page.locator("#decisions tbody tr[data-block='0'][data-kind='start']").count() == 2
     page.context.close()
 
 
