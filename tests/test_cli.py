@@ -37,6 +37,8 @@ def test_plan_previews_asha_rungs_budget_and_a_replay_and_refuses_an_R_no_rung_r
     # 9 x 1 + 3 x (3 - 1) + 1 x (9 - 3) iterations, each 2 hops on 2 shards
     assert "budget: 21 iterations (42 model hops)" in out
     assert "at least 21 hop steps" in out  # the budget over 2 slots (21) vs one configuration to R (18 hops)
+    # the same 21 iterations as a deadline: 10 blocks of 2 configurations, replayed beside it
+    assert 'with "budget": 21 in search.adaptive (a deadline of 10 blocks, one configuration per slot)' in out
     steps = int(out.split(" hop steps, slot use")[0].rsplit(" ", 1)[1])
     blocks = -(-steps // 2)
     assert f"estimated wall time: {steps * 2 + blocks * 4:,} s" in out

@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import os
 import socket
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from mop_airflow.cli import runs as run_commands
 from mop_airflow.cli.runs import DEFAULT_PORT, FAILED, INTERRUPTED, OK, UNAVAILABLE, USAGE
@@ -182,9 +184,14 @@ def _plan_asha(args: argparse.Namespace) -> int:
         print(f"budget: {budget} iterations: {plan.capacity(p * slots)} configurations at once (one per slot) for at "
               f"most {plan.deadline(p * slots)} blocks of one iteration; no leg begins that would end after the last")
     draw = [f"c{i:04d}" for i in range(plan.n)]
-    sim = simulate_search(lambda done, promoted, started, free, block: next_jobs(
-                              plan, done, promoted, started, draw, free, direction="min", block=block, slots=p * slots),
-                          shards=p, slots=slots, capacity=block_capacity(p, slots, plan), block_hops=p)
+
+    def replay(plan: Any) -> Any:
+        return simulate_search(lambda done, promoted, started, free, block: next_jobs(
+                                   plan, done, promoted, started, draw, free, direction="min", block=block,
+                                   slots=p * slots),
+                               shards=p, slots=slots, capacity=block_capacity(p, slots, plan), block_hops=p)
+
+    sim = replay(plan)
     top = sum(1 for c in sim.completions if c.rung == plan.top)
     if plan.budget is None:
         bound = max(budget * p / (p * slots), plan.R * p)  # the slots' share, or one configuration's R iterations
@@ -195,6 +202,11 @@ def _plan_asha(args: argparse.Namespace) -> int:
     print(f"replayed with synthetic learning curves, decided between blocks of one iteration: {sim.iterations:g} "
           f"iterations in {sim.steps} hop steps, slot use {sim.slot_use:.0%} ({limit}); {top} configuration(s) "
           f"reached R={plan.R}")
+    if plan.budget is None and budget // (p * slots) >= plan.R:  # what the same budget as a deadline would do
+        budgeted = replay(dataclasses.replace(plan, budget=budget))
+        print(f"with \"budget\": {budget} in search.adaptive (a deadline of {budget // (p * slots)} blocks, one "
+              f"configuration per slot): slot use {budgeted.slot_use:.0%}, {budgeted.iterations:g} iterations, "
+              f"{sum(1 for c in budgeted.completions if c.rung == plan.top)} configuration(s) reached R={plan.R}")
     if args.seconds_per_hop is not None:
         blocks = -(-sim.steps // p)
         wall = sim.steps * args.seconds_per_hop + blocks * args.task_seconds
