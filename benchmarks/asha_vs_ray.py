@@ -36,7 +36,10 @@ checkpoint; the first trials to reach a rung always go on). So the two may train
 of epochs for the same n, r, R, eta: both are printed.
 
     python benchmarks/asha_vs_ray.py [--n 27] [--r 1] [--R 9] [--eta 3] [--shards 2] [--same-draws]
-                                     [--reuse-actors] [--home DIR]
+                                     [--reuse-actors] [--budget ITERATIONS] [--home DIR]
+
+``--budget`` also runs mop_airflow's ASHA with that budget as its deadline (``search.adaptive.budget``),
+after the first and in an Airflow of its own, on the same draws: one more row of the table.
 
 Needs ``ray[tune]`` (``pip install -e '.[bench]'``).
 """
@@ -69,14 +72,15 @@ SHARDS = 2
 TRIALS_AT_ONCE = 2
 
 
-def asha_spec(folder: str, *, n: int, r: int, R: int, eta: int, shards: int) -> dict:
-    """The example DAG's spec with the benchmark's budget and shards, one TensorFlow thread a hop."""
+def asha_spec(folder: str, *, n: int, r: int, R: int, eta: int, shards: int, budget: int | None = None) -> dict:
+    """The example DAG's spec with the benchmark's budget and shards, one TensorFlow thread a hop
+    (``budget``: ASHA's deadline in iterations, ``search.adaptive.budget``)."""
     from mop_airflow.examples.mnist1d_spec import mnist1d_data_spec, mnist1d_random_space  # noqa: PLC0415
 
+    adaptive = {"method": "asha", "n": n, "r": r, "R": R, "eta": eta, **({"budget": budget} if budget else {})}
     return {
         "data": mnist1d_data_spec(folder),
-        "search": {"space": mnist1d_random_space(seed=SPACE_SEED), "metric": "val_accuracy",
-                   "adaptive": {"method": "asha", "n": n, "r": r, "R": R, "eta": eta}},
+        "search": {"space": mnist1d_random_space(seed=SPACE_SEED), "metric": "val_accuracy", "adaptive": adaptive},
         "schedule": {"shards": shards, "seed": SEED, "threads_per_hop": 1},
     }
 
@@ -194,7 +198,7 @@ def mop_asha(home: Path, folder: str, options: dict, timeout: float) -> dict:
 
     dags = home / "dags"
     dags.mkdir(parents=True, exist_ok=True)
-    spec = asha_spec(folder, **{k: options[k] for k in ("n", "r", "R", "eta", "shards")})
+    spec = asha_spec(folder, **{k: options[k] for k in ("n", "r", "R", "eta", "shards")}, budget=options.get("budget"))
     (dags / f"{DAG_ID}.py").write_text(
         "import json\nfrom mop_airflow import build_mop_dag\n"
         f"dag = build_mop_dag(json.loads({json.dumps(json.dumps(spec))}), dag_id={DAG_ID!r})\n")
@@ -262,6 +266,8 @@ def main(argv=None) -> int:
     parser.add_argument("--same-draws", action="store_true",
                         help="Ray Tune evaluates the configurations mop_airflow drew instead of its own draws")
     parser.add_argument("--reuse-actors", action="store_true", help="Ray Tune reuses its trial processes")
+    parser.add_argument("--budget", type=int, default=None,
+                        help="also run mop_airflow's ASHA with this budget (iterations in all) as its deadline")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds the mop_airflow search may take")
     parser.add_argument("--home", help="keep the runs here (default: a temporary folder, deleted)")
     parser.add_argument("--ray", help=argparse.SUPPRESS)
@@ -293,6 +299,12 @@ def main(argv=None) -> int:
         mop = mop_asha(home, folder, options, args.timeout)
         rows.append((f"mop_airflow ASHA, {args.shards} shards x 1 slot", mop["seconds"], mop["trials"], mop["started"],
                      mop["epochs"], before, load(), mop["facts"]))
+        if args.budget:  # the same search with a deadline, in an Airflow of its own beside the first
+            before = load()
+            print(f"mop_airflow with budget={args.budget} (load average {before})", flush=True)
+            budgeted = mop_asha(home / "budget", folder, {**options, "budget": args.budget}, args.timeout)
+            extra = (f"mop_airflow ASHA, budget={args.budget}", budgeted["seconds"], budgeted["trials"],
+                     budgeted["started"], budgeted["epochs"], before, load(), budgeted["facts"])
 
         ray_options = {**options, "reuse_actors": args.reuse_actors,
                        "points": mop["draws"] if args.same_draws else None}
@@ -310,7 +322,7 @@ def main(argv=None) -> int:
 
         print(f"\n{'side':<42} {'seconds':>8}  {'best':>7}  {'started':>7}  {'epochs':>6}  {'load average before / after':<34}"
               "best configuration (epochs)")
-        for name, seconds, trials, started, epochs, before, after, facts in rows:
+        for name, seconds, trials, started, epochs, before, after, facts in rows + ([extra] if args.budget else []):
             ranked = [t for t in trials if t["val_accuracy"] is not None]
             best = max(ranked, key=lambda t: t["val_accuracy"])
             print(f"{name:<42} {seconds:>8.1f}  {best['val_accuracy']:>7.4f}  {started:>7}  {epochs:>6g}  "
