@@ -113,8 +113,9 @@ def asha_plan(options: Mapping[str, Any]) -> AshaPlan:
                             "e.g. {'method': 'asha', 'n': 64, 'r': 1, 'R': 27, 'eta': 3}")
     n, r, R, eta = options["n"], options.get("r", 1), options["R"], options.get("eta", 3)
     budget = options.get("budget")
-    checks = (("n", n, 1), ("r", r, 1), ("R", R, 1), ("eta", eta, 2)) + ((("budget", budget, R),) if budget is not None
-                                                                        else ())
+    checks = [("n", n, 1), ("r", r, 1), ("R", R, 1), ("eta", eta, 2)]
+    if budget is not None:  # checked after R, so its bound is a whole number
+        checks.append(("budget", budget, R))
     for name, value, low in checks:
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             raise SpecError(f"search.adaptive.{name}", value, f"must be a whole number >= {low}",
