@@ -202,9 +202,10 @@ def _plan_asha(args: argparse.Namespace) -> int:
     print(f"replayed with synthetic learning curves, decided between blocks of one iteration: {sim.iterations:g} "
           f"iterations in {sim.steps} hop steps, slot use {sim.slot_use:.0%} ({limit}); {top} configuration(s) "
           f"reached R={plan.R}")
-    if plan.budget is None and budget // (p * slots) >= plan.R:  # what the same budget as a deadline would do
-        budgeted = replay(dataclasses.replace(plan, budget=budget))
-        print(f"with \"budget\": {budget} in search.adaptive (a deadline of {budget // (p * slots)} blocks, one "
+    hinted = dataclasses.replace(plan, budget=budget)  # what the same budget as a deadline would do
+    if plan.budget is None and hinted.deadline(p * slots) >= plan.R:
+        budgeted = replay(hinted)
+        print(f"with \"budget\": {budget} in search.adaptive (a deadline of {hinted.deadline(p * slots)} blocks, one "
               f"configuration per slot): slot use {budgeted.slot_use:.0%}, {budgeted.iterations:g} iterations, "
               f"{sum(1 for c in budgeted.completions if c.rung == plan.top)} configuration(s) reached R={plan.R}")
     if args.seconds_per_hop is not None:

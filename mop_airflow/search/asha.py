@@ -176,10 +176,13 @@ def next_jobs(plan: AshaPlan, completions: Sequence[Completion], promoted: Seque
     begun = list(started)
     jobs: list[Job] = []
     deadline = plan.deadline(slots)
-    left = None if deadline is None else deadline - block  # the most iterations a leg begun now can train
+
+    def fits(leg: int) -> bool:  # a leg begun in this block ends by the budget's last block
+        return deadline is None or block + leg <= deadline
+
     for _ in range(free):
-        job = _promotion(plan, by_rung, taken, direction, left) or (
-            _start(candidates, begun, plan.n, plan.rungs[0], propose) if left is None or plan.rungs[0] <= left else None)
+        job = _promotion(plan, by_rung, taken, direction, fits) or (
+            _start(candidates, begun, plan.n, plan.rungs[0], propose) if fits(plan.rungs[0]) else None)
         if job is None:
             break
         if job.kind == "promote":
@@ -191,9 +194,9 @@ def next_jobs(plan: AshaPlan, completions: Sequence[Completion], promoted: Seque
 
 
 def _promotion(plan: AshaPlan, by_rung: Mapping[int, list[Completion]], taken: set[tuple[str, int]],
-               direction: str, left: int | None = None) -> Job | None:
+               direction: str, fits: Callable[[int], bool]) -> Job | None:
     for k in range(plan.top - 1, -1, -1):  # the highest rung first: it is the closest to a result
-        if left is not None and plan.rungs[k + 1] - plan.rungs[k] > left:
+        if not fits(plan.rungs[k + 1] - plan.rungs[k]):
             continue  # its leg would end after the budget's last block
         done = by_rung.get(k, [])
         ranked = rank_rung([c.result() for c in done], direction=direction)
