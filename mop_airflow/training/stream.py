@@ -48,27 +48,37 @@ def stream_batches(path: str, load: Any, *, batch_size: int, window_rows: int, s
                    shard: int, epoch: int) -> Iterator[tuple[Any, np.ndarray]]:
     """(x, y) batches of one pass; ``load(table) -> (x, y)`` turns Parquet rows into arrays.
 
-    Each window is read (its row groups), decoded once by ``load`` and shuffled as arrays; the
-    batches are slices of them. Decoding a window at once, not a batch at a time, costs one
+    Each window is read (its row groups) and decoded once by ``load``; each batch gathers its rows
+    in the window's shuffled order. Decoding a window at once, not a batch at a time, costs one
     column-to-array conversion per window instead of one per batch (for 128 feature columns and
     batches of 256 rows that conversion was most of a streamed hop's time). A decoded shard
     (:mod:`~mop_airflow.data.decoded`) reads the window's row groups as arrays instead. Memory
-    holds one window: its rows and their shuffled copy. Rows left over at the end of a window wait
+    holds one window's rows and one batch. Rows left over at the end of a window wait
     for the next one, so every batch but the last has ``batch_size`` rows, as in memory.
     """
     sizes, read = _window_reader(path, load)
-    carry = None
+    carry = None  # rows left over from the windows before: fewer than a batch
     for groups, permutation in stream_windows(sizes, window_rows, seed=seed, iteration=iteration, shard=shard,
                                               epoch=epoch):
         x, y = read(groups)
-        x, y = _take(x, permutation), y[permutation]
-        if carry is not None:
-            x, y = _concat(carry[0], x), np.concatenate([carry[1], y])
-        usable = len(y) - len(y) % batch_size
-        for start in range(0, usable, batch_size):
-            yield _rows(x, start, start + batch_size), y[start:start + batch_size]
-        # a copy, so the window's arrays are freed before the next window is read
-        carry = (_take(x, np.arange(usable, len(y))), y[usable:].copy()) if usable < len(y) else None
+        at = 0
+        if carry is not None:  # first complete the batch the windows before began
+            at = min(batch_size - len(carry[1]), len(y))
+            head = permutation[:at]
+            carry = _concat(carry[0], _take(x, head)), np.concatenate([carry[1], y[head]])
+            if len(carry[1]) == batch_size:
+                yield carry
+                carry = None
+        # Each batch gathers its own rows of the shuffled window: shuffling the window first, then
+        # prepending the carried rows, wrote and read two more window-sized copies per window, a
+        # third of a streamed hop's time for a small model (benchmarks/task_parallel.py)
+        full = at + (len(y) - at) // batch_size * batch_size
+        for start in range(at, full, batch_size):
+            rows = permutation[start:start + batch_size]
+            yield _take(x, rows), y[rows]
+        if full < len(y):
+            carry = _take(x, permutation[full:]), y[permutation[full:]]
+        del x, y  # freed before the next window is read
     if carry is not None:
         yield carry
 

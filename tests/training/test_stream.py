@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -52,6 +53,22 @@ def test_stream_batches_follow_stream_order_and_carry_rows_across_windows(tmp_pa
     assert [len(b[1]) for b in batches] == [BATCH] * 12 + [4]  # 100 rows: full batches, then the rest
     streamed = np.concatenate([rows for rows, _ in batches])
     assert np.array_equal(streamed, stream_order([ROW_GROUP] * 10, WINDOW, **seeds))
+
+
+@pytest.mark.parametrize("batch", [1, 7, 25, 26, 40, 99, 100, 150])
+def test_batches_of_any_size_against_windows_follow_stream_order(tmp_path, toy_data, batch):
+    """Batches smaller than, equal to and larger than a window (a carried batch may span windows)."""
+    x, y = toy_data
+    path = write_shard(tmp_path / "shard.parquet", x, y)
+    seeds = {"seed": 5, "iteration": 2, "shard": 1, "epoch": 3}
+
+    batches = list(stream_batches(path, lambda t: (t["row"].to_numpy(), t["label"].to_numpy()), batch_size=batch,
+                                  window_rows=WINDOW, **seeds))
+    full, rest = divmod(100, batch)
+    assert [len(rows) for rows, _ in batches] == [batch] * full + ([rest] if rest else [])
+    order = stream_order([ROW_GROUP] * 10, WINDOW, **seeds)
+    assert np.array_equal(np.concatenate([rows for rows, _ in batches]), order)
+    assert np.array_equal(np.concatenate([labels for _, labels in batches]), y[order])
 
 
 def test_a_streamed_hop_gives_the_weights_of_keras_fed_the_same_batches(tmp_path, toy_data):
