@@ -27,7 +27,7 @@ from mop_airflow.training.session import TaskSession
 # A shard file larger than a quarter of data.batch_mb (32 MB) streams through the hop: read whole,
 # a shard takes ~6x its file size in memory (table, arrays, the shuffled copy, Keras's own). A
 # streamed hop holds one window of about an eighth of data.batch_mb (16 MB, whole row groups) of
-# stored rows, its decoded arrays and their shuffled copy, whatever the shard's size; TensorFlow
+# stored rows, its decoded arrays and one batch, whatever the shard's size; TensorFlow
 # itself takes ~0.74 GB (measured with benchmarks/data_scale.py and benchmarks/task_parallel.py).
 WINDOW_SHARE = 0.125
 STREAM_ABOVE_BATCHES = 0.25

@@ -3,10 +3,11 @@
 ``model.fit`` and ``model.evaluate`` build a tf.data pipeline, its iterator, data adapters and a
 callback list on every call: about 0.1 s a call on a CPU, paid per pass and per configuration of a
 bundle, often more than the training itself on a small shard. Here the model's own
-``train_function`` / ``test_function`` (the ``tf.function`` that ``fit`` and ``train_on_batch`` run)
-is called on numpy slices of the very batches ``fit(shuffle=False)`` would make, in the same
-order, with the same metric resets: the same optimizer steps on the same rows, so the variables,
-the loss and the metrics come out bit for bit as from ``fit`` (tests/training/test_steps.py).
+``train_step`` / ``test_step`` (what the ``tf.function`` that ``fit`` and ``train_on_batch`` run
+calls), traced once as a concrete function, is called on numpy slices of the very batches
+``fit(shuffle=False)`` would make, in the same order, with the same metric resets: the same
+optimizer steps on the same rows, so the variables, the loss and the metrics come out bit for bit
+as from ``fit`` (tests/training/test_steps.py).
 
 The step is traced once per model for any batch size (:func:`_step_function`). Keras's own
 ``train_function`` fed numpy batches traced it up to three times: for the first batch's exact
