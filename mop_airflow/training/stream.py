@@ -71,7 +71,7 @@ def stream_batches(path: str, load: Any, *, batch_size: int, window_rows: int, s
                 carry = None
         # Each batch gathers its own rows of the shuffled window: shuffling the window first, then
         # prepending the carried rows, wrote and read two more window-sized copies per window, a
-        # third of a streamed hop's time for a small model (benchmarks/task_parallel.py)
+        # fifth of a small MLP's training time (benchmarks/task_parallel.py)
         full = at + (len(y) - at) // batch_size * batch_size
         for start in range(at, full, batch_size):
             rows = permutation[start:start + batch_size]
@@ -101,10 +101,6 @@ def _window_reader(path: str, load: Any) -> tuple[list[int], Any]:
 
 def _take(x: Any, rows: np.ndarray) -> Any:
     return {name: values[rows] for name, values in x.items()} if isinstance(x, dict) else x[rows]
-
-
-def _rows(x: Any, start: int, end: int) -> Any:
-    return {name: values[start:end] for name, values in x.items()} if isinstance(x, dict) else x[start:end]
 
 
 def _concat(a: Any, b: Any) -> Any:
