@@ -330,9 +330,12 @@ class ScheduleSpec:
         bundle_size: How many configurations one hop task trains in turn on its shard: ``"auto"``
             (see :func:`mop_airflow.planning.bundling.bundle_count`) or an integer >= 1 (1 = a task
             per configuration per hop).
-        threads_per_hop: TensorFlow's thread count in a hop task: ``"auto"`` divides the worker's
-            cores among the hops that share it, an integer >= 1 pins it. Results on the CPU depend on
-            it, so every hop record says which it used.
+        threads_per_hop: TensorFlow's intra-op thread count in a hop task. Results on the CPU depend
+            on it, so every hop record says which it used. An integer >= 1 pins it; the default, 1,
+            gives the same numbers on every executor and machine (the embedded Airflow's, Celery's).
+            ``"auto"`` divides the worker's cores among the hop tasks that share it
+            (``MOP_AIRFLOW_HOPS_PER_WORKER``, else ``slots_per_shard``): faster hops on a worker with
+            spare cores, but a leaderboard that depends on the deployment.
         iterations_per_run: How many iterations one DAG run trains; a longer plain search goes on in
             the DAG's next runs (:mod:`mop_airflow.planning.run_chain`). ``"auto"`` keeps the whole
             search in one run unless its hop task instances exceed ``run_chain.RUN_HOP_BUDGET``, then
@@ -351,7 +354,7 @@ class ScheduleSpec:
     metrics_every: int = 1
     seed: int = 0
     bundle_size: int | str = "auto"
-    threads_per_hop: int | str = "auto"
+    threads_per_hop: int | str = 1  # "auto": faster on spare cores, results depend on the worker
     iterations_per_run: int | str = "auto"
 
     def __post_init__(self) -> None:
@@ -361,8 +364,12 @@ class ScheduleSpec:
                 continue  # a block shorter than an iteration: checked against the shards below
             if value != "auto":
                 if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                    raise SpecError(f"schedule.{name}", value, 'must be "auto" or an integer >= 1',
-                                    f'leave schedule.{name} out (or "auto"), or set a whole number such as 2')
+                    fix = (f'leave schedule.{name} out (or "auto"), or set a whole number such as 2'
+                           if name != "threads_per_hop" else
+                           'leave schedule.threads_per_hop out (1 thread: the same results on every machine), '
+                           'set a whole number such as 2, or "auto" (the worker\'s cores shared by its hops: '
+                           'faster, but results then depend on the worker)')
+                    raise SpecError(f"schedule.{name}", value, 'must be "auto" or an integer >= 1', fix)
         _positive_int("schedule.shards", self.shards)
         _positive_int("schedule.iterations", self.iterations)
         _positive_int("schedule.epochs_per_hop", self.epochs_per_hop)

@@ -24,9 +24,11 @@ COMPILATION_CACHE_ENV = "MOP_COMPILATION_CACHE"  # "0": JAX compiles every hop's
 
 
 def threads_for(setting: int | str, slots: int, *, cores: int | None = None, env: Any = os.environ) -> int:
-    """TensorFlow's intra-op threads for one hop task: a number, or ``"auto"`` = the worker's cores
-    shared by the hop tasks that run on it at once (``MOP_AIRFLOW_HOPS_PER_WORKER`` where the
-    deployment knows it, e.g. every shard pool on one machine; else the shard's slots)."""
+    """TensorFlow's intra-op threads for one hop task: a number (``schedule.threads_per_hop``'s
+    default is 1, whatever the worker), or ``"auto"`` = the worker's cores shared by the hop tasks
+    that run on it at once (``MOP_AIRFLOW_HOPS_PER_WORKER`` where the deployment knows it, e.g.
+    every shard pool on one machine; else the shard's slots). CPU results depend on the count, so
+    only a number gives the same results on every executor and machine."""
     if setting != "auto":
         return int(setting)
     sharing = int(env.get(HOPS_PER_WORKER_ENV) or slots)
