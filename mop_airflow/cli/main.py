@@ -27,12 +27,17 @@ from mop_airflow.cli.runs import fail as _fail
 
 
 def _cmd_pools_sync(args: argparse.Namespace) -> int:
+    from mop_airflow.errors import PoolsMissingError  # noqa: PLC0415
+
     if args.dags_folder is None:
         if args.shards is None:
             return _fail("pools sync needs --shards N (and --slots S) or --dags-folder DIR", USAGE)
         from mop_airflow.hooks.pools import sync_pools  # noqa: PLC0415 - needs a configured Airflow
 
-        names = sync_pools(args.shards, args.slots)
+        try:
+            names = sync_pools(args.shards, args.slots)
+        except PoolsMissingError as exc:  # a metadata database never migrated
+            return _fail(str(exc), UNAVAILABLE)
         print(f"pools ready ({args.slots} slot(s) each): {', '.join(names)}")
         return OK
     if not Path(args.dags_folder).is_dir():
@@ -41,7 +46,10 @@ def _cmd_pools_sync(args: argparse.Namespace) -> int:
 
     with _quiet_airflow_import():  # parsing the folder logs a line per file at INFO; the answer is the pools
         pools, errors = dag_folder_pools(args.dags_folder)
-    sync_pool_slots(pools)
+    try:
+        sync_pool_slots(pools, command=f"mop-airflow pools sync --dags-folder {args.dags_folder}")
+    except PoolsMissingError as exc:
+        return _fail(str(exc), UNAVAILABLE)
     print("pools ready: " + (", ".join(f"{name} ({slots} slot(s))" for name, slots in sorted(pools.items()))
                              or f"none needed (no mop_airflow DAG in {args.dags_folder})"))
     for path, error in sorted(errors.items()):

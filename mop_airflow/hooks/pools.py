@@ -11,11 +11,9 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from mop_airflow.hooks.rest import AirflowAPI
+from mop_airflow.hooks.rest import API_CONN_ID, AirflowAPI
 from mop_airflow.errors import AirflowApiError, MopError, PoolsMissingError, SpecError
 from mop_airflow.planning.task_plan import shard_pool
-
-API_CONN_ID = "mop_airflow_api"
 POOL_MODES = ("create", "check", "off")
 
 
@@ -34,7 +32,7 @@ def pool_description(shard: int) -> str:
 def sync_pools(shards: int, slots: int) -> list[str]:
     """Create or resize the shard pools in the metadata database (run where `airflow` CLI runs)."""
     names = required_pools(shards)
-    sync_pool_slots({name: slots for name in names})
+    sync_pool_slots({name: slots for name in names}, command=sync_command(shards, slots))
     return names
 
 
@@ -58,13 +56,42 @@ def dag_folder_pools(dags_folder: str) -> tuple[dict[str, int], dict[str, str]]:
     return pools, dict(bag.import_errors)
 
 
-def sync_pool_slots(pools: dict[str, int]) -> None:
-    """Create or resize named shard pools to the given slots (metadata database)."""
-    from airflow.models.pool import Pool  # noqa: PLC0415
+def sync_pool_slots(pools: dict[str, int], *, command: str = "mop-airflow pools sync") -> None:
+    """Create or resize named shard pools to the given slots (metadata database).
 
-    for name, slots in sorted(pools.items()):
-        Pool.create_or_update_pool(name=name, slots=slots, include_deferred=False,
-                                   description=pool_description(int(name.rsplit("_", 1)[1])))
+    A metadata database that was never migrated (no table ``slot_pool``) is a :class:`PoolsMissingError`
+    naming the database and ``airflow db migrate``, then ``command`` (the sync to run again)."""
+    from airflow.models.pool import Pool  # noqa: PLC0415
+    from sqlalchemy.exc import DBAPIError  # noqa: PLC0415
+
+    try:
+        for name, slots in sorted(pools.items()):
+            Pool.create_or_update_pool(name=name, slots=slots, include_deferred=False,
+                                       description=pool_description(int(name.rsplit("_", 1)[1])))
+    except DBAPIError as exc:
+        database = _unmigrated_database(Pool.__tablename__)
+        if database is None:  # the table is there (or the database cannot tell): Airflow's own error says more
+            raise
+        raise PoolsMissingError(
+            pools, f"airflow db migrate, then {command}",
+            reason=f"the metadata database ([database] sql_alchemy_conn = {database}) has no table "
+                   f"{Pool.__tablename__}: it was never migrated, and Airflow makes its tables with "
+                   "`airflow db migrate` (run it once per database, with the same configuration, before "
+                   "any other Airflow command)") from exc
+
+
+def _unmigrated_database(table: str) -> str | None:
+    """The metadata database's URL (password hidden) when it lacks Airflow's ``table``, else None."""
+    import sqlalchemy  # noqa: PLC0415
+    from airflow import settings  # noqa: PLC0415
+
+    try:
+        engine = settings.get_engine()
+        if sqlalchemy.inspect(engine).has_table(table):
+            return None
+        return engine.url.render_as_string(hide_password=True)
+    except Exception:  # noqa: BLE001 - unreachable or unconfigured: not a question of migration
+        return None
 
 
 def _api_target() -> tuple[str, str | None, str | None]:
@@ -101,6 +128,8 @@ def _api() -> AirflowAPI:
 
 
 def _unreachable(exc: AirflowApiError) -> MopError:
+    if exc.status in (401, 403):  # the error already names the connection, the variables and the password file
+        return MopError(f"{exc}; or build the DAG with pools='off' if you manage the pools yourself")
     return MopError(
         f"{exc}. Create an HTTP connection '{API_CONN_ID}' with the API server's URL as host and the login "
         "and password of a user who may read and edit pools, or build the DAG with pools='off' if you "
@@ -140,6 +169,6 @@ def ensure_pools(names: Sequence[str], *, shards: int, slots: int, mode: str = "
                     continue
                 if exc.status in (401, 403):
                     raise PoolsMissingError(missing, sync_command(shards, slots),
-                                            reason=f"the REST API user may not create pools ({exc.status})") from exc
+                                            reason=f"the REST API user may not create pools ({exc})") from exc
                 raise _unreachable(exc) from exc
         return missing

@@ -3,14 +3,61 @@
 Used by the first task of a run (pools), by ``mop-airflow status`` / ``report`` and by the local
 embedded Airflow. With a login, the token comes from ``POST /auth/token``; without one, from
 ``GET /auth/token``, which the simple auth manager answers when every user is an admin (the
-local embedded default).
+local embedded default). A refusal (401, 403) says where each caller takes its login from and
+where Airflow's simple auth manager keeps the passwords it generated.
 """
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+import os
+import sys
+from typing import Any, Iterator, Mapping
 
 from mop_airflow.errors import AirflowApiError
+
+API_CONN_ID = "mop_airflow_api"  # the HTTP connection the tasks sign in with (preflight's pool check)
+USER_ENV, PASSWORD_ENV = "MOP_AIRFLOW_API_USER", "MOP_AIRFLOW_API_PASSWORD"  # the command line's login
+# Airflow 3's simple auth manager (its default): where it writes the passwords it generates for
+# [core] simple_auth_manager_users, read from the option or else Airflow's default
+PASSWORDS_OPTION = ("core", "simple_auth_manager_passwords_file")
+PASSWORDS_FILE_NAME = "simple_auth_manager_passwords.json.generated"
+
+
+def passwords_file(environ: Mapping[str, str] = os.environ) -> str:
+    """Where this machine's Airflow settings put the simple auth manager's generated passwords:
+    ``[core] simple_auth_manager_passwords_file``, else ``$AIRFLOW_HOME/simple_auth_manager_passwords.json.generated``.
+    Reads Airflow's configuration only where it is already loaded (a task), so an error never imports
+    Airflow (which writes a default ``airflow.cfg`` where none is)."""
+    if "airflow.configuration" in sys.modules:
+        try:
+            from airflow.configuration import AIRFLOW_HOME, conf  # noqa: PLC0415
+
+            return conf.get(*PASSWORDS_OPTION, fallback=None) or os.path.join(AIRFLOW_HOME, PASSWORDS_FILE_NAME)
+        except Exception:  # noqa: BLE001 - a half-configured Airflow: the environment says as much
+            pass
+    option = environ.get("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE")
+    home = os.path.expanduser(environ.get("AIRFLOW_HOME") or "~/airflow")
+    return option or os.path.join(home, PASSWORDS_FILE_NAME)
+
+
+def refused_hint(status: int, username: str | None, *, signing_in: bool) -> str:
+    """What a 401 or 403 means here and how to fix it: the login each caller uses, and where the
+    simple auth manager's generated passwords are."""
+    if signing_in and not username:
+        what = ("Airflow gives a token without a login only when [core] simple_auth_manager_all_admins is True "
+                "(its default is False), so mop_airflow must sign in as one of its users")
+    elif signing_in:
+        what = f"Airflow refused the login {username!r} with the password given"
+    else:
+        what = f"the user {username or '(no login)'!r} may not make this call"
+    return (f". {what}. Fix: sign in as an Airflow user who may: for the tasks (preflight's pool check, which "
+            f"creates missing pools: role op or admin), an HTTP connection {API_CONN_ID!r} with the API server's URL "
+            f"as host and the user's login and password; for `mop-airflow status`, `report` and the other commands "
+            f"(role viewer is enough to read runs), the variables {USER_ENV} and {PASSWORD_ENV} (or --username). "
+            f"Airflow's simple auth manager names its users and roles in [core] simple_auth_manager_users (default "
+            f"admin:admin) and writes the passwords it generates as JSON to [core] {PASSWORDS_OPTION[1]} (default "
+            f"$AIRFLOW_HOME/{PASSWORDS_FILE_NAME}; with this machine's settings {passwords_file()}) on the API "
+            "server's machine")
 
 
 class AirflowAPI:
@@ -42,9 +89,11 @@ class AirflowAPI:
             self._client = httpx.Client(base_url=self.base_url, timeout=self.timeout)
         return self._client
 
-    def _fail(self, what: str, exc: Exception | None = None, status: int | None = None, text: str = "") -> AirflowApiError:
+    def _fail(self, what: str, exc: Exception | None = None, status: int | None = None, text: str = "",
+              *, signing_in: bool = False) -> AirflowApiError:
         detail = f"{status}: {text[:500]}" if status is not None else str(exc)
-        return AirflowApiError(f"Airflow REST API at {self.base_url}: {what} -> {detail}", status=status)
+        hint = refused_hint(status, self.username, signing_in=signing_in) if status in (401, 403) else ""
+        return AirflowApiError(f"Airflow REST API at {self.base_url}: {what} -> {detail}{hint}", status=status)
 
     @property
     def token(self) -> str:
@@ -60,8 +109,8 @@ class AirflowAPI:
             except httpx.HTTPError as exc:
                 raise self._fail("sign in", exc) from exc
             if response.status_code >= 400:
-                hint = "" if self.username else " (this Airflow needs a username and password)"
-                raise self._fail("sign in" + hint, status=response.status_code, text=response.text)
+                who = f"as {self.username!r}" if self.username else "without a login"
+                raise self._fail(f"sign in {who}", status=response.status_code, text=response.text, signing_in=True)
             self._token = response.json()["access_token"]
         return self._token
 
