@@ -32,9 +32,9 @@ def test_auto_still_shares_the_worker_cores():
 
 
 def _run(schedule: dict) -> TaskSession:
+    params = {"model": ["mop_airflow.examples.mnist1d_models:mlp"], "learning_rate": [1e-3]}
     spec = {"data": {"source": "/data/train.parquet", "label": "y", "features": "x*", "classes": [0, 1]},
-            "search": {"space": {"method": "grid",
-                                 "params": {"model": ["mop_airflow.examples.mnist1d_models:mlp"], "learning_rate": [1e-3]}}},
+            "search": {"space": {"method": "grid", "params": params}},
             "schedule": {"shards": 2, "iterations": 1, **schedule}}
     run = resolve_run(spec, None, dag_id="d", run_id="r")
     return TaskSession(run, manifest=None, cache_dir="/nonexistent")  # type: ignore[arg-type]  # not read
