@@ -84,3 +84,18 @@ class StoreError(MopError):
 
 class TrainingError(MopError):
     """A hop could not train (model builder failed, loss diverged, checkpoint mismatch)."""
+
+
+class BlockIncompleteError(TrainingError):
+    """A shard slot's task ended its block with hops it could not train: the configuration's previous
+    hop belongs to another shard slot that failed for good or stopped answering."""
+
+    def __init__(self, shard: int, slot: int, untrained: dict[str, str]):
+        self.shard = shard
+        self.slot = slot
+        self.untrained = dict(untrained)  # "c003-e000a6 t=5" -> why
+        lines = "\n".join(f"  - {hop}: {why}" for hop, why in sorted(self.untrained.items()))
+        super().__init__(
+            f"shard {shard} slot {slot} trained every hop it could, but {len(self.untrained)} of its hops never "
+            f"became ready:\n{lines}\nFix: read the log of the shard task named above, fix its cause, then clear "
+            "the failed shard tasks of this run: they skip the hops already committed and train the rest")

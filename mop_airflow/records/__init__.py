@@ -4,5 +4,5 @@
 from mop_airflow.records.schema import (  # noqa: F401 - the package's names
     NAME_CHARS, Record, RunRecord, Plan, Assignment, BundleAssignment, ShardEntry, SourceFile, SourceListing,
     DataSlice, ShardingPlan, SliceResult, Manifest, HopRecord, RungDecision, BlockDecision, StageRecord, Continuation,
-    RunChain, bundle_name,
+    RunChain, SlotStatus, bundle_name,
 )

@@ -69,6 +69,10 @@ class RunLayout:
     def stage_record_uri(self, shard: int) -> str:
         return self._at("stage", f"shard_{shard:02d}.json")
 
+    def slot_status_uri(self, block: str, shard: int, slot: int) -> str:
+        """What shard ``shard``'s slot ``slot`` last said in block ``block`` (:class:`~mop_airflow.records.SlotStatus`)."""
+        return self._at("slots", safe_segment(block), f"shard_{shard:02d}_slot_{slot}.json")
+
     @property
     def stages_glob(self) -> str:
         return self._at("stage", "shard_*.json")

@@ -451,6 +451,31 @@ class StageRecord(Record):
 
 
 @dataclass(frozen=True)
+class SlotStatus(Record):
+    """A shard slot's task in one block, as it last said: what the slots it waits for read.
+
+    ``state``: "running" (``heartbeat`` is refreshed every few seconds while the process lives),
+    "done", or "failed" (``final``: no retry follows, so hops that wait for this slot never come).
+    """
+
+    block: str
+    shard: int
+    slot: int
+    state: str
+    heartbeat: float
+    try_number: int = 1
+    final: bool = False
+    host: str | None = None
+    pid: int | None = None
+    task_id: str | None = None
+    trained: int = 0     # hops this try trained
+    committed: int = 0   # hops an earlier try had committed, not trained again
+    left: int = 0        # hops of this slot still to train
+    training: str | None = None  # the hop on the slot now: "c003-e000a6 t=5"
+    error: str | None = None
+
+
+@dataclass(frozen=True)
 class Continuation(Record):
     """A continuing run of a search: the search's first run, which block this run trains (0 is the
     first run's), and the global hop its block starts at. The continuing run's conf holds it, and

@@ -15,7 +15,7 @@ import os
 import socket
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from mop_airflow.errors import TrainingError
 from mop_airflow.records.layout import RunLayout
@@ -49,10 +49,54 @@ class Where:
 def run_hop(layout: RunLayout, run: RunRecord, manifest: Manifest, assignment: Assignment, *, t: int, shard: int,
             rung_end: bool = False, cache_dir: str, where: Where = Where(), session: TaskSession | None = None,
             bundle: int | None = None) -> tuple[HopRecord, Assignment]:
-    """Train ``assignment``'s configuration for its global hop ``t`` on ``shard``.
+    """Train ``assignment``'s configuration for its global hop ``t`` on ``shard``, and commit it.
 
-    ``session`` holds what the configurations of one bundle task share (the shard read once,
-    compiled models); without one, the hop reads and builds everything itself.
+    ``session`` holds what the hops of one task process share (the shard read once, compiled
+    models); without one, the hop reads and builds everything itself.
+    """
+    trained = train_hop(layout, run, manifest, assignment, t=t, shard=shard, rung_end=rung_end, cache_dir=cache_dir,
+                        where=where, session=session, bundle=bundle)
+    return trained.commit(), trained.out
+
+
+@dataclass
+class TrainedHop:
+    """A hop trained and its state serialized, not yet in the store: :meth:`commit` writes the
+    checkpoint, then the hop record (what makes the hop count as done), then drops stale checkpoints.
+
+    The shard loop commits on a writer thread while the next hop trains; the state was copied out
+    of the model before, so the model is free to train another configuration at once.
+    """
+
+    layout: RunLayout
+    run: RunRecord
+    assignment: Assignment
+    state: bytes
+    out: Assignment
+    record: dict[str, Any]  # the HopRecord's fields but saved_at and the save timing
+    finished: float  # when training and evaluation ended
+
+    def commit(self) -> HopRecord:
+        store, out = self.layout.store, self.out
+        store.write_bytes(out.checkpoint, self.state)  # atomic: a reader sees the previous object or this one
+        saved = time.time()
+        fields = dict(self.record)
+        fields["timings"] = {**fields["timings"], "save": saved - self.finished}
+        record = HopRecord(**fields, saved_at=saved)
+        record.write(store, self.layout.hop_record_uri(out.config_id, out.t))
+        # Only once this hop is recorded: a retry of it still finds the state it started from.
+        for old in stale_checkpoints(out.t, self.run.store.keep_checkpoints, out.best_t, self.assignment.best_t):
+            store.delete_tree(self.layout.checkpoint_uri(out.config_id, old))
+        return record
+
+
+def train_hop(layout: RunLayout, run: RunRecord, manifest: Manifest, assignment: Assignment, *, t: int, shard: int,
+              rung_end: bool = False, cache_dir: str, where: Where = Where(), session: TaskSession | None = None,
+              bundle: int | None = None, read_checkpoint: Callable[[str], bytes] | None = None) -> TrainedHop:
+    """:func:`run_hop` up to the commit: load, train, evaluate and serialize the state.
+
+    ``read_checkpoint(uri)`` reads the input checkpoint (the shard loop reads the next hop's ahead,
+    while this one trains); by default the store's ``read_bytes``.
     """
     entered = time.time()
     started = where.started_at or entered
@@ -86,7 +130,7 @@ def run_hop(layout: RunLayout, run: RunRecord, manifest: Manifest, assignment: A
     built = time.time()
     checkpoint_bytes = 0
     if assignment.checkpoint:
-        state_in = store.read_bytes(assignment.checkpoint)
+        state_in = (read_checkpoint or store.read_bytes)(assignment.checkpoint)
         checkpoint_bytes = len(state_in)
         found = hashlib.sha256(state_in).hexdigest()
         if assignment.checkpoint_sha256 and found != assignment.checkpoint_sha256:
@@ -123,27 +167,23 @@ def run_hop(layout: RunLayout, run: RunRecord, manifest: Manifest, assignment: A
     out_uri = layout.checkpoint_uri(cid, t)
     state = state_to_bytes(model, {"config_id": cid, "t": t, "iteration": iteration, "hop": hop, "shard": shard})
     state_sha256 = hashlib.sha256(state).hexdigest()
-    store.write_bytes(out_uri, state)  # atomic: a reader sees the previous object or this one, never a part
-    saved = time.time()
-    record = HopRecord(
+    serialized = time.time()
+    record = dict(
         config_id=cid, t=t, iteration=iteration, hop=hop, shard=shard, task_id=where.task_id,
         host=where.host or socket.getfqdn(), pid=os.getpid(), queue=where.queue, pool=where.pool,
         map_index=where.map_index, try_number=where.try_number,
-        started_at=started, execute_at=entered, train_begin=loaded, train_end=trained, saved_at=saved,
+        started_at=started, execute_at=entered, train_begin=loaded, train_end=trained,
         timings={"startup": entered - started, "shard_read": shard_read - entered, "imports": imported - shard_read,
                  "build": built - imported, "checkpoint_load": loaded - built, "train": trained - loaded,
-                 "evaluate": evaluated - trained, "save": saved - evaluated},
+                 "evaluate": evaluated - trained, "serialize": serialized - evaluated},
         train_metrics=train, val_metrics=val, checkpoint=out_uri, checkpoint_bytes=len(state),
         bytes_read={"metadata": metadata_bytes, "data": shard_bytes, "checkpoint": checkpoint_bytes},
         checkpoint_sha256=state_sha256, best_t=best_t, best_metric=best_metric, bundle=bundle, threads=threads,
         model_reused=reused, input_sha256=assignment.checkpoint_sha256,
     )
-    record.write(store, layout.hop_record_uri(cid, t))
-    # Only once this hop is recorded: a retry of it still finds the state it started from.
-    for old in stale_checkpoints(t, run.store.keep_checkpoints, best_t, assignment.best_t):
-        store.delete_tree(layout.checkpoint_uri(cid, old))
-    return record, Assignment(config_id=cid, t=t, checkpoint=out_uri, checkpoint_sha256=state_sha256,
-                              best_t=best_t, best_metric=best_metric)
+    return TrainedHop(layout=layout, run=run, assignment=assignment, state=state, record=record, finished=evaluated,
+                      out=Assignment(config_id=cid, t=t, checkpoint=out_uri, checkpoint_sha256=state_sha256,
+                                     best_t=best_t, best_metric=best_metric))
 
 
 def streams(entry: Any, run: RunRecord) -> bool:

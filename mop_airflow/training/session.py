@@ -19,6 +19,10 @@ from mop_airflow.records import Manifest, RunRecord
 
 # Compiled models kept per task: a bundle mixing many architectures keeps the most recently used.
 MAX_MODELS = 4
+# A shard slot's warm process trains every configuration of its block: it keeps more of them
+# (a compiled model of the demo's CNN with Adam's moments is a few MB; rebuilding and tracing one
+# costs 0.5-2 s on a CPU, several seconds of compilation on a GPU).
+WARM_MODELS = 32
 HOPS_PER_WORKER_ENV = "MOP_AIRFLOW_HOPS_PER_WORKER"
 COMPILATION_CACHE_ENV = "MOP_COMPILATION_CACHE"  # "0": JAX compiles every hop's steps afresh
 
@@ -80,8 +84,9 @@ def compilation_cache(cache_dir: str, environ: Any = os.environ) -> str | None:
 class TaskSession:
     """Per task process: the loaded shard and validation arrays, and compiled models by key."""
 
-    def __init__(self, run: RunRecord, manifest: Manifest, cache_dir: str) -> None:
+    def __init__(self, run: RunRecord, manifest: Manifest, cache_dir: str, *, max_models: int = MAX_MODELS) -> None:
         self.run = run
+        self.max_models = max_models
         self.manifest = manifest
         self.cache_dir = cache_dir
         self.threads: int | None = None
@@ -140,5 +145,5 @@ class TaskSession:
 
     def _remember(self, key: str, model: Any) -> None:
         self._models[key] = model
-        while len(self._models) > MAX_MODELS:
+        while len(self._models) > self.max_models:
             self._models.popitem(last=False)

@@ -1,0 +1,229 @@
+"""A block's hops on shard slots that stay warm: the same checkpoints, bit for bit, as a task per
+hop, whichever process trains a hop and when; failures stay with their configuration; a retried slot
+trains only what is not committed; a slot waiting for a slot that is gone stops, naming it."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import time
+
+import pytest
+
+from mop_airflow.data.shard import shard_dataset
+from mop_airflow.errors import BlockIncompleteError
+from mop_airflow.planning.resolve import resolve_run
+from mop_airflow.planning.schedule import deal_classes, shard_at
+from mop_airflow.records import Assignment, BundleAssignment, HopRecord, SlotStatus
+from mop_airflow.records.layout import RunLayout
+from mop_airflow.store import Store
+from mop_airflow.training.model_hop import run_hop
+from mop_airflow.training.shard_loop import block_hops, run_slot
+
+from .toys import TOY_MODEL, toy_spec
+
+SHARDS = 2
+ITERATIONS = 2
+HOPS = SHARDS * ITERATIONS
+
+
+def _setup(folder, toy_data, name, models=(TOY_MODEL,)):
+    spec = toy_spec(folder, *toy_data, store=name, cache=f"{name}-cache", models=models, batch_sizes=(8, 16),
+                    shards=SHARDS, iterations=ITERATIONS)
+    run = resolve_run(spec, None, dag_id="d", run_id="r")
+    layout = RunLayout(Store(run.store.root), "d", "r")
+    manifest = shard_dataset(run.data, layout.store, "d", SHARDS, run.schedule.seed)
+    return run, layout, manifest
+
+
+def _classes(run):
+    ids = [c["config_id"] for c in run.configs]
+    return [[BundleAssignment.start(o, [Assignment(cid, -1, None) for cid in members])]
+            for o, members in enumerate(deal_classes(ids, shards=SHARDS, seed=run.schedule.seed))]
+
+
+def _hops(run, slots=1):
+    return block_hops(_classes(run), shards=SHARDS, slots=slots, start=0, end=HOPS)
+
+
+def _task_per_hop(run, layout, manifest):
+    """The reference: every hop of every configuration in order, each with nothing shared."""
+    out = {}
+    for o, members in enumerate(deal_classes([c["config_id"] for c in run.configs], shards=SHARDS,
+                                             seed=run.schedule.seed)):
+        for cid in members:
+            assignment = Assignment(cid, -1, None)
+            for t in range(HOPS):
+                record, assignment = run_hop(layout, run, manifest, assignment, t=t, shard=shard_at(o, t, SHARDS),
+                                             cache_dir=run.store.local_cache)
+                out[cid, t] = record.checkpoint_sha256
+    return out
+
+
+def _shas(run, layout):
+    return {(c["config_id"], t): HopRecord.read(layout.store, layout.hop_record_uri(c["config_id"], t)).checkpoint_sha256
+            for c in run.configs for t in range(HOPS)}
+
+
+def _slot_process(folder, toy_data, name, shard, slot, slots, die_after, wait):
+    """One shard slot's task, in a process of its own (spawned: a fresh Keras, as on a worker)."""
+    os.environ["MOP_SHARD_WAIT_SECONDS"] = str(wait)
+    run, layout, manifest = _setup(folder, toy_data, name)
+    done = []
+
+    def after(record):
+        done.append(record)
+        if die_after is not None and len(done) >= die_after:
+            os._exit(9)  # a worker lost mid-block: no status written, no cleanup
+
+    run_slot(layout, run, manifest, _hops(run, slots), block="b0", shard=shard, slot=slot,
+             cache_dir=run.store.local_cache, on_hop=after)
+
+
+def _slots_in_processes(folder, toy_data, name, *, slots=1, die=None, wait=120):
+    context = multiprocessing.get_context("spawn")
+    procs = [context.Process(target=_slot_process, args=(folder, toy_data, name, s, k, slots,
+                                                          die[1] if die and die[0] == (s, k) else None, wait))
+             for s in range(SHARDS) for k in range(slots)]
+    for proc in procs:
+        proc.start()
+    for proc in procs:
+        proc.join(timeout=300)
+    return {(s, k): proc.exitcode for (s, k), proc in zip([(s, k) for s in range(SHARDS) for k in range(slots)],
+                                                             procs)}
+
+
+def test_block_hops_follow_the_rotation_and_deal_slots(toy_data, tmp_path):
+    run, _, _ = _setup(tmp_path, toy_data, "store")
+    hops = _hops(run, slots=2)
+    assert len(hops) == len(run.configs) * HOPS
+    for hop in hops:
+        assert hop.shard == (hop.offset + hop.step) % SHARDS and hop.hop == hop.step
+        assert (hop.start is not None) == (hop.step == 0)
+    slots = {h.config_id: h.slot for h in hops}
+    assert sorted(slots.values()) == [0, 0, 1, 1]  # configuration i of the block on slot i mod 2, on every shard
+    assert all(h.slot == slots[h.config_id] for h in hops)
+    relative = block_hops([[BundleAssignment.start(0, [Assignment("c", 6, "x")])]], shards=2, slots=1, start=0,
+                          end=2, relative=True, rung_end=True)
+    assert [(h.step, h.hop, h.shard, h.rung_end) for h in relative] == [(0, 7, 0, False), (1, 8, 1, True)]
+
+
+@pytest.mark.integration
+def test_slots_in_processes_of_their_own_train_what_a_task_per_hop_trains(toy_data, tmp_path):
+    run, layout, manifest = _setup(tmp_path, toy_data, "reference")
+    reference = _task_per_hop(run, layout, manifest)
+    run_w, layout_w, _ = _setup(tmp_path, toy_data, "warm")
+    assert _slots_in_processes(tmp_path, toy_data, "warm", slots=2) == {(s, k): 0 for s in range(SHARDS)
+                                                                          for k in range(2)}
+    assert _shas(run_w, layout_w) == reference
+    records = [HopRecord.read(layout_w.store, layout_w.hop_record_uri(c["config_id"], t))
+               for c in run_w.configs for t in range(HOPS)]
+    # one process per shard slot trained all of that slot's hops; each slot's hops never overlap in time
+    by_process = {}
+    for record in records:
+        by_process.setdefault(record.pid, []).append(record)
+    assert len(by_process) == SHARDS * 2
+    for hops in by_process.values():
+        assert len({r.shard for r in hops}) == 1
+        spans = sorted((r.started_at, r.train_end) for r in hops)
+        assert all(end <= nxt for (_, end), (nxt, _) in zip(spans, spans[1:]))
+    for s in range(SHARDS):
+        for k in range(2):
+            status = SlotStatus.read(layout_w.store, layout_w.slot_status_uri("b0", s, k))
+            assert (status.state, status.trained, status.left) == ("done", 4, 0)
+
+
+def test_one_process_trains_a_whole_block_alone(toy_data, tmp_path):
+    """When tasks run one at a time (dag.test), one task trains every shard's hops in an order that
+    never waits: the same checkpoints, the compiled model reused across configurations."""
+    run, layout, manifest = _setup(tmp_path, toy_data, "reference")
+    reference = _task_per_hop(run, layout, manifest)
+    run_w, layout_w, manifest_w = _setup(tmp_path, toy_data, "alone")
+    hops = _hops(run_w)
+    result = run_slot(layout_w, run_w, manifest_w, hops, block="b0", shard=0, slot=0, mine=hops,
+                      cache_dir=run_w.store.local_cache)
+    assert len(result.trained) == len(hops) and not result.failed and not result.untrained
+    assert _shas(run_w, layout_w) == reference
+    assert sum(r.model_reused for r in result.trained) == len(hops) - 1  # one model key: built once
+    # a retry finds everything committed and trains nothing again
+    again = run_slot(layout_w, run_w, manifest_w, hops, block="b0", shard=0, slot=0, mine=hops,
+                     cache_dir=run_w.store.local_cache)
+    assert not again.trained and len(again.committed) == len(hops)
+
+
+def test_a_failing_configuration_is_recorded_and_the_others_go_on(toy_data, tmp_path):
+    run, layout, manifest = _setup(tmp_path, toy_data, "store", models=(TOY_MODEL, "tests.training.toys:raises"))
+    hops = block_hops(_classes(run), shards=SHARDS, slots=1, start=0, end=HOPS)
+    result = run_slot(layout, run, manifest, hops, block="b0", shard=0, slot=0, mine=hops,
+                      cache_dir=run.store.local_cache)
+    failing = {c["config_id"] for c in run.configs if c["model"].endswith(":raises")}
+    assert {r.config_id for r in result.failed} == failing and len(failing) == 4
+    assert len(result.dropped) == len(failing) * (HOPS - 1)  # every later hop of theirs, on either shard
+    assert len(result.trained) == (len(run.configs) - len(failing)) * HOPS
+    for cid in failing:
+        assert HopRecord.read(layout.store, layout.hop_record_uri(cid, 0)).status == "failed"
+        assert not layout.store.exists(layout.hop_record_uri(cid, 1))
+
+
+def test_fail_fast_errors_end_the_slot_and_say_so_for_good(toy_data, tmp_path):
+    run, layout, manifest = _setup(tmp_path, toy_data, "store", models=("tests.training.toys:raises",))
+    hops = _hops(run)
+    with pytest.raises(Exception, match="builder"):
+        run_slot(layout, run, manifest, hops, block="b0", shard=0, slot=0, cache_dir=run.store.local_cache,
+                 fatal=lambda exc: True, final=lambda exc: True)
+    status = SlotStatus.read(layout.store, layout.slot_status_uri("b0", 0, 0))
+    assert status.state == "failed" and status.final and "builder" in status.error
+
+
+def test_a_slot_gives_up_the_hops_of_a_slot_that_failed_for_good_and_names_it(toy_data, tmp_path):
+    run, layout, manifest = _setup(tmp_path, toy_data, "store")
+    hops = _hops(run)
+    # shard 1's slot failed for good while shard 0's slot runs
+    SlotStatus(block="b0", shard=1, slot=0, state="failed", heartbeat=time.time() + 2, try_number=3, final=True,
+               error="MemoryError: out of memory").write(layout.store, layout.slot_status_uri("b0", 1, 0))
+    started = time.monotonic()
+    with pytest.raises(BlockIncompleteError) as caught:
+        run_slot(layout, run, manifest, hops, block="b0", shard=0, slot=0, cache_dir=run.store.local_cache,
+                 wait_seconds=30)
+    assert time.monotonic() - started < 30  # at once, not after the bound
+    error = caught.value
+    mine = [h for h in hops if h.shard == 0]
+    firsts = [h for h in mine if h.step == 0]  # class 0 starts on shard 0: those hops need nobody
+    assert len(error.untrained) == len(mine) - len(firsts)
+    assert all("shard 1 slot 0 failed for good on its try 3 (MemoryError: out of memory)" in why
+               for why in error.untrained.values())
+    assert "clear the failed shard tasks" in str(error)
+    for hop in firsts:
+        assert HopRecord.read(layout.store, layout.hop_record_uri(hop.config_id, 0)).status == "ok"
+    status = SlotStatus.read(layout.store, layout.slot_status_uri("b0", 0, 0))
+    assert status.state == "failed" and status.final and status.trained == len(firsts)
+
+
+def test_a_slot_waits_for_a_silent_slot_only_within_its_bound(toy_data, tmp_path):
+    run, layout, manifest = _setup(tmp_path, toy_data, "store")
+    hops = _hops(run)
+    started = time.monotonic()
+    with pytest.raises(BlockIncompleteError, match=r"shard 1 slot 0 showed no sign of life for \d+ s"):
+        run_slot(layout, run, manifest, hops, block="b0", shard=0, slot=0, cache_dir=run.store.local_cache,
+                 wait_seconds=2)
+    assert time.monotonic() - started < 60
+
+
+@pytest.mark.integration
+def test_a_slot_killed_mid_block_is_retried_and_trains_only_the_rest(toy_data, tmp_path):
+    run, layout, manifest = _setup(tmp_path, toy_data, "reference")
+    reference = _task_per_hop(run, layout, manifest)
+    run_w, layout_w, manifest_w = _setup(tmp_path, toy_data, "killed")
+    # shard 1's process dies after committing 3 hops; shard 0's waits for it
+    exits = _slots_in_processes(tmp_path, toy_data, "killed", die=((1, 0), 3), wait=20)
+    assert exits[1, 0] == 9 and exits[0, 0] == 1  # shard 0 gave up waiting, after its bound (20 s here)
+    committed_at = {(c["config_id"], t): HopRecord.read(layout_w.store, layout_w.hop_record_uri(c["config_id"], t))
+                    for c in run_w.configs for t in range(HOPS)
+                    if layout_w.store.exists(layout_w.hop_record_uri(c["config_id"], t))}
+    assert len(committed_at) < len(reference)
+    # Airflow retries both: they skip what is committed and train the rest, to the same bits
+    exits = _slots_in_processes(tmp_path, toy_data, "killed")
+    assert exits == {(0, 0): 0, (1, 0): 0}
+    assert _shas(run_w, layout_w) == reference
+    for key, record in committed_at.items():  # not written again
+        assert HopRecord.read(layout_w.store, layout_w.hop_record_uri(*key)).saved_at == record.saved_at
