@@ -169,7 +169,7 @@ def test_the_spec_reference_names_every_field_of_every_section(monkeypatch):
 def test_the_command_line_reference_has_every_command():
     page = _reference_module().cli_reference()
     for command in ("up", "status", "report", "runs", "predict", "export-best", "champion list",
-                    "champion publish", "pools sync", "example-data", "plan", "demo"):
+                    "champion publish", "pools sync", "celery config", "example-data", "plan", "demo"):
         assert f"### `mop-airflow {command}`" in page
     assert "| `--seconds-per-hop SECONDS_PER_HOP` |" in page
 

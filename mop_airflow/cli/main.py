@@ -224,6 +224,24 @@ def _plan_asha(args: argparse.Namespace) -> int:
     return OK
 
 
+def _cmd_celery_config(args: argparse.Namespace) -> int:
+    from mop_airflow.airflow.celery_config import CeleryDeployment, write_config  # noqa: PLC0415
+    from mop_airflow.errors import SpecError  # noqa: PLC0415
+
+    try:
+        deployment = CeleryDeployment(args.broker, args.database, args.api_url,
+                                      args.airflow_home or os.environ.get("AIRFLOW_HOME") or "~/airflow",
+                                      args.mop_home or os.environ.get("MOP_AIRFLOW_HOME") or "~/mop_airflow",
+                                      args.dags_folder)
+    except SpecError as exc:
+        return _fail(str(exc), USAGE)
+    for line in write_config(deployment, args.out):
+        print(line)
+    print("load it before every airflow and mop-airflow command: set -a; . "
+          f"{args.out or Path(deployment.airflow_home) / 'mop-celery.env'}; set +a")
+    return OK
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     from mop_airflow.cli.demo import run_demo  # noqa: PLC0415
 
@@ -351,6 +369,29 @@ def build_parser() -> argparse.ArgumentParser:
     sync.add_argument("--slots", type=int, default=1, help="models a shard trains at once: its GPUs (default 1)")
     sync.add_argument("--dags-folder", help="create the pools every mop_airflow DAG in this folder needs")
     sync.set_defaults(func=_cmd_pools_sync)
+
+    celery = sub.add_parser("celery", help="configure a CeleryExecutor deployment").add_subparsers(
+        dest="action", required=True)
+    config = celery.add_parser(
+        "config", help="write the environment file every Airflow process of a Celery deployment loads",
+        description="Write $AIRFLOW_HOME/mop-celery.env (executor, metadata database, broker, result backend, "
+                    "the API server's address, a shared JWT secret, the tasks' login, the settings that bound a "
+                    "lost worker), the preload hook $AIRFLOW_HOME/config/airflow_local_settings.py and the "
+                    "password of the Airflow user the tasks sign in as. Run it once; copy the files to every "
+                    "machine. Running it again keeps the secret and the password.")
+    config.add_argument("--broker", required=True, help="the Redis URL, e.g. redis://127.0.0.1:6379/0")
+    config.add_argument("--database", required=True,
+                        help="the metadata database, e.g. postgresql+psycopg2://postgres@127.0.0.1:5432/airflow")
+    config.add_argument("--api-url", default="http://127.0.0.1:8080",
+                        help="the API server's address as every worker reaches it (default http://127.0.0.1:8080)")
+    config.add_argument("--airflow-home",
+                        help="AIRFLOW_HOME on every machine (default $AIRFLOW_HOME, else ~/airflow)")
+    config.add_argument("--mop-home",
+                        help="MOP_AIRFLOW_HOME: example data, the default file store, the shard cache "
+                             "(default $MOP_AIRFLOW_HOME, else ~/mop_airflow)")
+    config.add_argument("--dags-folder", help="the DAG files (default $AIRFLOW_HOME/dags)")
+    config.add_argument("--out", help="the environment file to write (default $AIRFLOW_HOME/mop-celery.env)")
+    config.set_defaults(func=_cmd_celery_config)
 
     data = sub.add_parser("example-data", help="generate MNIST-1D, digits (Parquet and PNG folders) and Friedman #1 "
                                                 "(offline)")
