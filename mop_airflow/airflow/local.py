@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from mop_airflow.hooks.rest import AirflowAPI
+from mop_airflow.hooks.rest import PASSWORD_ENV, USER_ENV, AirflowAPI
 from mop_airflow.training.session import HOPS_PER_WORKER_ENV
 
 SERVICES = ("api-server", "scheduler", "dag-processor")
@@ -42,11 +42,16 @@ def worker_hostname() -> str:
 
 @dataclass(frozen=True)
 class CeleryWorker:
-    """One ``airflow celery worker``: its name, the queues it serves and its process count (GPUs)."""
+    """One ``airflow celery worker``: its name, the queues it serves and its process count (GPUs).
+
+    ``own_home``: the worker gets a ``MOP_AIRFLOW_HOME`` (shard cache) of its own, as if it were on a
+    machine of its own; without it, it shares the deployment's, as workers on one machine do.
+    """
 
     name: str
     queues: tuple[str, ...]
     concurrency: int = 1
+    own_home: bool = True
 
 
 IDLE_SLEEP_SECONDS = "0.2"  # the embedded scheduler's [scheduler] scheduler_idle_sleep_time (see airflow_env)
@@ -160,12 +165,14 @@ class LocalAirflow:
                 "AIRFLOW__CORE__HOSTNAME_CALLABLE": "mop_airflow.airflow.local.worker_hostname",
             })
         self.workers = tuple(workers)
-        self.services = SERVICES + (("triggerer",) if celery_broker else ())
         self.env = airflow_env(self.home, self.dags_folder, self.port, {**topology, **(extra_env or {})})
+        celery = self.env["AIRFLOW__CORE__EXECUTOR"] == "CeleryExecutor"
+        self.services = SERVICES + (("triggerer",) if celery else ())
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.processes: dict[str, subprocess.Popen] = {}
         self.log = log
-        self.rest = AirflowAPI(self.base_url)
+        # A deployment with logins (mop-airflow celery config writes one) names the user in the environment.
+        self.rest = AirflowAPI(self.base_url, self.env.get(USER_ENV), self.env.get(PASSWORD_ENV))
 
     # -- lifecycle ---------------------------------------------------------------------------
     def __enter__(self) -> "LocalAirflow":
@@ -245,9 +252,10 @@ class LocalAirflow:
     def start_worker(self, worker: CeleryWorker) -> None:
         """Start (or start again, after :meth:`kill`) a Celery worker serving ``worker.queues``."""
         env = {**self.env, WORKER_NAME_ENV: worker.name,
-               "MOP_AIRFLOW_HOME": str(self.home / "workers" / worker.name),
                # each worker on this machine serves its logs on its own port
                "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_port())}
+        if worker.own_home:
+            env["MOP_AIRFLOW_HOME"] = str(self.home / "workers" / worker.name)
         self._spawn(f"worker-{worker.name}", [_bin("airflow"), "celery", "worker", "--queues", ",".join(worker.queues),
                                               "--concurrency", str(worker.concurrency),
                                               "--celery-hostname", f"{worker.name}@%h"], env)
