@@ -171,8 +171,10 @@ class LocalAirflow:
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.processes: dict[str, subprocess.Popen] = {}
         self.log = log
-        # A deployment with logins (mop-airflow celery config writes one) names the user in the environment.
-        self.rest = AirflowAPI(self.base_url, self.env.get(USER_ENV), self.env.get(PASSWORD_ENV))
+        # A deployment with logins (mop-airflow celery config writes one) names its user in extra_env; a
+        # login merely inherited from the caller's environment (for another Airflow) is not this one's.
+        login = extra_env or {}
+        self.rest = AirflowAPI(self.base_url, login.get(USER_ENV), login.get(PASSWORD_ENV))
 
     # -- lifecycle ---------------------------------------------------------------------------
     def __enter__(self) -> "LocalAirflow":
