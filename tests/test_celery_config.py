@@ -68,3 +68,17 @@ def test_a_broker_other_than_redis_or_a_sqlite_database_is_refused_naming_the_op
     err = capsys.readouterr().err
     assert "--database='sqlite:////tmp/airflow.db'" in err and "PostgreSQL" in err and "Fix:" in err
     assert not (tmp_path / "mop-celery.env").exists()
+
+
+def test_the_compose_file_bounds_a_lost_worker_with_the_same_settings(tmp_path):
+    import yaml
+
+    from tests.conftest import REPO
+
+    assert configure(tmp_path) == 0
+    env = read_env_file(tmp_path / "airflow" / "mop-celery.env")
+    compose = yaml.safe_load((REPO / "docker" / "docker-compose.yaml").read_text())["x-airflow-common"]["environment"]
+    lost_worker = [k for k in env if k.startswith(("AIRFLOW__CELERY_BROKER_TRANSPORT_OPTIONS__", "AIRFLOW__SCHEDULER__"))
+                   or k in ("AIRFLOW__CELERY__TASK_ACKS_LATE", "AIRFLOW__CELERY__WORKER_PREFETCH_MULTIPLIER")]
+    assert len(lost_worker) == 7
+    assert {k: compose[k].lower() for k in lost_worker} == {k: env[k].lower() for k in lost_worker}
