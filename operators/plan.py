@@ -3,9 +3,8 @@
 ``plan`` writes the run record and the hop plan (every configuration's offset class and visit
 order) before anything trains. ``stage_shard_<s>`` runs on shard ``s``'s queue: its worker copies
 the shard (and the validation set) into its local cache once; in a plain search it also lists the
-bundles of offset class ``s``: the class's chain ``k`` takes bundle ``k``, and the chains the run has
-no bundle for are skipped here. In an adaptive search a ``deal_<o>`` task does the same for offset
-class ``o`` of each rung.
+configurations of offset class ``s`` (as bundles), each from where it starts, for the block's train
+tasks. In an adaptive search a ``deal_<o>`` task does the same for offset class ``o`` of each rung.
 """
 
 from __future__ import annotations
@@ -13,7 +12,6 @@ from __future__ import annotations
 import socket
 from typing import Any
 
-from mop_airflow.errors import TrainingError
 from mop_airflow.planning.resume import block_items, bundle_items, resume_after, resume_at
 from mop_airflow.records import Assignment, Manifest, Plan, StageRecord
 from mop_airflow.planning.plan import make_plan
@@ -63,44 +61,18 @@ class MopPlanOperator(MopBaseOperator):
                 "model_hops_total": plan.model_hops_total}
 
 
-def hand_to_chains(context: Any, items: list[dict[str, Any]], heads: list[str],
-                   rest: list[list[str]] | None = None) -> list[dict[str, Any]]:
-    """Return ``items`` for the chains whose first hops are ``heads`` (``rest``: each chain's later
-    hops), skipping the chains past them and those whose bundle has no configuration left (all
-    failed in an earlier block of the search).
-
-    Skipping here (Airflow's own skip of downstream tasks) keeps an unused chain from taking a
-    slot of its shard's pool just to find out it has nothing to train, and skipping all of its
-    hops at once spares the scheduler a loop per hop to cascade the skip.
-    """
-    if len(items) > len(heads):
-        raise TrainingError(f"{len(items)} bundles for {len(heads)} chains: the run was planned with more chains "
-                            "than this DAG has. Fix: re-parse the DAG file and clear the run")
-    unused = [k for k in range(len(heads)) if k >= len(items) or not items[k]["assignments"]]
-    if not unused:
-        return items
-    from airflow.sdk.exceptions import DownstreamTasksSkipped  # noqa: PLC0415
-
-    later = rest or [[] for _ in heads]
-    context["ti"].xcom_push(key="return_value", value=items)  # what the used chains read
-    raise DownstreamTasksSkipped(tasks=[hop for k in unused for hop in (heads[k], *later[k])])
-
-
 class MopStageShardOperator(MopBaseOperator):
     """Warm this shard's local cache; in a plain search, list the configurations that start here."""
 
     ui_color = "#e3f4e1"
 
-    def __init__(self, *, shard: int, deals: bool = True, heads: list[str] | None = None,
-                 rest: list[list[str]] | None = None, **kwargs: Any) -> None:
+    def __init__(self, *, shard: int, deals: bool = True, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.shard = shard
         self.deals = deals
-        self.heads = list(heads or [])  # the first hop of each chain of this shard's class
-        self.rest = [list(hops) for hops in rest or []]  # each chain's later hops
 
     def work(self, context: Any) -> list[dict[str, Any]] | None:
-        """The bundles of offset class ``shard`` (one mapped instance each), after caching the shard."""
+        """The bundles of offset class ``shard``, after caching the shard."""
         from mop_airflow.data.cache import cache_bytes, cached_shard  # noqa: PLC0415
 
         layout = self.layout(context)
@@ -122,7 +94,7 @@ class MopStageShardOperator(MopBaseOperator):
         continuing = self.continuation(context)
         if plan.decided_between_blocks:  # this run's block decision says what trains, and from where
             block = continuing.block if continuing else 0
-            return hand_to_chains(context, block_items(layout, block, self.shard), self.heads, self.rest)
+            return block_items(layout, block, self.shard)
         per_class = plan.class_bundles()
         # The class whose configurations reach this shard at the block's first hop: its own in a run
         # of whole iterations, another in a block that starts inside an iteration (shard (o + t) mod p).
@@ -133,8 +105,7 @@ class MopStageShardOperator(MopBaseOperator):
         else:  # a block after the first: each configuration from its state after the block before
             resumed = {cid: self._resumed(layout, cid, continuing.start - 1) for b in bundles for cid in b}
             bundles = [[cid for cid in members if resumed[cid] is not None] for members in bundles]
-        items = bundle_items(bundles, sum(len(b) for b in per_class[:cls]), resumed.__getitem__)
-        return hand_to_chains(context, items, self.heads, self.rest)
+        return bundle_items(bundles, sum(len(b) for b in per_class[:cls]), resumed.__getitem__)
 
     def _resumed(self, layout: Any, cid: str, t: int) -> Assignment | None:
         resumed = resume_after(layout, cid, t)
@@ -149,18 +120,15 @@ class MopBlockDealOperator(MopBaseOperator):
 
     ui_color = "#e3f4e1"
 
-    def __init__(self, *, block: int, offset: int, heads: list[str] | None = None,
-                 rest: list[list[str]] | None = None, **kwargs: Any) -> None:
+    def __init__(self, *, block: int, offset: int, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.block = block
         self.offset = offset
-        self.heads = list(heads or [])
-        self.rest = [list(hops) for hops in rest or []]
 
     def work(self, context: Any) -> list[dict[str, Any]]:
         continuing = self.continuation(context)
         block = (continuing.block if continuing else 0) + self.block
-        return hand_to_chains(context, block_items(self.layout(context), block, self.offset), self.heads, self.rest)
+        return block_items(self.layout(context), block, self.offset)
 
 
 class MopDealOperator(MopBaseOperator):
@@ -168,12 +136,8 @@ class MopDealOperator(MopBaseOperator):
 
     ui_color = "#e3f4e1"
 
-    def __init__(self, *, bracket: int, rung: int, offset: int, start: int, heads: list[str] | None = None,
-                 rest: list[list[str]] | None = None,
-                 **kwargs: Any) -> None:
+    def __init__(self, *, bracket: int, rung: int, offset: int, start: int, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.heads = list(heads or [])  # the first hop of each chain of this class
-        self.rest = [list(hops) for hops in rest or []]  # each chain's later hops
         self.bracket = bracket
         self.rung = rung
         self.offset = offset
@@ -185,6 +149,5 @@ class MopDealOperator(MopBaseOperator):
         layout = self.layout(context)
         per_class = rung_bundles(layout, Plan.read(layout.store, layout.plan_uri), self.bracket, self.rung)
         last = self.start - 1
-        items = bundle_items(per_class[self.offset], sum(len(b) for b in per_class[:self.offset]),
-                             lambda cid: resume_at(layout, cid, last))
-        return hand_to_chains(context, items, self.heads, self.rest)
+        return bundle_items(per_class[self.offset], sum(len(b) for b in per_class[:self.offset]),
+                            lambda cid: resume_at(layout, cid, last))

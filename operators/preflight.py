@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
-from mop_airflow.hooks.pools import POOL_MODES, ensure_pools, required_pools
+from mop_airflow.hooks.pools import POOL_MODES, check_parallelism, ensure_pools, required_pools
 from mop_airflow.errors import SpecError
 from mop_airflow.hooks.connections import open_spec_store
 from mop_airflow.planning.resolve import resolve_run
@@ -123,9 +123,13 @@ class MopPreflightOperator(MopBaseOperator):
     def _pools(self, schedule: Any) -> list[str]:
         """The shard pools, made sure of (created, checked or left alone as ``pools`` says)."""
         pools = required_pools(schedule.shards)
-        if self.pools != "off" and running_in_dag_test():
-            self.log.info("dag.test(): tasks run one at a time in this process, pools are not used; not checked")
-        else:
+        if running_in_dag_test():
+            self.log.info("dag.test(): tasks run one at a time in this process (each block's first train task "
+                          "trains every shard's hops); pools are not used, not checked")
+            return pools
+        # a block's train tasks wait for each other's hops: all of them must be able to run at once
+        check_parallelism(schedule.shards, schedule.slots_per_shard)
+        if self.pools != "off":
             created = ensure_pools(pools, shards=schedule.shards, slots=schedule.slots_per_shard, mode=self.pools)
             if created:
                 self.log.info("created pools %s with %d slot(s) each", ", ".join(created), schedule.slots_per_shard)

@@ -1,111 +1,129 @@
-"""One hop of a bundle of configurations on one shard: the MOP training operator.
+"""A block's hops on one shard slot, in one task: the MOP training operator.
 
-Each bundle's hops are a chain of plain tasks in its offset class's task group: a hop waits only
-for its chain's previous hop and a slot of its shard's pool. A chain's first hop picks its bundle
-from the list its class's stage (or deal) task returned; later hops get it from the hop before. The work is
-:func:`mop_airflow.training.bundle_hop.run_bundle_hop`, which trains the bundle's configurations
-one after another; this operator maps Airflow's context onto it and its outcome onto task states.
+A block (a plain search's run, a rung, or one iteration decided between blocks) renders one such
+task per shard slot, on the shard's pool and queue. Each reads the configurations every offset
+class of the block lists (the classes' source tasks' XComs), then trains, in one process that stays
+warm, every hop the block puts on its shard slot (:func:`mop_airflow.training.shard_loop.run_slot`).
+This operator maps Airflow's context onto it and its outcome onto task states.
 """
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Sequence
 
 from airflow.sdk.exceptions import AirflowException, AirflowSkipException
 
 from mop_airflow.errors import StoreError
-from mop_airflow.store import transient
+from mop_airflow.planning.schedule import DEFAULT_PRIORITY
 from mop_airflow.records import BundleAssignment, Manifest
+from mop_airflow.store import safe_segment, transient
 
-from mop_airflow.operators.base import MopBaseOperator
+from mop_airflow.operators.base import NOT_RETRIED, MopBaseOperator
 
 
 # Failures of the infrastructure, not of a configuration: they fail the task, which retries (and
-# the retry skips the configurations whose hop is already committed).
+# the retry skips the hops already committed).
 RETRIED = (StoreError, AirflowException)
+YIELD_DELAY = 10.0  # a slot that gave its pool slot back is tried again 10-20 s later
 
 
-class MopTrainHopOperator(MopBaseOperator):
-    template_fields = ("bundle",)
+class MopTrainShardOperator(MopBaseOperator):
+    template_fields = ("classes",)
     ui_color = "#fbe3e0"
 
-    def __init__(self, *, bundle: Any, t: int, shard: int, rung_end: bool = False, pick: int | None = None,
-                 relative: bool = False, **kwargs: Any) -> None:
+    def __init__(self, *, classes: Any, shard: int, slot: int, start: int, end: int, chain_end: int,
+                 shards: int, slots: int = 1, rung_end: bool = False, relative: bool = False,
+                 priority: str = DEFAULT_PRIORITY, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.bundle = bundle  # a BundleAssignment as a dict, or (with ``pick``) the class's list of them
-        self.pick = pick
-        self.t = t
+        self.classes = classes  # per offset class of the block, its source task's list of bundles
         self.shard = shard
-        self.rung_end = rung_end  # an adaptive rung ends here: always evaluate, promotion needs the metric
-        # a block of a search decided between blocks: step t of the block, each configuration its own next hop
+        self.slot = slot
+        self.start = start
+        self.end = end
+        self.chain_end = chain_end
+        self.shards = shards
+        self.slots = slots
+        self.rung_end = rung_end  # the block ends a rung: its last hop always evaluates
+        # a block of a search decided between blocks: each configuration trains its own next hops
         self.relative = relative
-
-    def picked(self) -> Mapping[str, Any] | None:
-        """This chain's bundle, or None when the run gave its class fewer bundles than it has chains."""
-        if self.pick is None:
-            return self.bundle
-        listed = self.bundle or []
-        return listed[self.pick] if self.pick < len(listed) else None
-
-    @property
-    def bundle_name(self) -> str:
-        """What Airflow shows beside the task instance: ``b2: c001-6e7014, c005-0c54d0``."""
-        try:
-            picked = self.picked()
-        except (TypeError, KeyError, IndexError):  # not rendered yet
-            return ""
-        return picked.get("name", "") if isinstance(picked, Mapping) else ""
+        self.priority = priority
 
     def work(self, context: Any) -> dict[str, Any]:
-        # This hop's slot and GPU, before TensorFlow starts its devices in this task process (a CPU
-        # worker, without MOP_GPUS or CUDA_VISIBLE_DEVICES, is left exactly as it is).
+        from mop_airflow.operators.preflight import running_in_dag_test  # noqa: PLC0415
+        from mop_airflow.training.shard_loop import block_hops  # noqa: PLC0415
+
+        layout = self.layout(context)
+        continuing = self.continuation(context)
+        # a continuing run renders the same tasks for a later block: its hops are the search's start + t
+        shift = 0 if self.relative or continuing is None else continuing.start
+        hops = block_hops(self.bundles(), shards=self.shards, slots=self.slots, start=self.start, end=self.end,
+                          relative=self.relative, rung_end=self.rung_end, priority=self.priority,
+                          chain_end=self.chain_end, shift=shift)
+        alone = running_in_dag_test()  # tasks run one at a time: this one trains the whole block
+        mine = hops if alone else [h for h in hops if (h.shard, h.slot) == (self.shard, self.slot)]
+        if not mine:
+            raise AirflowSkipException(f"the block has no hop on shard {self.shard} slot {self.slot}")
+        return self._train(context, layout, hops, mine, alone)
+
+    def bundles(self) -> list[list[BundleAssignment]]:
+        """Each class's bundles as its source task listed them (a skipped source lists none)."""
+        return [[BundleAssignment.from_dict(b) for b in listed or []] for listed in self.classes]
+
+    def _train(self, context: Any, layout: Any, hops: Sequence[Any], mine: Sequence[Any], alone: bool) -> dict:
+        # This slot's GPU, before the backend starts its devices in this task process (a CPU worker,
+        # without MOP_GPUS or CUDA_VISIBLE_DEVICES, is left exactly as it is).
         from mop_airflow.training.devices import place_this_process  # noqa: PLC0415
+        from mop_airflow.training.model_hop import Where  # noqa: PLC0415
+        from mop_airflow.training.shard_loop import SlotYielded, run_slot  # noqa: PLC0415
 
         placement = place_this_process()
         if placement is not None and placement.gpu is not None:
-            self.log.info("hop slot %d on GPU %s (%d slot(s) share it%s)", placement.slot, placement.gpu,
+            self.log.info("shard slot %d on GPU %s (%d slot(s) share it%s)", placement.slot, placement.gpu,
                           placement.slots_sharing, ", memory grows on demand" if placement.memory_growth else "")
-
-        from mop_airflow.training.bundle_hop import run_bundle_hop  # noqa: PLC0415
-        from mop_airflow.training.model_hop import Where  # noqa: PLC0415
-
-        picked = self.picked()
-        if picked is None:  # the stage task skips such chains; this is the guard if it could not
-            raise AirflowSkipException(f"this run has no bundle for chain {self.pick} of this class")
-        layout = self.layout(context)
         run = self.run_record(layout)
-        bundle = BundleAssignment.from_dict(picked)
-        if not bundle.assignments:  # every configuration of it failed in an earlier block of the search
-            raise AirflowSkipException(f"bundle {bundle.bundle} has no configuration left to train")
-        continuing = self.continuation(context)
-        # this task's hop in the whole search: a continuing run renders the same tasks for a later block
-        t = None if self.relative else self.t + (continuing.start if continuing else 0)
         ti = context["ti"]
-        opened: list[str] = []
-
-        def section(cid: str) -> None:
-            # Airflow's log view folds each ::group:: section: one per configuration of the bundle
-            if opened:
-                self.log.info("::endgroup::")
-            self.log.info("::group::%s: hop %s on shard %d", cid, "+1" if t is None else t, self.shard)
-            opened.append(cid)
-
+        try_number, max_tries = getattr(ti, "try_number", 1), getattr(ti, "max_tries", 0)
         where = Where(task_id=self.task_id, host=getattr(ti, "hostname", None), queue=self.queue, pool=self.pool,
-                      map_index=getattr(ti, "map_index", -1), try_number=getattr(ti, "try_number", 1),
-                      started_at=ti.start_date.timestamp() if getattr(ti, "start_date", None) else None)
-        done = run_bundle_hop(
-            layout, run, Manifest.read(layout.store, layout.manifest_pointer_uri), bundle, t=t, shard=self.shard,
-            rung_end=self.rung_end, cache_dir=self.store_spec(context).local_cache, where=where,
-            # the store or Airflow itself, search.fail_fast, or a worker going away: the task fails and retries
-            fatal=lambda exc: isinstance(exc, RETRIED) or run.fail_fast or transient(exc),
-            section=section)
-        if opened:
-            self.log.info("::endgroup::")
-        self.log.info("bundle %s: %d trained, %d already committed, %d failed at hop %s", bundle.name,
-                      len(done.records) - len(done.skipped), len(done.skipped), len(done.failed),
-                      f"{self.t} of the block" if t is None else t)
-        if not done.out.assignments:
-            # Every configuration of the bundle failed: the rest of its chain is skipped.
-            raise AirflowSkipException(f"every configuration of {bundle.name} failed: "
-                                       + "; ".join(f"{r.config_id} {r.status}: {r.error}" for r in done.failed))
-        return done.out.to_dict()
+                      map_index=getattr(ti, "map_index", -1), try_number=try_number)
+        self.log.info("%s %d hop(s) of %d configuration(s) on shard %d slot %d, hops %d..%d of the block",
+                      "training every shard's" if alone else "training", len(mine), len({h.config_id for h in mine}),
+                      self.shard, self.slot, self.start, self.end - 1)
+
+        def committed(record: Any) -> None:
+            self.log.info("%s t=%d (iteration %d, hop %d) on shard %d: loss %.4f%s; %.2f s training, %.2f s in all, "
+                          "model %s", record.config_id, record.t, record.iteration, record.hop, record.shard,
+                          record.train_metrics["loss"], f", {record.val_metrics}" if record.val_metrics else "",
+                          record.timings["train"], (record.saved_at or 0) - (record.started_at or 0),
+                          "reused" if record.model_reused else "built")
+
+        try:
+            result = run_slot(
+                layout, run, Manifest.read(layout.store, layout.manifest_pointer_uri), hops,
+                mine=mine if alone else None, block=self.block_name(context), shard=self.shard, slot=self.slot,
+                cache_dir=self.store_spec(context).local_cache, where=where, on_hop=committed,
+                # the store or Airflow itself, search.fail_fast, or a worker going away: the task fails and retries
+                fatal=lambda exc: isinstance(exc, RETRIED) or run.fail_fast or transient(exc),
+                # no retry follows: the slots that wait for this one's hops stop waiting
+                final=lambda exc: isinstance(exc, NOT_RETRIED) or run.fail_fast or try_number > max_tries)
+        except SlotYielded as exc:
+            # another block may hold the shard pools this block needs first: free this one's slot
+            # for a while (a reschedule takes no try), at a random moment so two blocks do not meet again
+            import datetime as dt  # noqa: PLC0415
+            import random  # noqa: PLC0415
+
+            from airflow.sdk.exceptions import AirflowRescheduleException  # noqa: PLC0415
+
+            later = dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=YIELD_DELAY * (1 + random.random()))
+            self.log.info("%s; rescheduled for %s", exc, later.isoformat(timespec="seconds"))
+            raise AirflowRescheduleException(later) from exc
+        self.log.info("shard %d slot %d: %d hop(s) trained, %d already committed, %d configuration(s) failed here, "
+                      "%d hop(s) dropped after a failure elsewhere; %.1f s waiting for hops of other slots",
+                      self.shard, self.slot, len(result.trained), len(result.committed), len(result.failed),
+                      len(result.dropped), result.waited)
+        return {"trained": len(result.trained), "committed": len(result.committed),
+                "failed": sorted(r.config_id for r in result.failed), "dropped": len(result.dropped)}
+
+    def block_name(self, context: Any) -> str:
+        """What names this block's slot status files: the DAG run and the block's task group."""
+        prefix = self.task_id.rpartition(".")[0]  # the block's task group in Airflow, MopTaskGroup included
+        return safe_segment(f"{context['run_id']}.{prefix or 'hops'}")

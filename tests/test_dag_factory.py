@@ -1,5 +1,5 @@
-"""The rendered DAG is exactly the pure task plan: per-configuration hop chains on their shards'
-pools and queues, no barrier, priority weights from the plan; the example DAGs import cleanly."""
+"""The rendered DAG is exactly the pure task plan: one train task per shard slot per block on its
+shard's pool and queue, reading every class's list; the example DAGs import cleanly."""
 
 import json
 import subprocess
@@ -7,7 +7,6 @@ import sys
 
 import pytest
 
-from mop_airflow.planning.schedule import shard_at
 from mop_airflow.planning.task_plan import build_task_plan, shard_pool
 from tests.conftest import REPO
 from tests.test_spec import spec_dict
@@ -21,7 +20,8 @@ def dagbag():
 
 
 def hops(dag):
-    return [t for t in dag.tasks if ".hop_" in t.task_id]
+    """The train tasks: one per shard slot per block."""
+    return [t for t in dag.tasks if t.task_id.rsplit(".", 1)[-1].startswith("train_shard_")]
 
 
 SELECTION_DAGS = {"mop_mnist1d", "mop_mnist1d_hyperband", "mop_mnist1d_asha", "mop_digits", "mop_digit_images", "mop_friedman",
@@ -47,8 +47,8 @@ def test_every_hop_task_has_its_shards_pool_and_queue(dagbag):
     for dag in selection_dags(dagbag):
         assert hops(dag), dag.dag_id
         for task in hops(dag):
-            shard = int(task.task_id.rsplit("_", 1)[1])
-            assert task.pool == shard_pool(shard) == task.queue
+            shard = int(task.task_id.rsplit("train_shard_", 1)[1].split("_")[0])
+            assert task.pool == shard_pool(shard) == task.queue == shard_pool(task.shard)
 
 
 def test_the_retraining_example_runs_nightly_and_on_new_data_and_publishes_its_champion(dagbag):
@@ -122,83 +122,56 @@ def test_the_rendered_dag_is_exactly_the_task_plan(adaptive):
             assert task.pool == s.pool
         if s.queue:
             assert task.queue == s.queue
-    for group in plan.groups:  # every offset class is a plain group of plain chains (no mapping)
-        rendered = dag.task_group_dict[group.group_id]
-        assert type(rendered).__name__ == "TaskGroup"
-        assert rendered.group_display_name == f"class {group.offset}"
-        assert rendered.tooltip.startswith(f"Offset class {group.offset}: {group.chains} chain(s) of hop tasks")
-        assert sorted(rendered.children) == [f"{group.group_id}.chain_{k}" for k in range(group.chains)]
-        # the class's source task knows every chain's first hop: it skips the ones a run does not fill
-        heads = dag.get_task(group.source).heads
-        assert heads == [f"{group.group_id}.chain_{k}.hop_{min(s.args['t'] for s in plan.group_tasks(group.group_id)):0{len(heads[0].split('hop_')[1].split('_')[0])}d}_shard_{group.offset}"
-                         for k in range(group.chains)]
-    assert not any(type(t).__name__ == "MappedOperator" and ".hop_" in t.task_id for t in dag.tasks)
     for s in plan.tasks:
-        if s.kind == "hop":  # labelled by hop and shard; each instance by its bundle's configurations once dealt
+        if s.kind == "train":  # labelled by its shard; it reads every class of its block from the classes' sources
             task = dag.get_task(s.task_id)
-            assert task.task_display_name == f"hop {s.args['t']} on shard {s.args['shard']}"
-            assert task.map_index_template == "{{ task.bundle_name }}"
+            assert task.task_display_name == f"train on shard {s.args['shard']}"
+            assert [arg.operator.task_id for arg in task.classes] == [g.source for g in plan.block_groups(s)]
+            assert (task.shard, task.slot, task.start, task.end) == (s.args["shard"], 0, s.args["start"], s.args["end"])
+    assert not any(type(t).__name__ == "MappedOperator" for t in hops(dag))
 
 
-def test_shape_depends_only_on_shards_iterations_and_the_spaces_size():
+def test_shape_depends_only_on_shards_slots_and_iterations():
     from mop_airflow.airflow.dag import build_mop_dag
-    from mop_airflow.config import MopSpec
 
     edges = lambda dag: sorted((u, t.task_id) for t in dag.tasks for u in t.upstream_task_ids)  # noqa: E731
-    base = spec_dict(schedule__bundle_size=1)
-    a = build_mop_dag(base, dag_id="a")
-    same_size = spec_dict(schedule__bundle_size=1)
-    values = same_size["search"]["space"]["params"]["learning_rate"]
-    same_size["search"]["space"]["params"]["learning_rate"] = [v * 3 for v in values]
-    assert edges(build_mop_dag(same_size, dag_id="b")) == edges(a)  # other values, as many configurations
-    wider = spec_dict(schedule__bundle_size=1)
+    a = build_mop_dag(spec_dict(), dag_id="a")
+    wider = spec_dict()
+    values = wider["search"]["space"]["params"]["learning_rate"]
     wider["search"]["space"]["params"]["learning_rate"] = values + [v * 3 for v in values]
-    b = build_mop_dag(wider, dag_id="c")
-    # twice the configurations, one per bundle: twice the chains per class, the same chain shape
-    assert len(hops(b)) == 2 * len(hops(a))
-    chains_of = lambda dag: {t.task_id.rsplit(".", 1)[0] for t in hops(dag)}  # noqa: E731
-    assert len(chains_of(b)) == 2 * len(chains_of(a))
-    shards = MopSpec.from_dict(base).schedule.shards
-    assert {c.split(".")[1] for c in chains_of(b)} == {f"chain_{k}" for k in range(2 * len(chains_of(a)) // shards)}
+    assert edges(build_mop_dag(wider, dag_id="b")) == edges(a)  # twice the configurations, the same tasks
+    two = build_mop_dag(spec_dict(schedule__slots_per_shard=2), dag_id="c")
+    assert len(hops(two)) == 2 * len(hops(a))
+    assert {t.task_id for t in hops(two)} == {f"train_shard_{s}_slot_{k}" for s in range(2) for k in range(2)}
+    assert {t.task_display_name for t in hops(two)} == {f"train on shard {s} slot {k}" for s in range(2)
+                                                        for k in range(2)}
 
 
 @pytest.mark.parametrize("shards, iterations", [(1, 1), (3, 2), (4, 3)])
-def test_a_hop_waits_only_for_the_same_configurations_previous_hop(shards, iterations):
+def test_a_block_is_one_train_task_per_shard_after_every_stage(shards, iterations):
     from mop_airflow.airflow.dag import build_mop_dag
-    from mop_airflow.config import MopSpec
 
-    spec = spec_dict(schedule__shards=shards, schedule__iterations=iterations, schedule__bundle_size=1)
+    spec = spec_dict(schedule__shards=shards, schedule__iterations=iterations)
     dag = build_mop_dag(spec, dag_id="shape")
     end = shards * iterations
-    chains = -(-len(MopSpec.from_dict(spec).configurations()) // shards)  # one configuration each, bundle_size 1
-    assert len(hops(dag)) == shards * chains * end  # one task per chain and hop
-    width = len(str(end - 1))
-    for o in range(shards):
-        for k in range(chains):
-            for t in range(end):
-                s = shard_at(o, t, shards)
-                task = dag.get_task(f"class_{o}.chain_{k}.hop_{t:0{width}d}_shard_{s}")
-                assert task.pool == task.queue == shard_pool(s)
-                if t == 0:  # the class's list comes from its stage task; every shard is staged and
-                    # every model built once on the data's shapes first
-                    assert task.upstream_task_ids == {f"stage_shard_{k}" for k in range(shards)} | {"check_models"}
-                    assert task.pick == k  # chain k takes the class's bundle k
-                else:  # no barrier: one upstream task, the same chain's previous hop
-                    prev = shard_at(o, t - 1, shards)
-                    assert task.upstream_task_ids == {f"class_{o}.chain_{k}.hop_{t - 1:0{width}d}_shard_{prev}"}
-                    assert task.pick is None
-                assert task.priority_weight == end - t  # most remaining hops first (chosen by simulation)
-    last = {f"class_{o}.chain_{k}.hop_{end - 1:0{width}d}_shard_{shard_at(o, end - 1, shards)}"
-            for o in range(shards) for k in range(chains)}
-    assert dag.get_task("report").upstream_task_ids == last
-    # a run continuing a search skips list_data ... plan from preflight and stages after it alone
     stages = {f"stage_shard_{s}" for s in range(shards)}
+    assert {t.task_id for t in hops(dag)} == {f"train_shard_{s}" for s in range(shards)}
+    for s in range(shards):
+        task = dag.get_task(f"train_shard_{s}")
+        assert task.pool == task.queue == shard_pool(s)
+        # every class's list comes from its stage task; every shard is staged and every model built
+        # once on the data's shapes first
+        assert task.upstream_task_ids == stages | {"check_models"}
+        assert (task.start, task.end, task.chain_end) == (0, end, end)
+        assert task.priority_weight == end  # the plan's weight of the block's first hop
+    assert dag.get_task("report").upstream_task_ids == {f"train_shard_{s}" for s in range(shards)}
+    # a run continuing a search skips list_data ... plan from preflight and stages after it alone
     assert dag.get_task("preflight").downstream_task_ids == {"list_data", "check_models"} | stages
     assert dag.get_task("shard").upstream_task_ids == {"scatter"}
     for after_plan in ("check_models", *stages):
         assert dag.get_task(after_plan).upstream_task_ids == {"plan", "preflight"}
         assert dag.get_task(after_plan).trigger_rule == "none_failed_min_one_success"
-    assert dag.max_active_tasks >= shards  # never fewer running tasks than shard slots
+    assert dag.max_active_tasks >= shards + 2  # every shard slot of a block at once, and control tasks beside
 
 
 def test_max_active_tasks_leaves_room_for_every_shard_slot():
@@ -226,21 +199,28 @@ def test_hyperband_dag_has_a_promote_task_between_rungs():
     # R=9, eta=3: bracket 2 has 3 rungs (2 promotions), bracket 1 has 2 (1), bracket 0 has 1 (0)
     assert promotes == ["bracket_1.rung_0.promote", "bracket_2.rung_0.promote", "bracket_2.rung_1.promote"]
     promote = dag.get_task("bracket_2.rung_1.promote")
-    # rung 1 of bracket 2 trains from 1 to 3 iterations: its classes' last hop is global hop 5
-    # rung 1 holds 3 configurations on 2 shards: 2 classes, each with 2 chains (one per slot and a spare)
-    assert promote.upstream_task_ids == {f"bracket_2.rung_1.class_{o}.chain_{k}.hop_05_shard_{shard_at(o, 5, 2)}"
-                                         for o in range(2) for k in range(2)}
+    # rung 1 of bracket 2 trains from 1 to 3 iterations (global hops 2..5) on 2 shards: one train task each
+    assert promote.upstream_task_ids == {f"bracket_2.rung_1.train_shard_{s}" for s in range(2)}
     assert promote.downstream_task_ids == {"bracket_2.rung_2.deal_0"}  # rung 2 holds 1 configuration
     # a promoted configuration resumes: rung 2 starts at global hop 6 (3 iterations x 2 shards)
     deal = dag.get_task("bracket_2.rung_2.deal_0")
     assert deal.start == 6
-    first = dag.get_task("bracket_2.rung_2.class_0.chain_0.hop_06_shard_0")
-    assert first.upstream_task_ids == {"bracket_2.rung_2.deal_0"}
-    # a rung renders one class per configuration it can hold, at most one per shard: the last
-    # rungs of brackets 2 and 1 hold 1 configuration, bracket 0 holds 3 (on 2 shards: 2 classes)
+    first = dag.get_task("bracket_2.rung_2.train_shard_0")
+    assert (first.start, first.end, first.rung_end) == (6, 18, True)
+    # rungs are blocks run one after another (each needs every shard slot at once), by the hop they
+    # start at, then bracket: bracket 2's rung 2 follows the block before it, bracket 1's rung 1
+    order = sorted({(t.start, t.task_id.split(".")[0], t.task_id.rsplit(".", 1)[0]) for t in hops(dag)})
+    assert [block for *_, block in order] == ["bracket_0.rung_0", "bracket_1.rung_0", "bracket_2.rung_0",
+                                              "bracket_2.rung_1", "bracket_1.rung_1", "bracket_2.rung_2"]
+    for (_, _, before), (_, _, after) in zip(order, order[1:]):
+        for s in range(2):
+            assert {f"{before}.train_shard_{k}" for k in range(2)} <= dag.get_task(
+                f"{after}.train_shard_{s}").upstream_task_ids
+    assert first.upstream_task_ids == {"bracket_2.rung_2.deal_0", "bracket_1.rung_1.train_shard_0",
+                                       "bracket_1.rung_1.train_shard_1"}
+    # the report waits for every bracket's last rung
     assert dag.get_task("report").upstream_task_ids == {
-        f"bracket_{b}.rung_{r}.class_{o}.chain_{k}.hop_17_shard_{shard_at(o, 17, 2)}"
-        for b, r, n, chains in ((2, 2, 1, 1), (1, 1, 1, 1), (0, 0, 2, 2)) for o in range(n) for k in range(chains)}
+        f"bracket_{b}.rung_{r}.train_shard_{s}" for b, r in ((2, 2), (1, 1), (0, 0)) for s in range(2)}
     # rung 0 of every bracket waits for the shards to be staged and the models checked, then deals
     assert dag.get_task("bracket_0.rung_0.deal_1").upstream_task_ids == {"stage_shard_0", "stage_shard_1",
                                                                          "check_models"}
@@ -357,9 +337,10 @@ def test_an_adaptive_search_too_large_to_draw_renders_one_block_and_a_decide_ste
     plan = adaptive_plan(adaptive, shards)
     assert decided_between_blocks(plan)
     tasks = build_task_plan(shards, 0, plan)
-    assert len(tasks.tasks) <= 600 and {t.kind for t in tasks.tasks} >= {"decide", "stage", "hop"}
-    assert {t.args["t"] for t in tasks.tasks if t.kind == "hop"} == set(range(shards))  # blocks of one iteration
-    assert all(t.args.get("relative") for t in tasks.tasks if t.kind == "hop")
+    assert len(tasks.tasks) <= 600 and {t.kind for t in tasks.tasks} >= {"decide", "stage", "train"}
+    trains = [t for t in tasks.tasks if t.kind == "train"]
+    assert len(trains) == shards and {(t.args["start"], t.args["end"]) for t in trains} == {(0, shards)}
+    assert all(t.args.get("relative") for t in trains)  # blocks of one iteration, each from where it stands
     assert [t.task_id for t in tasks.tasks if t.kind in ("decide", "report")] == ["decide", "report"]
     two = build_task_plan(shards, 0, plan, blocks_setting=2)  # schedule.iterations_per_run: 2 blocks a run
     assert [t.task_id for t in two.tasks if t.kind == "decide"] == ["block_1.decide", "decide"]

@@ -36,11 +36,6 @@ def by_params(spec):
             for c in MopSpec.from_dict(spec).configurations()}
 
 
-def hop_states(dag_run):
-    return {(ti.task_id, ti.rendered_map_index): ti.state for ti in dag_run.get_task_instances()
-            if ".hop_" in ti.task_id}
-
-
 def test_failing_configurations_are_marked_with_their_reason_and_the_rest_finish(airflow_db, tmp_path):
     source = tmp_path / "digits.parquet"
     write_digits(source)
@@ -72,11 +67,9 @@ def test_failing_configurations_are_marked_with_their_reason_and_the_rest_finish
     assert {f["config_id"] for f in summary["failed"]} == set(ids.values()) - {winner}
     assert summary["best"]["config_id"] == winner and store.exists(summary["best_model_uri"])
 
-    # a failing configuration leaves its bundle at its failing hop (a bundle left empty is skipped);
-    # the winner's bundle trains on, and no task failed
-    states = hop_states(dag_run)
-    assert "failed" not in set(states.values())
-    assert [state for (_, name), state in sorted(states.items()) if name and winner in name] == ["success"] * 2
+    # a failing configuration stops at its failing hop; the others train on, and no task failed
+    states = {ti.task_id: ti.state for ti in dag_run.get_task_instances() if "train_shard_" in ti.task_id}
+    assert "failed" not in set(states.values()) and len(states) == 2
     for cid in set(ids.values()) - {winner}:
         assert not store.exists(layout.hop_record_uri(cid, 1))
 
@@ -89,10 +82,10 @@ def test_fail_fast_fails_the_run_at_the_first_failing_configuration(airflow_db, 
     dag_run = write_dag_file("mop_fail_fast", spec).test()
     assert dag_run.state == "failed"
     failed = [ti for ti in dag_run.get_task_instances() if ti.state == "failed"]
-    # the diverging configuration's first hop, not retried (a retry would diverge again)
-    assert [(ti.rendered_map_index.split(": ", 1)[1], ti.try_number) for ti in failed] == \
-        [(by_params(spec)[(32, 1e12)], 1)]
-    assert ".hop_0_" in failed[0].task_id
+    # the train tasks that met the diverging configuration's first hop, not retried (a retry would diverge again)
+    assert {(ti.task_id.startswith("train_shard_"), ti.try_number) for ti in failed} == {(True, 1)}
+    layout = RunLayout(Store(root), "mop_fail_fast", dag_run.run_id)
+    assert not layout.store.exists(layout.hop_record_uri(by_params(spec)[(32, 1e12)], 0))  # ended there
     report = next(ti for ti in dag_run.get_task_instances() if ti.task_id == "report")
     assert report.state == "upstream_failed"
     assert not Store(root).exists(RunLayout(Store(root), "mop_fail_fast", dag_run.run_id).report_uri("summary.json"))
@@ -105,7 +98,7 @@ def test_a_run_where_every_configuration_fails_fails_at_the_report_naming_each_r
     spec = failing_spec(source, root, learning_rates=(1e12, 1e13), units=(32,))
     dag_run = write_dag_file("mop_all_fail", spec).test()
     assert dag_run.state == "failed"
-    states = {ti.task_id: ti.state for ti in dag_run.get_task_instances() if ".hop_" not in ti.task_id}
+    states = {ti.task_id: ti.state for ti in dag_run.get_task_instances() if "train_shard_" not in ti.task_id}
     assert states["report"] == "failed"
 
     store = Store(root)
@@ -130,6 +123,6 @@ def test_a_model_that_cannot_train_on_the_data_fails_the_run_before_any_hop(airf
     assert dag_run.state == "failed"
     states = {ti.task_id: (ti.state, ti.try_number) for ti in dag_run.get_task_instances()}
     assert states["check_models"] == ("failed", 1)
-    assert not any(state == "success" for task, (state, _) in states.items() if ".hop_" in task)
+    assert not any(state == "success" for task, (state, _) in states.items() if "train_shard_" in task)
     layout = RunLayout(Store(root), f"mop_unfit_{int(fail_fast)}", dag_run.run_id)
     assert not Store(root).glob(layout.hops_glob)  # nothing trained

@@ -10,6 +10,7 @@ answers (task lists, task instances, XCom entries) for a DAG holding two groups.
 
 import json
 import shutil
+import time
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -21,7 +22,7 @@ from mop_airflow.airflow.run_status import RunRef, busy_of, dag_selections, find
 from mop_airflow.serving.champion import read_registry, registry_uri
 from mop_airflow.cli.main import OK, UNAVAILABLE, USAGE, main
 from mop_airflow.records.layout import RunLayout
-from mop_airflow.records import HopRecord, Plan, RunRecord
+from mop_airflow.records import HopRecord, Plan, RunRecord, SlotStatus
 from mop_airflow.store import Store, safe_segment
 from mop_airflow.results.runs import stored_selections
 from tests.test_predict_cli import _expected, run  # noqa: F401 - the module-scoped tiny run
@@ -154,8 +155,8 @@ def test_predict_export_and_the_champion_registry_of_a_group(groups, capsys, tmp
 
 # ---------------------------------------------------------------- Airflow's side, as its REST API answers
 TASKS = ["extract", "deploy", *(f"{g}.{name}" for g in (GROUP, OTHER) for name in (
-    "preflight", "list_data", "shard", "plan", "stage_shard_0", "stage_shard_1", "class_0.chain_0.hop_0_shard_0",
-    "class_1.chain_0.hop_0_shard_1", "report", "publish"))]
+    "preflight", "list_data", "shard", "plan", "stage_shard_0", "stage_shard_1", "train_shard_0",
+    "train_shard_1", "report", "publish"))]
 
 
 class RestData:
@@ -200,25 +201,27 @@ def _record(layout):
 
 def test_the_dags_selections_come_from_its_preflight_task_ids():
     assert dag_selections(RestData({}), DAG) == [OTHER, GROUP]
-    assert dag_selections(RestData({}, tasks=["preflight", "plan", "class_0.chain_0.hop_0_shard_0"]), DAG) == [None]
+    assert dag_selections(RestData({}, tasks=["preflight", "plan", "train_shard_0"]), DAG) == [None]
     assert dag_selections(RestData({}, tasks=["extract", "preflight_check", "x.preflights"]), DAG) == []
 
 
-def test_busy_shards_count_only_the_groups_own_hops():
+def test_busy_shards_count_only_the_groups_own_train_tasks_named_by_the_hop_they_train():
     running = [  # what GET .../taskInstances?state=running lists: both groups share the shard pools
-        {"task_id": f"{GROUP}.class_0.chain_0.hop_2_shard_0", "pool": "mop_shard_0", "rendered_map_index": "b0: c001"},
-        {"task_id": f"{OTHER}.class_1.chain_0.hop_0_shard_1", "pool": "mop_shard_1", "rendered_map_index": "b0: c002"},
-        {"task_id": f"{OTHER}.class_0.chain_0.hop_1_shard_1", "pool": "mop_shard_1", "rendered_map_index": None},
+        {"task_id": f"{GROUP}.train_shard_0", "pool": "mop_shard_0", "rendered_map_index": None},
+        {"task_id": f"{OTHER}.train_shard_1", "pool": "mop_shard_1", "rendered_map_index": None},
+        {"task_id": f"{OTHER}.stage_shard_1", "pool": "mop_shard_1", "rendered_map_index": None},
         {"task_id": "extract", "pool": "default_pool", "rendered_map_index": None},
         {"task_id": f"{GROUP}.stage_shard_1", "pool": "default_pool", "rendered_map_index": None},
     ]
+    # what the slots' status files say (mop_airflow.results.progress.training_now)
+    training = {f"{GROUP}.train_shard_0": "c001 t=2", f"{OTHER}.train_shard_1": "waiting for hops"}
     group = RunRef(DAG, "r1", "running", None, GROUP)
-    assert busy_of(running, group, 2) == {0: ["b0: c001"]}
-    assert busy_of(running, RunRef(DAG, "r1", "running", None, OTHER), 2) == {
-        1: ["b0: c002", f"{OTHER}.class_0.chain_0.hop_1_shard_1"]}
-    # a whole MOP DAG's run: every hop on a shard pool is its own
+    assert busy_of(running, group, 2, training) == {0: ["c001 t=2"]}
+    assert busy_of(running, RunRef(DAG, "r1", "running", None, OTHER), 2, training) == {
+        1: ["waiting for hops", f"{OTHER}.stage_shard_1"]}
+    # a whole MOP DAG's run: every task on a shard pool is its own; without statuses, the task ids
     assert busy_of(running, RunRef(DAG, "r1", "running", None), 2) == {
-        0: ["b0: c001"], 1: ["b0: c002", f"{OTHER}.class_0.chain_0.hop_1_shard_1"]}
+        0: [f"{GROUP}.train_shard_0"], 1: [f"{OTHER}.train_shard_1", f"{OTHER}.stage_shard_1"]}
     assert group.selection_id == f"{DAG}.{GROUP}" and not group.owns(f"{GROUP}x.report")
 
 
@@ -243,10 +246,12 @@ def test_status_and_report_through_airflow_ask_for_the_groups_tasks(groups, caps
         target = Path(layout.store.local_path(layout.run_uri)).with_name("r1")
         if not target.exists():
             shutil.copytree(layout.store.local_path(layout.run_uri), target)
-    running = [{"task_id": f"{OTHER}.class_1.chain_0.hop_0_shard_1", "pool": "mop_shard_1",
-                "rendered_map_index": "b0: c9"},
-               {"task_id": f"{GROUP}.class_0.chain_0.hop_1_shard_0", "pool": "mop_shard_0",
-                "rendered_map_index": "b0: c1"}]
+    running = [{"task_id": f"{OTHER}.train_shard_1", "pool": "mop_shard_1", "rendered_map_index": None},
+               {"task_id": f"{GROUP}.train_shard_0", "pool": "mop_shard_0", "rendered_map_index": None}]
+    # the slot of OTHER's train task on shard 1 says what it trains (a status file in the run's folder)
+    SlotStatus(block="r1.other", shard=1, slot=0, state="running", heartbeat=time.time() + 60,
+               task_id=f"{OTHER}.train_shard_1", training="c9 t=1").write(
+        going.store, RunLayout(going.store, going.dag_id, "r1").slot_status_uri("r1.other", 1, 0))
     api = RestData(records, running)
     monkeypatch.setattr("mop_airflow.cli.runs.api", lambda args: nullcontext(api))
 
@@ -259,7 +264,7 @@ def test_status_and_report_through_airflow_ask_for_the_groups_tasks(groups, caps
 
     ref = find_run(api, DAG, "r1", group=OTHER)
     progress = snapshot(api, ref)
-    assert (progress.hops_done, progress.hops_total, dict(progress.busy)) == (1, 2, {1: ["b0: c9"]})
+    assert (progress.hops_done, progress.hops_total, dict(progress.busy)) == (1, 2, {1: ["c9 t=1"]})
     assert main(["status", DAG, "r1", "--once", "--group", OTHER]) == OK
     assert capsys.readouterr().out.startswith("running: model hops 1/2, iteration 1/1, no validation yet")
 

@@ -2,9 +2,9 @@
 
 Checks what dag.test() cannot: with pools="check" a run fails at once when the shard pools are
 missing (instead of leaving it in "scheduled" for ever); by default the first task creates them and
-the run succeeds with every training task on its shard's pool and queue, one mapped task instance
-per configuration. A hop whose process is SIGKILLed half-way is retried by the scheduler and the
-run ends with the same metrics as an undisturbed one. A search split over several DAG runs
+the run succeeds with one train task per shard on its shard's pool and queue. A train task whose
+process is SIGKILLed half-way through a block is retried by the scheduler, trains only the hops it
+had not committed, and the run ends with the same metrics as an undisturbed one. A search split over several DAG runs
 (``schedule.iterations_per_run``) goes on run after run and ends with the metrics of one run.
 """
 
@@ -31,13 +31,13 @@ KILLED, UNDISTURBED = "mop_killed_hop", "mop_undisturbed"
 SPLIT, WHOLE = "mop_split_runs", "mop_one_run"  # 3 iterations: one per DAG run, or all in one
 HALF = "mop_half_iteration_runs"  # the same search, half an iteration (one hop of 2 shards) per DAG run
 
-# A builder whose training process SIGKILLs itself half-way through the first try of every hop 1
-# of the KILLED DAG (Airflow exports the task's ids into the environment): at its 40th training
-# batch, which is in the second configuration of the bundle (a hop is 23 batches of 32 rows here);
-# importable by the task processes through PYTHONPATH, outside the DAG folder so the DAG processor
-# never imports it.
-KILLER = killer_source('_batches == 40 and env.get("AIRFLOW_CTX_DAG_ID") == "mop_killed_hop" and ".hop_1_" in '
-                       'env.get("AIRFLOW_CTX_TASK_ID", "") and env.get("AIRFLOW_CTX_TRY_NUMBER") == "1"', "killer")
+# A builder whose training process SIGKILLs itself half-way through the first try of shard 1's train
+# task of the KILLED DAG (Airflow exports the task's ids into the environment): at its 40th training
+# batch, which is in its second hop (a hop is 23 batches of 32 rows here); importable by the task
+# processes through PYTHONPATH, outside the DAG folder so the DAG processor never imports it.
+KILLER = killer_source('_batches == 40 and env.get("AIRFLOW_CTX_DAG_ID") == "mop_killed_hop" and '
+                       'env.get("AIRFLOW_CTX_TASK_ID") == "train_shard_1" and env.get("AIRFLOW_CTX_TRY_NUMBER") == "1"',
+                       "killer")
 
 
 @pytest.fixture(scope="module")
@@ -55,9 +55,8 @@ def airflow(tmp_path_factory):
     lib.mkdir()
     (lib / "killer.py").write_text(KILLER)
     killer_spec = tiny_spec(root / "digits.parquet", f"file://{root / 'store'}", iterations=1)
-    # 4 configurations, 2 per offset class, in bundles of 2: one task per class and hop trains both
+    # 4 configurations, 2 per offset class: each shard's train task trains 4 hops
     killer_spec["search"]["space"]["params"].update(model=["killer:mlp"], learning_rate=[1e-3, 3e-3, 1e-2, 3e-2])
-    killer_spec["schedule"]["bundle_size"] = 2
     for dag_id in (KILLED, UNDISTURBED):
         (dags / f"{dag_id}.py").write_text(
             "import datetime, json\nfrom mop_airflow import build_mop_dag\n"
@@ -101,14 +100,16 @@ def test_the_first_task_creates_missing_pools_and_the_run_succeeds_on_shard_pool
         assert pools[f"mop_shard_{shard}"]["description"].startswith(f"mop_airflow shard {shard}:")
     assert "created pools mop_shard_0, mop_shard_1 with 1 slot(s) each" in airflow.task_log(DAG_ID, run_id, "preflight")
     tis = airflow.task_instances(DAG_ID, run_id)
-    train = [ti for ti in tis if ".hop_" in ti["task_id"]]
-    # 2 configurations x 2 hops on 2 one-slot shards: a bundle each (enough to keep both slots busy),
-    # each bundle's hop a plain task instance named by its configurations
-    assert len(train) == 4 and all(ti["state"] == "success" for ti in train)
+    train = [ti for ti in tis if ti["task_id"].startswith("train_shard_")]
+    # 2 configurations x 2 hops on 2 one-slot shards: one plain train task per shard
+    assert len(train) == 2 and all(ti["state"] == "success" for ti in train)
     for ti in train:
         shard = ti["task_id"].rsplit("_", 1)[1]
-        assert ti["pool"] == ti["queue"] == f"mop_shard_{shard}"
-        assert ti["map_index"] == -1 and re.fullmatch(r"b[01]: c00\d-\w{6}", ti["rendered_map_index"])
+        assert ti["pool"] == ti["queue"] == f"mop_shard_{shard}" and ti["map_index"] == -1
+    # each slot said what it trained, from which checkpoint, for how long
+    log = airflow.task_log(DAG_ID, run_id, "train_shard_1")
+    assert re.search(r"c00\d-\w{6} t=1 on shard 1 from file://\S+/t000\.npz", log)
+    assert re.search(r"c00\d-\w{6} t=1 \(iteration 0, hop 1\) on shard 1: loss [\d.]+, .*s training", log)
     store = Store(f"file://{airflow.root / 'store'}")
     board = store.read_json(RunLayout(store, DAG_ID, run_id).report_uri("leaderboard.json"))
     assert len(board["leaderboard"]) == 2 and board["leaderboard"][0]["val_accuracy"] > 0.5
@@ -123,10 +124,10 @@ def test_the_task_execution_api_is_built_at_start_not_in_the_first_task(airflow)
     assert warm_up and first_task and warm_up.start() < first_task.start()
 
 
-def test_a_bundle_hop_killed_half_way_is_retried_and_trains_only_the_rest(airflow):
-    """SIGKILL the process training hop 1 of each bundle half-way, in its second configuration: the
-    scheduler retries it, the retry skips the configuration already committed and trains the other
-    from hop 0's checkpoint, and the run's metrics equal an undisturbed run's."""
+def test_a_train_task_killed_half_way_is_retried_and_trains_only_the_rest(airflow):
+    """SIGKILL the process of shard 1's train task half-way through its second hop: shard 0's waits,
+    the scheduler retries shard 1's, the retry skips the hop already committed and trains the others,
+    and the run's metrics equal an undisturbed run's."""
     sync = subprocess.run([sys.executable, "-m", "mop_airflow.cli.main", "pools", "sync", "--shards", "2"],
                           env=airflow.env, capture_output=True, text=True)
     assert sync.returncode == 0, sync.stderr
@@ -138,27 +139,20 @@ def test_a_bundle_hop_killed_half_way_is_retried_and_trains_only_the_rest(airflo
         layout = RunLayout(store, dag_id, run_id)
         boards[dag_id] = store.read_json(layout.report_uri("leaderboard.json"))["leaderboard"]
         hops[dag_id] = [store.read_json(uri) for uri in store.glob(layout.hops_glob)]
-        tis = {(ti["task_id"], ti["map_index"]): ti for ti in airflow.task_instances(dag_id, run_id)}
-        retried = sorted(key for key, ti in tis.items() if ti["try_number"] > 1)
-        if dag_id == KILLED:  # both bundles' hop 1 died once and succeeded on the second try
-            assert sorted(task_id.split(".", 1)[1] for task_id, _ in retried) == ["chain_0.hop_1_shard_0",
-                                                                                  "chain_0.hop_1_shard_1"]
-            assert all(tis[key]["try_number"] == 2 and tis[key]["state"] == "success" for key in retried)
-            # the retry's log has a folding section per configuration of its bundle
-            ti = tis[retried[0]]
-            log = airflow.task_log(dag_id, run_id, ti["task_id"], 2, ti["map_index"])
-            for cid in ti["rendered_map_index"].split(": ", 1)[1].split(", "):
-                assert f"::group::{cid}: hop 1 on shard" in log
+        tis = {ti["task_id"]: ti for ti in airflow.task_instances(dag_id, run_id)}
+        retried = sorted(task_id for task_id, ti in tis.items() if ti["try_number"] > 1)
+        if dag_id == KILLED:  # shard 1's train task died once and succeeded on its second try
+            assert retried == ["train_shard_1"] and tis["train_shard_1"]["state"] == "success"
+            assert tis["train_shard_1"]["try_number"] == 2 and tis["train_shard_0"]["try_number"] == 1
+            log = airflow.task_log(dag_id, run_id, "train_shard_1", 2)
+            assert re.search(r"c00\d-\w{6} t=0: already committed by try 1 of train_shard_1; not trained again", log)
         else:
             assert retried == []
-    killed = {h["config_id"]: h for h in hops[KILLED] if h["t"] == 1}
-    assert len(killed) == 4 and all(h["bytes_read"]["checkpoint"] > 0 for h in killed.values())  # from hop 0's state
-    plan = store.read_json(RunLayout(store, KILLED, run_id).plan_uri)
-    for first, second in (b for per in plan["bundles"] for b in per):
-        # the first configuration was committed by the killed try and not trained again; the second
-        # died half-way and was trained by the retry
-        assert (killed[first]["try_number"], killed[second]["try_number"]) == (1, 2)
-        assert killed[first]["bundle"] == killed[second]["bundle"]
+    on_shard_1 = sorted((h["try_number"], h["t"]) for h in hops[KILLED] if h["shard"] == 1)
+    # its first hop was committed by the killed try; the one it died in and the rest, by the retry
+    assert on_shard_1[0][0] == 1 and [try_ for try_, _ in on_shard_1[1:]] == [2, 2, 2]
+    assert all(h["try_number"] == 1 for h in hops[KILLED] if h["shard"] == 0)
+    assert all(h["bytes_read"]["checkpoint"] > 0 for h in hops[KILLED] if h["t"] == 1)  # from hop 0's state
     assert [row["config_id"] for row in boards[KILLED]] == [row["config_id"] for row in boards[UNDISTURBED]]
     for a, b in zip(boards[KILLED], boards[UNDISTURBED]):
         assert a["val_accuracy"] == pytest.approx(b["val_accuracy"], abs=1e-6)
@@ -194,7 +188,7 @@ def test_clearing_a_finished_run_or_one_hop_gives_the_same_results_without_dupli
     assert len(first["rows"]) == len(set(first["rows"])) == 2  # 2 configurations x 1 iteration
     assert first["checkpoints"] == first["recorded"] and len(first["checkpoints"]) == 4
 
-    hop = next(ti for ti in airflow.task_instances(DAG_ID, run_id) if ".hop_1_" in ti["task_id"])
+    hop = next(ti for ti in airflow.task_instances(DAG_ID, run_id) if ti["task_id"] == "train_shard_1")
     airflow.api("POST", f"/dags/{DAG_ID}/clearTaskInstances", json={
         "dry_run": False, "only_failed": False, "dag_run_id": run_id, "task_ids": [[hop["task_id"], hop["map_index"]]]})
     assert airflow.wait_for_run(DAG_ID, run_id, timeout=420) == "success"
@@ -234,16 +228,16 @@ def test_a_search_split_over_dag_runs_goes_on_run_after_run_and_ends_as_one_run(
     hop_tis = {}
     for run_id in runs:
         states = {ti["task_id"]: ti["state"] for ti in airflow.task_instances(SPLIT, run_id)}
-        hop_tis[run_id] = sorted(t for t in states if ".hop_" in t)
+        hop_tis[run_id] = sorted(t for t in states if t.startswith("train_shard_"))
         last = run_id == runs[-1]
         assert states["report"] == ("success" if last else "skipped"), run_id
         assert states["publish"] == ("success" if last else "skipped"), run_id
         assert states["next_run"] == "success", run_id
-    whole_tis = sorted(ti["task_id"] for ti in airflow.task_instances(WHOLE, whole) if ".hop_" in ti["task_id"])
+    whole_tis = sorted(ti["task_id"] for ti in airflow.task_instances(WHOLE, whole)
+                       if ti["task_id"].startswith("train_shard_"))
     assert "next_run" not in {ti["task_id"] for ti in airflow.task_instances(WHOLE, whole)}
-    # every run renders the same two hops per chain: a third of the one-run DAG's six
-    assert hop_tis[runs[0]] == hop_tis[runs[1]] == hop_tis[runs[2]]
-    assert 3 * len(hop_tis[runs[0]]) == len(whole_tis)
+    # every run renders the same train task per shard as the one-run DAG, for a third of its hops
+    assert hop_tis[runs[0]] == hop_tis[runs[1]] == hop_tis[runs[2]] == whole_tis == ["train_shard_0", "train_shard_1"]
     assert "continues the search of run" in airflow.task_log(SPLIT, runs[2], "preflight")
 
     layout = RunLayout(store, SPLIT, first)
@@ -282,7 +276,7 @@ def test_a_search_split_over_dag_runs_goes_on_run_after_run_and_ends_as_one_run(
 
 
 def test_a_search_in_blocks_shorter_than_an_iteration_ends_as_one_run(airflow):
-    """Half an iteration a run: each run's chains start on the shard its classes have reached, so the
+    """Half an iteration a run: each run's classes start on the shard they have reached, so the
     six runs visit the shards in the search's own order and end with the one run's leaderboard."""
     store = Store(f"file://{airflow.root / 'store'}")
     whole = airflow.trigger(WHOLE)

@@ -21,7 +21,7 @@ def uneven(ids):
 
 def run(classes, cost, *, shards, iterations, slots=1, priority="remaining"):
     plan = build_task_plan(shards, iterations, priority=priority, configurations=sum(len(c) for c in classes),
-                           bundle_size=1)  # a chain per configuration
+                           slots=slots)
     return simulate(plan, lambda group, expanded: classes[group.offset], lambda cid, t, shard: cost[cid], slots=slots)
 
 
@@ -129,13 +129,13 @@ def test_shard_at_rotates_one_shard_per_hop():
 
 # -- no barrier -----------------------------------------------------------------------------------
 
-def test_a_slow_configuration_never_delays_fast_ones_with_free_slots():
-    # One configuration per class, 2 slots per shard: a fast configuration always finds a free slot.
+def test_a_slow_configuration_never_delays_fast_ones_on_slots_of_their_own():
+    # One configuration per class, 4 slots per shard: configuration i of the block trains on slot i.
     # With a barrier after every hop (MADlib) each of its 8 hops would end with the slow one's
     # (every 10 s); here the fast ones end after 8 x 1 s and the slow one after 8 x 10 s.
     classes = (("slow",), ("a",), ("b",), ("c",))
     cost = {"slow": 10.0, "a": 1.0, "b": 1.0, "c": 1.0}
-    sim = run(classes, cost, shards=4, iterations=2, slots=2)
+    sim = run(classes, cost, shards=4, iterations=2, slots=4)
     ends = {cid: hops[-1].end for cid, hops in by_config(sim.events).items()}
     assert ends == {"slow": 80.0, "a": 8.0, "b": 8.0, "c": 8.0}
     for e in sim.events:  # and no hop ever waits: each starts when its previous hop ended
@@ -155,13 +155,18 @@ def test_priority_weight_values_and_unknown_rules():
         build_task_plan(2, 1, priority="fastest")
 
 
-def test_hop_tasks_carry_the_rules_weights():
+def test_train_tasks_rank_their_hops_by_the_rules_weights():
+    from mop_airflow.records import Assignment, BundleAssignment
+    from mop_airflow.training.shard_loop import block_hops
+
     plan = build_task_plan(3, 2)
-    hops = [spec for spec in plan.tasks if spec.kind == "hop" and spec.group == "class_1"]
-    assert {spec.args["chain"] for spec in hops} == {0}
-    assert [(spec.args["t"], spec.args["shard"], spec.priority_weight) for spec in hops] == [
-        (0, 1, 6), (1, 2, 5), (2, 0, 4), (3, 1, 3), (4, 2, 2), (5, 0, 1)]
-    assert {spec.priority_weight for spec in build_task_plan(3, 2, priority="none").tasks if spec.kind == "hop"} == {1}
+    trains = [spec for spec in plan.tasks if spec.kind == "train"]
+    assert [(spec.args["shard"], spec.args["start"], spec.args["end"], spec.args["chain_end"]) for spec in trains] == [
+        (s, 0, 6, 6) for s in range(3)]
+    classes = [[BundleAssignment.start(o, [Assignment(f"c{o}", -1, None)])] for o in range(3)]
+    for rule, weights in (("remaining", [6, 5, 4, 3, 2, 1]), ("done", [1, 2, 3, 4, 5, 6]), ("none", [1] * 6)):
+        hops = [h for h in block_hops(classes, shards=3, slots=1, start=0, end=6, priority=rule) if h.offset == 1]
+        assert [(h.step, h.shard, h.weight) for h in hops] == list(zip(range(6), [1, 2, 0, 1, 2, 0], weights))
 
 
 @pytest.mark.parametrize("rule,first,makespan", [
@@ -191,7 +196,9 @@ def test_remaining_is_close_to_the_lower_bound_and_beats_group_rotation_on_sprea
     for seed in range(3):
         w = make_workload(256, 8, iterations=3, slots=2, durations="spread", seed=seed)
         mop, groups = run_mop(w, "remaining").makespan, run_group_rotation(w).makespan
-        assert w.lower_bound / mop >= 0.99, seed
+        # configuration i of a block trains on slot i mod 2 of every shard (no slot takes another's
+        # hops): 0.963-0.982 of the bound here, where slots sharing every hop reached 0.99
+        assert w.lower_bound / mop >= 0.95, seed
         assert mop < 0.9 * groups, seed  # the lockstep groups lose more than 10 %
         assert mop < run_mop(w, "none").makespan and mop < run_mop(w, "done").makespan, seed
 

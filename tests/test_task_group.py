@@ -49,8 +49,10 @@ def test_a_group_holds_a_whole_selection_with_prefixed_ids_and_ends_with_its_res
     # downstream tasks run whether the winner was published (publish ran) or the champion stayed (skipped)
     assert result.upstream_task_ids == {"model_selection.publish"} and result.trigger_rule == "none_failed"
     assert selection.output.operator is result
-    # the stage task skips its class's unused chains by their Airflow ids, prefix included
-    assert dag.get_task("model_selection.stage_shard_0").heads == ["model_selection.class_0.chain_0.hop_0_shard_0"]
+    # the train tasks read every class's list from the stage tasks, prefix included
+    train = dag.get_task("model_selection.train_shard_0")
+    assert [arg.operator.task_id for arg in train.classes] == ["model_selection.stage_shard_0",
+                                                               "model_selection.stage_shard_1"]
     assert selection.champion_asset.uri == "mop://pipe.model_selection/champion"
     # the trigger form: the group's fields under its id, in sections named after it
     keys = [k for k in dag.params.keys() if k.startswith("model_selection.")]
@@ -67,7 +69,7 @@ def test_two_groups_keep_their_own_ids_assets_and_shared_pools():
         b = MopTaskGroup(spec_dict(), group_id="cnns")
     assert (a.selection_id, b.selection_id) == ("two.mlps", "two.cnns")
     assert a.champion_asset.uri != b.champion_asset.uri
-    pools = {t.pool for t in dag.tasks if ".hop_" in t.task_id}
+    pools = {t.pool for t in dag.tasks if ".train_shard_" in t.task_id}
     assert pools == {"mop_shard_0", "mop_shard_1"}  # a pool is a shard's GPUs: both groups use it
     assert not {t for t in dag.task_ids if t.startswith("mlps.")} & {t for t in dag.task_ids if t.startswith("cnns.")}
 
@@ -83,7 +85,7 @@ def test_a_group_inside_another_task_group_is_named_by_its_full_id():
     assert selection.selection_id == "nested.region_eu.sel"
     preflight = dag.get_task("region_eu.sel.preflight")
     assert preflight.selection == "region_eu.sel"  # it pulls and names everything with the full prefix
-    assert dag.get_task("region_eu.sel.stage_shard_0").heads[0].startswith("region_eu.sel.class_0.chain_0.")
+    assert dag.get_task("region_eu.sel.train_shard_0").classes[0].operator.task_id == "region_eu.sel.stage_shard_0"
     assert "region_eu.sel.learning_rate" in dag.params
 
 
@@ -240,7 +242,7 @@ def test_the_pipeline_example_on_a_real_scheduler_and_under_airflow_dags_test(tm
         run_id = af.trigger("mop_pipeline", conf={"model_selection.learning_rate": [1e-2]})
         assert af.wait_for_run("mop_pipeline", run_id, timeout=600) == "success"
         tis = {ti["task_id"]: ti for ti in af.task_instances("mop_pipeline", run_id)}
-        hops = [ti for ti in tis.values() if ".hop_" in ti["task_id"] and ti["state"] == "success"]
+        hops = [ti for ti in tis.values() if ".train_shard_" in ti["task_id"] and ti["state"] == "success"]
         assert hops and all(ti["pool"] == ti["queue"] == f"mop_shard_{ti['task_id'].rsplit('_', 1)[1]}"
                             for ti in hops)
         assert tis["deploy"]["state"] == tis["model_selection.result"]["state"] == "success"

@@ -353,7 +353,7 @@ def test_the_form_lives_on_the_dag_alone_and_every_task_still_reads_it():
     serialized = DagSerialization.to_dict(dag)["dag"]
     assert {name for name, _ in serialized["params"]} == set(form_fields(MopSpec.from_dict(grid())))
     assert [t["__var"]["task_id"] for t in serialized["tasks"] if t["__var"].get("params")] == []
-    hop = next(t for t in dag.tasks if ".hop_" in t.task_id)
+    hop = next(t for t in dag.tasks if t.task_id.startswith("train_shard_"))
     seen = process_params(dag, hop, {"epochs_per_hop": 3}, suppress_exception=False)
     assert seen["epochs_per_hop"] == 3 and seen["learning_rate"] == dag.params["learning_rate"]
 

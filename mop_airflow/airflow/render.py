@@ -3,10 +3,10 @@ current DAG or task group.
 
 The plan decides every task id, pool, queue, upstream and priority weight; this module only
 instantiates operators from it, for a whole MOP DAG (:func:`mop_airflow.airflow.dag.build_mop_dag`)
-or a :class:`~mop_airflow.airflow.group.MopTaskGroup`. Each offset class becomes a task group of
-plain chains of hop tasks; chain ``k`` carries bundle ``k`` of the configurations its source task
-lists, and each hop waits only for its own chain's previous hop. Rendering is plain data work (no
-TensorFlow, no Great Expectations): a DAG file parses in well under a second.
+or a :class:`~mop_airflow.airflow.group.MopTaskGroup`. A block becomes one train task per shard
+slot, which reads the configurations every class's source task lists (their XComs) and trains the
+block's hops on its shard slot. Rendering is plain data work (no TensorFlow, no Great
+Expectations): a DAG file parses in well under a second.
 """
 
 from __future__ import annotations
@@ -29,14 +29,14 @@ from mop_airflow.operators.preflight import MopPreflightOperator
 from mop_airflow.operators.promote import MopPromoteOperator
 from mop_airflow.operators.publish import MopPublishOperator
 from mop_airflow.operators.report import MopReportOperator, MopResultOperator
-from mop_airflow.operators.train import MopTrainHopOperator
+from mop_airflow.operators.train import MopTrainShardOperator
 from mop_airflow.search.adaptive import brackets_of
 from mop_airflow.records.selection import selection_id, task_id_in
 from mop_airflow.config import MopSpec
-from mop_airflow.planning.task_plan import ClassGroup, TaskPlan, TaskSpec
+from mop_airflow.planning.task_plan import TaskPlan, TaskSpec
 
-# Every task retries twice, 10 s and then 20 s later: a hop that dies with its worker resumes from
-# its configuration's last checkpoint (the one its assignment names). Errors a retry cannot fix
+# Every task retries twice, 10 s and then 20 s later: a train task that dies with its worker trains
+# again the hops it had not committed, each from its configuration's last checkpoint. Errors a retry cannot fix
 # fail at once (mop_airflow.operators.base.NOT_RETRIED). Override with default_args.
 RETRIES = {"retries": 2, "retry_delay": dt.timedelta(seconds=10), "retry_exponential_backoff": 2.0,
            "max_retry_delay": dt.timedelta(minutes=5)}
@@ -98,16 +98,12 @@ class _Renderer:
         self.containers: dict[str, TaskGroup] = {}
 
     def render(self) -> None:
-        groups = {g.group_id: g for g in self.plan.groups}
         for spec in self.plan.tasks:
             if spec.task_id.startswith("bracket_") and spec.task_id.split(".")[0] not in self.containers:
                 # Listed in the graph and grid as created: bracket 0, 1, 2..., not in the paper's s_max-first loop.
                 for s in sorted(self.brackets):
                     self._container(f"bracket_{s}")
-            if spec.group is None:
-                self.ops[spec.task_id] = self._operator(spec)
-            elif spec.group not in self.ops:
-                self._class_group(groups[spec.group])
+            self.ops[spec.task_id] = self._train(spec) if spec.kind == "train" else self._operator(spec)
 
     def _common(self, spec: TaskSpec) -> dict[str, Any]:
         return {"task_id": spec.task_id.rsplit(".", 1)[-1], "store": self.spec["store"], "selection": self.group,
@@ -116,9 +112,6 @@ class _Renderer:
 
     def _operator(self, spec: TaskSpec) -> Any:
         kwargs = {**self._common(spec), **{k: v for k, v in spec.args.items()}}
-        if "heads" in kwargs:  # task ids in Airflow: inside a group, prefixed by its id
-            kwargs["heads"] = [task_id_in(self.group, head) for head in kwargs["heads"]]
-            kwargs["rest"] = [[task_id_in(self.group, hop) for hop in hops] for hops in kwargs["rest"]]
         container = self._container(spec.task_id.rpartition(".")[0])
         if container is not None:
             kwargs["task_group"] = container
@@ -173,31 +166,19 @@ class _Renderer:
         return (f"rung {rung.i} ({rung.n_i} x {rung.r_i} it.)",
                 f"Rung {rung.i} trains its {rung.n_i} configuration(s) to {rung.r_i} iteration(s); {keep}.")
 
-    def _class_group(self, group: ClassGroup) -> None:
-        """Offset class ``group``: a task group of plain chains, chain k carrying the class's bundle k;
-        each hop on its shard's pool and waiting only for its own chain's previous hop."""
-        p = self.plan.shards
-        about = (f"Offset class {group.offset}: {group.chains} chain(s) of hop tasks. Chain k trains bundle k of the "
-                 f"configurations dealt to this class; its hop t trains each configuration of the bundle in turn on "
-                 f"shard ({group.offset} + t) mod {p}. A chain the run has no bundle for is skipped.")
-        parent = self._container(group.group_id.rpartition(".")[0])
-        outer = TaskGroup(group_id=group.group_id.rsplit(".", 1)[-1], group_display_name=f"class {group.offset}",
-                          tooltip=about, **({"parent_group": parent} if parent is not None else {}))
-        self.containers[group.group_id] = outer
-        self.ops[group.group_id] = outer
-        source = self.ops[group.source]
-        for spec in self.plan.group_tasks(group.group_id):
-            k = spec.args["chain"]
-            first = spec.args["t"] == group.start
-            container = self._container(spec.task_id.rpartition(".")[0], f"chain {k}")
-            op = MopTrainHopOperator(
-                # a chain's first hop takes its bundle from the class's list; later hops from the hop before
-                bundle=source.output if first else self.ops[spec.upstream[0]].output, pick=k if first else None,
-                map_index_template="{{ task.bundle_name }}", task_group=container,
-                task_display_name=f"hop {spec.args['t']} on shard {spec.args['shard']}",
-                **self._common(spec), **{key: v for key, v in spec.args.items() if key != "chain"})
-            carried_by = group.source if first else spec.upstream[0]  # the XComArg above sets that edge
-            for up in spec.upstream:
-                if up != carried_by:
-                    self.ops[up] >> op
-            self.ops[spec.task_id] = op
+    def _train(self, spec: TaskSpec) -> Any:
+        """A block's train task for one shard slot: it reads what every class's source task lists."""
+        groups = self.plan.block_groups(spec)
+        args = {key: value for key, value in spec.args.items() if key != "classes"}
+        slots = f" slot {args['slot']}" if self.plan.slots > 1 else ""
+        container = self._container(spec.task_id.rpartition(".")[0])
+        op = MopTrainShardOperator(
+            classes=[self.ops[group.source].output for group in groups], slots=self.plan.slots,
+            shards=self.plan.shards, priority=self.plan.priority,
+            task_display_name=f"train on shard {args['shard']}{slots}",
+            **({"task_group": container} if container is not None else {}), **self._common(spec), **args)
+        sources = {group.source for group in groups}  # their XComArgs above set those edges
+        for up in spec.upstream:
+            if up not in sources:
+                self.ops[up] >> op
+        return op

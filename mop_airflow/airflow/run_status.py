@@ -113,22 +113,25 @@ def _latest_block(api: AirflowAPI, ref: RunRef) -> RunRef:
     return dataclasses.replace(ref, run_id=latest, state=state)
 
 
-def busy_shards(api: AirflowAPI, ref: RunRef, shards: int) -> dict[int, list[str]]:
-    """Shard -> the bundles of this selection whose hops are running on its pool now, each named with its
-    configurations (``b2: c001-6e7014, c005-0c54d0``)."""
+def busy_shards(api: AirflowAPI, ref: RunRef, shards: int, training: Mapping[str, str] | None = None
+                ) -> dict[int, list[str]]:
+    """Shard -> what this selection's tasks on its pool do now: each train task named by the hop it
+    trains (``training``, :func:`mop_airflow.results.progress.training_now`)."""
     running = api.paged(f"/dags/{ref.dag_id}/dagRuns/{ref.run_id}/taskInstances", "task_instances", state=["running"])
-    return busy_of(running, ref, shards)
+    return busy_of(running, ref, shards, training)
 
 
-def busy_of(task_instances: Iterable[Mapping[str, Any]], ref: RunRef, shards: int) -> dict[int, list[str]]:
-    """:func:`busy_shards` from the task instances the REST API listed: the selection's own hop tasks on
+def busy_of(task_instances: Iterable[Mapping[str, Any]], ref: RunRef, shards: int,
+            training: Mapping[str, str] | None = None) -> dict[int, list[str]]:
+    """:func:`busy_shards` from the task instances the REST API listed: the selection's own tasks on
     a shard pool (another group of the same DAG shares the pools but not the selection)."""
     pools = {shard_pool(s): s for s in range(shards)}
     busy: dict[int, list[str]] = {}
     for ti in task_instances:
         shard = pools.get(ti.get("pool"))
         if shard is not None and ref.owns(ti["task_id"]):
-            busy.setdefault(shard, []).append(ti.get("rendered_map_index") or ti["task_id"])
+            name = (training or {}).get(ti["task_id"]) or ti.get("rendered_map_index") or ti["task_id"]
+            busy.setdefault(shard, []).append(name)
     return busy
 
 

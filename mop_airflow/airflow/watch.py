@@ -13,14 +13,15 @@ from typing import Any, Callable, TextIO
 
 from mop_airflow.hooks.rest import AirflowAPI
 from mop_airflow.airflow.run_status import FINISHED, RunRef, busy_shards, find_run
-from mop_airflow.results.progress import Progress, format_seconds, run_progress
+from mop_airflow.results.progress import Progress, format_seconds, run_progress, training_now
 
 
 def snapshot(api: AirflowAPI, ref: RunRef, store_root: str | None = None) -> Progress | None:
     layout = ref.layout(store_root)
     if layout is None:
         return None
-    busy = busy_shards(api, ref, ref.record.schedule.shards) if ref.state not in FINISHED else {}
+    busy = (busy_shards(api, ref, ref.record.schedule.shards, training_now(layout)) if ref.state not in FINISHED
+            else {})
     return run_progress(layout, ref.record.metric, ref.record.direction, busy=busy)
 
 

@@ -9,7 +9,7 @@ creates or resizes them from the metadata database directly.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 from mop_airflow.hooks.rest import API_CONN_ID, AirflowAPI
 from mop_airflow.errors import AirflowApiError, MopError, PoolsMissingError, SpecError
@@ -136,8 +136,38 @@ def _unreachable(exc: AirflowApiError) -> MopError:
         "manage the pools yourself")
 
 
-def _pool_names(api: AirflowAPI) -> set[str]:
-    return {p["name"] for p in api.paged("/pools", "pools")}
+def _pool_slots(api: AirflowAPI) -> dict[str, int]:
+    return {p["name"]: int(p.get("slots", 0)) for p in api.paged("/pools", "pools")}
+
+
+def too_small(pools: dict[str, int], names: Sequence[str], slots: int, command: str) -> None:
+    """Refuse pools with fewer slots than a block runs train tasks on their shard: a block's train
+    tasks wait for each other's hops, so one held back by its pool would keep the others waiting."""
+    small = {name: pools[name] for name in names if name in pools and 0 <= pools[name] < slots}
+    if small:
+        listed = ", ".join(f"{name} has {n}" for name, n in sorted(small.items()))
+        raise SpecError("schedule.slots_per_shard", slots,
+                        f"a block runs {slots} train task(s) on each shard at once, which wait for each other's "
+                        f"hops, but the pool {listed} slot(s); the block would wait for ever",
+                        f"give the pools {slots} slot(s) ({command}), or lower schedule.slots_per_shard")
+
+
+def check_parallelism(shards: int, slots: int, config: Any = None) -> None:
+    """Refuse, before anything trains, a LocalExecutor that cannot run a block's train tasks at once
+    (``shards x slots`` of them, waiting for each other's hops) beside one control task."""
+    if config is None:
+        from airflow.configuration import conf as config  # noqa: PLC0415
+    executor = config.get("core", "executor", fallback="") or ""
+    if "LocalExecutor" not in executor:
+        return  # Celery workers' concurrency is theirs: the how-to sizes each shard's worker to its slots
+    parallelism = config.getint("core", "parallelism", fallback=32)
+    needed = shards * slots + 1
+    if 0 < parallelism < needed:
+        raise SpecError("[core] parallelism", parallelism,
+                        f"the LocalExecutor runs at most {parallelism} task(s) at once, but a block of this search "
+                        f"runs {shards * slots} train tasks at once ({shards} shards x {slots} slot(s)), which wait "
+                        "for each other's hops, and a control task beside them",
+                        f"set AIRFLOW__CORE__PARALLELISM={needed} or more, or use fewer shards or slots")
 
 
 def ensure_pools(names: Sequence[str], *, shards: int, slots: int, mode: str = "create") -> list[str]:
@@ -146,7 +176,8 @@ def ensure_pools(names: Sequence[str], *, shards: int, slots: int, mode: str = "
     ``mode`` is one of :data:`POOL_MODES`: ``create`` adds missing pools (with ``slots`` slots) through
     the REST API, ``check`` only fails naming the missing ones and the command that creates them,
     ``off`` does nothing. Existing pools are never resized here: an operator may have sized them on
-    purpose (``mop-airflow pools sync`` does that).
+    purpose (``mop-airflow pools sync`` does that); one with fewer slots than ``slots`` is refused
+    (:func:`too_small`).
     """
     if mode not in POOL_MODES:
         raise SpecError("pools", mode, f"must be one of {list(POOL_MODES)}",
@@ -155,9 +186,11 @@ def ensure_pools(names: Sequence[str], *, shards: int, slots: int, mode: str = "
         return []
     with _api() as api:
         try:
-            missing = [n for n in names if n not in _pool_names(api)]
+            existing = _pool_slots(api)
         except AirflowApiError as exc:
             raise _unreachable(exc) from exc
+        too_small(existing, names, slots, sync_command(shards, slots))
+        missing = [n for n in names if n not in existing]
         if missing and mode == "check":
             raise PoolsMissingError(missing, sync_command(shards, slots))
         for name in missing:

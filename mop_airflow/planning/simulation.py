@@ -13,7 +13,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
-from mop_airflow.planning.schedule import deal_classes, hash_seed
+from mop_airflow.planning.schedule import deal_classes, hash_seed, priority_weight
 from mop_airflow.planning.task_plan import ClassGroup, TaskPlan, TaskSpec
 
 @dataclass(frozen=True)
@@ -45,9 +45,9 @@ class Simulation:
 
 
 Members = Callable[[ClassGroup, Mapping[str, Sequence[str]]], Sequence[str]]
-"""``members(group, expanded)``: what the chains of ``group`` carry (configurations, or bundles),
-given what every group expanded before it carries (a later rung's survivors come from its previous
-rung's groups). Chain ``k`` carries the ``k``-th; chains past the list are skipped."""
+"""``members(group, expanded)``: what class ``group`` carries (configurations, or bundles trained as
+one), given what every group expanded before it carries (a later rung's survivors come from its
+previous rung's groups)."""
 Seconds = Callable[[str, int, int], float]
 
 
@@ -55,15 +55,20 @@ def simulate(plan: TaskPlan, members: Members, seconds: Seconds, *, slots: int,
              task_seconds: float = 0.0) -> Simulation:
     """Replay ``plan`` as Airflow runs it and return every model-hop's start and end.
 
-    - ``members(group, expanded)`` lists what a class group's chains carry, asked when its source
-      task finishes (see :data:`Members`); a chain with nothing to carry is skipped at once, as the
-      source task skips it in Airflow.
-    - ``seconds(unit, t, shard)`` is the training time of one hop of what a chain carries; every
-      task also pays ``task_seconds`` of fixed cost (Airflow's start-up), hops included.
-    - A shard pool runs at most ``slots`` hops at once; tasks outside shard pools never wait.
-    - A free slot takes the ready hop with the highest priority weight, then the earliest task in the
-      plan (Airflow's scheduler order within one run; the last tie is the order in which the database
-      returns rows, which the plan order stands in for).
+    - ``members(group, expanded)`` lists what a class group carries (configurations, or bundles
+      trained as one), asked when its source task finishes (see :data:`Members`).
+    - ``seconds(unit, t, shard)`` is the training time of one hop of a unit; every task pays
+      ``task_seconds`` of fixed cost (Airflow's start-up) once, a train task included, and then
+      trains its hops back to back.
+    - A shard pool runs at most ``slots`` tasks at once (its Airflow pool's slots; the plan's own
+      slots per shard say how many train tasks a block has); tasks outside shard pools never wait. Among
+      ready tasks the highest priority weight goes first, then the earliest in the plan.
+    - A train task (one shard slot of a block, :mod:`mop_airflow.training.shard_loop`) trains the
+      block's hops on its shard slot: unit ``i`` of the block (over its classes in order) on slot
+      ``i mod slots``. Idle, it takes its ready hop (the unit's previous hop ended) of the highest
+      weight, then the earliest in the block; it ends when its hops are done (at once without any).
+    Raises when tasks never run: a block whose train tasks cannot all run at once deadlocks, in
+    Airflow as here.
     """
     tasks = {spec.task_id: spec for spec in plan.tasks}
     order = {spec.task_id: k for k, spec in enumerate(plan.tasks)}
@@ -75,12 +80,14 @@ def simulate(plan: TaskPlan, members: Members, seconds: Seconds, *, slots: int,
     for group in plan.groups:
         sourced[group.source].append(group)
 
-    expanded: dict[str, list[str]] = {}   # group id -> what its chains carry, once its source finished
+    expanded: dict[str, list[str]] = {}   # group id -> what it carries, once its source finished
     waiting = {spec.task_id: len(spec.upstream) for spec in plan.tasks}
     done: set[str] = set()
-    ready: dict[str, list[tuple[int, int, str]]] = defaultdict(list)   # pool -> heap
-    running: list[tuple[float, int, str, int]] = []                    # (end, seq, task id, slot)
+    ready: dict[str, list[tuple[int, int, str]]] = defaultdict(list)   # pool -> heap of tasks
+    running: list[tuple[float, int, str, Any]] = []                    # (end, seq, kind, what)
     free_slots = {f"shard:{s}": list(range(slots)) for s in range(plan.shards)}
+    processes: dict[str, _Process] = {}   # train task id -> its process, once started
+    hop_ends: dict[tuple[str, int], float] = {}  # (block, unit, step) -> when that hop ended
     events: list[HopEvent] = []
     seq = 0
     now = 0.0
@@ -88,9 +95,10 @@ def simulate(plan: TaskPlan, members: Members, seconds: Seconds, *, slots: int,
     def pool_of(spec: TaskSpec) -> str:
         return f"shard:{spec.args['shard']}" if spec.pool else "free"
 
-    def carried(spec: TaskSpec) -> str | None:
-        units = expanded[spec.group]
-        return units[spec.args["chain"]] if spec.args["chain"] < len(units) else None
+    def push(end: float, kind: str, what: Any) -> None:
+        nonlocal seq
+        seq += 1
+        heapq.heappush(running, (end, seq, kind, what))
 
     def complete(first: str) -> None:
         stack = [first]
@@ -99,18 +107,28 @@ def simulate(plan: TaskPlan, members: Members, seconds: Seconds, *, slots: int,
             done.add(task_id)
             for group in sourced[task_id]:
                 expanded[group.group_id] = list(members(group, dict(expanded)))
-                if len(expanded[group.group_id]) > group.chains:
-                    raise ValueError(f"{group.group_id} has {group.chains} chain(s) but {len(expanded[group.group_id])} "
-                                     "bundles to carry: build the plan with enough chains, or bundle first")
             for down in downstream[task_id]:
                 waiting[down] -= 1
                 if waiting[down]:
                     continue
                 spec = tasks[down]
-                if spec.kind == "hop" and carried(spec) is None:
-                    stack.append(down)  # skipped: nothing to carry, takes no slot
+                if spec.kind == "train" and not _block_hops(plan, spec, expanded):
+                    stack.append(down)  # nothing to train on this slot: skipped, takes no slot
                 else:
                     heapq.heappush(ready[pool_of(spec)], (-spec.priority_weight, order[down], down))
+
+    def start_hops() -> None:
+        for task_id, process in processes.items():
+            if process.busy or not process.live:
+                continue
+            hop = process.next_ready(hop_ends)
+            if hop is None:
+                continue
+            unit, step, shard, _, _ = hop
+            duration = seconds(unit, process.hop_of(hop), shard)
+            process.busy = True
+            events.append(HopEvent(unit, task_id, process.hop_of(hop), shard, process.pool_slot, now, now + duration))
+            push(now + duration, "hop", (task_id, hop))
 
     for spec in plan.tasks:
         if not spec.upstream:
@@ -123,28 +141,82 @@ def simulate(plan: TaskPlan, members: Members, seconds: Seconds, *, slots: int,
                 _, _, task_id = heapq.heappop(heap)
                 spec = tasks[task_id]
                 slot = slots_here.pop(0) if slots_here is not None else -1
-                duration = task_seconds
-                if spec.kind == "hop":
-                    unit = carried(spec)
-                    duration += seconds(unit, spec.args["t"], spec.args["shard"])
-                    events.append(HopEvent(unit, task_id, spec.args["t"], spec.args["shard"], slot, now, now + duration))
-                seq += 1
-                heapq.heappush(running, (now + duration, seq, task_id, slot))
+                if spec.kind == "train":
+                    processes[task_id] = _Process(spec, _block_hops(plan, spec, expanded), slot)
+                    push(now + task_seconds, "live", task_id)
+                else:
+                    push(now + task_seconds, "task", (task_id, slot))
+        start_hops()
         if not running:
             break
         # Everything that ends at the same instant completes before a free slot is filled: the
-        # scheduler sees all of them in one loop and ranks every hop they made ready together.
+        # scheduler sees all of them in one loop and ranks every task they made ready together.
         now = running[0][0]
         while running and running[0][0] == now:
-            _, _, task_id, slot = heapq.heappop(running)
-            if slot >= 0:
-                free_slots[pool_of(tasks[task_id])].append(slot)
-                free_slots[pool_of(tasks[task_id])].sort()
-            complete(task_id)
+            _, _, kind, what = heapq.heappop(running)
+            if kind == "live":
+                processes[what].live = True
+            elif kind == "hop":
+                task_id, hop = what
+                process = processes[task_id]
+                process.busy = False
+                process.pending.remove(hop)
+                hop_ends[(process.block, hop[0], hop[1])] = now
+                if not process.pending:
+                    push(now, "task", (task_id, process.pool_slot))
+            else:
+                task_id, slot = what
+                if slot >= 0:
+                    free_slots[pool_of(tasks[task_id])].append(slot)
+                    free_slots[pool_of(tasks[task_id])].sort()
+                processes.pop(task_id, None)
+                complete(task_id)
+        start_hops()
     unfinished = [t for t in tasks if t not in done]
     if unfinished:
         raise RuntimeError(f"the simulation stalled with {len(unfinished)} tasks never run, e.g. {unfinished[:3]}")
     return Simulation(tuple(events), max((e.end for e in events), default=0.0), slots, plan.shards)
+
+
+Hop = tuple  # (unit, step, shard, weight, order)
+
+
+def _block_hops(plan: TaskPlan, spec: TaskSpec, expanded: Mapping[str, Sequence[str]]) -> list[Hop]:
+    """The hops of a train task's block on its shard slot, as :func:`~mop_airflow.training.shard_loop.block_hops`
+    places them: unit ``i`` of the block on slot ``i mod slots``, hop ``t`` of class ``o`` on shard ``(o + t) mod p``."""
+    args, hops, index = spec.args, [], 0
+    for group in plan.block_groups(spec):
+        for unit in expanded.get(group.group_id, ()):
+            slot, index = index % plan.slots, index + 1
+            for step in range(args["start"], args["end"]):
+                shard = (group.offset + step) % plan.shards
+                if (shard, slot) == (args["shard"], args["slot"]):
+                    hops.append((unit, step, shard, priority_weight(plan.priority, step, args["chain_end"]),
+                                 len(hops)))
+    return hops
+
+
+class _Process:
+    """A train task's warm process: its hops still to train, and whether it trains one now."""
+
+    def __init__(self, spec: TaskSpec, hops: list[Hop], pool_slot: int) -> None:
+        self.block = spec.task_id.rpartition(".")[0]
+        self.start = spec.args["start"]
+        self.pending = sorted(hops, key=lambda h: (-h[3], h[4]))
+        self.pool_slot = pool_slot
+        self.live = False  # started up
+        self.busy = False
+
+    def next_ready(self, hop_ends: Mapping[tuple[str, Any, int], float]) -> Hop | None:
+        for hop in self.pending:
+            unit, step = hop[0], hop[1]
+            if step == self.start or (self.block, unit, step - 1) in hop_ends:
+                return hop
+        return None
+
+    @staticmethod
+    def hop_of(hop: Hop) -> int:
+        return hop[1]
 
 
 def simulate_bundles(plan: TaskPlan, bundles: Sequence[Sequence[Sequence[str]]], seconds: Seconds, *, slots: int,
@@ -154,7 +226,7 @@ def simulate_bundles(plan: TaskPlan, bundles: Sequence[Sequence[Sequence[str]]],
 
     A bundle's hop takes its configurations' ``seconds`` one after another, plus ``config_seconds``
     each (restoring and saving its state), plus ``model_seconds`` per distinct model key in it
-    (building a model and tracing its train step once per task), plus the task's ``task_seconds``.
+    (building a model and tracing its train step), and each train task its ``task_seconds`` once.
     Events name the bundle (``b<index>``).
     """
     members: dict[str, list[str]] = {}
@@ -209,19 +281,7 @@ def stand_in_members(plan: TaskPlan, config_ids: Sequence[str], *, adaptive: Any
 def estimate_seconds(plan: TaskPlan, configurations: int, *, seconds_per_hop: float, slots: int,
                      adaptive: Any = None, task_seconds: float = 0.0) -> Simulation:
     """The plan replayed with every configuration's hop taking ``seconds_per_hop`` (plus
-    ``task_seconds`` per task): each class's configurations fill its chains as evenly as they can."""
+    ``task_seconds`` per task), the configurations dealt as the plan task deals them."""
     ids = [f"c{i:04d}" for i in range(configurations)]
-    per_config = stand_in_members(plan, ids, adaptive=adaptive)
-    carried: dict[str, list[str]] = {}
-
-    def members(group: ClassGroup, expanded: Mapping[str, Sequence[str]]) -> list[str]:
-        configs = {g: [cid for unit in units for cid in carried[unit]] for g, units in expanded.items()}
-        mine = list(per_config(group, configs))
-        chains = min(group.chains, len(mine))
-        units = [f"{group.group_id}/{k}" for k in range(chains)]
-        for k, unit in enumerate(units):
-            carried[unit] = mine[k::chains]
-        return units
-
-    return simulate(plan, members, lambda unit, t, shard: seconds_per_hop * len(carried[unit]), slots=slots,
-                    task_seconds=task_seconds)
+    return simulate(plan, stand_in_members(plan, ids, adaptive=adaptive), lambda unit, t, shard: seconds_per_hop,
+                    slots=slots, task_seconds=task_seconds)

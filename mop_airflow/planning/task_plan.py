@@ -1,41 +1,44 @@
 """The DAG as plain data: every task's id, kind, pool, queue, upstreams and priority weight.
 
-Built from what fixes the DAG's shape (shards, iterations, the adaptive plan, and how many chains
-each offset class holds), never from a run's configurations, which change per run.
-:mod:`mop_airflow.airflow.dag` renders it into Airflow operators and
-:func:`mop_airflow.planning.simulation.simulate` replays it, so both see the same plan. Imports no Airflow.
+Built from what fixes the DAG's shape (shards, slots, iterations, the adaptive plan), never from a
+run's configurations, which change per run. :mod:`mop_airflow.airflow.dag` renders it into Airflow
+operators and :func:`mop_airflow.planning.simulation.simulate` replays it, so both see the same
+plan. Imports no Airflow.
 
-Shape of a plain search (``p`` shards, ``T = iterations * p`` hops)::
+Shape of a plain search (``p`` shards, ``T = iterations * p`` hops, ``m`` slots per shard)::
 
     preflight >> list_data >> scatter[k] >> shard >> plan >> stage_shard_<s>     (s = 0..p-1)
                 scatter is mapped over the source's slices of files (validate + write parts)
     plan >> check_models     builds each distinct model once on the data's shapes
-    class_<o>.chain_<k>   a plain chain of hop tasks: chain k carries bundle k of offset class o,
-                whose list stage_shard_<o> returns; its hop t is task hop_<t>_shard_<(o+t) mod p> on
-                that shard's pool and queue, and waits only for the same chain's previous hop
-    every chain's last hop >> report >> publish
+    stage_shard_<o>          lists offset class o's configurations (as bundles); class o's hop t
+                             is on shard (o + t) mod p
+    train_shard_<s>          one task per shard slot (``train_shard_<s>_slot_<k>`` when m > 1) on
+                             pool and queue mop_shard_<s>: a warm process that trains every hop of
+                             the block on its shard slot, each as soon as its configuration's
+                             previous hop is committed (:mod:`mop_airflow.training.shard_loop`)
+    every train task >> report >> publish
     publish     emits the DAG's champion Asset event when the run's winner beats the champion
 
-A plain search longer than one run holds (``schedule.iterations_per_run``, :mod:`mop_airflow.planning.run_chain`)
-renders the hops of ``iterations_per_run`` iterations, and ``every chain's last hop >> next_run >>
-report``: ``next_run`` triggers the DAG's next run for the next block of iterations, and the
-report (then publish) runs only in the run of the last block.
+A **block** is a span of hops that one set of train tasks trains: a plain search's whole run, a
+rung of a bracket, or one iteration of a search decided between blocks. Its train tasks wait for
+each other's hops, so they must all run at once: a block's tasks never share a pool with another
+block's at the same time (in-DAG brackets' rungs run one block after another), and preflight
+refuses a deployment whose slots cannot hold them.
 
-Chains are plain (unmapped) tasks because Airflow's scheduler checks every waiting task instance
-in every loop, and a mapped one costs several queries there (measured: 2,560 waiting hop tasks
-took 3.6-4.4 s per scheduling decision mapped, 0.55 s plain: benchmarks/scheduling_decision.py). How many chains a class renders is
-fixed at parse time (:func:`mop_airflow.planning.bundling.chains_per_class`); a run fills as many as its
-bundles need and the stage task skips the rest.
+A plain search longer than one run holds (``schedule.iterations_per_run``, :mod:`mop_airflow.planning.run_chain`)
+renders the hops of ``iterations_per_run`` iterations, and ``every train task >> next_run >> report``:
+``next_run`` triggers the DAG's next run for the next block of iterations, and the report (then
+publish) runs only in the run of the last block.
 
 An adaptive search (Hyperband, successive halving) puts brackets side by side; rung ``i`` of
-bracket ``b`` has ``deal_<o>`` tasks that list offset class o's bundles (from the plan at rung 0,
-from the previous rung's promote task later), the class chains of the rung's hops, and a
-``promote`` task that ranks the rung (none after a bracket's last rung).
+bracket ``b`` has ``deal_<o>`` tasks that list offset class o's configurations (from the plan at
+rung 0, from the previous rung's promote task later), the rung's train tasks, and a ``promote``
+task that ranks the rung (none after a bracket's last rung).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from mop_airflow.planning.blocks import block_capacity
@@ -54,6 +57,9 @@ REPORT_JOIN = "none_failed"
 # and its plan written by its first run. Each was a task process that returned at once, one after
 # the other, between two blocks (about 0.8 s each on the embedded Airflow).
 CONTINUING_SKIPS = ("list_data", "scatter", "shard", "plan")
+# A block's train tasks: after its source tasks (and the block before), which a pruned rung or an
+# earlier block without configurations may have skipped; a train task with nothing to train skips.
+TRAIN_JOIN = "none_failed_min_one_success"
 # Stage and check_models: after plan, or after preflight when it skipped plan. Not plain
 # "none_failed": a MopTaskGroup skipped as a whole (a branch upstream) must skip them too.
 AFTER_PLAN_OR_SKIP = "none_failed_min_one_success"
@@ -68,11 +74,11 @@ def shard_pool(shard: int) -> str:
 class TaskSpec:
     """One task: ``task_id`` is the full id, group prefixes included (``bracket_1.rung_0.promote``).
 
-    ``group`` names the offset class a hop belongs to; ``args["chain"]`` which of its chains.
+    A ``train`` task's ``args["classes"]`` names the class groups (:class:`ClassGroup`) of its block.
     """
 
     task_id: str
-    kind: str  # preflight, list_data, scatter, shard, plan, stage, check_models, deal, hop, promote, next_run,
+    kind: str  # preflight, list_data, scatter, shard, plan, stage, check_models, deal, train, promote, next_run,
     #            report, publish, result
     upstream: tuple[str, ...] = ()
     group: str | None = None
@@ -85,10 +91,10 @@ class TaskSpec:
 
 @dataclass(frozen=True)
 class ClassGroup:
-    """Offset class ``offset``'s ``chains`` chains of hops ``start``..``end - 1``."""
+    """Offset class ``offset``'s hops ``start``..``end - 1``; ``chains``: the most bundles it holds."""
 
     group_id: str
-    source: str  # the task whose return value lists the class's bundles; chain k takes bundle k
+    source: str  # the task whose return value lists the class's configurations, as bundles
     offset: int
     start: int
     end: int
@@ -103,9 +109,12 @@ class TaskPlan:
     tasks: tuple[TaskSpec, ...]
     groups: tuple[ClassGroup, ...]
     priority: str = DEFAULT_PRIORITY
+    slots: int = 1  # per shard: a block's train tasks per shard
 
-    def group_tasks(self, group_id: str) -> list[TaskSpec]:
-        return [spec for spec in self.tasks if spec.group == group_id]
+    def block_groups(self, spec: TaskSpec) -> list[ClassGroup]:
+        """The class groups a train task's block trains, in offset order."""
+        named = {group.group_id: group for group in self.groups}
+        return [named[group_id] for group_id in spec.args["classes"]]
 
     def chains(self) -> dict[str, int]:
         """How many chains each class group holds: the most bundles a run may give it."""
@@ -113,7 +122,8 @@ class TaskPlan:
 
     @property
     def hop_tasks(self) -> int:
-        return sum(1 for spec in self.tasks if spec.kind == "hop")
+        """The task instances that train: one per shard slot per block."""
+        return sum(1 for spec in self.tasks if spec.kind == "train")
 
 
 def build_task_plan(shards: int, iterations: int, adaptive: Any = None, *,
@@ -138,7 +148,7 @@ def build_task_plan(shards: int, iterations: int, adaptive: Any = None, *,
         return 1 if n is None else chains_per_class(n, shards=shards, slots=slots, hops=hops, bundle_size=bundle_size)
 
     blocks = adaptive is not None and decided_between_blocks(adaptive)
-    builder = _Builder(shards, priority)
+    builder = _Builder(shards, priority, slots)
     builder.add("preflight", "preflight")
     builder.add("list_data", "list_data", ("preflight",))
     builder.add("scatter", "scatter", ("list_data",))  # mapped over the slices list_data returns
@@ -157,9 +167,9 @@ def build_task_plan(shards: int, iterations: int, adaptive: Any = None, *,
         hops = iterations * shards
         per_class = chains(configurations, hops)  # the whole search's bundles, whichever run trains a block
         end = hops_per_run or hops
-        finals = [last for o in range(shards)
-                  for last in builder.chain(f"class_{o}", source=stages[o], offset=o, start=0, end=end, chain_end=end,
-                                            chains=per_class, wait_for=ready)]
+        groups = [builder.group(f"class_{o}", source=stages[o], offset=o, start=0, end=end, chains=per_class)
+                  for o in range(shards)]
+        finals = builder.train("", groups, wait_for=ready, chain_end=end)
         if end < hops:
             finals = [builder.add("next_run", "next_run", tuple(finals), trigger_rule=REPORT_JOIN,
                                   args={"hops_per_run": end, "hops": hops})]
@@ -167,20 +177,19 @@ def build_task_plan(shards: int, iterations: int, adaptive: Any = None, *,
     elif blocks:  # blocks of one iteration; each decide step says what the next block trains
         per_class = chains(block_capacity(shards, slots, adaptive), shards)
         count, whole = blocks_per_run(adaptive, shards, slots, per_class, blocks_setting)
-        finals = [last for o in range(shards)
-                  for last in builder.chain(f"class_{o}", source=stages[o], offset=o, start=0, end=shards,
-                                            chain_end=shards, chains=per_class, wait_for=ready, rung_end=True,
-                                            relative=True)]
+        groups = [builder.group(f"class_{o}", source=stages[o], offset=o, start=0, end=shards, chains=per_class)
+                  for o in range(shards)]
+        finals = builder.train("", groups, wait_for=ready, chain_end=shards, rung_end=True, relative=True)
         if count == 1 and not whole:  # one block a run: the decide step starts the DAG's next run
             finals = [builder.add("decide", "decide", tuple(finals), trigger_rule=REPORT_JOIN)]
         for k in range(1, count):  # the whole search in this run: block k's deal tasks wait for decision k
             gate = builder.add(f"block_{k}.decide", "decide", tuple(finals), trigger_rule=REPORT_JOIN,
                                args={"block": k - 1})
-            finals = [last for o in range(shards)
-                      for last in builder.chain(f"block_{k}.class_{o}", offset=o, start=0, end=shards, chain_end=shards,
-                                                source=builder.add(f"block_{k}.deal_{o}", "block_deal", (gate,),
-                                                                   args={"block": k, "offset": o}),
-                                                chains=per_class, rung_end=True, relative=True)]
+            groups = [builder.group(f"block_{k}.class_{o}", offset=o, start=0, end=shards, chains=per_class,
+                                    source=builder.add(f"block_{k}.deal_{o}", "block_deal", (gate,),
+                                                       args={"block": k, "offset": o}))
+                      for o in range(shards)]
+            finals = builder.train(f"block_{k}.", groups, chain_end=shards, rung_end=True, relative=True)
         if count > 1 or whole:  # the last decide step starts the DAG's next run unless the run holds the whole search
             finals = [builder.add("decide", "decide", tuple(finals), trigger_rule=REPORT_JOIN,
                                   args={"block": count - 1, "last": True, "whole": whole})]
@@ -193,7 +202,8 @@ def build_task_plan(shards: int, iterations: int, adaptive: Any = None, *,
         last = builder.add("publish", "publish", ("report",))
     if result:
         builder.add("result", "result", (last,), trigger_rule=REPORT_JOIN)
-    return TaskPlan(shards=shards, tasks=tuple(builder.tasks), groups=tuple(builder.groups), priority=priority)
+    return TaskPlan(shards=shards, tasks=tuple(builder.tasks), groups=tuple(builder.groups), priority=priority,
+                    slots=slots)
 
 
 def blocks_per_run(adaptive: Any, shards: int, slots: int, per_class: int,
@@ -201,7 +211,7 @@ def blocks_per_run(adaptive: Any, shards: int, slots: int, per_class: int,
     """How many blocks (of one iteration) one DAG run of a search decided between blocks renders, and
     whether they are the whole search.
 
-    ``"auto"``: all of them when the search has a known end that fits ``STATIC_HOP_TASKS`` hop tasks
+    ``"auto"``: all of them when the search has a known end whose blocks' tasks fit ``STATIC_HOP_TASKS``
     (population-based training, and a model-based random search, which is a one-rung ASHA), so
     ``dag.test()`` and ``airflow dags test`` run it whole; otherwise one, and each block's decide step
     starts the DAG's next run. Several blocks a run are not faster: the MNIST-1D ASHA of
@@ -211,7 +221,7 @@ def blocks_per_run(adaptive: Any, shards: int, slots: int, per_class: int,
     """
     from mop_airflow.search.adaptive import STATIC_HOP_TASKS, most_blocks  # noqa: PLC0415
 
-    per_block = shards * shards * per_class
+    per_block = shards * slots + shards + 1  # a block's train tasks, its deal tasks and its decision
     bound = most_blocks(adaptive, block_capacity(shards, slots, adaptive))
     if setting != "auto":
         count = int(setting) if bound is None else min(int(setting), bound)
@@ -269,44 +279,52 @@ def runs_split(spec: Any, configurations: int | None, *, chained: bool) -> int:
                             "a search decided between blocks ranks at iteration boundaries, so a run holds whole "
                             "iterations (blocks)", "use a whole number of blocks per run, or \"auto\"")
         return schedule.iterations * schedule.shards
-    per_class = chains_per_class(configurations or 0, shards=schedule.shards, slots=schedule.slots_per_shard,
-                                 hops=schedule.iterations * schedule.shards, bundle_size=schedule.bundle_size)
+    # a run renders one train task per shard slot, however many hops it trains
     return hops_per_run(schedule.iterations, schedule.shards, schedule.iterations_per_run,
-                        lambda h: schedule.shards * per_class * h)
+                        lambda h: schedule.shards * schedule.slots_per_shard)
 
 
 def _adaptive(builder: "_Builder", adaptive: Any, ready: list[str], chains: Any) -> list[str]:
+    """Brackets side by side, each rung a block; the blocks run one after another, ordered by the
+    hop they start at (then bracket), since every block needs all shard slots at once."""
     from mop_airflow.search.adaptive import brackets_of, rung_spans  # noqa: PLC0415
 
     p, finals = builder.shards, []
-    for bracket in brackets_of(adaptive):
-        spans = rung_spans(bracket)
-        chain_end = spans[-1].end  # a configuration that is promoted all the way trains this far
-        gate: tuple[str, ...] = tuple(ready)
-        for span in spans:
-            prefix = f"bracket_{bracket.s}.rung_{span.i}"
-            lasts: list[str] = []
-            # A rung holds at most n_i configurations and the deal fills classes 0, 1, ... first,
-            # so a rung of fewer configurations than shards needs only n_i classes: the long late
-            # rungs of a bracket (1-3 configurations) would otherwise render p chains each.
-            for o in range(min(p, span.n_i)):
-                deal = builder.add(f"{prefix}.deal_{o}", "deal", gate,
-                                   args={"bracket": bracket.s, "rung": span.i, "offset": o, "start": span.start})
-                lasts += builder.chain(f"{prefix}.class_{o}", source=deal, offset=o, start=span.start,
-                                       end=span.end, chain_end=chain_end, bracket=bracket.s, rung=span.i,
-                                       rung_end=True, chains=chains(span.n_i, span.end - span.start))
-            if span.last:
-                finals += lasts
-            else:
-                gate = (builder.add(f"{prefix}.promote", "promote", tuple(lasts), trigger_rule=JOIN, args={
-                    "bracket": bracket.s, "rung": span.i, "start": span.start, "end": span.end,
-                    "keep": span.keep}),)
-    return finals
+    rungs = sorted(((span.start, bracket.s, span, bracket) for bracket in brackets_of(adaptive)
+                    for span in rung_spans(bracket)), key=lambda item: item[:2])
+    gates: dict[int, tuple[str, ...]] = {}  # bracket -> what its next rung's deal tasks wait for
+    previous: list[str] = []  # the block before, in that order
+    for _, s, span, bracket in rungs:
+        chain_end = rung_spans(bracket)[-1].end  # a configuration that is promoted all the way trains this far
+        prefix = f"bracket_{s}.rung_{span.i}"
+        gate = gates.get(s, tuple(ready))
+        # A rung holds at most n_i configurations and the deal fills classes 0, 1, ... first,
+        # so a rung of fewer configurations than shards needs only n_i classes.
+        groups = [builder.group(f"{prefix}.class_{o}", offset=o, start=span.start, end=span.end, bracket=s,
+                                rung=span.i, chains=chains(span.n_i, span.end - span.start),
+                                source=builder.add(f"{prefix}.deal_{o}", "deal", gate, args={
+                                    "bracket": s, "rung": span.i, "offset": o, "start": span.start}))
+                  for o in range(min(p, span.n_i))]
+        lasts = builder.train(f"{prefix}.", groups, wait_for=[*(ready if span.i == 0 else ()), *previous],
+                              chain_end=chain_end, rung_end=True)
+        previous = lasts
+        if span.last:
+            finals += lasts
+        else:
+            gates[s] = (builder.add(f"{prefix}.promote", "promote", tuple(lasts), trigger_rule=JOIN, args={
+                "bracket": s, "rung": span.i, "start": span.start, "end": span.end, "keep": span.keep}),)
+    return list(dict.fromkeys(finals + previous))
+
+
+def train_task_id(prefix: str, shard: int, slot: int, slots: int) -> str:
+    """``train_shard_<s>``, or ``train_shard_<s>_slot_<k>`` on shards of several slots, inside ``prefix``."""
+    return f"{prefix}train_shard_{shard}" + (f"_slot_{slot}" if slots > 1 else "")
 
 
 class _Builder:
-    def __init__(self, shards: int, priority: str) -> None:
+    def __init__(self, shards: int, priority: str, slots: int = 1) -> None:
         self.shards = shards
+        self.slots = slots
         self.priority = priority
         priority_weight(priority, 0, 1)  # reject an unknown rule before building anything
         self.tasks: list[TaskSpec] = []
@@ -314,38 +332,29 @@ class _Builder:
         self.position: dict[str, int] = {}  # task id -> its index in tasks
 
     def add(self, task_id: str, kind: str, upstream: tuple[str, ...] = (), **fields: Any) -> str:
-        # Control tasks outrank every hop: a promote or deal step gates whole chains.
+        # Control tasks outrank the train tasks: a promote or deal step gates whole blocks.
         self.position[task_id] = len(self.tasks)
-        self.tasks.append(TaskSpec(task_id, kind, tuple(upstream), priority_weight=fields.pop("weight", 10**6),
-                                   **fields))
+        self.tasks.append(TaskSpec(task_id, kind, tuple(dict.fromkeys(upstream)),
+                                   priority_weight=fields.pop("weight", 10**6), **fields))
         return task_id
 
-    def chain(self, group_id: str, *, source: str, offset: int, start: int, end: int, chain_end: int,
-              chains: int = 1, bracket: int | None = None, rung: int = 0, rung_end: bool = False,
-              wait_for: list[str] | tuple[str, ...] = (), relative: bool = False) -> list[str]:
-        """The hops ``start``..``end - 1`` of one offset class, ``chains`` chains of them; returns
-        each chain's last hop. The source task learns the chains' first hops (``args["heads"]``) and
-        the hops after them (``args["rest"]``): it skips the chains its run has no bundle for, every
-        hop at once (a skip left to cascade takes a scheduling loop per hop)."""
-        self.groups.append(ClassGroup(group_id, source, offset, start, end, bracket, rung, chains))
-        width = len(str(max(chain_end - 1, 0)))
-        heads, rest, lasts = [], [], []
-        for k in range(chains):
-            previous: tuple[str, ...] = (source, *[w for w in wait_for if w != source])
-            for t in range(start, end):
-                s = shard_at(offset, t, self.shards)
-                last = self.add(f"{group_id}.chain_{k}.hop_{t:0{width}d}_shard_{s}", "hop", previous, group=group_id,
-                                pool=shard_pool(s), queue=shard_pool(s),
-                                weight=priority_weight(self.priority, t, chain_end),
-                                args={"t": t, "shard": s, "chain": k, "rung_end": rung_end and t == end - 1,
-                                      **({"relative": True} if relative else {})})
-                if t == start:
-                    heads.append(last)
-                    rest.append([])
-                else:
-                    rest[-1].append(last)
-                previous = (last,)
-            lasts.append(previous[0])
-        at = self.position[source]
-        self.tasks[at] = replace(self.tasks[at], args={**self.tasks[at].args, "heads": heads, "rest": rest})
-        return lasts
+    def group(self, group_id: str, *, source: str, offset: int, start: int, end: int, chains: int = 1,
+              bracket: int | None = None, rung: int = 0) -> ClassGroup:
+        """Offset class ``offset``'s hops ``start``..``end - 1``, listed by the ``source`` task."""
+        group = ClassGroup(group_id, source, offset, start, end, bracket, rung, chains)
+        self.groups.append(group)
+        return group
+
+    def train(self, prefix: str, groups: list[ClassGroup], *, chain_end: int, wait_for: Any = (),
+              rung_end: bool = False, relative: bool = False) -> list[str]:
+        """The block's train tasks, one per shard slot: each waits for the block's source tasks (and
+        ``wait_for``) and trains every hop of the block on its shard slot. Returns their ids."""
+        sources = tuple(group.source for group in groups)
+        start, end = groups[0].start, groups[0].end
+        return [self.add(train_task_id(prefix, s, k, self.slots), "train", (*sources, *wait_for),
+                         pool=shard_pool(s), queue=shard_pool(s), trigger_rule=TRAIN_JOIN,
+                         weight=priority_weight(self.priority, start, chain_end),
+                         args={"shard": s, "slot": k, "start": start, "end": end, "chain_end": chain_end,
+                               "classes": [g.group_id for g in groups], "rung_end": rung_end,
+                               **({"relative": True} if relative else {})})
+                for s in range(self.shards) for k in range(self.slots)]

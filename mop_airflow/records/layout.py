@@ -74,6 +74,10 @@ class RunLayout:
         return self._at("slots", safe_segment(block), f"shard_{shard:02d}_slot_{slot}.json")
 
     @property
+    def slots_glob(self) -> str:
+        return self._at("slots", "*", "shard_*_slot_*.json")
+
+    @property
     def stages_glob(self) -> str:
         return self._at("stage", "shard_*.json")
 

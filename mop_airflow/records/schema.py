@@ -378,6 +378,9 @@ class HopRecord(Record):
     train_begin: float | None = None
     train_end: float | None = None
     saved_at: float | None = None
+    # when the process was done with the hop and free for its next one: its commit (saved_at) may end
+    # later, on a writer thread, while the next hop trains (None in records written before that)
+    released_at: float | None = None
     timings: dict[str, float] = field(default_factory=dict)
     train_metrics: dict[str, float] = field(default_factory=dict)
     val_metrics: dict[str, float] | None = None
@@ -455,7 +458,8 @@ class SlotStatus(Record):
     """A shard slot's task in one block, as it last said: what the slots it waits for read.
 
     ``state``: "running" (``heartbeat`` is refreshed every few seconds while the process lives),
-    "done", or "failed" (``final``: no retry follows, so hops that wait for this slot never come).
+    "done", "yielded" (it gave its pool slot back and comes again), or "failed" (``final``: no retry
+    follows, so hops that wait for this slot never come).
     """
 
     block: str

@@ -294,7 +294,10 @@ def curves(rows: Sequence[Mapping[str, Any]], board: Sequence[Mapping[str, Any]]
 
 def timeline(records: Sequence[HopRecord], shards: int, slots: int) -> dict[str, Any]:
     """Every hop as a bar on its shard (and slot lane), in seconds since the first hop started, and
-    how busy each shard's pool was between the first hop's start and the last hop's save."""
+    how busy each shard's pool was between the first hop's start and the last hop's save.
+
+    A bar ends when the hop released its slot (:attr:`HopRecord.released_at`): its commit may go on
+    on a writer thread while the slot trains the next hop, so a slot's bars never overlap."""
     hops = sorted((r for r in records if r.started_at is not None and r.saved_at is not None),
                   key=lambda r: (r.started_at, r.shard, r.config_id))
     if not hops:
@@ -304,17 +307,18 @@ def timeline(records: Sequence[HopRecord], shards: int, slots: int) -> dict[str,
     lanes_free: dict[int, list[float]] = defaultdict(list)  # per shard: when each lane is free again
     bars, busy, training = [], [0.0] * shards, [0.0] * shards
     for r in hops:
+        end = r.released_at or r.saved_at
         free = lanes_free[r.shard]
-        lane = next((i for i, end in enumerate(free) if end <= r.started_at), len(free))
+        lane = next((i for i, until in enumerate(free) if until <= r.started_at), len(free))
         if lane == len(free):
             free.append(0.0)
-        free[lane] = r.saved_at
+        free[lane] = end
         bars.append({"config_id": r.config_id, "shard": r.shard, "lane": lane, "t": r.t, "iteration": r.iteration,
-                     "start": r.started_at - t0, "end": r.saved_at - t0,
+                     "start": r.started_at - t0, "end": end - t0,
                      "train_begin": _minus(r.train_begin, t0), "train_end": _minus(r.train_end, t0),
                      "host": r.host, "task_id": r.task_id})
         if 0 <= r.shard < shards:
-            busy[r.shard] += r.saved_at - r.started_at
+            busy[r.shard] += end - r.started_at
             if r.train_begin is not None and r.train_end is not None:
                 training[r.shard] += r.train_end - r.train_begin
     capacity = span * max(slots, 1)

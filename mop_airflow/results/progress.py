@@ -2,7 +2,8 @@
 
 Read from the run's own records in the store (the plan, one record per finished hop), so the demo,
 ``mop-airflow status`` and anything else show the same numbers. Which shards are busy right now
-is Airflow's knowledge (running task instances); callers pass it in.
+is Airflow's knowledge (running task instances); callers pass it in, naming each running train task
+by the hop it trains now (:func:`training_now`, from the shard slots' status files).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
 from mop_airflow.records.layout import RunLayout
-from mop_airflow.records import HopRecord, Plan
+from mop_airflow.records import HopRecord, Plan, SlotStatus
 from mop_airflow.results.runs import load_all_hops
 
 
@@ -59,6 +60,18 @@ def format_seconds(seconds: float) -> str:
         return f"{minutes} min {seconds:02d} s"
     hours, minutes = divmod(minutes, 60)
     return f"{hours} h {minutes:02d} min"
+
+
+def training_now(layout: RunLayout, now: float | None = None, *, fresh: float = 30.0) -> dict[str, str]:
+    """Train task id -> the hop its slot trains now (``c003-e000a6 t=5``) or ``waiting for hops``, for
+    the slots whose process said so within ``fresh`` seconds."""
+    now = time.time() if now is None else now
+    out: dict[str, str] = {}
+    for uri in layout.store.glob(layout.slots_glob):
+        status = SlotStatus.read(layout.store, uri)
+        if status.state == "running" and status.task_id and now - status.heartbeat <= fresh:
+            out[status.task_id] = status.training or "waiting for hops"
+    return out
 
 
 def run_progress(layout: RunLayout, metric: str, direction: str, *,

@@ -172,7 +172,7 @@ def train_hop(layout: RunLayout, run: RunRecord, manifest: Manifest, assignment:
         config_id=cid, t=t, iteration=iteration, hop=hop, shard=shard, task_id=where.task_id,
         host=where.host or socket.getfqdn(), pid=os.getpid(), queue=where.queue, pool=where.pool,
         map_index=where.map_index, try_number=where.try_number,
-        started_at=started, execute_at=entered, train_begin=loaded, train_end=trained,
+        started_at=started, execute_at=entered, train_begin=loaded, train_end=trained, released_at=serialized,
         timings={"startup": entered - started, "shard_read": shard_read - entered, "imports": imported - shard_read,
                  "build": built - imported, "checkpoint_load": loaded - built, "train": trained - loaded,
                  "evaluate": evaluated - trained, "serialize": serialized - evaluated},

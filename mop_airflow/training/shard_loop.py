@@ -23,6 +23,15 @@ The guarantees of a task per hop are kept:
   retry it), gives those hops up, trains everything else, and fails naming the slot and the hops
   left untrained (:class:`~mop_airflow.errors.BlockIncompleteError`).
 
+A block's slots wait for each other's hops, so they must all run at once. Two blocks that share
+the shard pools at once (two selections, two DAGs) could each hold some of them and wait for the
+rest; so a slot waiting while a slot of its block ranked before it (by shard, then slot) has not
+started within ``MOP_SHARD_YIELD_SECONDS`` (30 s) gives its pool slot back (:class:`SlotYielded`;
+the operator reschedules the task; what it committed stays) and tries again later. The block
+holding the first shard's slot keeps every slot it gets, so it always gets the rest (with one slot
+per shard; with several, two blocks may each hold a slot of the first shard and wait, up to the
+wait bound).
+
 Runs and is tested without Airflow; the shard operator maps Airflow's context onto :func:`run_slot`.
 """
 
@@ -52,6 +61,15 @@ WAIT_ENV = "MOP_SHARD_WAIT_SECONDS"
 # by default) and start its retry (10 s, then 20 s).
 WAIT_SECONDS = 600.0
 HEARTBEAT_SECONDS = 5.0  # how often a slot refreshes its status while it lives
+YIELD_ENV = "MOP_SHARD_YIELD_SECONDS"
+# How long a slot that has trained nothing waits for the slots of its block ranked before it to
+# start, before it gives its pool slot back: longer than a task takes to start when slots are free.
+YIELD_SECONDS = 30.0
+
+
+class SlotYielded(Exception):
+    """The slot gave its pool slot back: a slot of its block ranked before it has not started (another
+    block may hold its pool). Its committed hops stay; try the task again later."""
 # Polling the store for committed hops: fast while hops arrive, backing off to this when they don't.
 POLL_FIRST, POLL_MOST = 0.01, 0.5
 
@@ -81,13 +99,14 @@ class BlockHop:
 
 def block_hops(classes: Sequence[Sequence[BundleAssignment]], *, shards: int, slots: int, start: int, end: int,
                relative: bool = False, rung_end: bool = False, priority: str = DEFAULT_PRIORITY,
-               chain_end: int | None = None) -> list[BlockHop]:
+               chain_end: int | None = None, shift: int = 0) -> list[BlockHop]:
     """Every hop of a block, on every shard slot, in the plan's order.
 
     ``classes[o]`` lists offset class ``o``'s configurations (as bundles), each with the state it
     enters the block in. Its hop at step ``t`` (``start <= t < end``) is on shard ``(o + t) mod shards``;
     with ``relative`` the steps count within the block and the configuration's own hop follows its
-    state (a search decided between blocks). Configuration ``i`` of the block (counted over the
+    state (a search decided between blocks); else its global hop is ``shift + t`` (a run continuing a
+    search renders its block's steps from 0). Configuration ``i`` of the block (counted over the
     classes in order) trains on slot ``i mod slots`` of every shard. ``rung_end``: the block's last
     hop ends a rung and evaluates. The priority rule ranks a slot's ready hops as Airflow ranked hop
     tasks (:func:`~mop_airflow.planning.schedule.priority_weight`; ``chain_end`` is where the search
@@ -104,7 +123,7 @@ def block_hops(classes: Sequence[Sequence[BundleAssignment]], *, shards: int, sl
                     hops.append(BlockHop(
                         config_id=assignment.config_id, offset=offset, step=step,
                         shard=shard_at(offset, step, shards), slot=slot,
-                        hop=assignment.t + 1 + (step - start) if relative else step,
+                        hop=assignment.t + 1 + (step - start) if relative else shift + step,
                         rung_end=rung_end and step == end - 1, start=assignment if step == start else None,
                         bundle=bundle.bundle, weight=priority_weight(priority, step, chain_end or end),
                         order=len(hops)))
@@ -127,8 +146,8 @@ def run_slot(layout: RunLayout, run: RunRecord, manifest: Manifest, hops: Sequen
              shard: int, slot: int, cache_dir: str, where: Where = Where(), mine: Iterable[BlockHop] | None = None,
              fatal: Callable[[BaseException], bool] = lambda exc: False,
              final: Callable[[BaseException], bool] = lambda exc: True,
-             wait_seconds: float | None = None, session: TaskSession | None = None,
-             on_hop: Callable[[HopRecord], object] | None = None) -> SlotResult:
+             wait_seconds: float | None = None, yield_seconds: float | None = None,
+             session: TaskSession | None = None, on_hop: Callable[[HopRecord], object] | None = None) -> SlotResult:
     """Train the hops of ``hops`` (the whole block) that fall on ``(shard, slot)``, or ``mine``.
 
     ``mine`` lets one process train more than its slot: every hop of the block when tasks run one
@@ -136,14 +155,20 @@ def run_slot(layout: RunLayout, run: RunRecord, manifest: Manifest, hops: Sequen
     block in the slots' status files. ``fatal(exc)``: errors that end the task instead of failing
     one configuration (the store going away, ``search.fail_fast``); ``final(exc)``: whether no retry
     follows such an error (then the slots waiting for this one stop waiting). ``on_hop(record)`` is
-    called as each hop is committed (the task's log).
+    called as each hop is committed (the task's log). Raises :class:`SlotYielded` when the slot gives
+    its pool slot back (``yield_seconds``, by default ``MOP_SHARD_YIELD_SECONDS``; never with ``mine``).
     """
     own = list(mine) if mine is not None else [h for h in hops if h.shard == shard and h.slot == slot]
     loop = _Loop(layout, run, manifest, hops, own, block=block, shard=shard, slot=slot, cache_dir=cache_dir,
                  where=where, fatal=fatal, session=session, on_hop=on_hop,
-                 wait=wait_seconds if wait_seconds is not None else float(os.environ.get(WAIT_ENV) or WAIT_SECONDS))
+                 wait=wait_seconds if wait_seconds is not None else float(os.environ.get(WAIT_ENV) or WAIT_SECONDS),
+                 give_back=None if mine is not None else (
+                     yield_seconds if yield_seconds is not None else float(os.environ.get(YIELD_ENV) or YIELD_SECONDS)))
     try:
         result = loop.train_all()
+    except SlotYielded as exc:
+        loop.status.stop("yielded", error=str(exc))
+        raise
     except BaseException as exc:
         loop.status.stop("failed", final=final(exc), error=f"{type(exc).__name__}: {exc}"[:1000])
         raise
@@ -159,9 +184,12 @@ class _Loop:
     def __init__(self, layout: RunLayout, run: RunRecord, manifest: Manifest, hops: Sequence[BlockHop],
                  own: list[BlockHop], *, block: str, shard: int, slot: int, cache_dir: str, where: Where,
                  fatal: Callable[[BaseException], bool], session: TaskSession | None,
-                 on_hop: Callable[[HopRecord], object] | None, wait: float) -> None:
+                 on_hop: Callable[[HopRecord], object] | None, wait: float, give_back: float | None) -> None:
         self.layout, self.run, self.manifest = layout, run, manifest
         self.cache_dir, self.where, self.fatal, self.on_hop, self.wait = cache_dir, where, fatal, on_hop, wait
+        self.give_back = give_back
+        # the block's slots ranked before this one (by shard, then slot): those with hops to train
+        self.before = sorted({(h.shard, h.slot) for h in hops if (h.shard, h.slot) < (shard, slot)})
         self.session = session or TaskSession(run, manifest, cache_dir, max_models=WARM_MODELS)
         # by priority (highest first), then the plan's order: what Airflow's scheduler ranked hop tasks by
         self.pending = sorted(own, key=lambda h: (-h.weight, h.order))
@@ -277,9 +305,19 @@ class _Loop:
                 block = False
 
     def _give_up(self, waiting: list[BlockHop]) -> None:
-        """Drop the waiting hops whose input comes from a slot that failed for good or shows no sign of life."""
+        """Drop the waiting hops whose input comes from a slot that failed for good or shows no sign of
+        life; give the pool slot back when nothing trained yet and a slot ranked before this one has
+        not started."""
         now = time.time()
         self.status.beat()
+        if self.give_back is not None and now - self.began > self.give_back:
+            for owner in self.before:
+                peer = self.peers.setdefault(owner, _Peer(self.layout, self.status.block, *owner, began=self.began,
+                                                          since=now))
+                if not peer.started(now):
+                    raise SlotYielded(f"shard {owner[0]} slot {owner[1]} of this block has not started within "
+                                      f"{self.give_back:.0f} s: this slot gives its pool slot back and tries again "
+                                      "later, so a block that holds the shards before it can finish")
         for hop in waiting:
             owner = self.owner.get((hop.config_id, hop.hop - 1))
             if owner is None:
@@ -423,10 +461,18 @@ class _Peer:
         self.alive_at = since  # the last sign of life (or when the waiting slot began to wait for it)
         self.read_at = 0.0
         self.status: SlotStatus | None = None
+        self.seen = False  # it ran since the waiting slot's task began
 
-    def gone(self, now: float, wait: float) -> str | None:
-        """Why the hops this slot waits for from the peer will never come, or None while they may."""
-        if now - self.read_at >= min(HEARTBEAT_SECONDS, wait / 2):
+    def started(self, now: float) -> bool:
+        """Whether the peer has run (or ended its block) since the waiting slot's task began: a slot
+        that gave its pool slot back has not."""
+        self._refresh(now, HEARTBEAT_SECONDS)
+        self.seen = self.seen or (self.status is not None and self.status.state != "yielded"
+                                  and self.status.heartbeat >= self.began)
+        return self.seen
+
+    def _refresh(self, now: float, every: float) -> None:
+        if now - self.read_at >= every:
             self.read_at = now
             if self.layout.store.exists(self.uri):
                 status = SlotStatus.read(self.layout.store, self.uri)
@@ -435,6 +481,10 @@ class _Peer:
                 # an end said before the waiting slot's task began may be an earlier try's of a run cleared since:
                 # only its heartbeat counts then, and the peer's new try says more soon
                 self.status = status if status.state == "running" or status.heartbeat >= self.began else None
+
+    def gone(self, now: float, wait: float) -> str | None:
+        """Why the hops this slot waits for from the peer will never come, or None while they may."""
+        self._refresh(now, min(HEARTBEAT_SECONDS, wait / 2))
         status = self.status
         name = f"shard {self.shard} slot {self.slot}"
         if status is not None and status.state == "failed" and status.final:

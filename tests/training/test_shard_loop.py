@@ -18,7 +18,7 @@ from mop_airflow.records import Assignment, BundleAssignment, HopRecord, SlotSta
 from mop_airflow.records.layout import RunLayout
 from mop_airflow.store import Store
 from mop_airflow.training.model_hop import run_hop
-from mop_airflow.training.shard_loop import block_hops, run_slot
+from mop_airflow.training.shard_loop import SlotYielded, block_hops, run_slot
 
 from .toys import TOY_MODEL, toy_spec
 
@@ -227,3 +227,21 @@ def test_a_slot_killed_mid_block_is_retried_and_trains_only_the_rest(toy_data, t
     assert _shas(run_w, layout_w) == reference
     for key, record in committed_at.items():  # not written again
         assert HopRecord.read(layout_w.store, layout_w.hop_record_uri(*key)).saved_at == record.saved_at
+
+
+def test_a_waiting_slot_gives_its_pool_slot_back_while_a_slot_before_it_has_not_started(
+        toy_data, tmp_path):
+    run, layout, manifest = _setup(tmp_path, toy_data, "store")
+    hops = _hops(run)
+    # shard 1's slot waits for shard 0's (class 1 starts on shard 1; its next hops come from shard 0)
+    with pytest.raises(SlotYielded, match="shard 0 slot 0 of this block has not started within 1 s"):
+        run_slot(layout, run, manifest, hops, block="b0", shard=1, slot=0, cache_dir=run.store.local_cache,
+                 yield_seconds=1, wait_seconds=60)
+    status = SlotStatus.read(layout.store, layout.slot_status_uri("b0", 1, 0))
+    assert status.state == "yielded" and not status.final
+    # it trained its hops that needed nobody first; now committed, its next try finds them
+    assert status.trained == 2
+    # the first slot of a block never gives its slot back: it waits (here until its bound)
+    with pytest.raises(BlockIncompleteError):
+        run_slot(layout, run, manifest, hops, block="b1", shard=0, slot=0, cache_dir=run.store.local_cache,
+                 yield_seconds=1, wait_seconds=3)
