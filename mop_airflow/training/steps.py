@@ -16,13 +16,21 @@ partial last batch. Each trace cost 0.2-0.5 s on a 2-core CPU for the demo's MLP
 than a small shard's whole pass; ``fit`` avoids them with a tf.data iterator whose batch size is
 unknown and metrics it builds beforehand, which is what this does for plain arrays.
 
-Only where that equivalence is known to hold: the TensorFlow backend and no distribution
-strategy (a strategy would replicate a plain batch to every replica instead of splitting it).
-Elsewhere callers keep ``fit``/``evaluate`` (:func:`stepwise_supported`).
+On Keras's JAX backend the same idea runs through the model's own jitted ``train_function`` /
+``test_function`` (what ``fit`` and ``evaluate`` call per batch with ``steps_per_execution=1``), its
+state held as JAX arrays for the whole pass and written back to the variables once at its end, as
+``fit`` does (:func:`_jax_pass`): the same steps on the same batches, without ``fit``'s epoch
+iterator, callbacks and per-batch host sync. A diverging pass is found at its end there, not at the
+first non-finite batch.
+
+Only where that equivalence is known to hold: the TensorFlow or JAX backend and no distribution
+(a strategy would replicate a plain batch to every replica instead of splitting it). Elsewhere
+callers keep ``fit``/``evaluate`` (:func:`stepwise_supported`).
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import weakref
 from typing import Any, Callable, Iterable, Iterator
@@ -33,6 +41,8 @@ import numpy as np
 
 def stepwise_supported(model: keras.Model) -> bool:
     """Whether :func:`train_pass` and :func:`evaluate_arrays` give exactly what ``fit``/``evaluate`` give."""
+    if keras.backend.backend() == "jax":
+        return keras.distribution.distribution() is None and getattr(model, "steps_per_execution", 1) == 1
     if keras.backend.backend() != "tensorflow":
         return False  # other backends' train_function takes other arguments
     import tensorflow as tf  # noqa: PLC0415
@@ -68,6 +78,8 @@ def train_pass(model: keras.Model, x: Any, y: np.ndarray, *, batch_size: int) ->
 
 def train_batches(model: keras.Model, batches: Iterable[tuple[Any, np.ndarray]]) -> dict[str, float]:
     """:func:`train_pass` over batches already cut (a streamed shard's): what ``fit`` on them records."""
+    if keras.backend.backend() == "jax":
+        return _jax_pass(model, batches, "train")
     model.reset_metrics()
     logs: Any = {}
     for batch in batches:
@@ -89,11 +101,46 @@ def evaluate_arrays(model: keras.Model, x: Any, y: np.ndarray, *, batch_size: in
 
 def evaluate_batches(model: keras.Model, batches: Iterable[tuple[Any, np.ndarray]]) -> dict[str, float]:
     """:func:`evaluate_arrays` over batches already cut."""
+    if keras.backend.backend() == "jax":
+        return _jax_pass(model, batches, "test")
     model.reset_metrics()
     logs: Any = {}
     for batch in batches:
         batch = as_keras_arrays(*batch)
         logs = _step_function(model, "test", batch)(batch)
+    return _epoch_logs(model, logs)
+
+
+def _jax_pass(model: keras.Model, batches: Iterable[tuple[Any, np.ndarray]], kind: str) -> dict[str, float]:
+    """One pass of ``model``'s jitted train (or test) function over ``batches`` on the JAX backend:
+    what ``fit`` (``evaluate``) does around it, its epoch iterator and callbacks left out."""
+    train = kind == "train"
+    names = ("trainable_variables", "non_trainable_variables", *(("optimizer_variables",) if train else ()),
+             "metrics_variables")
+    batches = iter(batches)
+    first = next(batches, None)
+    model.reset_metrics()
+    if first is None:
+        return _epoch_logs(model, {})
+    first = as_keras_arrays(*first)
+    model._symbolic_build(data_batch=first)  # the compiled metrics and loss, once per model (what fit does)
+    if train:
+        model.make_train_function()
+    else:
+        model.make_test_function()
+    step = model.train_function if train else model.test_function
+    state = model._get_jax_state(purge_model_variables=True, **dict.fromkeys(names, True))
+    model._jax_state_synced = False
+    logs: Any = {}
+    try:
+        for batch in itertools.chain([first], batches):
+            logs, state = step(state, iter([as_keras_arrays(*batch)]))
+    finally:  # the variables get their values back whatever happened, as fit's own finally does
+        model._jax_state = dict(zip(names, state))
+        model.jax_state_sync()
+        model._jax_state = None
+    if train:
+        model.optimizer.finalize_variable_values(model.trainable_weights)
     return _epoch_logs(model, logs)
 
 

@@ -91,3 +91,52 @@ def test_a_second_hop_process_loads_the_compiled_steps_and_trains_to_the_same_bi
     third = hop_process(root, third_run, manifest, off_dir, MOP_COMPILATION_CACHE="0")
     assert not (off_dir / "jax-compilation").exists()
     assert third["checkpoint_sha256"] == first["checkpoint_sha256"]
+
+
+STEPWISE = """
+import json, sys
+import numpy as np
+import keras
+from mop_airflow.training.builder import build_model
+from mop_airflow.training.steps import evaluate_arrays, stepwise_supported, train_pass
+
+rng = np.random.default_rng(0)
+x = rng.normal(size=(100, 6)).astype("float64")  # cast to floatx as fit casts it
+y = (x[:, 0] > 0).astype("int64") + (x[:, 1] > 0.5).astype("int64")
+config = {"config_id": "c", "model": "tests.training.toys:batchnorm_dropout_mlp", "hparams": {},
+          "optimizer": "adam", "optimizer_params": {"learning_rate": 0.01},
+          "loss": "sparse_categorical_crossentropy", "metrics": ["accuracy"], "batch_size": 16, "epochs_per_hop": 1}
+
+def fresh():
+    return build_model(config, input_shapes={"x": (6,)}, num_classes=3, seed=3)
+
+ours, theirs = fresh(), fresh()
+assert stepwise_supported(ours)
+logs = []
+for epoch in range(3):  # 100 rows in batches of 16: a partial last batch every pass
+    order = np.random.default_rng(epoch).permutation(100)
+    mine = train_pass(ours, x[order], y[order], batch_size=16)
+    ref = theirs.fit(x[order], y[order], batch_size=16, epochs=1, shuffle=False, verbose=0).history
+    logs.append([mine, {k: float(v[-1]) for k, v in ref.items()}])
+same = all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in
+           [*zip(ours.variables, theirs.variables), *zip(ours.optimizer.variables, theirs.optimizer.variables)])
+evaluated = [evaluate_arrays(ours, x, y, batch_size=32), theirs.evaluate(x, y, batch_size=32, verbose=0, return_dict=True)]
+print(json.dumps({"backend": keras.config.backend(), "same": same, "logs": logs,
+                  "evaluated": [{k: float(v) for k, v in e.items()} for e in evaluated]}))
+"""
+
+
+def test_on_jax_a_pass_through_the_jitted_step_equals_fit_bit_for_bit():
+    """Three passes of a model with BatchNorm and dropout, a partial last batch each, and an evaluation:
+    the JAX backend's jitted train and test functions called batch by batch give fit's and evaluate's
+    variables and metrics exactly, without fit's epoch iterator and callbacks."""
+    env = {**os.environ, "KERAS_BACKEND": "jax", "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(REPO)}
+    out = subprocess.run([sys.executable, "-c", STEPWISE], env=env, capture_output=True, text=True, cwd=REPO,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["backend"] == "jax" and result["same"]
+    for mine, ref in result["logs"]:
+        assert mine == ref
+    mine, ref = result["evaluated"]
+    assert mine == ref
