@@ -151,7 +151,9 @@ def test_the_howto_on_celery_gives_the_demo_leaderboard_and_a_lost_worker_costs_
     broker = f"redis://{REDIS[0]}:{REDIS[1]}/{REDIS_DB}"
     import redis  # noqa: PLC0415
 
-    redis.Redis.from_url(broker).flushdb()  # a run of this test that was killed may have left messages
+    # a run of this test that was killed may have left messages on its queues, or taken and unacknowledged
+    redis.Redis.from_url(broker).delete("unacked", "unacked_index", "unacked_mutex", "default",
+                                        *(f"mop_shard_{s}" for s in range(SHARDS)))
     page = bash_block(HOWTO)
     workers = [CeleryWorker(f"shard{s}", (f"mop_shard_{s}",), own_home=False) for s in range(SHARDS)]
     workers.append(CeleryWorker("default", ("default",), concurrency=2, own_home=False))
