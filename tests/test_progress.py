@@ -1,4 +1,7 @@
-"""Progress of a run from its records: hand-computable counts, best, time left (no Airflow)."""
+"""Progress of a run from its records: hand-computable counts, best, time left or the task waiting for a
+worker (no Airflow)."""
+
+import dataclasses
 
 from mop_airflow.results.progress import format_seconds, progress_of
 from mop_airflow.records import HopRecord, Plan
@@ -71,3 +74,53 @@ def test_the_terminal_view_shows_a_bar_each_shard_and_the_best():
     assert "━" in text  # the bar
     assert "shard 0  idle" in text and "shard 1  busy: c001, c002" in text
     assert "iteration 1/2; best val_accuracy: 0.6000 (a)" in text
+
+
+def test_a_task_no_worker_started_is_named_with_since_when_instead_of_the_time_left():
+    import datetime as dt
+
+    from mop_airflow.airflow.run_status import RunRef, waiting_of
+    from mop_airflow.results.progress import Waiting
+
+    queued_at = dt.datetime(2026, 11, 26, 14, 40, 53, tzinfo=dt.timezone.utc)
+    now = queued_at.timestamp() + 32
+
+    def ti(task_id, state="queued", seconds=0.0, queue="mop_shard_1"):
+        return {"task_id": task_id, "state": state, "queue": queue,
+                "queued_when": (queued_at + dt.timedelta(seconds=seconds)).isoformat()}
+
+    listed = [ti("train_shard_2", seconds=10), ti("train_shard_1"), ti("report", seconds=20, queue="default"),
+              ti("train_shard_3", state="running"), ti("other.train_shard_0")]
+    # queued longer than 15 s, longest first; 12 s is an ordinary hand-off; the other group's is not this run's
+    assert waiting_of(listed, RunRef("d", "r1", "running", None, "g"), now) == ()
+    waiting = waiting_of(listed, RunRef("d", "r1", "running", None), now)
+    assert [w.task_id for w in waiting] == ["train_shard_1", "other.train_shard_0", "train_shard_2"]
+    assert waiting[0] == Waiting("train_shard_1", "mop_shard_1", queued_at.timestamp())
+
+    records = [hop("a", 0, 100.0), hop("a", 1, 110.0, acc=0.6), hop("b", 0, 100.0)]
+    progress = progress_of(PLAN, records, {}, "val_accuracy", "max", now=130.0)
+    assert "about 1 min 30 s left" in progress.summary_line()
+    stalled = dataclasses.replace(progress, waiting=waiting[:1])
+    line = "train_shard_1 waiting for a worker on queue mop_shard_1 since 14:40:53 UTC"
+    assert waiting[0].line(now) == f"{line} (32 s)"
+    assert f"; {line} (" in stalled.summary_line() and "left" not in stalled.summary_line()
+    assert stalled.summary_line(eta=False).endswith(f"; {line}")  # the line printed into a pipe is new once
+
+
+def test_the_terminal_view_shows_the_waiting_task_instead_of_the_time_left():
+    import io
+
+    from rich.console import Console
+
+    from mop_airflow.airflow.run_status import RunRef
+    from mop_airflow.airflow.watch import _renderable
+    from mop_airflow.results.progress import Waiting
+
+    records = [hop("a", 0, 100.0), hop("a", 1, 110.0, acc=0.6), hop("b", 0, 100.0)]
+    progress = progress_of(PLAN, records, {}, "val_accuracy", "max", now=130.0)
+    stalled = dataclasses.replace(progress, waiting=(Waiting("train_shard_1", "mop_shard_1", 0.0),))
+    screen = io.StringIO()
+    Console(file=screen, width=200, color_system=None).print(_renderable(RunRef("d", "r1", "running", None), stalled))
+    text = screen.getvalue()
+    assert "train_shard_1 waiting for a worker on queue mop_shard_1 since 00:00:00 UTC" in text
+    assert "left" not in text

@@ -9,7 +9,9 @@ MopTaskGroup's selection is found the same way through its own prefixed tasks
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import json
+import time
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
@@ -22,6 +24,7 @@ from mop_airflow.planning.run_chain import continuation_of
 from mop_airflow.records.selection import selection_id, selections_of, task_id_in
 from mop_airflow.hooks.connections import open_spec_store
 from mop_airflow.planning.task_plan import shard_pool
+from mop_airflow.results.progress import Waiting
 
 FINISHED = ("success", "failed")
 
@@ -133,6 +136,29 @@ def busy_of(task_instances: Iterable[Mapping[str, Any]], ref: RunRef, shards: in
             name = (training or {}).get(ti["task_id"]) or ti.get("rendered_map_index") or ti["task_id"]
             busy.setdefault(shard, []).append(name)
     return busy
+
+
+# A task queued longer than this has no worker taking it (a normal hand-off takes a few seconds): a lost
+# worker, none serving its queue, or all of the queue's busy.
+WAITING_AFTER_S = 15.0
+
+
+def waiting_for_worker(api: AirflowAPI, ref: RunRef, now: float | None = None) -> tuple[Waiting, ...]:
+    """This selection's tasks queued for more than :data:`WAITING_AFTER_S`, longest first."""
+    queued = api.paged(f"/dags/{ref.dag_id}/dagRuns/{ref.run_id}/taskInstances", "task_instances", state=["queued"])
+    return waiting_of(queued, ref, time.time() if now is None else now)
+
+
+def waiting_of(task_instances: Iterable[Mapping[str, Any]], ref: RunRef, now: float) -> tuple[Waiting, ...]:
+    """:func:`waiting_for_worker` from the task instances the REST API listed."""
+    out = []
+    for ti in task_instances:
+        when = ti.get("queued_when")
+        if ti.get("state") == "queued" and when and ref.owns(ti["task_id"]):
+            since = dt.datetime.fromisoformat(when).timestamp()
+            if now - since > WAITING_AFTER_S:
+                out.append(Waiting(ti["task_id"], ti.get("queue") or "default", since))
+    return tuple(sorted(out, key=lambda w: w.since))
 
 
 def failed_tasks(api: AirflowAPI, ref: RunRef) -> list[dict[str, Any]]:

@@ -7,12 +7,13 @@ changed, so scripts and CI logs stay readable.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
 from typing import Any, Callable, TextIO
 
 from mop_airflow.hooks.rest import AirflowAPI
-from mop_airflow.airflow.run_status import FINISHED, RunRef, busy_shards, find_run
+from mop_airflow.airflow.run_status import FINISHED, RunRef, busy_shards, find_run, waiting_for_worker
 from mop_airflow.results.progress import Progress, format_seconds, run_progress, training_now
 
 
@@ -22,7 +23,10 @@ def snapshot(api: AirflowAPI, ref: RunRef, store_root: str | None = None) -> Pro
         return None
     busy = (busy_shards(api, ref, ref.record.schedule.shards, training_now(layout)) if ref.state not in FINISHED
             else {})
-    return run_progress(layout, ref.record.metric, ref.record.direction, busy=busy)
+    progress = run_progress(layout, ref.record.metric, ref.record.direction, busy=busy)
+    if progress is None or ref.state in FINISHED:
+        return progress
+    return dataclasses.replace(progress, waiting=waiting_for_worker(api, ref))
 
 
 def plain_line(ref: RunRef, progress: Progress | None, eta: bool = True) -> str:
@@ -45,7 +49,8 @@ def _renderable(ref: RunRef, progress: Progress | None) -> Any:
     bar = Table.grid(padding=(0, 1))
     bar.add_row(ProgressBar(total=progress.hops_total, completed=progress.hops_done, width=40),
                 Text(f"{progress.hops_done}/{progress.hops_total} model hops ({progress.fraction:.0%})"),
-                Text(f"about {format_seconds(progress.eta)} left" if progress.eta else ""))
+                Text("; ".join(w.line() for w in progress.waiting), style="yellow") if progress.waiting
+                else Text(f"about {format_seconds(progress.eta)} left" if progress.eta else ""))
     shards = Table.grid(padding=(0, 2))
     for s in range(progress.shards):
         configs = progress.busy.get(s)

@@ -280,7 +280,8 @@ def build_parser() -> argparse.ArgumentParser:
                               "<dag_id>.<ID>); needed when the DAG holds its selections in task groups")
         cmd.add_argument("--home", default=home, help=argparse.SUPPRESS)
 
-    status = sub.add_parser("status", help="follow a run: hops done, shards busy or idle, best so far, time left",
+    status = sub.add_parser("status", help="follow a run: hops done, shards busy or idle, best so far, time left "
+                                           "(or the task waiting for a worker, and since when)",
                             description="Follow a run through Airflow. With --once it prints one line and exits; "
                                         "then --store (or Airflow unreachable and the run in the default store) "
                                         "reads it from the store alone, where a run is finished (report written) "

@@ -1,4 +1,5 @@
-"""How far a run is: model hops done of the plan's total, best metric so far, time left.
+"""How far a run is: model hops done of the plan's total, best metric so far, time left (or which task
+waits for a worker, and since when).
 
 Read from the run's own records in the store (the plan, one record per finished hop), so the demo,
 ``mop-airflow status`` and anything else show the same numbers. Which shards are busy right now
@@ -19,6 +20,21 @@ from mop_airflow.results.runs import load_all_hops
 
 
 @dataclass(frozen=True)
+class Waiting:
+    """A task Airflow queued that no worker has started since ``since`` (epoch seconds)."""
+
+    task_id: str
+    queue: str
+    since: float
+
+    def line(self, now: float | None = None, *, waited: bool = True) -> str:
+        """``train_shard_1 waiting for a worker on queue mop_shard_1 since 14:40:53 UTC (32 s)``."""
+        clock = time.strftime("%H:%M:%S UTC", time.gmtime(self.since))
+        text = f"{self.task_id} waiting for a worker on queue {self.queue} since {clock}"
+        return f"{text} ({format_seconds((time.time() if now is None else now) - self.since)})" if waited else text
+
+
+@dataclass(frozen=True)
 class Progress:
     hops_done: int              # hops finished, plus the hops a failed configuration will never run
     hops_total: int
@@ -33,6 +49,8 @@ class Progress:
     elapsed: float = 0.0        # seconds since the first hop started
     eta: float | None = None    # seconds left at the rate hops finished so far
     busy: Mapping[int, Sequence[str]] = field(default_factory=dict)  # shard -> configurations training now
+    # tasks no worker has started: while there are any, the time left means nothing and is not shown
+    waiting: tuple[Waiting, ...] = ()
 
     @property
     def fraction(self) -> float:
@@ -45,7 +63,10 @@ class Progress:
     def summary_line(self, eta: bool = True) -> str:
         best = (f"best {self.metric} {self.best:.4f} ({self.best_config})"
                 if self.best is not None else "no validation yet")
-        eta = f", about {format_seconds(self.eta)} left" if eta and self.eta else ""
+        if self.waiting:  # how long it waited changes every second: only with eta, so a printed line is new once
+            eta = "; " + "; ".join(w.line(waited=eta) for w in self.waiting)
+        else:
+            eta = f", about {format_seconds(self.eta)} left" if eta and self.eta else ""
         failed = f", {len(self.failed)} configuration(s) failed" if self.failed else ""
         return (f"model hops {self.hops_done}/{self.hops_total}, iteration {self.iteration}/{self.iterations}, "
                 f"{best}{failed}{eta}")
