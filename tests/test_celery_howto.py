@@ -10,9 +10,10 @@ with the login the file names. The page's commands are checked against the ones 
 
 Two workers die during the run, by SIGKILL of the worker and every process it started: shard 1's
 while a task is queued to it (its pool process is stopped first, so the task is taken and never
-started: the message stays unacknowledged in Redis), and shard 2's while a task runs on it. Each
-task must run again on its queue's restarted worker within the bound the page states, and the
-leaderboard must equal the embedded `mop-airflow demo`'s to every digit.
+started: the message stays unacknowledged in Redis), and shard 2's while a task runs on it. While
+the first waits, `mop-airflow status` must name it and since when. Each task must run again on its
+queue's restarted worker within the bound the page states, and the leaderboard must equal the
+embedded `mop-airflow demo`'s to every digit.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import pytest
 
 from mop_airflow.airflow import celery_config
 from mop_airflow.airflow.local import CeleryWorker, LocalAirflow, free_port, throwaway_postgres
+from mop_airflow.airflow.run_status import WAITING_AFTER_S
 from mop_airflow.records.layout import RunLayout
 from mop_airflow.store import Store
 from tests.test_distributed import PG, REDIS, _reachable, _skip_or_fail
@@ -197,6 +199,12 @@ def test_the_howto_on_celery_gives_the_demo_leaderboard_and_a_lost_worker_costs_
             started = time.time()
 
             queued_key, queued_kill = kill_with_task_queued(af, run_id, workers[1], broker)
+            # while it waits, `mop-airflow status` (signed in with the file's login) names it and since when
+            queued_when = utc(ti_now(af, run_id, queued_key)["queued_when"])
+            time.sleep(max(0.0, queued_when + WAITING_AFTER_S + 1 - time.time()))
+            status = af.run_cli("mop-airflow", "status", DAG_ID, run_id, "--once", check=False)
+            waiting = f"{queued_key[0]} waiting for a worker on queue mop_shard_1 since"
+            assert waiting in status.stdout, status.stdout + status.stderr[-3000:]
             running_key, running_kill = kill_with_task_running(af, run_id, workers[2])
             state = af.wait_for_run(DAG_ID, run_id, timeout=900)
             took = time.time() - started
