@@ -6,8 +6,8 @@ every process must share, the login the tasks use), so each machine loads the sa
 starts ``airflow`` or ``mop-airflow``. Beside it: the preload hook's ``airflow_local_settings.py``
 and the simple auth manager's password file, seeded with a generated password for the login.
 
-A lost worker is bounded by four settings (checked in Airflow 3.3, its Celery provider 3.26,
-Celery 5.6 and kombu 5.7; see docs/how-to/celery.md):
+A lost worker is bounded by these settings (checked in Airflow 3.3, its Celery provider 3.26,
+Celery 5.6 and kombu 5.7, the first kombu whose sweep interval can be set; see docs/how-to/celery.md):
 
 - ``[celery] task_acks_late = True`` and ``worker_prefetch_multiplier = 1`` (the provider's defaults,
   written out so nobody lowers them): a message is acknowledged when its task ends, and a worker
