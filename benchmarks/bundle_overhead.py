@@ -15,7 +15,7 @@ It checks that both paths give every configuration the same loss and validation 
 times a configuration on a fresh model (tracing included) separately. One TensorFlow thread, as a
 hop runs on the embedded Airflow.
 
-``--bundle-hop`` also runs the whole bundle hop (run_bundle_hop: shard cache, checkpoints, hop
+``--bundle-hop`` also runs the whole bundle hop (run_slot over one hop: shard cache, checkpoints, hop
 records in a file store) on the sklearn digits, a fresh task session per hop, both ways, and
 compares the configurations' checkpoints byte for byte.
 
@@ -145,7 +145,7 @@ def bundle_hops(count: int, passes: int, home: Path, store: str, *,
     from mop_airflow.planning.resolve import resolve_run  # noqa: PLC0415
     from mop_airflow.store import Store  # noqa: PLC0415
     from mop_airflow.training import hop  # noqa: PLC0415
-    from mop_airflow.training.bundle_hop import run_bundle_hop  # noqa: PLC0415
+    from mop_airflow.training.shard_loop import block_hops, run_slot, state_after  # noqa: PLC0415
 
     if not (home / "data").exists():
         write_digits(str(home / "data"))
@@ -168,11 +168,13 @@ def bundle_hops(count: int, passes: int, home: Path, store: str, *,
         walls, sha = [], {}
         for t in range(2):
             began = time.perf_counter()
-            done = run_bundle_hop(layout, run, manifest, bundle, t=t, shard=t, cache_dir=run.store.local_cache)
+            hops = block_hops([[bundle]], shards=2, slots=1, start=t, end=t + 1)
+            done = run_slot(layout, run, manifest, hops, mine=hops, block=f"hop-{t}", shard=t, slot=0,
+                            cache_dir=run.store.local_cache)
             walls.append(time.perf_counter() - began)
             assert not done.failed, done.failed
-            bundle = done.out
-            sha = {r.config_id: r.checkpoint_sha256 for r in done.records}
+            bundle = BundleAssignment.start(0, [state_after(r) for r in done.trained])
+            sha = {r.config_id: r.checkpoint_sha256 for r in done.trained}
     finally:
         hop.train_on_shard, hop.evaluate = originals
     return walls, sha
@@ -189,7 +191,7 @@ def report_bundle_hops(count: int, passes: int) -> bool:
         hop_walls, sha[name] = bundle_hops(count, passes, home, f"{name}{i}", stepwise=name == "stepwise")
         walls[name].append(hop_walls)
     n = len(sha["fit"])
-    print(f"\nwhole bundle hops (run_bundle_hop, digits flat_mlp, {n} configurations, a fresh task session per hop, "
+    print(f"\nwhole bundle hops (run_slot over one hop, digits flat_mlp, {n} configurations, a fresh task session per hop, "
           "hop 2 evaluates), seconds per configuration, mean of 2 runs per path (ABBA):")
     for name, runs in walls.items():
         first, second = (statistics.mean(run[hop] for run in runs) for hop in (0, 1))

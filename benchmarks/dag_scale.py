@@ -184,39 +184,27 @@ def plan_of(shape: Shape):
 
 
 def expected_instances(shape: Shape, configs: int | None = None) -> dict[str, int]:
-    """Task instances of one DAG run: every task once (hop chains are plain tasks); a search split over
-    ``runs`` DAG runs (``schedule.iterations_per_run``) has that many per run. ``hop_instances`` are
-    the hops that train (the chains this benchmark's tiny data fills, ``schedule.bundle_size:
-    "auto"``), ``empty`` the hops of chains the run leaves unused (skipped by their stage task)."""
-    from mop_airflow.planning.bundling import split_classes  # noqa: PLC0415
-    from mop_airflow.planning.schedule import deal_classes  # noqa: PLC0415
-
+    """Task instances of one DAG run: every task once; a block is one train task per shard slot,
+    whatever its hops. A search split over ``runs`` DAG runs (``schedule.iterations_per_run`` set by
+    hand) has that many per run. ``hop_instances`` are the train tasks, ``model_hops`` the hops they
+    train; ``empty`` stays 0 (no task is rendered for a hop any more)."""
     plan, adaptive, _ = plan_of(shape)
     control = len(plan.tasks) - plan.hop_tasks
-    p = shape.shards
     runs = 1
     if adaptive is None:
         n = configs
-        hops_per_class = shape.iterations * p
-        # a search longer than a run holds renders one block of iterations, trained run after run
-        per_run = 1 + max(t.args["t"] for t in plan.tasks if t.kind == "hop")
+        hops_per_class = shape.iterations * shape.shards
+        trains = [t for t in plan.tasks if t.kind == "train"]
+        per_run = trains[0].args["end"] - trains[0].args["start"]
         runs = hops_per_class // per_run
         model_hops = n * per_run
-        classes = deal_classes([f"c{i:04d}" for i in range(n)], shards=p, seed=0)
-        ids = [c for cls in classes for c in cls]
-        bundles = split_classes(classes, {c: 0.01 for c in ids}, {c: "mlp" for c in ids}, shards=p, slots=1,
-                                hops=hops_per_class, chains=[g.chains for g in plan.groups])
-        hop_instances = sum(len(b) for b in bundles) * per_run
-        empty = plan.hop_tasks - hop_instances
     else:
         n = adaptive.total_configurations
         # ASHA's promotions depend on the metrics, so only its synchronous-halving guide is known ahead
         model_hops = (adaptive.expected_iterations() * shape.shards if isinstance(adaptive, AshaPlan)
                       else adaptive.total_hops)
-        hop_instances = min(model_hops, plan.hop_tasks)  # an upper bound: rungs bundle too
-        empty = plan.hop_tasks - hop_instances
-    return {"configs": n, "control": control, "model_hops": model_hops, "hop_instances": hop_instances,
-            "empty": empty, "total": control + hop_instances + empty, "runs": runs}
+    return {"configs": n, "control": control, "model_hops": model_hops, "hop_instances": plan.hop_tasks,
+            "empty": 0, "total": control + plan.hop_tasks, "runs": runs}
 
 
 # -- the DAG file ----------------------------------------------------------------------------------
@@ -858,28 +846,26 @@ def print_size(shape: Shape, configs: list[int]) -> dict[str, Any]:
     configs = sorted({*configs, *([shape.configs] if shape.configs else [])})
     plan, adaptive, plan_seconds = plan_of(shape)
     p = shape.shards
-    say(f"  tasks in the DAG: {len(plan.tasks)}  (hop tasks {plan.hop_tasks}, other {len(plan.tasks) - plan.hop_tasks}; "
-        f"{len(plan.groups)} class groups of {sum(g.chains for g in plan.groups)} plain chains)")
+    blocks = len({t.task_id.rpartition(".")[0] for t in plan.tasks if t.kind == "train"})
+    say(f"  tasks in the DAG: {len(plan.tasks)}  (train tasks {plan.hop_tasks}: one per shard slot in each of "
+        f"{blocks} block(s); other {len(plan.tasks) - plan.hop_tasks})")
     if adaptive is None:
         hops = shape.iterations * p
         runs = expected_instances(shape, max(configs))["runs"]
-        split = (f"; split over {runs} DAG runs of {hops // runs} hops each (schedule.iterations_per_run auto: at most "
-                 f"{RUN_HOP_BUDGET} hop task instances a run), each run rendering {plan.hop_tasks} hop tasks"
-                 if runs > 1 else f"; hop tasks = shards x T = {plan.hop_tasks}")
+        split = (f"; split over {runs} DAG runs of {hops // runs} hops each (schedule.iterations_per_run)"
+                 if runs > 1 else "; all in one run")
         say(f"  hops per configuration T = iterations x shards = {hops}{split}")
         for n in configs:
             e = expected_instances(shape, n)
-            empty = f" + {e['empty']} skipped (chains the run does not fill)" if e["empty"] else ""
             times = f" x {e['runs']} runs" if e["runs"] > 1 else ""
             say(f"  task instances per run for {n:>4} configurations: {e['total']:>7}  (= {e['control']} control + "
-                f"{e['hop_instances']} bundle hops for {n} x {hops // e['runs']} model hops{empty}; every hop a plain "
-                f"task){times}")
+                f"{e['hop_instances']} train tasks for {n} x {hops // e['runs']} model hops){times}")
     else:
         e = expected_instances(shape)
         say(f"  the plan draws {e['configs']} configurations and trains {e['model_hops']} model hops "
             f"(promoted configurations resume)")
-        say(f"  task instances of a run: {e['total']}  (= {e['control']} control + {e['hop_instances'] + e['empty']} "
-            f"hop tasks, in which {e['model_hops']} model hops train in bundles over the search's runs)")
+        say(f"  task instances of a run: {e['total']}  (= {e['control']} control + {e['hop_instances']} train tasks, "
+            f"in which {e['model_hops']} model hops train over the search's runs)")
     return {"tasks": len(plan.tasks), "hop_tasks": plan.hop_tasks, "plan_seconds_inproc": plan_seconds}
 
 

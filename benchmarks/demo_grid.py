@@ -15,7 +15,7 @@ same 3 passes over the training data, so the best accuracies are comparable:
 Every TensorFlow process uses one intra-op thread (as mop_airflow's hops do on the embedded Airflow
 of a 2-core machine), so no side is slowed by oversubscribed cores.
 
-    python benchmarks/demo_grid.py [--bundle-sizes auto,1] [--skip-ray] [--home DIR] [--airflow-env K=V]
+    python benchmarks/demo_grid.py [--bundle-sizes auto] [--skip-ray] [--home DIR] [--airflow-env K=V]
 """
 
 from __future__ import annotations
@@ -173,10 +173,9 @@ def mop_runs(home: Path, bundle_sizes: list[str], airflow_env: dict) -> list[tup
             names = {c["config_id"]: label({"model": c["model"], "batch_size": c["batch_size"],
                                             "learning_rate": c["optimizer_params"]["learning_rate"]})
                      for c in run_json["configs"]}
-            # hop task instances that ran: a class renders a fixed number of chains and its stage task
-            # skips those the run has no bundle for
+            # the train task instances that ran: one per shard slot (whatever the bundles)
             tasks = [ti for ti in af.task_instances(DAG_ID, run_id)
-                     if ".hop_" in ti["task_id"] and ti["state"] != "skipped"]
+                     if ti["task_id"].startswith("train_shard_") and ti["state"] != "skipped"]
             hops = [HopRecord.from_dict(store.read_json(u)) for u in store.glob(f"{layout.run_uri}/hops/*/*.json")]
             out.append((size, seconds, {names[row["config_id"]]: row.get("val_accuracy") for row in board["leaderboard"]},
                         {"task instances": len(tasks), "model hops": len(hops),
@@ -187,7 +186,7 @@ def mop_runs(home: Path, bundle_sizes: list[str], airflow_env: dict) -> list[tup
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--bundle-sizes", default="auto,1", help="comma-separated schedule.bundle_size values")
+    parser.add_argument("--bundle-sizes", default="auto", help="comma-separated schedule.bundle_size values")
     parser.add_argument("--skip-ray", action="store_true")
     parser.add_argument("--airflow-env", action="append", default=[], metavar="KEY=VALUE",
                         help="override the embedded Airflow's environment, e.g. to measure a setting's effect")

@@ -4,7 +4,7 @@ tasks sharing one GPU against one: measured without Airflow, hop by hop.
 Prepares the runs in this process on the CPU (data, resolve, shard), then trains hops as the hop
 tasks do: each hop in a fresh Python process that claims a slot of the machine
 (``mop_airflow.training.devices``, ``MOP_GPUS``/``MOP_SLOTS``) and calls ``run_hop`` or
-``run_bundle_hop`` on the shard. Per hop it prints:
+``run_slot`` on the shard. Per hop it prints:
 
   process     the interpreter's start (spawn to the script's first line)
   imports     mop_airflow's hop modules, Keras and its backend
@@ -29,11 +29,14 @@ difference to ``train`` is the step's compilation). Sections:
               chains one after the other (one slot)
   cpu         the fresh chain on the same machine's CPU (JAX_PLATFORMS=cpu)
   crowd       two hop processes on one GPU without any placement (each backend's default reservation)
+  warm        the warm shard loop (benchmarks/warm_shards.py): a process per shard slot trains a whole
+              block of 4 configurations x 10 iterations, 4 slots sharing the device, beside the
+              task-parallel pattern and plain Keras's steady epoch, in the same run
 
 Models: ``mlp`` and ``cnn``, the demo grid's MNIST-1D models (batch 32); ``cnn1m``, a 2-D CNN of
 1.06 M weights on 32x32x3 images (generated, batch 128), the size of MADlib's CIFAR-10 example.
 
-    KERAS_BACKEND=jax python benchmarks/gpu_hops.py [--out DIR] [--sections fresh,preload,steady,bundle,slots,cpu,crowd]
+    KERAS_BACKEND=jax python benchmarks/gpu_hops.py [--out DIR] [--sections fresh,preload,steady,bundle,slots,cpu,crowd,warm]
                                                     [--fresh off,on,reserve]
                                                     [--models mlp,cnn,cnn1m] [--hops 3] [--images 20000]
 """
@@ -81,8 +84,8 @@ def hop_main(args: argparse.Namespace) -> None:
     from mop_airflow.records import Assignment, BundleAssignment, Manifest, RunRecord
     from mop_airflow.records.layout import RunLayout
     from mop_airflow.store import Store
-    from mop_airflow.training.bundle_hop import run_bundle_hop
     from mop_airflow.training.model_hop import run_hop
+    from mop_airflow.training.shard_loop import block_hops, run_slot, state_after
     from mop_airflow.training.session import TaskSession, compilation_cache
 
     import keras
@@ -105,11 +108,14 @@ def hop_main(args: argparse.Namespace) -> None:
         t = assignments[0].t + 1
         if args.bundle:
             began = time.time()
-            done = run_bundle_hop(layout, run, manifest, BundleAssignment.start(0, assignments), t=t,
-                                  shard=t % SHARDS, cache_dir=cache_dir)
+            # the configurations' hop t one after another in this process, as a warm shard slot trains them
+            hops = block_hops([[BundleAssignment.start(0, assignments)]], shards=SHARDS, slots=1, start=t, end=t + 1)
+            done = run_slot(layout, run, manifest, hops, mine=hops, block=f"bundle-{t}", shard=t % SHARDS, slot=0,
+                            cache_dir=cache_dir, session=session)
             if done.failed:
                 raise SystemExit(f"bundle hop failed: {done.failed[0].error}")
-            records, assignments = done.records, done.out.assignments
+            records = sorted(done.trained, key=lambda r: r.started_at)
+            assignments = [state_after(r) for r in records]
             wall = time.time() - began
         else:
             began = time.time()
@@ -119,7 +125,7 @@ def hop_main(args: argparse.Namespace) -> None:
         for record in records:
             steps = {"shard": record.timings["shard_read"], "build": record.timings["imports"] + record.timings["build"],
                      "restore": record.timings["checkpoint_load"], "train": record.timings["train"],
-                     "save": record.timings["save"] + record.timings["evaluate"]}
+                     "save": record.timings["save"] + record.timings.get("serialize", 0.0) + record.timings["evaluate"]}
             line = {"t": t, "k": k, "config_id": record.config_id, "reused": record.model_reused, **steps,
                     "loss": record.train_metrics.get("loss"), "hop_wall": wall, "pid": os.getpid(),
                     **(common if k == 0 else {"process": 0.0, "imports": 0.0, "device": 0.0})}
@@ -153,7 +159,7 @@ def worker_main(parser: argparse.ArgumentParser) -> None:
 
     import mop_airflow.data.cache  # noqa: F401
     import mop_airflow.training.builder  # noqa: F401
-    import mop_airflow.training.bundle_hop  # noqa: F401
+    import mop_airflow.training.shard_loop  # noqa: F401
     import mop_airflow.training.checkpoint  # noqa: F401
     import mop_airflow.training.hop  # noqa: F401
 
@@ -447,8 +453,22 @@ class GpuWatch:
         return self.peak
 
 
+def section_warm(d: Driver, models: list[str], hops: int) -> None:
+    """The warm shard loop (benchmarks/warm_shards.py): 4 shard slots sharing the device, 4
+    configurations x WARM_ITERATIONS iterations, beside the task-parallel pattern and plain Keras, in
+    one run; its data and processes of its own."""
+    for model in models:
+        command = [sys.executable, str(REPO / "benchmarks" / "warm_shards.py"), "--model", model, "--configs", "4",
+                   "--iterations", str(WARM_ITERATIONS), "--images", str(d.images), "--out", str(d.out / model)]
+        done = subprocess.run(command, env={**HOP_ENV}, capture_output=True, text=True)
+        print(done.stdout, flush=True)
+        if done.returncode != 0:
+            raise RuntimeError("warm_shards.py failed:\n" + "\n".join(done.stderr.strip().splitlines()[-15:]))
+
+
+WARM_ITERATIONS = 10
 SECTIONS = {"fresh": section_fresh, "preload": section_preload, "steady": section_steady, "bundle": section_bundle, "slots": section_slots,
-            "cpu": section_cpu, "crowd": section_crowd}
+            "cpu": section_cpu, "crowd": section_crowd, "warm": section_warm}
 RUNS = ["fresh_off", "fresh_on", "fresh_reserve", "preload", "steady", "bundle", "one_slot", "two_slots", "cpu", "crowd"]
 
 
@@ -564,7 +584,8 @@ def main() -> int:
         print(describe_machine(), flush=True)
         for name in args.sections.split(","):
             began = time.time()
-            chosen = [m for m in args.slot_models.split(",") if m in models] if name in ("slots", "cpu", "crowd") else models
+            chosen = ([m for m in args.slot_models.split(",") if m in models] if name in ("slots", "cpu", "crowd")
+                      else [m for m in models if m == "cnn1m"] or models if name == "warm" else models)
             try:
                 SECTIONS[name](driver, chosen, args.hops)
             except Exception as exc:  # keep the other sections' figures

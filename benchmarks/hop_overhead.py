@@ -1,14 +1,17 @@
 """Where a hop's time goes: runs the demo-sized DAG on a real local Airflow and prints per-hop figures.
 
-For every training task instance (one bundle of configurations, one hop; summed over its configurations):
-  queued->start     scheduler + executor latency (task instance queued_when -> start_date)
-  start->training   task process start-up, shard read, imports, model build, checkpoint load
-  training          model.fit over the shard for epochs_per_hop passes
+Per model hop (a turn of one configuration in a shard slot's warm train task):
+  restore           model (re)build or reuse, checkpoint read and restore (started -> training)
+  training          the passes over the shard (the model's traced train step, batch by batch)
   evaluate          validation at the end of an iteration (last hop only)
-  save              checkpoint serialisation + atomic write to the store
-  finish            from the checkpoint being saved to Airflow marking the task done
-Fixed cost per hop = everything but training and evaluation. Also prints the fraction of the run
-the shard pools spent training, and how long each example DAG file takes to parse.
+  serialize         the state copied out of the model (the commit then runs beside the next hop)
+  fixed             everything of the hop but training and evaluation
+Per train task instance (one shard slot, one block):
+  queued->start     scheduler + executor latency (task instance queued_when -> start_date)
+  start->first hop  the task process's start-up, imports, device, shard read
+  waiting           the task's time in no hop: waiting for other slots' hops, the last commit
+Also prints the fraction of the run the shard slots spent training, and how long each example DAG
+file takes to parse.
 
     python benchmarks/hop_overhead.py [--no-preload] [--home DIR]
 """
@@ -86,48 +89,35 @@ def main() -> int:
     run_record = RunRecord.read(store, layout.run_record_uri)
     p = plan.shards
     records = load_hop_records(layout)
-    rows, by_pool = [], {}
-    by_task: dict[tuple[str, int], list] = {}
-    for r in records:
-        by_task.setdefault((r.task_id, r.map_index), []).append(r)
-    for key, done in by_task.items():  # one row per hop task instance: a bundle's hop, its configurations in turn
-        ti = tis[key]
-        done.sort(key=lambda r: r.train_begin)
+    hops = [{"restore": r.train_begin - r.started_at, "training": r.timings["train"],
+             "evaluate": r.timings["evaluate"], "serialize": r.timings.get("serialize", 0.0),
+             "fixed": (r.released_at or r.saved_at) - r.started_at - r.timings["train"] - r.timings["evaluate"]}
+            for r in records]
+    tasks = []
+    for task_id in sorted({r.task_id for r in records}):
+        mine = sorted((r for r in records if r.task_id == task_id), key=lambda r: r.started_at)
+        ti = tis[(task_id, -1)]
         queued, start, end = ts(ti["queued_when"]), ts(ti["start_date"]), ts(ti["end_date"])
-        by_pool.setdefault(ti["pool"], []).append((start, end))
-        rows.append({
-            "queued->start": start - queued,
-            "start->training": done[0].train_begin - start,
-            "training": sum(r.timings["train"] for r in done),
-            "evaluate": sum(r.timings["evaluate"] for r in done),
-            "save": sum(r.timings["save"] for r in done),
-            "finish": end - done[-1].saved_at,
-            "total": end - queued,
-            "configs": len(done),
-        })
-    for row in rows:
-        row["fixed"] = row["total"] - row["training"] - row["evaluate"]
+        in_hops = sum((r.released_at or r.saved_at) - r.started_at for r in mine)
+        tasks.append({"queued->start": start - queued, "start->first hop": mine[0].started_at - start,
+                      "waiting": (end - mine[0].started_at) - in_hops, "hops": len(mine)})
     wall = ts(run["end_date"]) - ts(run["start_date"])
-    training = sum(r["training"] for r in rows)
+    training = sum(h["training"] for h in hops)
     slots = p * run_record.schedule.slots_per_shard
     print(f"\nmachine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
           f"{platform.system()} {platform.release()}")
     print(f"DAG {args.dag_id}; preload: {'off' if args.no_preload else 'on'}; {len(run_record.configs)} configurations, "
-          f"{p} shards: {len(records)} model hops in {len(rows)} hop task instances (bundles)")
+          f"{p} shards: {len(records)} model hops in {len(tasks)} train task instances")
     print(f"DAG run wall time: {wall:.1f}s (trigger to success, demo start-up excluded)")
-    for name in ("queued->start", "start->training", "training", "evaluate", "save", "finish", "fixed"):
-        print(describe(name, [r[name] for r in rows]))
-    # Idle time of a shard between one hop task ending and the next starting on it: scheduler
-    # hand-off plus waiting for a configuration whose next hop is on this shard.
-    gaps = [b[0] - a[1] for spans in by_pool.values() for a, b in zip(sorted(spans), sorted(spans)[1:])]
-    print(describe("pool hand-off", [max(0.0, g) for g in gaps]))
-    print(f"median fixed cost per hop task: {statistics.median(r['fixed'] for r in rows):.2f}s, per configuration "
-          f"{statistics.median(r['fixed'] / r['configs'] for r in rows):.2f}s (target <= 5 s)")
+    for name in ("restore", "training", "evaluate", "serialize", "fixed"):
+        print(describe(name, [h[name] for h in hops]))
+    for name in ("queued->start", "start->first hop", "waiting"):
+        print(describe(name, [t[name] for t in tasks]))
+    print(f"median fixed cost per model hop: {statistics.median(h['fixed'] for h in hops):.2f}s (target <= 5 s)")
     pool_tasks = [ti for ti in all_tis if (ti["pool"] or "").startswith("mop_shard_") and ti["start_date"] and ti["end_date"]]
     busy = sum(ts(ti["end_date"]) - ts(ti["start_date"]) for ti in pool_tasks)
-    print(f"shard pools busy: {busy / (wall * slots):.1%} of {slots} pool slots x wall time")
-    print(f"fraction of the run spent training: {training / (wall * slots):.1%} of {slots} pool slots x wall time; "
-          f"{training / sum(r['total'] for r in rows):.1%} of hop task time")
+    print(f"shard pools held: {busy / (wall * slots):.1%} of {slots} pool slots x wall time")
+    print(f"fraction of the run spent training: {training / (wall * slots):.1%} of {slots} pool slots x wall time")
     for name, seconds in parse_times().items():
         print(f"parse {name}: {seconds:.3f}s (after `import airflow.sdk`)")
     return 0

@@ -1,0 +1,319 @@
+"""The warm shard loop without Airflow, against the task-parallel pattern and plain Keras, in one run.
+
+What a block of mop_airflow's DAG does once its train tasks run: one process per shard slot (4
+shards x 1 slot sharing this machine's device), each started once, reading its shard once and
+training every hop the block puts on it (:func:`mop_airflow.training.shard_loop.run_slot`), the
+models hopping through the store. Beside it, on the same data and the same configurations:
+
+  task-parallel   what a Ray Tune trial does: a process per configuration over the whole data
+                  (model.fit for the same passes), all configurations at once
+  plain Keras     one process, one model, the whole data: the steady epoch (the second one), the
+                  floor a configuration-epoch is held against
+
+Every TensorFlow process trains with one thread (``threads_per_hop: 1``, the default); JAX keeps its
+own thread pool. Prints per pattern the wall time, and for the warm loop where a slot's seconds went (start-up:
+the process to its first hop; hops; waiting for hops of other slots) and the configuration-epoch:
+one configuration's pass over the whole data, i.e. its 4 hops' seconds on the slots (start to
+release, commit excluded: the commit runs beside the next hop), against plain Keras's epoch.
+
+    KERAS_BACKEND=jax JAX_PLATFORMS=cpu python benchmarks/warm_shards.py [--model cnn1m] [--configs 4]
+        [--iterations 10] [--images 20000] [--out DIR]
+    python benchmarks/warm_shards.py --model cnn --iterations 3          # TensorFlow on the CPU, MNIST-1D
+
+Generated data is written to a temporary folder and deleted afterwards.
+"""
+
+from __future__ import annotations
+
+import time
+
+STARTED = time.time()  # a slot process's interpreter start ends here
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import platform  # noqa: E402
+import shutil  # noqa: E402
+import statistics  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+SHARDS = int(os.environ.get("MOP_BENCH_SHARDS") or 4)
+RATES = [1e-3, 3e-3, 1e-2, 3e-2, 1e-4, 3e-4, 2e-3, 5e-3]
+
+
+# --- the processes --------------------------------------------------------------------------------
+
+def slot_main(args: argparse.Namespace) -> None:
+    """One shard slot's train task, as the operator runs it: the whole block, this slot's hops."""
+    from mop_airflow.training.devices import place_this_process
+
+    place_this_process()
+    import keras  # the task's start-up: Airflow's preloading worker or the task process imports Keras first
+
+    float(keras.ops.sum(keras.ops.ones((8, 8))))  # and the backend starts its device
+    from mop_airflow.records import Manifest, RunRecord
+    from mop_airflow.records.layout import RunLayout
+    from mop_airflow.store import Store
+    from mop_airflow.training.model_hop import Where
+    from mop_airflow.training.shard_loop import block_hops, run_slot
+
+    state = json.loads(Path(args.state).read_text())
+    store = Store(state["store"])
+    run = RunRecord.read(store, state["run"])
+    layout = RunLayout(store, run.dag_id, run.run_id)
+    shards = run.schedule.shards
+    hops = block_hops(classes(state), shards=shards, slots=1, start=0, end=run.schedule.iterations * shards)
+    result = run_slot(layout, run, Manifest.read(store, state["manifest"]), hops, block="bench", shard=args.shard,
+                      slot=0, cache_dir=state["cache"], where=Where(task_id=f"train_shard_{args.shard}"))
+    print("SLOT " + json.dumps({"shard": args.shard, "spawned": args.spawned, "waited": result.waited,
+                                "hops": [{"config_id": r.config_id, "t": r.t, "iteration": r.iteration,
+                                          "started_at": r.started_at,
+                                          "released_at": r.released_at, "saved_at": r.saved_at,
+                                          "train": r.timings["train"]} for r in result.trained]}), flush=True)
+
+
+def classes(state: dict) -> list:
+    from mop_airflow.records import Assignment, BundleAssignment
+
+    return [[BundleAssignment.start(o, [Assignment(cid, -1, None) for cid in members])]
+            for o, members in enumerate(state["classes"])]
+
+
+def trial_main(args: argparse.Namespace) -> None:
+    """One task-parallel trial: a process of its own, the whole data, ``fit`` for every pass."""
+    import numpy as np
+
+    from mop_airflow.data.cache import manifest_inputs
+    from mop_airflow.data.inputs import input_shapes
+    from mop_airflow.records import Manifest, RunRecord
+    from mop_airflow.store import Store
+    from mop_airflow.training.builder import build_model
+
+    one_thread()
+    state = json.loads(Path(args.state).read_text())
+    store = Store(state["store"])
+    run = RunRecord.read(store, state["run"])
+    manifest = Manifest.read(store, state["manifest"])
+    config = run.config(args.config)
+    x, y = whole_data(state, manifest)
+    began = time.time()
+    model = build_model(config, input_shapes=input_shapes(manifest_inputs(manifest)),
+                        num_classes=len(manifest.classes), seed=1, task=manifest.task)
+    built = time.time()
+    epochs = []
+    for _ in range(run.schedule.iterations):
+        at = time.time()
+        model.fit(x, y, batch_size=config["batch_size"], epochs=1, shuffle=True, verbose=0)
+        epochs.append(time.time() - at)
+    print("TRIAL " + json.dumps({"config_id": args.config, "process": began - STARTED + (STARTED - args.spawned),
+                                 "build": built - began, "epochs": epochs, "rows": int(np.shape(y)[0])}), flush=True)
+
+
+def one_thread() -> None:
+    """TensorFlow's thread pools as a hop's (``threads_per_hop: 1``), so no side gets more cores; JAX
+    keeps its own pool on every side."""
+    import keras
+
+    if keras.config.backend() == "tensorflow":
+        import tensorflow as tf
+
+        tf.config.threading.set_intra_op_parallelism_threads(1)
+        tf.config.threading.set_inter_op_parallelism_threads(1)
+
+
+def whole_data(state: dict, manifest) -> tuple:
+    """Every shard's rows in one array, as a trial that reads the whole data set holds them."""
+    import numpy as np
+
+    from mop_airflow.data.cache import cached_shard, load_shard
+    from mop_airflow.store import Store
+
+    store = Store(state["store"])
+    parts = [load_shard(cached_shard(store, entry, state["cache"], manifest=manifest), manifest)
+             for entry in manifest.shards]
+    xs, ys = zip(*parts)
+    x = {k: np.concatenate([p[k] for p in xs]) for k in xs[0]} if isinstance(xs[0], dict) else np.concatenate(xs)
+    return x, np.concatenate(ys)
+
+
+def plain_main(args: argparse.Namespace) -> None:
+    """Plain Keras in one process: every configuration one after another over the whole data, for the
+    same passes (``fit``, one epoch a call); each configuration's epochs after its first are steady."""
+    from mop_airflow.data.cache import manifest_inputs
+    from mop_airflow.data.inputs import input_shapes
+    from mop_airflow.records import Manifest, RunRecord
+    from mop_airflow.store import Store
+    from mop_airflow.training.builder import build_model
+
+    one_thread()
+    state = json.loads(Path(args.state).read_text())
+    store = Store(state["store"])
+    run = RunRecord.read(store, state["run"])
+    manifest = Manifest.read(store, state["manifest"])
+    x, y = whole_data(state, manifest)
+    began = time.time()
+    epochs = []
+    for config in run.configs:
+        model = build_model(config, input_shapes=input_shapes(manifest_inputs(manifest)),
+                            num_classes=len(manifest.classes), seed=1, task=manifest.task)
+        mine = []
+        for _ in range(run.schedule.iterations):
+            at = time.time()
+            model.fit(x, y, batch_size=config["batch_size"], epochs=1, shuffle=True, verbose=0)
+            mine.append(time.time() - at)
+        epochs.append(mine)
+    print("PLAIN " + json.dumps({"epochs": epochs, "train_wall": time.time() - began,
+                                 "process": time.time() - args.spawned}), flush=True)
+
+
+# --- the driver -----------------------------------------------------------------------------------
+
+def prepare(work: Path, model: str, configs: int, iterations: int, images: int, shards: int) -> Path:
+    """Data, the run record, the shards and the offset classes, in this process."""
+    from benchmarks.gpu_hops import MODELS, write_images
+    from mop_airflow.data.shard import shard_dataset
+    from mop_airflow.examples.mnist1d_data import write_mnist1d
+    from mop_airflow.examples.mnist1d_spec import mnist1d_data_spec
+    from mop_airflow.planning.resolve import resolve_run
+    from mop_airflow.planning.schedule import deal_classes
+    from mop_airflow.records.layout import RunLayout
+    from mop_airflow.store import Store
+
+    data_name, params = MODELS[model]
+    if data_name == "images":
+        data = write_images(work / "data" / "images.parquet", images)
+    else:
+        write_mnist1d(str(work / "data"))
+        data = mnist1d_data_spec(str(work / "data"))
+    grid = {"model": [params["model"]], "optimizer": "adam", "learning_rate": RATES[:configs],
+            "batch_size": [params["batch_size"]], "metrics": ["accuracy"]}
+    if params.get("hparams"):
+        grid["hparams"] = {name: [value] for name, value in params["hparams"].items()}
+    root = f"file://{work / 'store'}"
+    spec = {"data": data, "search": {"space": {"method": "grid", "params": grid}, "metric": "val_accuracy"},
+            "schedule": {"shards": shards, "iterations": iterations, "seed": 42},
+            "store": {"root": root, "cache_dir": str(work / "cache")}}
+    run = resolve_run(spec, None, dag_id=f"warm_{model}", run_id="bench")
+    store = Store(root)
+    run_uri = run.write(store, RunLayout(store, run.dag_id, run.run_id).run_record_uri)
+    manifest = shard_dataset(run.data, store, run.dag_id, shards, run.schedule.seed)
+    ids = [c["config_id"] for c in run.configs]
+    state = {"store": root, "run": run_uri, "manifest": manifest.write(store, f"{root}/manifest.json"),
+             "cache": str(work / "cache"), "classes": [list(c) for c in deal_classes(ids, shards=shards, seed=42)]}
+    path = work / "state.json"
+    path.write_text(json.dumps(state))
+    return path
+
+
+def launch(kind: str, state: Path, *extra: str) -> subprocess.Popen:
+    command = [sys.executable, __file__, kind, "--state", str(state), "--spawned", repr(time.time()), *extra]
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def collect(processes: list[subprocess.Popen], tag: str) -> list[dict]:
+    out = []
+    for process in processes:
+        stdout, stderr = process.communicate()
+        if process.returncode != 0:
+            raise RuntimeError(f"{tag} process failed:\n" + "\n".join(stderr.strip().splitlines()[-15:]))
+        out += [json.loads(line[len(tag) + 1:]) for line in stdout.splitlines() if line.startswith(tag + " ")]
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="cnn1m", choices=["mlp", "cnn", "cnn1m"])
+    parser.add_argument("--configs", type=int, default=4)
+    parser.add_argument("--shards", type=int, default=SHARDS, help="shard slots (processes) sharing the device")
+    parser.add_argument("--iterations", type=int, default=10)
+    parser.add_argument("--images", type=int, default=20000, help="rows of generated images (cnn1m)")
+    parser.add_argument("--out", default=None, help="folder for warm_shards.json")
+    args = parser.parse_args()
+    os.environ["MOP_BENCH_SHARDS"] = str(args.shards)  # the slot processes read it
+    work = Path(tempfile.mkdtemp(prefix="mop-warm-"))
+    try:
+        os.environ.setdefault("MOP_SHARD_YIELD_SECONDS", "3600")  # the four slots start together here
+        state = prepare(work, args.model, args.configs, args.iterations, args.images, args.shards)
+        began = time.time()
+        slots = collect([launch("slot", state, "--shard", str(s)) for s in range(args.shards)], "SLOT")
+        warm_wall = time.time() - began
+        began = time.time()
+        trials = collect([launch("trial", state, "--config", cid) for cid in
+                          [c for cls in json.loads(state.read_text())["classes"] for c in cls]], "TRIAL")
+        trial_wall = time.time() - began
+        (plain,) = collect([launch("plain", state)], "PLAIN")
+        report(args, slots, warm_wall, trials, trial_wall, plain)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def report(args, slots, warm_wall, trials, trial_wall, plain) -> None:
+    import keras
+
+    hops = [h for s in slots for h in s["hops"]]
+
+    def per_config_epoch(chosen: list[dict], key=lambda h: h["released_at"] - h["started_at"]) -> float:
+        """A configuration's pass over the whole data: its hops' seconds on the slots (start to release;
+        the commit runs beside the next hop), per configuration and iteration."""
+        passes = len({(h["config_id"], h["iteration"]) for h in chosen})
+        return sum(key(h) for h in chosen) / max(1, passes)
+
+    steady_hops = [h for h in hops if h["iteration"] > 0]  # each configuration's first pass builds and traces
+    config_epoch = per_config_epoch(steady_hops or hops)
+    train_epoch = per_config_epoch(steady_hops or hops, key=lambda h: h["train"])
+    steady = statistics.median(e for mine in plain["epochs"] for e in mine[1:]) if args.iterations > 1 else \
+        statistics.median(mine[0] for mine in plain["epochs"])
+    cores = os.cpu_count() or 1
+    figures = {
+        "machine": f"{platform.machine()}, {cores} CPUs, {platform.python_version()}",
+        "backend": keras.config.backend(), "devices": os.environ.get("JAX_PLATFORMS") or "default",
+        "model": args.model, "configs": args.configs, "iterations": args.iterations, "shards": args.shards,
+        # a slot's start-up: from its process's spawn to its first hop (imports, device, shard, first build)
+        "warm": {"wall": warm_wall,
+                 "startup": statistics.mean(min(h["started_at"] for h in s["hops"]) - s["spawned"] for s in slots),
+                 "waited": statistics.mean(s["waited"] for s in slots), "hops": len(hops),
+                 "hop_median": statistics.median(h["released_at"] - h["started_at"] for h in hops),
+                 "config_epoch": config_epoch, "config_epoch_training": train_epoch},
+        "task_parallel": {"wall": trial_wall, "process": statistics.mean(t["process"] for t in trials),
+                          "first_epoch": statistics.mean(t["epochs"][0] for t in trials),
+                          "steady_epoch": statistics.mean(t["epochs"][-1] for t in trials)},
+        "plain_keras": {"steady_epoch": steady, "sequential_process": plain["process"]},
+    }
+    print(f"{args.configs} configurations x {args.iterations} iterations of {args.model} on {args.shards} shards "
+          f"({figures['backend']}, {figures['devices']}; {figures['machine']})")
+    print(f"  warm shard slots, {args.shards} processes    wall {warm_wall:7.1f} s  (start-up to the first hop "
+          f"{figures['warm']['startup']:.1f} s, waiting {figures['warm']['waited']:.1f} s a slot, {len(hops)} hops, "
+          f"median hop {figures['warm']['hop_median']:.3f} s)")
+    print(f"  task-parallel, {args.configs} processes     wall {trial_wall:7.1f} s  (process start "
+          f"{figures['task_parallel']['process']:.1f} s, first epoch {figures['task_parallel']['first_epoch']:.2f} s, "
+          f"steady {figures['task_parallel']['steady_epoch']:.3f} s)")
+    print(f"  plain Keras, 1 process, sequential  wall {plain['process']:7.1f} s  (steady epoch {steady:.3f} s)")
+    share = (f"; TensorFlow on {cores} CPU cores, one thread in every process: {args.shards} slots, "
+             f"{args.configs} trials") if keras.config.backend() == "tensorflow" else (
+        f"; JAX's own thread pool in every process ({args.shards} slots, {args.configs} trials share the device)")
+    print(f"  configuration-epoch on the warm slots (after each configuration's first): {config_epoch:.3f} s = "
+          f"{config_epoch / steady:.2f}x plain Keras's steady epoch (training steps alone {train_epoch:.3f} s = "
+          f"{train_epoch / steady:.2f}x){share}")
+    if args.out:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        (Path(args.out) / "warm_shards.json").write_text(json.dumps(figures, indent=2))
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] in ("slot", "trial", "plain"):
+        sub = argparse.ArgumentParser()
+        sub.add_argument("kind")
+        sub.add_argument("--state", required=True)
+        sub.add_argument("--spawned", type=float, required=True)
+        sub.add_argument("--shard", type=int, default=0)
+        sub.add_argument("--config", default=None)
+        parsed = sub.parse_args()
+        {"slot": slot_main, "trial": trial_main, "plain": plain_main}[parsed.kind](parsed)
+    else:
+        main()
