@@ -158,12 +158,15 @@ class Store:
     def exists(self, uri: str) -> bool:
         return self._call("looking for", uri, lambda: self.fs.exists(self._path(uri)))
 
-    def read_bytes(self, uri: str) -> bytes:
+    def read_bytes(self, uri: str, *, tally: bool = True) -> bytes:
+        """The object's bytes; ``tally=False`` leaves them out of ``bytes_read`` (a read ahead on
+        another thread, counted by whoever takes it)."""
         try:
             data = self._call("reading", uri, lambda: self.fs.cat_file(self._path(uri)))
         except FileNotFoundError as exc:
             raise StoreError(f"not found in the store: {uri}") from exc
-        self.bytes_read += len(data)
+        if tally:
+            self.bytes_read += len(data)
         return data
 
     def read_json(self, uri: str) -> Any:

@@ -125,7 +125,7 @@ class MopPreflightOperator(MopBaseOperator):
         pools = required_pools(schedule.shards)
         if running_in_dag_test():
             self.log.info("dag.test(): tasks run one at a time in this process (each block's first train task "
-                          "trains every shard's hops); pools are not used, not checked")
+                          "trains every shard's hops); pools are not used; not checked")
             return pools
         # a block's train tasks wait for each other's hops: all of them must be able to run at once
         check_parallelism(schedule.shards, schedule.slots_per_shard)

@@ -90,7 +90,7 @@ class MopTrainShardOperator(MopBaseOperator):
                       self.shard, self.slot, self.start, self.end - 1)
 
         def committed(record: Any) -> None:
-            self.log.info("%s t=%d (iteration %d, hop %d) on shard %d: loss %.4f%s; %.2f s training, %.2f s in all, "
+            self.log.info("%s hop t=%d (iteration %d, hop %d) on shard %d: loss %.4f%s; %.2f s training, %.2f s in all, "
                           "model %s", record.config_id, record.t, record.iteration, record.hop, record.shard,
                           record.train_metrics["loss"], f", {record.val_metrics}" if record.val_metrics else "",
                           record.timings["train"], (record.saved_at or 0) - (record.started_at or 0),

@@ -109,7 +109,7 @@ def test_the_first_task_creates_missing_pools_and_the_run_succeeds_on_shard_pool
     # each slot said what it trained, from which checkpoint, for how long
     log = airflow.task_log(DAG_ID, run_id, "train_shard_1")
     assert re.search(r"c00\d-\w{6} t=1 on shard 1 from file://\S+/t000\.npz", log)
-    assert re.search(r"c00\d-\w{6} t=1 \(iteration 0, hop 1\) on shard 1: loss [\d.]+, .*s training", log)
+    assert re.search(r"c00\d-\w{6} hop t=1 \(iteration 0, hop 1\) on shard 1: loss [\d.]+, .*s training", log)
     store = Store(f"file://{airflow.root / 'store'}")
     board = store.read_json(RunLayout(store, DAG_ID, run_id).report_uri("leaderboard.json"))
     assert len(board["leaderboard"]) == 2 and board["leaderboard"][0]["val_accuracy"] > 0.5

@@ -52,8 +52,10 @@ def planned(store, spec=None):
     return layout, run, plan
 
 
-def hop(layout, cid, t, shard, *, shards=2, start=0.0, seconds=1.0, loss=1.0, acc=0.5, val=None, status="ok"):
-    """Write the record of hop ``t`` of ``cid``: started ``start`` s after 1000, saved ``seconds`` later."""
+def hop(layout, cid, t, shard, *, shards=2, start=0.0, seconds=1.0, loss=1.0, acc=0.5, val=None, status="ok",
+        commit=None):
+    """Write the record of hop ``t`` of ``cid``: started ``start`` s after 1000, saved ``seconds`` later
+    (``commit``: released after ``seconds`` and saved that much later, on the slot's writer thread)."""
     iteration, h = divmod(t, shards)
     if status != "ok":
         record = HopRecord(config_id=cid, t=t, iteration=iteration, hop=h, shard=shard, status=status,
@@ -62,7 +64,8 @@ def hop(layout, cid, t, shard, *, shards=2, start=0.0, seconds=1.0, loss=1.0, ac
         began = 1000.0 + start
         record = HopRecord(
             config_id=cid, t=t, iteration=iteration, hop=h, shard=shard, started_at=began,
-            train_begin=began + 0.25, train_end=began + seconds - 0.25, saved_at=began + seconds,
+            train_begin=began + 0.25, train_end=began + seconds - 0.25, saved_at=began + seconds + (commit or 0.0),
+            released_at=None if commit is None else began + seconds,
             timings={"train": seconds - 0.5},
             train_metrics={"loss": loss, "accuracy": acc, "steps": 10, "samples": 320},
             val_metrics=None if val is None else {"val_loss": val[0], "val_accuracy": val[1]})
@@ -160,6 +163,21 @@ def test_while_training_progress_provisional_leaderboard_curves_and_busy_fractio
     assert bars == sorted([(a, 0, order[a][0], 0.0, 2.0), (a, 1, order[a][1], 2.0, 4.0),
                            (b, 0, order[b][0], 0.0, 1.0)])
     assert {bar["lane"] for bar in tl["hops"]} == {0}  # one slot per shard, and no two hops overlap on one
+
+
+def test_a_slot_committing_one_hop_while_it_trains_the_next_stays_one_lane_and_never_over_100_percent(store):
+    """A warm shard slot commits a hop on its writer thread while its next hop trains: a hop's bar ends
+    when the slot released it, so a slot's bars never overlap and it is never busier than its time."""
+    layout, run, plan = planned(store)
+    a, b, c = sorted(plan.visit_order)
+    shard = plan.visit_order[a][0]
+    hop(layout, a, 0, shard, start=0, seconds=2, commit=0.5)
+    hop(layout, b, 0, shard, start=2, seconds=2, commit=0.5)  # started while a's commit ran
+    tl = run_results(layout, run)["timeline"]
+    assert {bar["lane"] for bar in tl["hops"]} == {0} and tl["lanes"] == 1
+    assert [(bar["start"], bar["end"]) for bar in sorted(tl["hops"], key=lambda bar: bar["start"])] == [
+        (0.0, 2.0), (2.0, 4.0)]
+    assert tl["busy_by_shard"][shard] == pytest.approx(4.0 / 4.5) and tl["busy"] <= 1.0
 
 
 def test_overlapping_hops_on_a_shard_with_two_slots_take_two_lanes(store):

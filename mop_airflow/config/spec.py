@@ -327,24 +327,24 @@ class ScheduleSpec:
         seed: Seeds the split into shards, the deal of configurations into offset classes (their
             visit order), each configuration's initial weights and its batch order. A random search
             draws with ``search.space.seed``. An integer >= 0.
-        bundle_size: How many configurations one hop task trains in turn on its shard: ``"auto"``
-            (see :func:`mop_airflow.planning.bundling.bundle_count`) or an integer >= 1 (1 = a task
-            per configuration per hop).
-        threads_per_hop: TensorFlow's intra-op thread count in a hop task. Results on the CPU depend
+        bundle_size: How the plan groups each offset class's configurations (lined up by model,
+            then cost): ``"auto"`` or an integer >= 1. The grouping is recorded in the plan; it no
+            longer changes the tasks, since a block is one train task per shard slot whatever the
+            bundles (docs: concepts/shard-slots.md).
+        threads_per_hop: TensorFlow's intra-op thread count in a train task. Results on the CPU depend
             on it, so every hop record says which it used. An integer >= 1 pins it; the default, 1,
             gives the same numbers on every executor and machine (the embedded Airflow's, Celery's).
-            ``"auto"`` divides the worker's cores among the hop tasks that share it
+            ``"auto"`` divides the worker's cores among the train tasks that share it
             (``MOP_AIRFLOW_HOPS_PER_WORKER``, else ``slots_per_shard``): faster hops on a worker with
             spare cores, but a leaderboard that depends on the deployment.
         iterations_per_run: How many iterations one DAG run trains; a longer plain search goes on in
             the DAG's next runs (:mod:`mop_airflow.planning.run_chain`). ``"auto"`` keeps the whole
-            search in one run unless its hop task instances exceed ``run_chain.RUN_HOP_BUDGET``, then
-            takes the most whole iterations that fit, or, when one iteration does not (many shards),
-            a block of fewer hops; an integer >= 1 must divide ``iterations``; a fraction below 1 (0.25
-            on 8 shards: 2 hops a run) must be a whole number of hops dividing ``shards``. A search
-            decided between blocks (ASHA, PBT, TPE, a large Hyperband): how many blocks of one
-            iteration one run holds; ``"auto"`` takes the whole search when its end is known (PBT,
-            TPE) and fits 600 hop tasks, else one.
+            search in one run (its train tasks are one per shard slot, however many hops); an
+            integer >= 1 must divide ``iterations``; a fraction below 1 (0.25 on 8 shards: 2 hops a
+            run) must be a whole number of hops dividing ``shards``. A search decided between blocks
+            (ASHA, PBT, TPE, a large Hyperband): how many blocks of one iteration one run holds;
+            ``"auto"`` takes the whole search when its end is known (PBT, TPE) and its blocks' tasks
+            fit 600, else one.
     """
 
     shards: int = 4

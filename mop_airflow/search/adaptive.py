@@ -57,8 +57,8 @@ def adaptive_plan(adaptive: Mapping[str, Any], shards: int, space_params: Mappin
     between = options.pop("between_runs", "auto")
     if between not in (True, False, "auto"):
         raise SpecError("search.adaptive.between_runs", between, "must be true, false or \"auto\"",
-                        "leave it out (\"auto\": decided between DAG runs when the rungs would draw more than "
-                        f"{STATIC_HOP_TASKS} hop tasks), or true / false to choose")
+                        "leave it out (\"auto\": decided between DAG runs when the rungs would hold more than "
+                        f"{STATIC_HOP_TASKS} class-hops), or true / false to choose")
     plan = _halving_plan(method, options, shards)
     return plan if between == "auto" else dataclasses.replace(plan, between_runs=between)
 
@@ -92,14 +92,16 @@ def brackets_of(plan: HyperbandPlan | Bracket | AshaPlan | PbtPlan) -> tuple[Bra
     return plan.brackets if isinstance(plan, HyperbandPlan) else (plan,)
 
 
-# Hop tasks a Hyperband or successive-halving DAG may draw (one chain per offset class) before its
-# rungs are decided between blocks instead: R=9, eta=3 on 4 shards draws 244 and stays in one run
-# (dag.test() runs it); R=27 on 4 shards would draw 1,128, R=81 on 16 shards 23,040.
+# How large a Hyperband or successive-halving search may be and still be drawn into one DAG run, in
+# class-hops (each offset class's hops, rung by rung; what the DAG drew as hop tasks before a rung
+# became one train task per shard slot): R=9, eta=3 on 4 shards holds 244 and stays in one run
+# (dag.test() runs it); R=27 on 4 shards would hold 1,128, R=81 on 16 shards 23,040. Drawn rungs run
+# one block after another, so past this size deciding between blocks keeps the slots fuller.
 STATIC_HOP_TASKS = 600
 
 
 def drawn_hop_tasks(plan: HyperbandPlan | Bracket) -> int:
-    """The hop tasks the brackets' rungs take drawn into one DAG, with one chain per offset class."""
+    """The class-hops of the brackets' rungs drawn into one DAG run (one per offset class and hop)."""
     return sum(min(b.shards, rung.n_i) * rung.new_hops for b in brackets_of(plan) for rung in b.rungs)
 
 
@@ -107,7 +109,7 @@ def decided_between_blocks(plan: Any) -> bool:
     """Whether the search is decided between blocks of hops (one block a DAG run, or all of a small
     PBT or TPE search in one) rather than drawn
     into the DAG's shape: always for ASHA, and for Hyperband or successive halving whose rungs
-    would draw more than ``STATIC_HOP_TASKS`` hop tasks. PBT too: its copies are decided as it trains."""
+    would hold more than ``STATIC_HOP_TASKS`` class-hops. PBT too: its copies are decided as it trains."""
     if plan is None or isinstance(plan, LADDERS):
         return plan is not None
     if plan.between_runs is not None:  # the spec chose

@@ -227,7 +227,10 @@ class _Loop:
                 hop, state = ready[0]
                 for _, later in ready[1:2]:  # read the next ready model's checkpoint while this one trains
                     if later.checkpoint and later.checkpoint not in ahead:
-                        ahead[later.checkpoint] = reader.submit(self.layout.store.read_bytes, later.checkpoint)
+                        # not tallied on that thread: the hop that takes it counts it (store.bytes_read
+                        # deltas are a hop's own reads)
+                        ahead[later.checkpoint] = reader.submit(self.layout.store.read_bytes, later.checkpoint,
+                                                                tally=False)
                 self.pending.remove(hop)
                 trained = self._train(hop, state, ahead)
                 if trained is not None:
@@ -269,7 +272,11 @@ class _Loop:
 
         def read(uri: str) -> bytes:
             future = ahead.pop(uri, None)
-            return future.result() if future is not None else layout.store.read_bytes(uri)
+            if future is None:
+                return layout.store.read_bytes(uri)
+            data = future.result()
+            layout.store.bytes_read += len(data)
+            return data
 
         log.info("%s on shard %d from %s", hop.label, hop.shard, state.checkpoint or "its initial weights")
         try:
@@ -363,7 +370,7 @@ class _Chains:
         if record.status != "ok":
             self.failed[record.config_id] = record
         else:
-            self.states.setdefault(record.config_id, {})[record.t] = _after(record)
+            self.states.setdefault(record.config_id, {})[record.t] = state_after(record)
 
     def before(self, hop: BlockHop) -> Assignment | HopRecord | None:
         """The state hop ``hop`` starts from; a failure record when the configuration failed before
@@ -391,11 +398,12 @@ class _Chains:
             if record.status != "ok":
                 self.failed[cid] = record
                 return record
-            known = states[record.t] = _after(record)
+            known = states[record.t] = state_after(record)
         return known if known.t == hop.hop - 1 else None
 
 
-def _after(record: HopRecord) -> Assignment:
+def state_after(record: HopRecord) -> Assignment:
+    """The assignment a committed hop hands its configuration's next hop."""
     return Assignment(config_id=record.config_id, t=record.t, checkpoint=record.checkpoint,
                       checkpoint_sha256=record.checkpoint_sha256, best_t=record.best_t,
                       best_metric=record.best_metric)
