@@ -92,6 +92,8 @@ def create_app() -> FastAPI:
                 "preflight failed, so the run was never resolved: see the preflight task's log" if waiting == "failed"
                 else f"preflight has not finished yet (its state: {head['preflight_state'] or 'none'}); "
                      "the plan shows once it has resolved the run")}
+        head["waiting"] = (queued_without_worker(session, dag_id, run_id, group) if head["run_state"] == "running"
+                           else [])
         try:
             return {**run_results(_layout(record), record), **head}
         except NotARunFolder as exc:
@@ -126,6 +128,24 @@ def create_app() -> FastAPI:
         return Response(_asset(name), media_type=STATIC[name], headers={"Cache-Control": "no-cache"})
 
     return app
+
+
+def queued_without_worker(session: Any, dag_id: str, run_id: str, group: str | None,
+                          now: float | None = None) -> list[dict[str, Any]]:
+    """The selection's tasks queued longer than a hand-off takes, with no worker starting them (a lost
+    worker, none serving the queue): each with its queue, since when, and the line ``mop-airflow status``
+    prints (:func:`mop_airflow.airflow.run_status.waiting_of`)."""
+    import time  # noqa: PLC0415
+
+    from mop_airflow.airflow.run_status import RunRef, waiting_of  # noqa: PLC0415
+
+    rows = session.execute(select(TaskInstance.task_id, TaskInstance.queue, TaskInstance.queued_dttm).where(
+        TaskInstance.dag_id == dag_id, TaskInstance.run_id == run_id, TaskInstance.state == "queued")).all()
+    listed = [{"task_id": task_id, "state": "queued", "queue": queue, "queued_when": when.isoformat()}
+              for task_id, queue, when in rows if when is not None]
+    now = time.time() if now is None else now
+    return [{"task_id": w.task_id, "queue": w.queue, "since": w.since, "line": w.line(now)}
+            for w in waiting_of(listed, RunRef(dag_id, run_id, "running", None, group), now)]
 
 
 def _checked(dag_id: str, run_id: str) -> None:

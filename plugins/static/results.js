@@ -187,6 +187,9 @@
     var stages = {resolved: "validating and sharding the data", planned: "planned, waiting for the first hop",
       training: "training", reported: "finished: report written"};
     var stage = data.run_state === "failed" && data.stage !== "reported" ? "the run failed" : stages[data.stage];
+    if (data.waiting && data.waiting.length) {  // a lost worker, or none serving the queue: say which and since when
+      stage = data.waiting.map(function (w) { return w.line; }).join("; ");
+    }
     document.getElementById("progress-text").textContent = text + " \u00b7 " + (stage || data.stage);
     var done = p.hops_total ? p.hops_done / p.hops_total : 0;
     document.getElementById("progress-bar").style.width = (100 * Math.min(1, done)).toFixed(1) + "%";
