@@ -240,19 +240,31 @@ class _Loop:
 
     def _ready(self) -> tuple[list[tuple[BlockHop, Assignment]], list[BlockHop]]:
         """The pending hops whose input state is committed (in priority order), and those still waiting.
-        A hop whose configuration failed before it, anywhere, is dropped."""
-        ready, waiting = [], []
-        for hop in list(self.pending):
+        A hop whose configuration failed before it, anywhere, is dropped, with the configuration's
+        later hops. Only each configuration's earliest pending hop is looked up in the store (its later
+        ones cannot be ready before it): one look per waiting configuration, not per hop."""
+        earliest: dict[str, int] = {}
+        for hop in self.pending:
+            earliest[hop.config_id] = min(earliest.get(hop.config_id, hop.hop), hop.hop)
+        ready, waiting, failed = [], [], {}
+        for hop in self.pending:
+            if hop.hop != earliest[hop.config_id]:
+                continue
             state = self.chains.before(hop)
             if isinstance(state, HopRecord):
-                self.pending.remove(hop)
-                self.result.dropped.append(hop.label)
-                log.info("%s: dropped, %s %s at hop %d", hop.label, hop.config_id, state.status, state.t)
+                failed[hop.config_id] = state
             elif state is None:
                 waiting.append(hop)
             else:
                 ready.append((hop, state))
-        return ready, waiting
+        for hop in [h for h in self.pending if h.config_id in failed]:
+            record = failed[hop.config_id]
+            self.pending.remove(hop)
+            self.result.dropped.append(hop.label)
+            log.info("%s: dropped, %s %s at hop %d", hop.label, hop.config_id, record.status, record.t)
+        waiting += [h for h in self.pending if h.hop != earliest[h.config_id] and h.config_id not in failed]
+        order = {id(h): k for k, h in enumerate(self.pending)}
+        return sorted(ready, key=lambda pair: order[id(pair[0])]), waiting
 
     def _train(self, hop: BlockHop, state: Assignment, ahead: dict[str, Future]) -> Any:
         """Train one hop (or find it committed by an earlier try); returns what to commit, or None."""
