@@ -9,6 +9,7 @@ This operator maps Airflow's context onto it and its outcome onto task states.
 
 from __future__ import annotations
 
+import threading
 from typing import Any, Sequence
 
 from airflow.sdk.exceptions import AirflowException, AirflowSkipException
@@ -47,6 +48,12 @@ class MopTrainShardOperator(MopBaseOperator):
         # a block of a search decided between blocks: each configuration trains its own next hops
         self.relative = relative
         self.priority = priority
+
+    def on_kill(self) -> None:
+        """Airflow stopping the task gracefully (SIGTERM): end after the hop in progress and its commits."""
+        stop = getattr(self, "_stop", None)
+        if stop is not None:
+            stop.set()
 
     def work(self, context: Any) -> dict[str, Any]:
         from mop_airflow.operators.preflight import running_in_dag_test  # noqa: PLC0415
@@ -96,6 +103,7 @@ class MopTrainShardOperator(MopBaseOperator):
                           record.timings["train"], (record.saved_at or 0) - (record.started_at or 0),
                           "reused" if record.model_reused else "built")
 
+        self._stop = threading.Event()
         try:
             result = run_slot(
                 layout, run, Manifest.read(layout.store, layout.manifest_pointer_uri), hops,
@@ -104,7 +112,8 @@ class MopTrainShardOperator(MopBaseOperator):
                 # the store or Airflow itself, search.fail_fast, or a worker going away: the task fails and retries
                 fatal=lambda exc: isinstance(exc, RETRIED) or run.fail_fast or transient(exc),
                 # no retry follows: the slots that wait for this one's hops stop waiting
-                final=lambda exc: isinstance(exc, NOT_RETRIED) or run.fail_fast or try_number > max_tries)
+                final=lambda exc: isinstance(exc, NOT_RETRIED) or run.fail_fast or try_number > max_tries,
+                stop=self._stop)
         except SlotYielded as exc:
             # another block may hold the shard pools this block needs first: free this one's slot
             # for a while (a reschedule takes no try), at a random moment so two blocks do not meet again

@@ -67,6 +67,11 @@ YIELD_ENV = "MOP_SHARD_YIELD_SECONDS"
 YIELD_SECONDS = 30.0
 
 
+class SlotStopped(Exception):
+    """The slot was asked to stop (its task was killed gracefully: SIGTERM, Airflow stopping): it ended
+    after its hop in progress and its commits; a retry trains the rest."""
+
+
 class SlotYielded(Exception):
     """The slot gave its pool slot back: a slot of its block ranked before it has not started (another
     block may hold its pool). Its committed hops stay; try the task again later."""
@@ -147,7 +152,8 @@ def run_slot(layout: RunLayout, run: RunRecord, manifest: Manifest, hops: Sequen
              fatal: Callable[[BaseException], bool] = lambda exc: False,
              final: Callable[[BaseException], bool] = lambda exc: True,
              wait_seconds: float | None = None, yield_seconds: float | None = None,
-             session: TaskSession | None = None, on_hop: Callable[[HopRecord], object] | None = None) -> SlotResult:
+             session: TaskSession | None = None, on_hop: Callable[[HopRecord], object] | None = None,
+             stop: threading.Event | None = None) -> SlotResult:
     """Train the hops of ``hops`` (the whole block) that fall on ``(shard, slot)``, or ``mine``.
 
     ``mine`` lets one process train more than its slot: every hop of the block when tasks run one
@@ -157,20 +163,25 @@ def run_slot(layout: RunLayout, run: RunRecord, manifest: Manifest, hops: Sequen
     follows such an error (then the slots waiting for this one stop waiting). ``on_hop(record)`` is
     called as each hop is committed (the task's log). Raises :class:`SlotYielded` when the slot gives
     its pool slot back (``yield_seconds``, by default ``MOP_SHARD_YIELD_SECONDS``; never with ``mine``).
+    ``stop`` set (the task's ``on_kill``): the slot ends after its hop in progress and its commits,
+    raising :class:`SlotStopped`.
     """
     own = list(mine) if mine is not None else [h for h in hops if h.shard == shard and h.slot == slot]
     loop = _Loop(layout, run, manifest, hops, own, block=block, shard=shard, slot=slot, cache_dir=cache_dir,
                  where=where, fatal=fatal, session=session, on_hop=on_hop,
                  wait=wait_seconds if wait_seconds is not None else float(os.environ.get(WAIT_ENV) or WAIT_SECONDS),
                  give_back=None if mine is not None else (
-                     yield_seconds if yield_seconds is not None else float(os.environ.get(YIELD_ENV) or YIELD_SECONDS)))
+                     yield_seconds if yield_seconds is not None else float(os.environ.get(YIELD_ENV) or YIELD_SECONDS)),
+                 stop=stop)
     try:
         result = loop.train_all()
     except SlotYielded as exc:
         loop.status.stop("yielded", error=str(exc))
         raise
     except BaseException as exc:
-        loop.status.stop("failed", final=final(exc), error=f"{type(exc).__name__}: {exc}"[:1000])
+        # a slot stopped on request (SIGTERM) is not given up: its task's retry, or Airflow back, goes on
+        loop.status.stop("failed", final=not isinstance(exc, SlotStopped) and final(exc),
+                         error=f"{type(exc).__name__}: {exc}"[:1000])
         raise
     if result.untrained:
         error = BlockIncompleteError(shard, slot, result.untrained)
@@ -184,10 +195,12 @@ class _Loop:
     def __init__(self, layout: RunLayout, run: RunRecord, manifest: Manifest, hops: Sequence[BlockHop],
                  own: list[BlockHop], *, block: str, shard: int, slot: int, cache_dir: str, where: Where,
                  fatal: Callable[[BaseException], bool], session: TaskSession | None,
-                 on_hop: Callable[[HopRecord], object] | None, wait: float, give_back: float | None) -> None:
+                 on_hop: Callable[[HopRecord], object] | None, wait: float, give_back: float | None,
+                 stop: threading.Event | None = None) -> None:
         self.layout, self.run, self.manifest = layout, run, manifest
         self.cache_dir, self.where, self.fatal, self.on_hop, self.wait = cache_dir, where, fatal, on_hop, wait
         self.give_back = give_back
+        self.stop = stop or threading.Event()
         # the block's slots ranked before this one (by shard, then slot): those with hops to train
         self.before = sorted({(h.shard, h.slot) for h in hops if (h.shard, h.slot) < (shard, slot)})
         self.session = session or TaskSession(run, manifest, cache_dir, max_models=WARM_MODELS)
@@ -209,6 +222,10 @@ class _Loop:
             ahead: dict[str, Future] = {}
             poll = POLL_FIRST
             while self.pending or commits:
+                if self.stop.is_set():
+                    self._settle(commits, block=True, every=True)
+                    raise SlotStopped(f"asked to stop with {len(self.pending)} hop(s) left; the {len(result.trained)} "
+                                      "committed stay, and a retry trains the rest")
                 self._settle(commits, block=False)
                 ready, waiting = self._ready()
                 if not ready:
@@ -219,7 +236,7 @@ class _Loop:
                         break
                     self._give_up(waiting)
                     if self.pending:
-                        time.sleep(poll)
+                        self.stop.wait(poll)  # a stop wakes the slot at once
                         result.waited += poll
                         poll = min(poll * 2, POLL_MOST)
                     continue

@@ -245,3 +245,25 @@ def test_a_waiting_slot_gives_its_pool_slot_back_while_a_slot_before_it_has_not_
     with pytest.raises(BlockIncompleteError):
         run_slot(layout, run, manifest, hops, block="b1", shard=0, slot=0, cache_dir=run.store.local_cache,
                  yield_seconds=1, wait_seconds=3)
+
+
+def test_a_slot_asked_to_stop_ends_after_its_hop_in_progress_and_a_retry_trains_the_rest(toy_data, tmp_path):
+    """Airflow stops a task gracefully with SIGTERM, which calls the operator's on_kill: the slot ends
+    after the hop it trains and that hop's commit, and its retry trains only what is left."""
+    import threading
+
+    from mop_airflow.training.shard_loop import SlotStopped
+
+    run, layout, manifest = _setup(tmp_path, toy_data, "store")
+    hops = _hops(run)
+    stop = threading.Event()
+    with pytest.raises(SlotStopped, match="asked to stop with \\d+ hop\\(s\\) left"):
+        run_slot(layout, run, manifest, hops, block="b0", shard=0, slot=0, mine=hops,
+                 cache_dir=run.store.local_cache, on_hop=lambda record: stop.set(), stop=stop)
+    status = SlotStatus.read(layout.store, layout.slot_status_uri("b0", 0, 0))
+    assert status.state == "failed" and not status.final  # a retry follows
+    done = [h for h in hops if layout.store.exists(layout.hop_record_uri(h.config_id, h.hop))]
+    assert 1 <= len(done) < len(hops)
+    again = run_slot(layout, run, manifest, hops, block="b0", shard=0, slot=0, mine=hops,
+                     cache_dir=run.store.local_cache)
+    assert len(again.committed) == len(done) and len(again.trained) == len(hops) - len(done)
