@@ -804,9 +804,9 @@ def run_on_airflow(shape: Shape, home: Path, dag_file: Path, args: argparse.Name
 
 def follow_blocks(af, dag_id: str, first: str, blocks: int, timeout: float) -> list[dict[str, Any]]:
     """The first ``blocks`` DAG runs of a search that goes on over runs (``<first>__block_<k>``): each
-    run's wall time and hop task instances, and the hand-over before it: from the last hop of the run
-    before to its own first hop (the decide task, the trigger, the scheduler starting the run and its
-    control tasks). Stops at the run that reports, fails, or is not there within ``timeout``."""
+    run's wall time and train task instances, and the hand-over before it: from the end of the run
+    before's last train task to the start of its own first (the decide task, the trigger, the
+    scheduler starting the run and its control tasks). Stops at the run that reports, fails, or is not there within ``timeout``."""
     def stamp(value: str) -> float:
         return dt.datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
 
@@ -825,7 +825,8 @@ def follow_blocks(af, dag_id: str, first: str, blocks: int, timeout: float) -> l
         if state not in ("success", "failed"):
             break
         tis = af.task_instances(dag_id, run_id)
-        hops = [ti for ti in tis if ti.get("operator") == "MopTrainHopOperator" and ti["state"] == "success"]
+        # the block's train tasks (one per shard slot): the hand-over is the gap with none of them running
+        hops = [ti for ti in tis if ti.get("operator") == "MopTrainShardOperator" and ti["state"] == "success"]
         ended = [stamp(ti["end_date"]) for ti in tis if ti.get("end_date")]
         started = [stamp(ti["start_date"]) for ti in tis if ti.get("start_date")]
         row = {"run_id": run_id, "state": state, "hops": len(hops), "task_instances": len(tis),

@@ -75,8 +75,10 @@ class SlotStopped(Exception):
 class SlotYielded(Exception):
     """The slot gave its pool slot back: a slot of its block ranked before it has not started (another
     block may hold its pool). Its committed hops stay; try the task again later."""
-# Polling the store for committed hops: fast while hops arrive, backing off to this when they don't.
-POLL_FIRST, POLL_MOST = 0.01, 0.5
+# Polling the store for committed hops: fast while hops arrive, backing off to the most when they
+# don't. A local store's look is a stat, so it stays quick (a GPU hop takes a quarter of a second); an
+# object store's is a request, so it backs off further.
+POLL_FIRST, POLL_MOST, POLL_MOST_REMOTE = 0.01, 0.05, 0.5
 
 
 @dataclass(frozen=True)
@@ -238,7 +240,7 @@ class _Loop:
                     if self.pending:
                         self.stop.wait(poll)  # a stop wakes the slot at once
                         result.waited += poll
-                        poll = min(poll * 2, POLL_MOST)
+                        poll = min(poll * 2, POLL_MOST if self.layout.store.protocol == "file" else POLL_MOST_REMOTE)
                     continue
                 poll = POLL_FIRST
                 hop, state = ready[0]
