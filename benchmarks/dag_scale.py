@@ -90,7 +90,7 @@ sys.path.insert(0, str(REPO))
 
 from mop_airflow.search.adaptive import adaptive_plan  # noqa: E402
 from mop_airflow.config import MopSpec  # noqa: E402
-from mop_airflow.planning.run_chain import RUN_HOP_BUDGET, next_run_id  # noqa: E402
+from mop_airflow.planning.run_chain import next_run_id  # noqa: E402
 from mop_airflow.search.asha import AshaPlan  # noqa: E402
 from mop_airflow.planning.task_plan import build_task_plan, spec_task_plan  # noqa: E402
 
@@ -1141,8 +1141,8 @@ def print_limits(results: dict[str, dict[str, Any]], args: argparse.Namespace) -
                     text += f"; {page['view']} page drawn {drawn}, {page['counts'].get('dom', 0)} DOM elements"
             say(text)
     # past the limits
-    say("past the limits (tasks = shards x shards x iterations hop tasks, one chain per offset class, plus the "
-        "control tasks; a run has one task instance per task, each hop task training its bundle):")
+    say("past the limits (tasks = a train task per shard slot per block, plus the control tasks; a run has one "
+        "task instance per task, each train task training every hop of its block on its shard slot):")
     alternatives = [("16 shards x 20 iterations, epochs_per_hop=1", 16, 20, None),
                     ("16 shards x 5 iterations, epochs_per_hop=4 (same 20 passes)", 16, 5, None),
                     ("8 shards x 20 iterations, epochs_per_hop=1 (bigger shards)", 8, 20, None),
@@ -1161,16 +1161,15 @@ def print_limits(results: dict[str, dict[str, Any]], args: argparse.Namespace) -
             guess = f"; parse+serialize ~{predict(fit, len(plan.tasks)):.0f}s by the fit"
         say(f"  {label:<78} {len(plan.tasks):>7} tasks{guess}")
     say("  what to do: keep a DAG file within the measured budget above; fewer, larger shards (tasks grow with "
-        "shards^2 x iterations); epochs_per_hop > 1 with proportionally fewer iterations (same passes over the "
-        "data, fewer hops, fewer tasks and task instances); metrics_every > 1 makes each hop cheaper (validation "
+        "shards x slots, one train task each a block); epochs_per_hop > 1 with proportionally fewer iterations (same "
+        "passes over the data, fewer hops); metrics_every > 1 makes each hop cheaper (validation "
         "every k iterations) but does not shrink the DAG; an adaptive search too large to draw goes on over DAG "
         "runs by itself (search.adaptive.between_runs); if a big DAG must stay, raise [core] dagbag_import_timeout, [dag_processor] "
         "dag_file_processor_timeout and min_file_process_interval (the file only changes when you edit it)")
-    say("  for the scheduler: keep a run's task instances (the DAG's tasks: offset classes x chains x shards x "
-        "iterations hops, whatever the number of configurations) within the loop budget above. A plain search does "
-        f"so itself: past {RUN_HOP_BUDGET} hop task instances it goes on in the DAG's next runs, a block of iterations "
-        "each (schedule.iterations_per_run), shorter than an iteration on many shards; an adaptive search past "
-        "600 drawn hop tasks is decided between blocks of one iteration, one block a run")
+    say("  for the scheduler: a run's task instances are its blocks' train tasks (shards x slots each) and control "
+        "tasks, whatever the number of configurations and hops; a block's train tasks must all run at once, so "
+        "[core] parallelism (or the workers' concurrency) must cover shards x slots; an adaptive search past 600 "
+        "class-hops is decided between blocks of one iteration, one block a run")
     notes = [n for r in results.values() if r.get("run") and r["run"].figures for n in r["run"].figures.get("notes", [])]
     if any("database is locked" in n for n in notes):
         say("  the SQLite metadata database (one writer at a time) locked other services out during long scheduling "
