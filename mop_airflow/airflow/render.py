@@ -31,7 +31,7 @@ from mop_airflow.operators.publish import MopPublishOperator
 from mop_airflow.operators.report import MopReportOperator, MopResultOperator
 from mop_airflow.operators.train import MopTrainShardOperator
 from mop_airflow.search.adaptive import brackets_of
-from mop_airflow.records.selection import selection_id, task_id_in
+from mop_airflow.records.selection import selection_id
 from mop_airflow.config import MopSpec
 from mop_airflow.planning.task_plan import TaskPlan, TaskSpec
 

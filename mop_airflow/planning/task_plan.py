@@ -45,7 +45,7 @@ from mop_airflow.planning.blocks import block_capacity
 from mop_airflow.planning.bundling import chains_per_class
 from mop_airflow.errors import SpecError
 from mop_airflow.planning.run_chain import hops_per_run
-from mop_airflow.planning.schedule import DEFAULT_PRIORITY, priority_weight, shard_at
+from mop_airflow.planning.schedule import DEFAULT_PRIORITY, priority_weight
 from mop_airflow.search.adaptive import decided_between_blocks
 
 # Past the failed configuration of a chain, its group-mates' chains go on; a promote step runs as
