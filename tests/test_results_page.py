@@ -122,7 +122,10 @@ def airflow(tmp_path_factory):
     dags = root / "dags"
     dags.mkdir()
     write_digits(root / "digits.parquet")
-    spec = tiny_spec(root / "digits.parquet", f"file://{root / 'store'}")  # 3 configurations x 2 shards x 2 iterations
+    # 3 configurations x 2 shards x 2 iterations; 60 passes a hop, so that the warm train tasks, which make
+    # a pass of this tiny model a few hundredths of a second, train long enough for the page (which
+    # refreshes every 5 s) to be seen while hops train
+    spec = tiny_spec(root / "digits.parquet", f"file://{root / 'store'}", epochs_per_hop=60)
     dag_file(dags, DAG_ID, spec, pools="off")
     (dags / f"{OTHER_DAG}.py").write_text(OTHER_DAG_FILE)
     (dags / f"{GROUPS_DAG}.py").write_text(GROUPS_DAG_FILE)
