@@ -17,7 +17,8 @@ from airflow.sdk.exceptions import AirflowException, AirflowSkipException
 from mop_airflow.errors import StoreError
 from mop_airflow.planning.schedule import DEFAULT_PRIORITY
 from mop_airflow.records import BundleAssignment, Manifest
-from mop_airflow.store import safe_segment, transient
+from mop_airflow.records.layout import block_name
+from mop_airflow.store import transient
 
 from mop_airflow.operators.base import NOT_RETRIED, MopBaseOperator
 
@@ -107,7 +108,7 @@ class MopTrainShardOperator(MopBaseOperator):
         try:
             result = run_slot(
                 layout, run, Manifest.read(layout.store, layout.manifest_pointer_uri), hops,
-                mine=mine if alone else None, block=self.block_name(context), shard=self.shard, slot=self.slot,
+                mine=mine if alone else None, block=block_name(context["run_id"], self.task_id.rpartition(".")[0]), shard=self.shard, slot=self.slot,
                 cache_dir=self.store_spec(context).local_cache, where=where, on_hop=committed,
                 # the store or Airflow itself, search.fail_fast, or a worker going away: the task fails and retries
                 fatal=lambda exc: isinstance(exc, RETRIED) or run.fail_fast or transient(exc),
@@ -132,7 +133,3 @@ class MopTrainShardOperator(MopBaseOperator):
         return {"trained": len(result.trained), "committed": len(result.committed),
                 "failed": sorted(r.config_id for r in result.failed), "dropped": len(result.dropped)}
 
-    def block_name(self, context: Any) -> str:
-        """What names this block's slot status files: the DAG run and the block's task group."""
-        prefix = self.task_id.rpartition(".")[0]  # the block's task group in Airflow, MopTaskGroup included
-        return safe_segment(f"{context['run_id']}.{prefix or 'hops'}")

@@ -21,8 +21,8 @@ def snapshot(api: AirflowAPI, ref: RunRef, store_root: str | None = None) -> Pro
     layout = ref.layout(store_root)
     if layout is None:
         return None
-    busy = (busy_shards(api, ref, ref.record.schedule.shards, training_now(layout)) if ref.state not in FINISHED
-            else {})
+    busy = {} if ref.state in FINISHED else busy_shards(api, ref, ref.record.schedule.shards,
+                                                        training_now(layout, ref.run_id))
     progress = run_progress(layout, ref.record.metric, ref.record.direction, busy=busy)
     if progress is None or ref.state in FINISHED:
         return progress

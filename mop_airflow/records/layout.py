@@ -73,9 +73,9 @@ class RunLayout:
         """What shard ``shard``'s slot ``slot`` last said in block ``block`` (:class:`~mop_airflow.records.SlotStatus`)."""
         return self._at("slots", safe_segment(block), f"shard_{shard:02d}_slot_{slot}.json")
 
-    @property
-    def slots_glob(self) -> str:
-        return self._at("slots", "*", "shard_*_slot_*.json")
+    def slots_glob(self, run_id: str) -> str:
+        """The slot status files of the blocks DAG run ``run_id`` trains (:func:`block_name`)."""
+        return self._at("slots", f"{safe_segment(run_id)}.*", "shard_*_slot_*.json")
 
     @property
     def stages_glob(self) -> str:
@@ -105,6 +105,12 @@ class RunLayout:
     def chain_uri(self) -> str:
         """In a search's first run: the runs its blocks took, first to latest (:class:`~mop_airflow.records.RunChain`)."""
         return self._at("chain.json")
+
+
+def block_name(run_id: str, group: str | None) -> str:
+    """What names a block in its slots' status files: the DAG run that trains it and the block's task
+    group in Airflow (``bracket_1.rung_0``; a MopTaskGroup's id included), or ``hops``."""
+    return safe_segment(f"{run_id}.{group or 'hops'}")
 
 
 def run_folder(store: Store, dag_id: str, run_id: str) -> RunLayout:

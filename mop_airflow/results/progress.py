@@ -83,12 +83,13 @@ def format_seconds(seconds: float) -> str:
     return f"{hours} h {minutes:02d} min"
 
 
-def training_now(layout: RunLayout, now: float | None = None, *, fresh: float = 30.0) -> dict[str, str]:
+def training_now(layout: RunLayout, run_id: str, now: float | None = None, *, fresh: float = 30.0) -> dict[str, str]:
     """Train task id -> the hop its slot trains now (``c003-e000a6 t=5``) or ``waiting for hops``, for
-    the slots whose process said so within ``fresh`` seconds."""
+    DAG run ``run_id``'s slots whose process said so within ``fresh`` seconds (the search's earlier
+    runs' blocks are not read)."""
     now = time.time() if now is None else now
     out: dict[str, str] = {}
-    for uri in layout.store.glob(layout.slots_glob):
+    for uri in layout.store.glob(layout.slots_glob(run_id)):
         status = SlotStatus.read(layout.store, uri)
         if status.state == "running" and status.task_id and now - status.heartbeat <= fresh:
             out[status.task_id] = status.training or "waiting for hops"

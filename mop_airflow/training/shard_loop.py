@@ -282,8 +282,7 @@ class _Loop:
             self.result.dropped.append(hop.label)
             log.info("%s: dropped, %s %s at hop %d", hop.label, hop.config_id, record.status, record.t)
         waiting += [h for h in self.pending if h.hop != earliest[h.config_id] and h.config_id not in failed]
-        order = {id(h): k for k, h in enumerate(self.pending)}
-        return sorted(ready, key=lambda pair: order[id(pair[0])]), waiting
+        return ready, waiting  # in the pending hops' order: by priority
 
     def _train(self, hop: BlockHop, state: Assignment, ahead: dict[str, Future]) -> Any:
         """Train one hop (or find it committed by an earlier try); returns what to commit, or None."""
