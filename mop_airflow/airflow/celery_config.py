@@ -51,6 +51,20 @@ RUNNING_BOUND_S = HEARTBEAT_TIMEOUT_S + HEARTBEAT_DETECTION_S + FIRST_RETRY_DELA
 LOST_WORKER_BOUND_S = max(QUEUED_BOUND_S, RUNNING_BOUND_S)  # what the docs state: under 2 minutes
 
 
+def lost_worker_settings() -> dict[str, str]:
+    """The settings that bound a lost worker (module docstring), as ``AIRFLOW__SECTION__KEY`` variables:
+    the same for processes on machines and for the Helm chart's pods."""
+    return {
+        "AIRFLOW__CELERY__TASK_ACKS_LATE": "True",
+        "AIRFLOW__CELERY__WORKER_PREFETCH_MULTIPLIER": "1",
+        "AIRFLOW__CELERY_BROKER_TRANSPORT_OPTIONS__VISIBILITY_TIMEOUT": str(VISIBILITY_TIMEOUT_S),
+        "AIRFLOW__CELERY_BROKER_TRANSPORT_OPTIONS__UNACKED_RESTORE_INTERVAL": str(RESTORE_INTERVAL_S),
+        "AIRFLOW__CELERY_BROKER_TRANSPORT_OPTIONS__UNACKED_RESTORE_THROTTLE": "1",
+        "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": str(HEARTBEAT_TIMEOUT_S),
+        "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT_DETECTION_INTERVAL": str(HEARTBEAT_DETECTION_S),
+    }
+
+
 @dataclass(frozen=True)
 class CeleryDeployment:
     """What a Celery deployment of mop_airflow is made of; :meth:`environment` is its configuration."""
@@ -107,13 +121,7 @@ class CeleryDeployment:
             "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": self.database,
             "AIRFLOW__CELERY__BROKER_URL": self.broker,
             "AIRFLOW__CELERY__RESULT_BACKEND": "db+" + self.database,
-            "AIRFLOW__CELERY__TASK_ACKS_LATE": "True",
-            "AIRFLOW__CELERY__WORKER_PREFETCH_MULTIPLIER": "1",
-            "AIRFLOW__CELERY_BROKER_TRANSPORT_OPTIONS__VISIBILITY_TIMEOUT": str(VISIBILITY_TIMEOUT_S),
-            "AIRFLOW__CELERY_BROKER_TRANSPORT_OPTIONS__UNACKED_RESTORE_INTERVAL": str(RESTORE_INTERVAL_S),
-            "AIRFLOW__CELERY_BROKER_TRANSPORT_OPTIONS__UNACKED_RESTORE_THROTTLE": "1",
-            "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": str(HEARTBEAT_TIMEOUT_S),
-            "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT_DETECTION_INTERVAL": str(HEARTBEAT_DETECTION_S),
+            **lost_worker_settings(),
             "AIRFLOW__API__BASE_URL": base,
             "AIRFLOW__API__PORT": str(self.port),
             "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{base}/execution/",

@@ -12,6 +12,7 @@ from typing import Any, Mapping, Sequence
 from airflow.sdk import DAG, Param
 
 from mop_airflow.airflow.render import RETRIES, champion_asset, render_selection
+from mop_airflow.kubernetes.pods import ShardPods
 from mop_airflow.planning.schedule import DEFAULT_PRIORITY
 from mop_airflow.search.adaptive import brackets_of, decided_between_blocks
 from mop_airflow.search.asha import AshaPlan
@@ -86,6 +87,7 @@ def build_mop_dag(
     description: str | None = None,
     priority: str = DEFAULT_PRIORITY,
     builder_modules: Sequence[str] | None = None,
+    kubernetes: ShardPods | Mapping[str, Any] | None = None,
     **dag_kwargs: Any,
 ) -> DAG:
     """Build the MOP model-selection DAG for ``spec``.
@@ -102,6 +104,11 @@ def build_mop_dag(
     A trigger conf may name model builders only from ``builder_modules`` (modules or packages);
     by default those are the modules the spec's own builders come from, so a conf cannot make the
     workers import arbitrary code.
+
+    ``kubernetes`` (a :class:`~mop_airflow.kubernetes.pods.ShardPods` or a dict of its fields) runs each
+    shard's stage and train tasks as pods through ``executor_config`` pod overrides: on the shard's
+    volume, a train pod with its slot's GPUs (docs/how-to/kubernetes.md). Left out, tasks carry no
+    executor settings and run wherever the deployment's executor puts them.
     """
     spec = spec if isinstance(spec, MopSpec) else MopSpec.from_dict(spec)
     plan = spec_task_plan(spec, priority)
@@ -122,5 +129,5 @@ def build_mop_dag(
         **dag_kwargs,
     )
     with dag:
-        render_selection(spec, plan, dag=dag, pools=pools, builder_modules=builder_modules)
+        render_selection(spec, plan, dag=dag, pools=pools, builder_modules=builder_modules, kubernetes=kubernetes)
     return dag

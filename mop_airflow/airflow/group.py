@@ -35,7 +35,7 @@ class MopTaskGroup(TaskGroup):
     """Model selection with model hopper parallelism as a task group of the current DAG.
 
     Takes what :func:`~mop_airflow.airflow.dag.build_mop_dag` takes where it makes sense for a group:
-    ``pools``, ``builder_modules``, ``priority`` and ``default_args`` (merged over the DAG's; tasks
+    ``pools``, ``builder_modules``, ``priority``, ``kubernetes`` and ``default_args`` (merged over the DAG's; tasks
     retry twice by default unless the DAG or ``default_args`` say otherwise); ``store`` replaces the
     spec's store section. Other keyword arguments go to Airflow's ``TaskGroup`` (``tooltip``,
     ``group_display_name``, ...). The trigger form gets the group's fields in sections named after
@@ -45,7 +45,8 @@ class MopTaskGroup(TaskGroup):
     def __init__(self, spec: MopSpec | Mapping[str, Any], group_id: str = "model_selection", *,
                  pools: str = "create", builder_modules: Sequence[str] | None = None,
                  default_args: Mapping[str, Any] | None = None, priority: str = DEFAULT_PRIORITY,
-                 store: Mapping[str, Any] | None = None, dag: Any = None, **group_kwargs: Any) -> None:
+                 store: Mapping[str, Any] | None = None, kubernetes: Any = None, dag: Any = None,
+                 **group_kwargs: Any) -> None:
         dag = dag or _current_dag()
         if dag is None:
             raise SpecError("MopTaskGroup", group_id, "is created outside a DAG",
@@ -73,7 +74,7 @@ class MopTaskGroup(TaskGroup):
             dag.params[name] = param
         with self:
             ops = render_selection(parsed, spec_task_plan(parsed, priority, result=True), dag=dag,
-                                   group=full, pools=pools, builder_modules=builder_modules)
+                                   group=full, pools=pools, builder_modules=builder_modules, kubernetes=kubernetes)
         for task in upstream:  # the tasks data.source / data.validation pull from run first
             task >> ops["preflight"]
         self.output = ops["result"].output

@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 from airflow.sdk import Asset, TaskGroup
 from airflow.sdk.definitions.param import ParamsDict
 
+from mop_airflow.kubernetes.pods import ShardPods, executor_config
 from mop_airflow.planning import resolve
 from mop_airflow.serving.champion import champion_asset_uri
 from mop_airflow.operators.check_models import MopCheckModelsOperator
@@ -53,14 +54,20 @@ def champion_asset(selection: str) -> Asset:
 
 
 def render_selection(spec: MopSpec, plan: TaskPlan, *, dag: Any, group: str | None = None, pools: str = "create",
-                     builder_modules: Sequence[str] | None = None) -> dict[str, Any]:
+                     builder_modules: Sequence[str] | None = None,
+                     kubernetes: ShardPods | Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Instantiate ``plan`` in the current DAG or task group of ``dag``; returns the operators by plan task id.
 
-    ``group`` is the MopTaskGroup's id (None for a whole MOP DAG).
+    ``group`` is the MopTaskGroup's id (None for a whole MOP DAG). ``kubernetes``: run each shard's
+    stage and train tasks as pods on its volume and GPUs (:class:`~mop_airflow.kubernetes.pods.ShardPods`).
     """
     allowed = list(builder_modules) if builder_modules is not None else resolve.builder_modules(spec)
+    pods = None
+    if kubernetes is not None:
+        pods = ShardPods.of(kubernetes)
+        pods.check_fits(spec.schedule.slots_per_shard)
     renderer = _Renderer(plan, spec.to_dict(), dag_id=dag.dag_id, group=group, pools=pools,
-                         builder_modules=allowed, adaptive=spec.adaptive_plan())
+                         builder_modules=allowed, adaptive=spec.adaptive_plan(), pods=pods)
     with dag_params_set_aside(dag):
         renderer.render()
     return renderer.ops
@@ -86,8 +93,9 @@ def dag_params_set_aside(dag: Any) -> Iterator[None]:
 
 class _Renderer:
     def __init__(self, plan: TaskPlan, spec: dict[str, Any], *, dag_id: str, group: str | None, pools: str,
-                 builder_modules: list[str], adaptive: Any = None) -> None:
+                 builder_modules: list[str], adaptive: Any = None, pods: ShardPods | None = None) -> None:
         self.plan = plan
+        self.pods = pods
         self.group = group
         self.selection = selection_id(dag_id, group)
         self.spec = spec
@@ -108,7 +116,16 @@ class _Renderer:
     def _common(self, spec: TaskSpec) -> dict[str, Any]:
         return {"task_id": spec.task_id.rsplit(".", 1)[-1], "store": self.spec["store"], "selection": self.group,
                 "priority_weight": spec.priority_weight, "weight_rule": "absolute", "trigger_rule": spec.trigger_rule,
-                **({"pool": spec.pool} if spec.pool else {}), **({"queue": spec.queue} if spec.queue else {})}
+                **({"pool": spec.pool} if spec.pool else {}), **({"queue": spec.queue} if spec.queue else {}),
+                **self._pod(spec)}
+
+    def _pod(self, spec: TaskSpec) -> dict[str, Any]:
+        """A shard's stage and train tasks as pods on its volume (and, training, its GPUs); else nothing."""
+        if self.pods is None or spec.kind not in ("stage", "train"):
+            return {}
+        pod = self.pods.pod(spec.args["shard"], train=spec.kind == "train", slots=self.plan.slots)
+        return {"executor_config": executor_config(pod),
+                **({"executor": self.pods.executor} if self.pods.executor else {})}
 
     def _operator(self, spec: TaskSpec) -> Any:
         kwargs = {**self._common(spec), **{k: v for k, v in spec.args.items()}}

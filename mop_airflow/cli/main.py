@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from mop_airflow.cli import kubernetes as kubernetes_commands
 from mop_airflow.cli import runs as run_commands
 from mop_airflow.cli.runs import DEFAULT_PORT, FAILED, INTERRUPTED, OK, UNAVAILABLE, USAGE
 from mop_airflow.cli.runs import fail as _fail
@@ -427,6 +428,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--dags-folder", default="dags")
     demo.add_argument("--timeout", type=float, default=900)
     demo.set_defaults(func=_cmd_demo)
+    kubernetes_commands.add_commands(sub)
     return parser
 
 
@@ -434,7 +436,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     for name in ("shards", "slots", "k", "batch_rows", "limit"):
         value = getattr(args, name, None)
-        if value is not None and value < 1:
+        if value is not None and value < 1 and args.command != "k8s":  # k8s names the value and the fix itself
             return _fail(f"--{name.replace('_', '-')} must be at least 1", USAGE)
     try:
         return args.func(args)
