@@ -17,9 +17,9 @@ import yaml
 
 from mop_airflow.cli.main import main
 from mop_airflow.errors import SpecError
-from mop_airflow.kubernetes.helm_values import CACHE_PATH, CHART_VERSION, HelmValues
-from mop_airflow.kubernetes.pods import ShardPods
-from mop_airflow.kubernetes.shape import ClusterShape
+from mop_airflow.airflow.helm_values import CACHE_PATH, CHART_VERSION, HelmValues
+from mop_airflow.airflow.shard_pods import ShardPods
+from mop_airflow.airflow.kubernetes_shape import ClusterShape
 from tests.conftest import REPO
 from tests.kubernetes_api import api_errors, assert_valid
 from tests.test_spec import spec_dict
@@ -106,7 +106,7 @@ def test_the_chart_check_refuses_a_key_the_chart_does_not_have():
 SHAPES = [
     HelmValues(ClusterShape(1)),
     HelmValues(ClusterShape(4, 2, node_selector={"cloud.google.com/gke-accelerator": "nvidia-h100-80gb"}),
-               storage_class="premium-rwo", storage_size="200Gi", image="registry.example.com/mop/worker:1.0"),
+               storage_class="premium-rwo", storage_size="200Gi", image="example.org/mop/worker:1.0"),
     HelmValues(ClusterShape(3, 1, gpus_per_slot=2), s3_secret=None),
 ]
 
@@ -161,7 +161,7 @@ def test_the_values_file_says_how_to_write_it_again():
     helm = SHAPES[1]
     first = helm.to_yaml().splitlines()[1]
     assert first == ("# Written by: mop-airflow k8s values --shards 4 --slots 2 --node-selector "
-                     "cloud.google.com/gke-accelerator=nvidia-h100-80gb --image registry.example.com/mop/worker:1.0 "
+                     "cloud.google.com/gke-accelerator=nvidia-h100-80gb --image example.org/mop/worker:1.0 "
                      "--storage-size 200Gi --storage-class premium-rwo")
 
 

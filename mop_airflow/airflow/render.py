@@ -18,7 +18,7 @@ from typing import Any, Iterator, Mapping, Sequence
 from airflow.sdk import Asset, TaskGroup
 from airflow.sdk.definitions.param import ParamsDict
 
-from mop_airflow.kubernetes.pods import ShardPods, executor_config
+from mop_airflow.airflow.shard_pods import ShardPods, executor_config
 from mop_airflow.planning import resolve
 from mop_airflow.serving.champion import champion_asset_uri
 from mop_airflow.operators.check_models import MopCheckModelsOperator
@@ -59,7 +59,7 @@ def render_selection(spec: MopSpec, plan: TaskPlan, *, dag: Any, group: str | No
     """Instantiate ``plan`` in the current DAG or task group of ``dag``; returns the operators by plan task id.
 
     ``group`` is the MopTaskGroup's id (None for a whole MOP DAG). ``kubernetes``: run each shard's
-    stage and train tasks as pods on its volume and GPUs (:class:`~mop_airflow.kubernetes.pods.ShardPods`).
+    stage and train tasks as pods on its volume and GPUs (:class:`~mop_airflow.airflow.shard_pods.ShardPods`).
     """
     allowed = list(builder_modules) if builder_modules is not None else resolve.builder_modules(spec)
     pods = None

@@ -14,7 +14,7 @@ _FIX_DOC = "see docs/how-to/kubernetes.md"
 
 
 def _shape(args: argparse.Namespace):
-    from mop_airflow.kubernetes.shape import ClusterShape  # noqa: PLC0415
+    from mop_airflow.airflow.kubernetes_shape import ClusterShape  # noqa: PLC0415
 
     return ClusterShape(args.shards, args.slots, args.gpus_per_slot, args.gpus_per_node,
                         node_selector=args.node_selector or [])
@@ -31,7 +31,7 @@ def _write(text: str, out: str | None, what: str) -> None:
 
 def cmd_values(args: argparse.Namespace) -> int:
     from mop_airflow.errors import SpecError  # noqa: PLC0415
-    from mop_airflow.kubernetes.helm_values import HelmValues  # noqa: PLC0415
+    from mop_airflow.airflow.helm_values import HelmValues  # noqa: PLC0415
 
     try:
         values = HelmValues(_shape(args), image=args.image, storage_size=args.storage_size,
@@ -47,7 +47,7 @@ def cmd_volumes(args: argparse.Namespace) -> int:
     import yaml  # noqa: PLC0415
 
     from mop_airflow.errors import SpecError  # noqa: PLC0415
-    from mop_airflow.kubernetes.pods import ShardPods  # noqa: PLC0415
+    from mop_airflow.airflow.shard_pods import ShardPods  # noqa: PLC0415
 
     try:
         shape = _shape(args)

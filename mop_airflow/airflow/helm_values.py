@@ -24,7 +24,7 @@ from typing import Any
 from mop_airflow.airflow.celery_config import lost_worker_settings
 from mop_airflow.airflow.preload import LOCAL_SETTINGS
 from mop_airflow.errors import SpecError
-from mop_airflow.kubernetes.shape import GPU_RESOURCE, GPUS_PER_NODE, ClusterShape, dns_subdomain, positive_int, \
+from mop_airflow.airflow.kubernetes_shape import GPU_RESOURCE, GPUS_PER_NODE, ClusterShape, dns_subdomain, positive_int, \
     quantity
 from mop_airflow.planning.task_plan import shard_pool
 
@@ -55,7 +55,7 @@ def split_image(image: object) -> tuple[str, str]:
         raise SpecError("--image", image, "must be an image reference repository[:tag] (the repository in lower "
                                           "case), without a digest",
                         "build docker/worker.Dockerfile with --build-arg TF_PACKAGE=\"tensorflow[and-cuda]\", push "
-                        "it, and give e.g. --image registry.example.com/mop-airflow-worker:cuda")
+                        "it, and give e.g. --image example.org/mop-airflow-worker:cuda")
     return repository, tag
 
 

@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from mop_airflow.errors import MopError, SpecError
-from mop_airflow.kubernetes.helm_values import CACHE_PATH, CACHE_VOLUME, GPU_TOLERATIONS
-from mop_airflow.kubernetes.shape import GPU_RESOURCE, GPUS_PER_NODE, dns_subdomain, node_selector, positive_int, \
+from mop_airflow.airflow.helm_values import CACHE_PATH, CACHE_VOLUME, GPU_TOLERATIONS
+from mop_airflow.airflow.kubernetes_shape import GPU_RESOURCE, GPUS_PER_NODE, dns_subdomain, node_selector, positive_int, \
     quantity
 
 BASE_CONTAINER = "base"  # the KubernetesExecutor runs the task in the pod template's container of this name
@@ -81,7 +81,7 @@ class ShardPods:
         if self.image is not None and (not isinstance(self.image, str) or not self.image.strip()
                                        or any(c.isspace() for c in self.image)):
             raise SpecError("kubernetes.image", self.image, "must be an image reference or None",
-                            'use e.g. "registry.example.com/mop-airflow-worker:cuda"')
+                            'use e.g. "example.org/mop-airflow-worker:cuda"')
         if self.memory is not None:
             quantity("kubernetes.memory", self.memory, '"16Gi"')
 
