@@ -98,10 +98,14 @@ def train_one(config: dict, data, *, epochs: int = EPOCHS, report: Callable[[flo
 
 
 def one_thread() -> None:
-    import tensorflow as tf  # noqa: PLC0415
+    """TensorFlow's thread pools as a hop's; on Keras's JAX backend (a GPU machine) nothing to set."""
+    import keras  # noqa: PLC0415
 
-    tf.config.threading.set_intra_op_parallelism_threads(1)
-    tf.config.threading.set_inter_op_parallelism_threads(1)
+    if keras.config.backend() == "tensorflow":
+        import tensorflow as tf  # noqa: PLC0415
+
+        tf.config.threading.set_intra_op_parallelism_threads(1)
+        tf.config.threading.set_inter_op_parallelism_threads(1)
 
 
 def plain_keras(folder: str) -> dict:

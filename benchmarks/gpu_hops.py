@@ -460,10 +460,9 @@ def section_warm(d: Driver, models: list[str], hops: int) -> None:
     for model in models:
         command = [sys.executable, str(REPO / "benchmarks" / "warm_shards.py"), "--model", model, "--configs", "4",
                    "--iterations", str(WARM_ITERATIONS), "--images", str(d.images), "--out", str(d.out / model)]
-        done = subprocess.run(command, env={**HOP_ENV}, capture_output=True, text=True)
-        print(done.stdout, flush=True)
+        done = subprocess.run(command, env={**HOP_ENV})  # its figures print as they come
         if done.returncode != 0:
-            raise RuntimeError("warm_shards.py failed:\n" + "\n".join(done.stderr.strip().splitlines()[-15:]))
+            raise RuntimeError(f"warm_shards.py failed (exit {done.returncode}), its error above")
 
 
 WARM_ITERATIONS = 10

@@ -38,6 +38,7 @@ import statistics  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
+import threading  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -75,6 +76,7 @@ def slot_main(args: argparse.Namespace) -> None:
                                 "hops": [{"config_id": r.config_id, "t": r.t, "iteration": r.iteration,
                                           "started_at": r.started_at,
                                           "released_at": r.released_at, "saved_at": r.saved_at,
+                                          "reused": r.model_reused, "timings": r.timings,
                                           "train": r.timings["train"]} for r in result.trained]}), flush=True)
 
 
@@ -94,7 +96,9 @@ def trial_main(args: argparse.Namespace) -> None:
     from mop_airflow.records import Manifest, RunRecord
     from mop_airflow.store import Store
     from mop_airflow.training.builder import build_model
+    from mop_airflow.training.devices import place_this_process
 
+    place_this_process()  # on a GPU: a slot of it, memory grown on demand, as the slots have
     one_thread()
     state = json.loads(Path(args.state).read_text())
     store = Store(state["store"])
@@ -150,7 +154,9 @@ def plain_main(args: argparse.Namespace) -> None:
     from mop_airflow.records import Manifest, RunRecord
     from mop_airflow.store import Store
     from mop_airflow.training.builder import build_model
+    from mop_airflow.training.devices import place_this_process
 
+    place_this_process()
     one_thread()
     state = json.loads(Path(args.state).read_text())
     store = Store(state["store"])
@@ -211,18 +217,48 @@ def prepare(work: Path, model: str, configs: int, iterations: int, images: int, 
     return path
 
 
-def launch(kind: str, state: Path, *extra: str) -> subprocess.Popen:
+CHILD_ENV: dict[str, str] = {}  # the processes' environment: this one's before it hid the GPU from itself
+
+
+def gpu_count(environ) -> int:
+    """GPUs the processes would see: none where JAX is held on the CPU or no NVIDIA driver answers."""
+    if environ.get("JAX_PLATFORMS", "").strip() == "cpu" or not shutil.which("nvidia-smi"):
+        return 0
+    listed = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True).stdout
+    return sum(line.startswith("GPU ") for line in listed.splitlines())
+
+
+def launch(kind: str, state: Path, *extra: str, sharing: int) -> subprocess.Popen:
+    """A process of ``kind``; on a GPU it claims one of ``sharing`` slots of it (MOP_GPUS, MOP_SLOTS), so
+    processes that share the GPU grow its memory on demand instead of each reserving most of it."""
+    env = dict(CHILD_ENV)
+    gpus = gpu_count(env)
+    if gpus and "MOP_GPUS" not in env:
+        env.update(MOP_GPUS=str(gpus), MOP_SLOTS=str(max(1, -(-sharing // gpus))))
     command = [sys.executable, __file__, kind, "--state", str(state), "--spawned", repr(time.time()), *extra]
-    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 
 
 def collect(processes: list[subprocess.Popen], tag: str) -> list[dict]:
+    """Each process's ``tag`` lines; the first process that fails stops the others (a slot left alone
+    would wait for its peers' hops up to MOP_SHARD_WAIT_SECONDS)."""
+    outputs: dict[int, tuple[str, str]] = {}
+    readers = [threading.Thread(target=lambda i=i, p=p: outputs.__setitem__(i, p.communicate()), daemon=True)
+               for i, p in enumerate(processes)]
+    for reader in readers:
+        reader.start()
+    while any(reader.is_alive() for reader in readers):
+        failed = [i for i, p in enumerate(processes) if p.poll() not in (None, 0)]
+        if failed:
+            for process in processes:
+                process.kill()
+            for reader in readers:
+                reader.join()
+            raise RuntimeError(f"{tag} process failed:\n" + "\n".join(outputs[failed[0]][1].strip().splitlines()[-15:]))
+        time.sleep(0.2)
     out = []
-    for process in processes:
-        stdout, stderr = process.communicate()
-        if process.returncode != 0:
-            raise RuntimeError(f"{tag} process failed:\n" + "\n".join(stderr.strip().splitlines()[-15:]))
-        out += [json.loads(line[len(tag) + 1:]) for line in stdout.splitlines() if line.startswith(tag + " ")]
+    for i in range(len(processes)):
+        out += [json.loads(line[len(tag) + 1:]) for line in outputs[i][0].splitlines() if line.startswith(tag + " ")]
     return out
 
 
@@ -236,18 +272,23 @@ def main() -> None:
     parser.add_argument("--out", default=None, help="folder for warm_shards.json")
     args = parser.parse_args()
     os.environ["MOP_BENCH_SHARDS"] = str(args.shards)  # the slot processes read it
+    CHILD_ENV.update(os.environ)
+    os.environ["JAX_PLATFORMS"] = "cpu"  # preparing the data here must not take the GPU's memory
     work = Path(tempfile.mkdtemp(prefix="mop-warm-"))
     try:
         os.environ.setdefault("MOP_SHARD_YIELD_SECONDS", "3600")  # the four slots start together here
         state = prepare(work, args.model, args.configs, args.iterations, args.images, args.shards)
         began = time.time()
-        slots = collect([launch("slot", state, "--shard", str(s)) for s in range(args.shards)], "SLOT")
+        slots = collect([launch("slot", state, "--shard", str(s), sharing=args.shards) for s in range(args.shards)],
+                        "SLOT")
+        print(f"warm shard slots done in {time.time() - began:.1f} s", flush=True)
         warm_wall = time.time() - began
         began = time.time()
-        trials = collect([launch("trial", state, "--config", cid) for cid in
+        trials = collect([launch("trial", state, "--config", cid, sharing=args.configs) for cid in
                           [c for cls in json.loads(state.read_text())["classes"] for c in cls]], "TRIAL")
         trial_wall = time.time() - began
-        (plain,) = collect([launch("plain", state)], "PLAIN")
+        print(f"task-parallel trials done in {trial_wall:.1f} s", flush=True)
+        (plain,) = collect([launch("plain", state, sharing=1)], "PLAIN")
         report(args, slots, warm_wall, trials, trial_wall, plain)
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -272,7 +313,7 @@ def report(args, slots, warm_wall, trials, trial_wall, plain) -> None:
     cores = os.cpu_count() or 1
     figures = {
         "machine": f"{platform.machine()}, {cores} CPUs, {platform.python_version()}",
-        "backend": keras.config.backend(), "devices": os.environ.get("JAX_PLATFORMS") or "default",
+        "backend": keras.config.backend(), "devices": f"{gpu_count(CHILD_ENV)} GPU(s)" if gpu_count(CHILD_ENV) else "cpu",
         "model": args.model, "configs": args.configs, "iterations": args.iterations, "shards": args.shards,
         # a slot's start-up: from its process's spawn to its first hop (imports, device, shard, first build)
         "warm": {"wall": warm_wall,
@@ -294,6 +335,21 @@ def report(args, slots, warm_wall, trials, trial_wall, plain) -> None:
           f"{figures['task_parallel']['process']:.1f} s, first epoch {figures['task_parallel']['first_epoch']:.2f} s, "
           f"steady {figures['task_parallel']['steady_epoch']:.3f} s)")
     print(f"  plain Keras, 1 process, sequential  wall {plain['process']:7.1f} s  (steady epoch {steady:.3f} s)")
+    first = [h for h in hops if h["iteration"] == 0]
+    figures["warm"]["first_pass_hops"] = sum(h["released_at"] - h["started_at"] for h in first) / max(1, len(slots))
+    figures["warm"]["steady_hop_parts"] = {key: statistics.median(h["timings"][key] for h in steady_hops or hops)
+                                           for key in hops[0]["timings"]}
+    figures["warm"]["steady_hop_parts"]["release"] = statistics.median(
+        h["released_at"] - h["started_at"] for h in steady_hops or hops)
+    figures["warm"]["first_hop_parts"] = {key: sum(h["timings"][key] for h in first) / max(1, len(slots))
+                                          for key in hops[0]["timings"]}
+    print(f"  warm slot's seconds: start-up {figures['warm']['startup']:.1f}, first pass's hops "
+          f"{figures['warm']['first_pass_hops']:.1f} (builds and compiles), later hops "
+          f"{sum(h['released_at'] - h['started_at'] for h in steady_hops) / max(1, len(slots)):.1f}, waiting "
+          f"{figures['warm']['waited']:.1f}; a later hop's median parts: " +
+          ", ".join(f"{k} {v:.3f}" for k, v in figures["warm"]["steady_hop_parts"].items() if v >= 0.0005) +
+          "; the first pass's parts a slot: " +
+          ", ".join(f"{k} {v:.2f}" for k, v in figures["warm"]["first_hop_parts"].items() if v >= 0.005))
     share = (f"; TensorFlow on {cores} CPU cores, one thread in every process: {args.shards} slots, "
              f"{args.configs} trials") if keras.config.backend() == "tensorflow" else (
         f"; JAX's own thread pool in every process ({args.shards} slots, {args.configs} trials share the device)")
