@@ -8,8 +8,13 @@ the scikit-learn digits example's grid (4 configurations, 4 shards, ``--iteratio
 as one DAG run and as one run per iteration, one after the other, and prints:
 
 - the search's wall time, from its first run's start to its last run's end;
-- per block hand-over: from the last hop of a block ending to the first hop of the next starting;
-- the hop task instances per run, and whether the two leaderboards are the same (they must be).
+- the train task instances per run (a block is one train task per shard slot, ``train_shard_<s>``,
+  each training every hop of the block on its slot) and the model hops each run trained (its hop
+  records, in the search's first run's folder);
+- per block hand-over, two ways: from the last train task of a block ending to the first train task
+  of the next starting (Airflow's part), and from the block's last hop committed (``saved_at``) to
+  the next block's first hop taken (``started_at``: the task's start and the process's setup too);
+- whether the two leaderboards are the same (they must be).
 
     python benchmarks/split_runs.py [--iterations 4] [--repeats 1] [--keep]
 """
@@ -47,6 +52,7 @@ def spec(data: str, store: str, iterations: int, per_run: int | str) -> dict:
 
 def search_runs(af, store, dag_id: str, iterations: int) -> dict:
     """Trigger ``dag_id``, wait for every run of its search, and read what it took."""
+    from mop_airflow.records import HopRecord  # noqa: PLC0415
     from mop_airflow.records.layout import RunLayout  # noqa: PLC0415
 
     first = af.trigger(dag_id)
@@ -61,14 +67,25 @@ def search_runs(af, store, dag_id: str, iterations: int) -> dict:
             break
         runs.append(chain[chain.index(runs[-1]) + 1])
     info = [af.api("GET", f"/dags/{dag_id}/dagRuns/{r}") for r in runs]
-    hops = [[ti for ti in af.task_instances(dag_id, r) if ".hop_" in ti["task_id"] and ti["state"] == "success"]
-            for r in runs]
-    gaps = [min(when(ti["start_date"]) for ti in nxt) - max(when(ti["end_date"]) for ti in done)
-            for done, nxt in zip(hops, hops[1:])]
-    board = store.read_json(RunLayout(store, dag_id, first).report_uri("leaderboard.json"))["leaderboard"]
+    # A block is one train task per shard slot (train_shard_<s>, train_shard_<s>_slot_<k>), whatever its hops.
+    trains = [[ti for ti in af.task_instances(dag_id, r)
+               if ti["task_id"].rsplit(".", 1)[-1].startswith("train_shard_") and ti["state"] == "success"]
+              for r in runs]
+    spans = [(min(when(ti["start_date"]) for ti in tis), max(when(ti["end_date"]) for ti in tis)) for tis in trains]
+    gaps = [nxt[0] - done[1] for done, nxt in zip(spans, spans[1:])]
+    # Every run's hop records are in the search's first run's folder: a hop belongs to the run whose
+    # train tasks were running when it was taken.
+    layout = RunLayout(store, dag_id, first)
+    records = [HopRecord.read(store, uri) for uri in store.glob(layout.hops_glob)]
+    hops: list[list[HopRecord]] = [[] for _ in runs]
+    for record in records:
+        k = next(k for k, (a, b) in enumerate(spans) if a - 1 <= record.started_at <= b + 1)
+        hops[k].append(record)
+    hop_gaps = [min(h.started_at for h in nxt) - max(h.saved_at for h in done) for done, nxt in zip(hops, hops[1:])]
+    board = store.read_json(layout.report_uri("leaderboard.json"))["leaderboard"]
     return {"runs": len(runs), "wall": when(info[-1]["end_date"]) - when(info[0]["start_date"]),
-            "hop_tis": [len(h) for h in hops], "gaps": gaps,
-            "board": [(r["config_id"], round(r["val_accuracy"], 6)) for r in board]}
+            "train_tis": [len(t) for t in trains], "hops": [len(h) for h in hops], "gaps": gaps,
+            "hop_gaps": hop_gaps, "board": [(r["config_id"], round(r["val_accuracy"], 6)) for r in board]}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -106,17 +123,21 @@ def main(argv: list[str] | None = None) -> int:
                 for dag_id in ((WHOLE, SPLIT) if repeat % 2 == 0 else (SPLIT, WHOLE)):
                     got = search_runs(af, store, dag_id, args.iterations)
                     results[dag_id].append(got)
-                    print(f"{dag_id}: {got['runs']} run(s), {got['wall']:.1f} s, hop task instances per run "
-                          f"{got['hop_tis']}, hand-overs {[round(g, 1) for g in got['gaps']]} s", flush=True)
+                    print(f"{dag_id}: {got['runs']} run(s), {got['wall']:.1f} s, train task instances per run "
+                          f"{got['train_tis']}, model hops per run {got['hops']}, hand-overs train task to train "
+                          f"task {[round(g, 1) for g in got['gaps']]} s, hop committed to hop taken "
+                          f"{[round(g, 1) for g in got['hop_gaps']]} s", flush=True)
         whole, split = results[WHOLE], results[SPLIT]
         same = all(w["board"] == s["board"] for w, s in zip(whole, split))
         w_wall = statistics.median(r["wall"] for r in whole)
         s_wall = statistics.median(r["wall"] for r in split)
         gaps = [g for r in split for g in r["gaps"]]
+        hop_gaps = [g for r in split for g in r["hop_gaps"]]
         print(f"\n{args.iterations} iterations of 4 configurations on 4 shards: one run {w_wall:.1f} s, one run per "
               f"iteration {s_wall:.1f} s (+{s_wall - w_wall:.1f} s, {(s_wall - w_wall) / max(len(gaps), 1):.1f} s per "
-              f"hand-over); hand-over from a block's last hop to the next block's first, median "
-              f"{statistics.median(gaps):.1f} s; leaderboards {'identical' if same else 'DIFFER'}")
+              f"hand-over); hand-over, median: from a block's last train task ending to the next block's first "
+              f"starting {statistics.median(gaps):.1f} s, from its last hop committed to the next block's first hop "
+              f"taken {statistics.median(hop_gaps):.1f} s; leaderboards {'identical' if same else 'DIFFER'}")
         print(f"load average {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
         return 0 if same else 1
     finally:
