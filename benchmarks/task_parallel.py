@@ -13,6 +13,10 @@ thread each:
                 trigger to the end of the DAG run, validation and sharding included;
   mop again     a second run of the same DAG over the same files: the shards are reused.
 
+For a mop_airflow run it also prints where the run's time went by kind of task (the hop phase is the
+train tasks, ``train_shard_<s>``: one per shard slot, each training every hop on its slot in one
+process), how busy the cores were in it, and each hop's timings from its hop record.
+
 Each Ray case runs in a child process of its own session, watched: past ``--kill-gb`` above idle
 (or what the machine has left) the whole session is killed and the row says "killed: out of
 memory", so the OOM killer never picks a process of the machine. Memory is counted as
@@ -288,7 +292,8 @@ def mop_profile(tis: list[dict], run: dict) -> dict:
         if not ti.get("start_date"):
             continue
         task = ti["task_id"].rsplit(".", 1)[-1]
-        kind = "hop" if task.startswith("hop_") else task.split("_shard_")[0] if "_shard_" in task else task
+        # train_shard_<s> (one train task per shard slot, training every hop of the block) -> "train"
+        kind = task.split("_shard_")[0] if "_shard_" in task else task
         kinds.setdefault(kind, []).append(ti)
     out = {}
     for kind, group in kinds.items():
@@ -348,11 +353,11 @@ def mop_runs(home: Path, source: str, nbytes: int, kill_bytes: float, runs: int)
                    "task_names": {t["id"]: t["task_id"].rsplit(".", 1)[-1] + (f"[{t['map_index']}]" if t["map_index"] >= 0 else "")
                                   for t in tis if t.get("id")},
                    "profile": mop_profile(tis, run)}
-            hops = row["profile"].get("hop")
-            if hops and hops["to"] is not None:  # how busy the cores were while hops ran: bound by training?
+            trains = row["profile"].get("train")
+            if trains and trains["to"] is not None:  # how busy the cores were while the train tasks ran
                 began_at = dt.datetime.fromisoformat(run["start_date"]).timestamp()
-                row["hop_phase"] = {"seconds": round(hops["to"] - hops["from"], 1),
-                                    "cpu_busy": cpu.busy(began_at + hops["from"], began_at + hops["to"])}
+                row["hop_phase"] = {"seconds": round(trains["to"] - trains["from"], 1),
+                                    "cpu_busy": cpu.busy(began_at + trains["from"], began_at + trains["to"])}
             if state != "success":
                 failed = [t for t in tis if t["state"] == "failed"]
                 row["outcome"] = f"run {state}: " + ", ".join(t["task_id"] for t in failed)
@@ -376,6 +381,13 @@ def mop_runs(home: Path, source: str, nbytes: int, kill_bytes: float, runs: int)
                                  "of all source": nbytes, "reused": bool(index)}
             row["hop_timings"] = {k: round(float(np.mean([h.timings[k] for h in hops if h.timings])), 2)
                                   for k in (hops[0].timings or {})}
+            # Each hop from its record: taken by its slot's warm process (started_at) to the slot free
+            # again (released_at); the hops' own window, from the run's start.
+            began_at = dt.datetime.fromisoformat(run["start_date"]).timestamp()
+            row["hops"] = {"n": len(hops), "slot_seconds_mean": round(float(np.mean(
+                               [h.released_at - h.started_at for h in hops])), 2),
+                           "from": round(min(h.started_at for h in hops) - began_at, 1),
+                           "to": round(max(h.saved_at for h in hops) - began_at, 1)}
             out.append(row)
     return out
 
@@ -416,10 +428,14 @@ def print_row(size: float, name: str, row: dict) -> None:
         print(f"{'':12}profile (s from the run's start): {json.dumps(row['profile'])}")
     if row.get("hop_phase"):
         busy = row["hop_phase"]["cpu_busy"]
-        print(f"{'':12}hop phase: {row['hop_phase']['seconds']} s, the machine's cores busy "
-              f"{'?' if busy is None else format(busy, '.0%')} of it")
+        print(f"{'':12}hop phase (the train tasks, one per shard slot): {row['hop_phase']['seconds']} s, the "
+              f"machine's cores busy {'?' if busy is None else format(busy, '.0%')} of it")
+    if "hops" in row:
+        hops = row["hops"]
+        print(f"{'':12}hops (records): {hops['n']}, first taken {hops['from']} s and last committed {hops['to']} s "
+              f"from the run's start; a hop holds its slot {hops['slot_seconds_mean']} s on average")
     if "hop_timings" in row:
-        print(f"{'':12}hop timings (mean s): {json.dumps(row['hop_timings'])}")
+        print(f"{'':12}hop timings (mean s, hop records): {json.dumps(row['hop_timings'])}")
 
 
 def main(argv=None) -> int:
@@ -483,7 +499,7 @@ def main(argv=None) -> int:
         if case == "mop first":
             first = row if "best" in row else None
         elif case == "mop again" and first and "best" in row:
-            hops = [r.get("profile", {}).get("hop", {}).get("from") for r in (first, row)]
+            hops = [r.get("hops", {}).get("from") for r in (first, row)]
             print(f"{size:g} GB: the second run is {first['wall'] / row['wall']:.2f}x faster than the first; "
                   f"trigger to first hop {hops[0]} s, then {hops[1]} s")
     return 0
