@@ -2,9 +2,11 @@
 
 Airflow's scheduler loads every task instance of a running DAG run and checks the dependencies of
 each one still waiting, in every loop (``DagRun.task_instance_scheduling_decisions``). This times
-exactly that call, in process, on a throw-away SQLite Airflow home, for the two ways a MOP DAG can
-render its hop chains: ``CHAINS`` chains of ``HOPS`` plain tasks each (what mop_airflow renders),
-and the same as mapped task groups of one instance (what it rendered before). The tasks do
+exactly that call, in process, on a throw-away SQLite Airflow home, for the two ways a MOP DAG could
+render its hop chains: ``CHAINS`` chains of ``HOPS`` plain tasks each (what mop_airflow rendered
+until a block became one train task per shard slot), and the same as mapped task groups of one
+instance (what it rendered before that). A mop_airflow DAG now has no hop tasks at all; this still
+measures what a decision costs Airflow as the waiting and finished tasks grow. The tasks do
 nothing: only the scheduler's cost is measured. After the first decision the stage task is marked
 done without pushing an XCom, so the mapped groups stay unexpanded: every hop still waits, which
 is the state most of a run's hop tasks are in.
