@@ -6,31 +6,40 @@ controlled training time is ``batches * seconds_per_batch``, spread evenly from 
 ``--max-hop`` seconds over the configurations. Hops sleep rather than compute, so four shards
 run side by side on two cores without competing for CPU. The DAG (``--shards`` shards,
 ``--slots`` slots each, ``--iterations`` iterations) runs on a real embedded Airflow (SQLite,
-LocalExecutor); then, from the task instances and the hop records:
+LocalExecutor). A block is one train task per shard slot (``train_shard_<s>``, or
+``train_shard_<s>_slot_<k>``) that trains every hop of the block falling on its slot in one warm
+process (:mod:`mop_airflow.training.shard_loop`), so a hop is not a task instance: each hop's place
+and time come from its hop record, the train tasks' from the task instances.
 
-measured   makespan = first hop task start -> last hop task end (the hop window); each hop's
-           duration (task start_date -> end_date); busy fraction = hop task time in the shard
-           pools / (makespan * shards * slots).
-fixed cost per hop = task duration - hop record ``timings["train"]``: task process start, shard
-           read, model build, checkpoint load, evaluation, save and the task's finish.
+measured   per hop: ``started_at`` (its slot's process took it) -> ``released_at`` (the slot free for
+           its next hop; the commit, ``saved_at``, may end later on a writer thread); makespan = the
+           first hop taken -> the last hop committed (the hop window); busy fraction = the hops' slot
+           time / (makespan * shards * slots).
+task start-up per train task = its first hop taken - the task instance's start_date: the task
+           process's start and the shard loop's set-up, paid once per slot per block.
+fixed cost per hop = slot time - ``timings["train"]``: building (or reusing) the model, loading the
+           checkpoint, evaluating, serializing, and whatever set-up the process had not done yet.
 training overhead per hop = ``timings["train"]`` - controlled training time: Keras tracing the
-           train step of the hop's fresh model and the steps' own compute (~0.7 CPU-seconds per
-           hop), which is CPU work: hops starting together on few cores stretch it.
-hand-off   per hop, start_date - the moment it could have started (its previous hop ended, or the
-           last stage task for a first hop, and its pool had a free slot): the scheduler loop
-           (it sleeps up to ``[scheduler] scheduler_idle_sleep_time``, 1 s by default, between
-           idle loops), the executor and the task process start. Split at queued_when.
+           train step (once per compiled model in a process) and the steps' own compute, CPU work.
+hand-off   per hop, ``started_at`` - the moment it could have started: its configuration's previous
+           hop committed (``saved_at``), and its slot free (the slot's previous hop released). A
+           slot's first hop with nothing before it has none. It is the slot's polling of the store
+           and the commit of the previous hop, not Airflow's scheduler any more.
 predicted  :func:`~mop_airflow.planning.simulation.simulate` on the same task plan with the run's own
-           offset classes (plan.json), makespan and busy fraction over the hop window:
-           A  hop seconds = controlled training time, task_seconds = median fixed cost
+           offset classes (plan.json), one unit per configuration in the block's order, as the
+           shard loop places them (configuration ``i`` on slot ``i mod slots`` of every shard),
+           each train task paying ``task_seconds`` once:
+           A  hop seconds = controlled training time + median fixed cost per hop, task_seconds =
+              median task start-up
            B  A with the median training overhead added to every hop
-           C  B with the median hand-off latency added to task_seconds: an explicit
-              scheduler-latency model (a hop holds its slot from the moment it could start)
+           C  B with the median hand-off added to every hop
            D  C with means instead of medians (a makespan sums durations; they are skewed)
-replay     E  the simulator fed each hop's measured task duration (task_seconds 0): isolates the
-              scheduling semantics from the duration model
-           F  E with the median hand-off latency as task_seconds
+replay     E  the simulator fed each hop's measured slot time (task_seconds 0): isolates the
+              scheduling semantics (which hop a slot takes next) from the duration model
+           F  E with the median hand-off added to every hop
 bound      :func:`~mop_airflow.planning.simulation.lower_bound` and efficiency = bound / makespan.
+order      hops at the same position of their shard slot's sequence (its train task), real against
+           simulated: a hop on another slot than simulated never counts.
 
     python benchmarks/sim_vs_airflow.py [--shards 4] [--iterations 2] [--configs 8] [--batches 20]
                                         [--min-hop 1] [--max-hop 8] [--home DIR] [--keep]
@@ -66,7 +75,7 @@ from mop_airflow.config import MopSpec  # noqa: E402
 from mop_airflow.store import Store  # noqa: E402
 from mop_airflow.planning.task_plan import spec_task_plan  # noqa: E402
 
-from mop_airflow.planning.simulation import Simulation, lower_bound, simulate, simulate_bundles  # noqa: E402
+from mop_airflow.planning.simulation import Simulation, lower_bound, simulate  # noqa: E402
 
 MODEL = "mop_airflow.examples.timed_models:sleepy"
 DAG_ID = "mop_sim_vs_airflow"
@@ -172,18 +181,20 @@ def describe(values: list[float]) -> str:
     return f"median {statistics.median(values):6.2f}s  p90 {p90:6.2f}s  min {values[0]:6.2f}s  max {values[-1]:6.2f}s"
 
 
-def hand_offs(hops: dict[tuple[str, int], dict[str, Any]], pool_spans: dict[str, list[tuple[float, float]]],
-              stages_end: float, slots: int) -> dict[tuple[str, int], dict[str, float]]:
-    """For each hop: when it could have started (its previous hop done, a slot of its pool free),
-    and how long from then to queued and to started."""
+def hand_offs(hops: dict[tuple[str, int], dict[str, Any]]) -> dict[tuple[str, int], float]:
+    """For each hop with something before it: from when it could have started (its configuration's
+    previous hop committed, its slot free) to when its slot took it."""
     out = {}
-    for (cid, t), hop in hops.items():
-        upstream_end = hops[(cid, t - 1)]["end"] if (cid, t - 1) in hops else stages_end
-        earlier = sorted((end for start, end in pool_spans[hop["pool"]] if start < hop["start"]), reverse=True)
-        slot_free = earlier[slots - 1] if len(earlier) >= slots else -math.inf
-        ready = max(upstream_end, slot_free)
-        out[(cid, t)] = {"ready": ready, "to_queued": hop["queued"] - ready, "to_start": hop["start"] - ready,
-                         "queued_to_start": hop["start"] - hop["queued"]}
+    on_slot: dict[str, list[tuple[str, int]]] = {}
+    for key, hop in sorted(hops.items(), key=lambda item: item[1]["start"]):
+        on_slot.setdefault(hop["slot"], []).append(key)
+    for keys in on_slot.values():
+        for k, (cid, t) in enumerate(keys):
+            hop = hops[(cid, t)]
+            before = [hops[(cid, t - 1)]["saved"]] if (cid, t - 1) in hops else []
+            before += [hops[keys[k - 1]]["end"]] if k else []
+            if before:
+                out[(cid, t)] = hop["start"] - max(before)
     return out
 
 
@@ -202,7 +213,7 @@ SAVED = "airflow_run.json"
 
 def run_on_airflow(args: argparse.Namespace, home: Path, began: float) -> dict[str, Any]:
     """Write the data and the DAG file, run the DAG on an embedded Airflow; what the comparison needs."""
-    from mop_airflow.airflow.local import LocalAirflow  # noqa: PLC0415
+    from mop_airflow.airflow.local import EMBEDDED_PARALLELISM, LocalAirflow  # noqa: PLC0415
     from mop_airflow.cli.demo import run_and_watch  # noqa: PLC0415
 
     load_at_start = os.getloadavg()
@@ -210,8 +221,12 @@ def run_on_airflow(args: argparse.Namespace, home: Path, began: float) -> dict[s
     train, validation = write_data(home / "data", train_rows=train_rows, validation_rows=1000, seed=args.seed)
     store = Store("file://" + str(home / "store"))
     write_dag_file(home / "dags", DAG_ID, make_spec(args, train, validation, store.root))
-    with LoadSampler() as load, LocalAirflow(home / "airflow", home / "dags",
-                                             extra_env={"MOP_AIRFLOW_HOME": str(home)}) as af:
+    # A block's train tasks (shards x slots) run at once, beside a control task: the LocalExecutor
+    # must run that many task processes (preflight refuses a run it cannot hold).
+    env = {"MOP_AIRFLOW_HOME": str(home),
+           "AIRFLOW__CORE__PARALLELISM": os.environ.get("AIRFLOW__CORE__PARALLELISM",
+                                                        str(max(EMBEDDED_PARALLELISM, args.shards * args.slots + 1)))}
+    with LoadSampler() as load, LocalAirflow(home / "airflow", home / "dags", extra_env=env) as af:
         af.wait_for_dag(DAG_ID)
         load_at_trigger = os.getloadavg()
         run_id, state, _ = run_and_watch(af, DAG_ID, timeout=args.timeout, started=began)
@@ -267,66 +282,63 @@ def main() -> int:
     def controlled(cid: str, t: int, shard: int) -> float:
         return batches[shard] * spb[cid]
 
-    # The unit of Airflow work is a bundle's hop (one task instance training each of its configurations).
-    records = [HopRecord.read(store, u) for u in store.glob(layout.hops_glob)]
-    by_ti = {(ti["task_id"], ti["map_index"]): ti for ti in tis}
-    bundles = plan_record.class_bundles()
-    members_of = {f"b{k}": b for k, b in enumerate(b for per in bundles for b in per)}
-    hops: dict[tuple[str, int], dict[str, Any]] = {}
-    for r in records:
-        ti = by_ti[(r.task_id, r.map_index)]
-        unit = hops.setdefault((f"b{r.bundle}", r.t), {
-            "start": ts(ti["start_date"]), "end": ts(ti["end_date"]), "queued": ts(ti["queued_when"]),
-            "pool": ti["pool"], "shard": r.shard, "train": 0.0, "controlled": 0.0, "configs": 0})
-        unit["train"] += r.timings["train"]
-        unit["controlled"] += controlled(r.config_id, r.t, r.shard)
-        unit["configs"] += 1
-    for unit in hops.values():
-        unit["duration"] = unit["end"] - unit["start"]
-    pool_spans: dict[str, list[tuple[float, float]]] = {}
-    for ti in tis:
-        if ((ti["pool"] or "").startswith("mop_shard_") and ti["state"] != "skipped"
-                and ti["start_date"] and ti["end_date"]):
-            pool_spans.setdefault(ti["pool"], []).append((ts(ti["start_date"]), ts(ti["end_date"])))
-    stage_tis = [ti for ti in tis if ti["task_id"].startswith("stage_shard_")]
+    # A block is one train task per shard slot: a hop is a hop record, trained in its slot's warm process.
+    records = [r for r in (HopRecord.read(store, u) for u in store.glob(layout.hops_glob)) if r.status == "ok"]
+    hops: dict[tuple[str, int], dict[str, Any]] = {
+        (r.config_id, r.t): {"start": r.started_at, "end": r.released_at, "saved": r.saved_at, "shard": r.shard,
+                             "slot": r.task_id, "train": r.timings["train"],
+                             "controlled": controlled(r.config_id, r.t, r.shard)} for r in records}
+    for hop in hops.values():
+        hop["duration"] = hop["end"] - hop["start"]
+    trains = {ti["task_id"]: ti for ti in tis
+              if ti["task_id"].rsplit(".", 1)[-1].startswith("train_shard_") and ti["state"] == "success"}
+    stage_tis = [ti for ti in tis if ti["task_id"].rsplit(".", 1)[-1].startswith("stage_shard_")]
     stages_end = max(ts(ti["end_date"]) for ti in stage_tis)
+    startup = {task: min(h["start"] for h in hops.values() if h["slot"] == task) - ts(ti["start_date"])
+               for task, ti in trains.items() if any(h["slot"] == task for h in hops.values())}
+    after = {task: ts(ti["end_date"]) - max(h["saved"] for h in hops.values() if h["slot"] == task)
+             for task, ti in trains.items() if any(h["slot"] == task for h in hops.values())}
 
-    first, last = min(h["start"] for h in hops.values()), max(h["end"] for h in hops.values())
-    measured = last - first
+    first = min(h["start"] for h in hops.values())
+    last_saved, last_released = max(h["saved"] for h in hops.values()), max(h["end"] for h in hops.values())
+    measured = last_saved - first
     measured_work = sum(h["duration"] for h in hops.values())
     measured_busy = measured_work / (measured * p * slots)
-    # per task instance, and per configuration trained in it
     fixed_each = [h["duration"] - h["train"] for h in hops.values()]
-    fixed_per_config = [(h["duration"] - h["train"]) / h["configs"] for h in hops.values()]
-    overhead_each = [(h["train"] - h["controlled"]) / h["configs"] for h in hops.values()]
+    overhead_each = [h["train"] - h["controlled"] for h in hops.values()]
     fixed, overhead = statistics.median(fixed_each), statistics.median(overhead_each)
-    handoff = hand_offs(hops, pool_spans, stages_end, slots)
-    latency = statistics.median(h["to_start"] for h in handoff.values())
+    handoff = hand_offs(hops)
+    latency = statistics.median(handoff.values())
+    task_startup = statistics.median(startup.values())
 
     plan = spec_task_plan(MopSpec.from_dict(run_record.spec), plan_record.priority)  # the DAG's own plan
-    per_class_ids = [[f"b{k}" for k in range(sum(map(len, bundles[:o])), sum(map(len, bundles[:o + 1])))]
-                     for o in range(p)]
+    # The shard loop's units are configurations, in the block's order: class by class, bundle by bundle.
+    per_class = [[cid for bundle in per for cid in bundle] for per in plan_record.class_bundles()]
 
-    def sim(seconds: Callable[[str, int, int], float], task_seconds: float, config_seconds: float = 0.0) -> Simulation:
-        return simulate_bundles(plan, bundles, seconds, slots=slots, task_seconds=task_seconds,
-                                config_seconds=config_seconds)
+    def members(group: Any, expanded: Any) -> list[str]:
+        return per_class[group.offset]
 
-    def replay(task_seconds: float) -> Simulation:
-        return simulate(plan, lambda group, expanded: per_class_ids[group.offset],
-                        lambda b, t, s: hops[(b, t)]["duration"], slots=slots, task_seconds=task_seconds)
+    def sim(seconds: Callable[[str, int, int], float], task_seconds: float) -> Simulation:
+        return simulate(plan, members, seconds, slots=slots, task_seconds=task_seconds)
+
+    def predicted(each: float) -> Callable[[str, int, int], float]:
+        return lambda cid, t, shard: controlled(cid, t, shard) + each
+
+    def replay(extra: float) -> Simulation:
+        return sim(lambda cid, t, shard: hops[(cid, t)]["duration"] + extra, 0.0)
 
     # The same inputs as means: a makespan sums durations along chains, and these are right-skewed.
     fixed_mean, overhead_mean = statistics.mean(fixed_each), statistics.mean(overhead_each)
-    latency_mean = statistics.mean(h["to_start"] for h in handoff.values())
+    latency_mean, startup_mean = statistics.mean(handoff.values()), statistics.mean(startup.values())
     variants = [
         # (name, simulation, seconds of each hop that are hand-off latency, not work)
-        ("A predicted: controlled training, fixed cost", sim(controlled, fixed), 0.0),
-        ("B   A + training overhead", sim(controlled, fixed, overhead), 0.0),
-        ("C   B + hand-off latency", sim(controlled, fixed + latency, overhead), latency),
-        ("D   C with means instead of medians", sim(controlled, fixed_mean + latency_mean, overhead_mean),
-         latency_mean),
-        ("E replay: measured task durations", replay(0.0), 0.0),
-        ("F   E + hand-off latency", replay(latency), latency),
+        ("A predicted: controlled training, fixed cost", sim(predicted(fixed), task_startup), 0.0),
+        ("B   A + training overhead", sim(predicted(fixed + overhead), task_startup), 0.0),
+        ("C   B + hand-off", sim(predicted(fixed + overhead + latency), task_startup), latency),
+        ("D   C with means instead of medians",
+         sim(predicted(fixed_mean + overhead_mean + latency_mean), startup_mean), latency_mean),
+        ("E replay: measured hop slot times", replay(0.0), 0.0),
+        ("F   E + hand-off", replay(latency), latency),
     ]
 
     mean_controlled = {c: statistics.mean(batches[s] * spb[c] for s in range(p)) for c in spb}
@@ -346,34 +358,35 @@ def main() -> int:
           f"({hops_per_config} hops per configuration, {len(hops)} hops); batch size {BATCH_SIZE}, "
           f"{train_rows} training rows x {FEATURES} features, batches per shard {batches}; priority rule "
           f"{plan_record.priority!r}")
-    print(f"bundles (plan.json, bundle_size {plan_record.bundle_size!r}): {len(members_of)} chains; "
-          f"{len(hops)} hop task instances for {len(records)} model hops")
-    print(f"\n{'bundle':<8} {'class':>5} {'configs':>7} {'controlled/hop':>15} {'measured train':>15} "
-          f"{'measured task':>14}   (medians over the bundle's hops)")
-    for o, ids in enumerate(per_class_ids):
-        for b in ids:
-            own = [h for (k, _), h in hops.items() if k == b]
-            print(f"{b:<8} {o:>5} {len(members_of[b]):>7} {statistics.median(h['controlled'] for h in own):>14.2f}s "
+    print(f"{len(trains)} train task instances (one per shard slot) for {len(hops)} model hops")
+    print(f"\n{'config':<10} {'class':>5} {'controlled/hop':>15} {'measured train':>15} {'slot time':>10}"
+          "   (medians over the configuration's hops)")
+    for o, ids in enumerate(per_class):
+        for cid in ids:
+            own = [h for (k, _), h in hops.items() if k == cid]
+            print(f"{cid:<10} {o:>5} {statistics.median(h['controlled'] for h in own):>14.2f}s "
                   f"{statistics.median(h['train'] for h in own):>14.2f}s "
-                  f"{statistics.median(h['duration'] for h in own):>13.2f}s")
-    print("\nper hop task instance (a bundle's hop), and per configuration trained in it:")
-    print(f"  task duration         {describe([h['duration'] for h in hops.values()])}")
-    print(f"  fixed cost per task   {describe(fixed_each)}   (task duration - its configurations' timings['train'])")
-    print(f"  fixed cost per config {describe(fixed_per_config)}   (the same, divided by its configurations)")
-    print(f"  training overhead     {describe(overhead_each)}   per configuration (timings['train'] - batches x "
-          "seconds_per_batch)")
-    print(f"  hand-off to start     {describe([h['to_start'] for h in handoff.values()])}   "
-          "(could start -> start_date)")
-    print(f"    could start->queued {describe([h['to_queued'] for h in handoff.values()])}")
-    print(f"    queued->start       {describe([h['queued_to_start'] for h in handoff.values()])}")
-    first_on_pool = sorted(min(h["start"] for h in hops.values() if h["pool"] == pool) for pool in pool_spans)
-    print(f"  start: the stage tasks were done {first - stages_end:.2f}s before the first hop started; the first hop "
-          f"of each shard started {', '.join(f'{v - stages_end:.2f}' for v in first_on_pool)}s after them")
+                  f"{statistics.median(h['duration'] for h in own):>9.2f}s")
+    print("\nper hop (its record: taken -> slot released):")
+    print(f"  slot time             {describe([h['duration'] for h in hops.values()])}")
+    print(f"  fixed cost per hop    {describe(fixed_each)}   (slot time - timings['train'])")
+    print(f"  training overhead     {describe(overhead_each)}   (timings['train'] - batches x seconds_per_batch)")
+    print(f"  hand-off to taken     {describe(list(handoff.values()))}   (previous hop committed and slot free "
+          f"-> taken; {len(handoff)} hops)")
+    print(f"  commit after release  {describe([h['saved'] - h['end'] for h in hops.values()])}   "
+          "(released_at -> saved_at)")
+    print("per train task instance:")
+    print(f"  start-up              {describe(list(startup.values()))}   (task start_date -> its first hop taken)")
+    print(f"  after its last commit {describe(list(after.values()))}   (its last hop committed -> task end_date)")
+    train_starts = sorted(ts(ti["start_date"]) - stages_end for ti in trains.values())
+    print(f"  start: the stage tasks were done {first - stages_end:.2f}s before the first hop was taken; the train "
+          f"tasks started {', '.join(f'{v:.2f}' for v in train_starts)}s after them")
     dag_wall = ts(run["end_date"]) - ts(run["start_date"])
-    print(f"DAG run wall time {dag_wall:.1f}s (trigger to success); hop window {measured:.1f}s")
-    print(f"\nmodel inputs, median (mean): fixed cost per task {fixed:.2f}s ({fixed_mean:.2f}s), training overhead "
-          f"per configuration {overhead:.2f}s ({overhead_mean:.2f}s), hand-off latency {latency:.2f}s "
-          f"({latency_mean:.2f}s)")
+    print(f"DAG run wall time {dag_wall:.1f}s (trigger to success); hop window {measured:.1f}s (first hop taken to "
+          f"last committed; to the last released {last_released - first:.1f}s)")
+    print(f"\nmodel inputs, median (mean): task start-up {task_startup:.2f}s ({startup_mean:.2f}s), fixed cost per "
+          f"hop {fixed:.2f}s ({fixed_mean:.2f}s), training overhead per hop {overhead:.2f}s ({overhead_mean:.2f}s), "
+          f"hand-off {latency:.2f}s ({latency_mean:.2f}s)")
     print(f"\n{'':<46} {'makespan':>9} {'error':>8} {'within 10 %':>12} {'busy':>7} {'same order':>11}")
     print(f"{'measured (real Airflow)':<46} {measured:>8.1f}s {'':>8} {'':>12} {measured_busy:>7.1%}")
     for name, simulation, not_work in variants:
@@ -381,11 +394,11 @@ def main() -> int:
         error = (predicted - measured) / measured
         print(f"{name:<46} {predicted:>8.1f}s {error:>+8.1%} {'yes' if abs(error) <= TOLERANCE else 'no':>12} "
               f"{busy(simulation, not_work=not_work):>7.1%} {same_order(hops, simulation):>5}/{len(hops)}")
-    print(f"  busy: hop task time / (hop window x {p * slots} slots); error: (predicted - measured) / measured; "
-          "same order: hops at the same position of their shard's sequence as in the real run")
-    per_pool = {pool: sum(e - s for (s, e) in spans if s >= first - 1e-6) / (measured * slots)
-                for pool, spans in sorted(pool_spans.items())}
-    print("measured busy fraction per pool: " + ", ".join(f"{k} {v:.1%}" for k, v in per_pool.items()))
+    print(f"  busy: hops' slot time / (hop window x {p * slots} slots); error: (predicted - measured) / measured; "
+          "same order: hops at the same position of their shard slot's sequence (its train task) as in the real run")
+    per_shard = {shard: sum(h["duration"] for h in hops.values() if h["shard"] == shard) / (measured * slots)
+                 for shard in range(p)}
+    print("measured busy fraction per shard: " + ", ".join(f"shard {k} {v:.1%}" for k, v in per_shard.items()))
     main_prediction = window(variants[0][1])
     print(f"\npure-training bound (controlled training only, every slot busy): {bound_training:.1f}s; "
           f"measured efficiency {bound_training / measured:.1%} (hop window {measured:.1f}s)")
@@ -403,14 +416,15 @@ def main() -> int:
 
 
 def same_order(hops: Mapping[tuple[str, int], Mapping[str, Any]], simulation: Simulation) -> int:
-    """How many hops hold the same position in their shard's sequence, real run vs simulation."""
-    real: dict[int, list[tuple[str, int]]] = {}
+    """How many hops hold the same position in their train task's sequence (the shard slot that
+    trained them), real run vs simulation: a hop on another slot than simulated is never in place."""
+    real: dict[str, list[tuple[str, int]]] = {}
     for key, hop in sorted(hops.items(), key=lambda item: item[1]["start"]):
-        real.setdefault(hop["shard"], []).append(key)
-    simulated: dict[int, list[tuple[str, int]]] = {}
-    for event in sorted(simulation.events, key=lambda e: (e.start, e.slot)):
-        simulated.setdefault(event.shard, []).append((event.config_id, event.t))
-    return sum(a == b for shard in real for a, b in zip(real[shard], simulated.get(shard, [])))
+        real.setdefault(hop["slot"].rsplit(".", 1)[-1], []).append(key)
+    simulated: dict[str, list[tuple[str, int]]] = {}
+    for event in sorted(simulation.events, key=lambda e: e.start):
+        simulated.setdefault(event.task_id.rsplit(".", 1)[-1], []).append((event.config_id, event.t))
+    return sum(a == b for slot in real for a, b in zip(real[slot], simulated.get(slot, [])))
 
 
 def fmt_load(values: tuple[float, float, float]) -> str:
