@@ -91,6 +91,7 @@ class TaskSession:
         self.cache_dir = cache_dir
         self.threads: int | None = None
         self._started = False
+        self._compile_dir: str | None = None  # JAX's persistent cache in use: where slots share compilations
         self._arrays: dict[str, Any] = {}
         self._models: OrderedDict[str, Any] = OrderedDict()
 
@@ -99,7 +100,7 @@ class TaskSession:
         if not self._started:
             schedule = self.run.schedule
             self.threads = apply_threads(threads_for(schedule.threads_per_hop, schedule.slots_per_shard))
-            compilation_cache(self.cache_dir)
+            self._compile_dir = compilation_cache(self.cache_dir)
             self._started = True
         return self.threads
 
@@ -128,6 +129,10 @@ class TaskSession:
         built = build_model(config, input_shapes=input_shapes(manifest_inputs(manifest)),
                             num_classes=len(manifest.classes), seed=seed, task=manifest.task)
         if cached is None:
+            from mop_airflow.training import shared_compile  # noqa: PLC0415
+
+            if self._compile_dir and shared_compile.enabled():  # the machine's slots compile its steps once
+                shared_compile.share_compilation(built, key, self._compile_dir)
             self._remember(key, built)
             return built, False
         # A first hop in a model already traced: take the new build's initial state, keep the trace.
