@@ -218,6 +218,7 @@ def prepare(work: Path, model: str, configs: int, iterations: int, images: int, 
 
 
 CHILD_ENV: dict[str, str] = {}  # the processes' environment: this one's before it hid the GPU from itself
+CHILD_GPUS = [0]  # the GPUs the processes see (counted once, in main)
 
 
 def gpu_count(environ) -> int:
@@ -232,7 +233,7 @@ def launch(kind: str, state: Path, *extra: str, sharing: int) -> subprocess.Pope
     """A process of ``kind``; on a GPU it claims one of ``sharing`` slots of it (MOP_GPUS, MOP_SLOTS), so
     processes that share the GPU grow its memory on demand instead of each reserving most of it."""
     env = dict(CHILD_ENV)
-    gpus = gpu_count(env)
+    gpus = CHILD_GPUS[0]
     if gpus and "MOP_GPUS" not in env:
         env.update(MOP_GPUS=str(gpus), MOP_SLOTS=str(max(1, -(-sharing // gpus))))
     command = [sys.executable, __file__, kind, "--state", str(state), "--spawned", repr(time.time()), *extra]
@@ -272,11 +273,12 @@ def main() -> None:
     parser.add_argument("--out", default=None, help="folder for warm_shards.json")
     args = parser.parse_args()
     os.environ["MOP_BENCH_SHARDS"] = str(args.shards)  # the slot processes read it
+    os.environ.setdefault("MOP_SHARD_YIELD_SECONDS", "3600")  # the four slots start together here
     CHILD_ENV.update(os.environ)
+    CHILD_GPUS[0] = gpu_count(CHILD_ENV)
     os.environ["JAX_PLATFORMS"] = "cpu"  # preparing the data here must not take the GPU's memory
     work = Path(tempfile.mkdtemp(prefix="mop-warm-"))
     try:
-        os.environ.setdefault("MOP_SHARD_YIELD_SECONDS", "3600")  # the four slots start together here
         state = prepare(work, args.model, args.configs, args.iterations, args.images, args.shards)
         began = time.time()
         slots = collect([launch("slot", state, "--shard", str(s), sharing=args.shards) for s in range(args.shards)],
@@ -313,7 +315,7 @@ def report(args, slots, warm_wall, trials, trial_wall, plain) -> None:
     cores = os.cpu_count() or 1
     figures = {
         "machine": f"{platform.machine()}, {cores} CPUs, {platform.python_version()}",
-        "backend": keras.config.backend(), "devices": f"{gpu_count(CHILD_ENV)} GPU(s)" if gpu_count(CHILD_ENV) else "cpu",
+        "backend": keras.config.backend(), "devices": f"{CHILD_GPUS[0]} GPU(s)" if CHILD_GPUS[0] else "cpu",
         "model": args.model, "configs": args.configs, "iterations": args.iterations, "shards": args.shards,
         # a slot's start-up: from its process's spawn to its first hop (imports, device, shard, first build)
         "warm": {"wall": warm_wall,

@@ -16,6 +16,7 @@ The pod is plain data here, in the Kubernetes API's field names (``{"spec": {"co
 
 from __future__ import annotations
 
+import functools
 import posixpath
 import re
 from dataclasses import dataclass, field
@@ -154,13 +155,19 @@ class ShardPods:
 
 def executor_config(pod: Mapping[str, Any]) -> dict[str, Any]:
     """``{"pod_override": V1Pod}``, as Airflow's KubernetesExecutor reads a task's ``executor_config``."""
+    # The client has no public dict-to-model call (kubernetes-client/python#977); Airflow's own
+    # pod deserialization uses this one.
+    return {"pod_override": _api_client()._ApiClient__deserialize(dict(pod), "V1Pod")}  # noqa: SLF001
+
+
+@functools.lru_cache(maxsize=1)
+def _api_client() -> Any:
+    """One client per process for every shard task a DAG file renders. A fresh Configuration keeps no
+    in-cluster state in the models."""
     try:
         from kubernetes.client import Configuration  # noqa: PLC0415 - only DAGs with the option need it
         from kubernetes.client.api_client import ApiClient  # noqa: PLC0415
     except ImportError as exc:
         raise MopError('shard tasks as pods need the Kubernetes client: pip install "mop-airflow[kubernetes]"') \
             from exc
-    # The client has no public dict-to-model call (kubernetes-client/python#977); Airflow's own
-    # pod deserialization uses this one. A fresh Configuration keeps no in-cluster state in the model.
-    client = ApiClient(configuration=Configuration())
-    return {"pod_override": client._ApiClient__deserialize(dict(pod), "V1Pod")}  # noqa: SLF001
+    return ApiClient(configuration=Configuration())
