@@ -37,10 +37,42 @@ def _variables(model: keras.Model) -> dict[str, list[Any]]:
 
 def state_to_bytes(model: keras.Model, meta: Mapping[str, Any]) -> bytes:
     """All model and optimizer variables plus ``meta`` (JSON-able) as ``.npz`` bytes."""
+    return pack_state(take_state(model), meta)
+
+
+def take_state(model: keras.Model) -> dict[str, list[Any]]:
+    """The values of every model and optimizer variable as they are now (by group), for :func:`pack_state`
+    to pack later, on another thread, while the model goes on to train another configuration.
+
+    On the JAX backend a value is an immutable device array: it is kept as it is (no device-to-host
+    copy on the training thread) and the variable gets a new array when it is next assigned or
+    trained. The shard loop never trains a model before it overwrites all of these variables (a
+    checkpoint restored, or a fresh build's initial state), so a training step that donates its
+    input arrays never gets one of these (:func:`pack_state` checks). Elsewhere (TensorFlow's
+    variables change in place) each value is copied to the host here.
+    """
+    import keras  # noqa: PLC0415
+
+    if keras.config.backend() == "jax":
+        return {group: [v.value for v in variables] for group, variables in _variables(model).items()}
+    return {group: [np.array(v.numpy()) for v in variables] for group, variables in _variables(model).items()}
+
+
+def pack_state(values: Mapping[str, list[Any]], meta: Mapping[str, Any]) -> bytes:
+    """:func:`take_state`'s values plus ``meta`` (JSON-able) as the ``.npz`` bytes :func:`restore_state` reads."""
+    flat = [value for group in values.values() for value in group]
+    if any(getattr(value, "is_deleted", lambda: False)() for value in flat):
+        raise TrainingError("the training state was taken from a model that trained again before it was saved "
+                            "(a training step took its arrays). Fix: report this as a mop_airflow bug")
+    if flat and not all(isinstance(value, np.ndarray) for value in flat):
+        import jax  # noqa: PLC0415 - only JAX's values are kept on their device
+
+        flat = jax.device_get(flat)  # one transfer for all of them, not one per variable
     arrays: dict[str, np.ndarray] = {}
-    for group, variables in _variables(model).items():
-        for index, variable in enumerate(variables):
-            arrays[f"{group}/{index:05d}"] = np.asarray(variable.numpy())
+    rest = iter(flat)
+    for group, group_values in values.items():
+        for index in range(len(group_values)):
+            arrays[f"{group}/{index:05d}"] = np.asarray(next(rest))
     header = {"format": _FORMAT, "meta": dict(meta)}
     arrays[_META_KEY] = np.frombuffer(json.dumps(header).encode(), dtype=np.uint8)
     buffer = io.BytesIO()

@@ -56,47 +56,63 @@ def run_hop(layout: RunLayout, run: RunRecord, manifest: Manifest, assignment: A
     """
     trained = train_hop(layout, run, manifest, assignment, t=t, shard=shard, rung_end=rung_end, cache_dir=cache_dir,
                         where=where, session=session, bundle=bundle)
-    return trained.commit(), trained.out
+    record = trained.commit()
+    assert trained.out is not None  # set by the commit
+    return record, trained.out
 
 
 @dataclass
 class TrainedHop:
-    """A hop trained and its state serialized, not yet in the store: :meth:`commit` writes the
-    checkpoint, then the hop record (what makes the hop count as done), then drops stale checkpoints.
+    """A hop trained and its state taken out of the model, not yet in the store: :meth:`commit` packs
+    the state and writes the checkpoint, then the hop record (what makes the hop count as done), then
+    drops stale checkpoints.
 
-    The shard loop commits on a writer thread while the next hop trains; the state was copied out
-    of the model before, so the model is free to train another configuration at once.
+    The shard loop commits on a writer thread while the next hop trains: the state's values were
+    taken out of the model before (:func:`~mop_airflow.training.checkpoint.take_state`), so the model
+    is free to train another configuration at once, and packing and hashing them (tens of
+    milliseconds for a few MB) is off the training thread too.
     """
 
     layout: RunLayout
     run: RunRecord
     assignment: Assignment
-    state: bytes
-    out: Assignment
-    record: dict[str, Any]  # the HopRecord's fields but saved_at and the save timing
+    state: dict[str, list[Any]]  # take_state's values, until commit packs them
+    meta: dict[str, Any]  # the checkpoint's meta: configuration, hop, shard
+    record: dict[str, Any]  # the HopRecord's fields but the checkpoint's bytes and sha256, saved_at and the save timing
     finished: float  # when training and evaluation ended
+    out: Assignment | None = None  # what the configuration's next hop starts from, once committed
 
     def commit(self) -> HopRecord:
-        store, out = self.layout.store, self.out
-        store.write_bytes(out.checkpoint, self.state)  # atomic: a reader sees the previous object or this one
+        from mop_airflow.training.checkpoint import pack_state  # noqa: PLC0415
+
+        store, cid, t = self.layout.store, self.assignment.config_id, self.record["t"]
+        began = time.time()
+        state = pack_state(self.state, self.meta)
+        sha256 = hashlib.sha256(state).hexdigest()
+        packed = time.time()
+        uri = self.record["checkpoint"]
+        store.write_bytes(uri, state)  # atomic: a reader sees the previous object or this one
         saved = time.time()
-        fields = dict(self.record)
-        fields["timings"] = {**fields["timings"], "save": saved - self.finished}
+        fields = dict(self.record, checkpoint_bytes=len(state), checkpoint_sha256=sha256)
+        fields["timings"] = {**fields["timings"], "pack": packed - began, "save": saved - self.finished}
         record = HopRecord(**fields, saved_at=saved)
-        record.write(store, self.layout.hop_record_uri(out.config_id, out.t))
+        record.write(store, self.layout.hop_record_uri(cid, t))
+        self.state = {}  # the values may hold device memory: let them go
+        self.out = Assignment(config_id=cid, t=t, checkpoint=uri, checkpoint_sha256=sha256,
+                              best_t=record.best_t, best_metric=record.best_metric)
         # Only once this hop is recorded: a retry of it still finds the state it started from.
-        for old in stale_checkpoints(out.t, self.run.store.keep_checkpoints, out.best_t, self.assignment.best_t):
-            store.delete_tree(self.layout.checkpoint_uri(out.config_id, old))
+        for old in stale_checkpoints(t, self.run.store.keep_checkpoints, record.best_t, self.assignment.best_t):
+            store.delete_tree(self.layout.checkpoint_uri(cid, old))
         return record
 
 
 def train_hop(layout: RunLayout, run: RunRecord, manifest: Manifest, assignment: Assignment, *, t: int, shard: int,
               rung_end: bool = False, cache_dir: str, where: Where = Where(), session: TaskSession | None = None,
-              bundle: int | None = None, read_checkpoint: Callable[[str], bytes] | None = None) -> TrainedHop:
-    """:func:`run_hop` up to the commit: load, train, evaluate and serialize the state.
+              bundle: int | None = None, read_checkpoint: Callable[[str], tuple[bytes, str]] | None = None) -> TrainedHop:
+    """:func:`run_hop` up to the commit: load, train, evaluate, and take the state out of the model.
 
-    ``read_checkpoint(uri)`` reads the input checkpoint (the shard loop reads the next hop's ahead,
-    while this one trains); by default the store's ``read_bytes``.
+    ``read_checkpoint(uri)`` reads the input checkpoint and its sha256 (the shard loop reads and hashes
+    the next hop's ahead, while this one trains); by default :func:`read_hashed`.
     """
     entered = time.time()
     started = where.started_at or entered
@@ -120,7 +136,7 @@ def train_hop(layout: RunLayout, run: RunRecord, manifest: Manifest, assignment:
     shard_bytes = store.bytes_read - metadata_bytes  # 0 once the shard is in this worker's cache
     shard_read = time.time()
 
-    from mop_airflow.training.checkpoint import restore_state, state_to_bytes  # noqa: PLC0415 - Keras and its backend load here
+    from mop_airflow.training.checkpoint import restore_state, take_state  # noqa: PLC0415 - Keras and its backend load here
     from mop_airflow.training.hop import train_on_shard, train_streamed  # noqa: PLC0415
 
     threads = session.start_backend()
@@ -130,9 +146,8 @@ def train_hop(layout: RunLayout, run: RunRecord, manifest: Manifest, assignment:
     built = time.time()
     checkpoint_bytes = 0
     if assignment.checkpoint:
-        state_in = (read_checkpoint or store.read_bytes)(assignment.checkpoint)
+        state_in, found = (read_checkpoint or (lambda uri: read_hashed(store, uri)))(assignment.checkpoint)
         checkpoint_bytes = len(state_in)
-        found = hashlib.sha256(state_in).hexdigest()
         if assignment.checkpoint_sha256 and found != assignment.checkpoint_sha256:
             raise TrainingError(
                 f"checkpoint {assignment.checkpoint} is corrupt: its sha256 is {found}, hop {assignment.t} wrote "
@@ -164,9 +179,7 @@ def train_hop(layout: RunLayout, run: RunRecord, manifest: Manifest, assignment:
         shard_bytes += store.bytes_read - before
     evaluated = time.time()
     best_t, best_metric = best_so_far(assignment, val, run.metric, run.direction, t)
-    out_uri = layout.checkpoint_uri(cid, t)
-    state = state_to_bytes(model, {"config_id": cid, "t": t, "iteration": iteration, "hop": hop, "shard": shard})
-    state_sha256 = hashlib.sha256(state).hexdigest()
+    state = take_state(model)  # packed and hashed by the commit, on the shard loop's writer thread
     serialized = time.time()
     record = dict(
         config_id=cid, t=t, iteration=iteration, hop=hop, shard=shard, task_id=where.task_id,
@@ -176,14 +189,20 @@ def train_hop(layout: RunLayout, run: RunRecord, manifest: Manifest, assignment:
         timings={"startup": entered - started, "shard_read": shard_read - entered, "imports": imported - shard_read,
                  "build": built - imported, "checkpoint_load": loaded - built, "train": trained - loaded,
                  "evaluate": evaluated - trained, "serialize": serialized - evaluated},
-        train_metrics=train, val_metrics=val, checkpoint=out_uri, checkpoint_bytes=len(state),
+        train_metrics=train, val_metrics=val, checkpoint=layout.checkpoint_uri(cid, t),
         bytes_read={"metadata": metadata_bytes, "data": shard_bytes, "checkpoint": checkpoint_bytes},
-        checkpoint_sha256=state_sha256, best_t=best_t, best_metric=best_metric, bundle=bundle, threads=threads,
+        best_t=best_t, best_metric=best_metric, bundle=bundle, threads=threads,
         model_reused=reused, input_sha256=assignment.checkpoint_sha256,
     )
     return TrainedHop(layout=layout, run=run, assignment=assignment, state=state, record=record, finished=evaluated,
-                      out=Assignment(config_id=cid, t=t, checkpoint=out_uri, checkpoint_sha256=state_sha256,
-                                     best_t=best_t, best_metric=best_metric))
+                      meta={"config_id": cid, "t": t, "iteration": iteration, "hop": hop, "shard": shard})
+
+
+def read_hashed(store: Any, uri: str, *, tally: bool = True) -> tuple[bytes, str]:
+    """A checkpoint's bytes and their sha256, to check against the one its hop recorded (``tally``: as
+    the store's ``read_bytes``)."""
+    data = store.read_bytes(uri, tally=tally)
+    return data, hashlib.sha256(data).hexdigest()
 
 
 def streams(entry: Any, run: RunRecord) -> bool:

@@ -10,8 +10,10 @@ and it keeps every model it compiled (:class:`~mop_airflow.training.session.Task
 What a hop learns never depends on which process trained it or when: each hop restores weights
 and optimizer state from its configuration's checkpoint, and its batch order and seed come from
 the plan (:func:`~mop_airflow.training.hop.batch_order`). Checkpoints still go through the store,
-atomically, so the next hop may run on another machine; a writer thread commits a hop (checkpoint,
-then record) while the next one trains, and the next ready hop's checkpoint is read ahead.
+atomically, so the next hop may run on another machine. The training thread only takes a hop's
+state out of the model; a writer thread packs and hashes it and commits the hop (checkpoint, then
+record) while the next one trains, and a reader thread reads and hashes the next ready hop's
+checkpoint ahead.
 
 The guarantees of a task per hop are kept:
 
@@ -50,7 +52,7 @@ from mop_airflow.errors import BlockIncompleteError
 from mop_airflow.planning.schedule import DEFAULT_PRIORITY, priority_weight, shard_at
 from mop_airflow.records import Assignment, BundleAssignment, HopRecord, Manifest, RunRecord, SlotStatus
 from mop_airflow.records.layout import RunLayout
-from mop_airflow.training.model_hop import Where, record_failure, train_hop
+from mop_airflow.training.model_hop import Where, read_hashed, record_failure, train_hop
 from mop_airflow.training.session import WARM_MODELS, TaskSession
 
 log = logging.getLogger(__name__)
@@ -79,6 +81,9 @@ class SlotYielded(Exception):
 # don't. A local store's look is a stat, so it stays quick (a GPU hop takes a quarter of a second); an
 # object store's is a request, so it backs off further.
 POLL_FIRST, POLL_MOST, POLL_MOST_REMOTE = 0.01, 0.05, 0.5
+# Hops trained and not yet committed, at most: one the writer commits while the next one trains
+# keeps both busy; a bound keeps the memory their taken states hold to two states.
+STATES_HELD = 2
 
 
 @dataclass(frozen=True)
@@ -244,13 +249,17 @@ class _Loop:
                     continue
                 poll = POLL_FIRST
                 hop, state = ready[0]
-                for _, later in ready[1:2]:  # read the next ready model's checkpoint while this one trains
+                for _, later in ready[1:2]:  # read and hash the next ready model's checkpoint while this one trains
                     if later.checkpoint and later.checkpoint not in ahead:
                         # not tallied on that thread: the hop that takes it counts it (store.bytes_read
                         # deltas are a hop's own reads)
-                        ahead[later.checkpoint] = reader.submit(self.layout.store.read_bytes, later.checkpoint,
+                        ahead[later.checkpoint] = reader.submit(read_hashed, self.layout.store, later.checkpoint,
                                                                 tally=False)
                 self.pending.remove(hop)
+                # a trained hop holds its taken state (on a GPU, in its memory) until its commit packs it:
+                # at most STATES_HELD at once, so a store slower than training slows the slot instead
+                if len(commits) >= STATES_HELD:
+                    self._settle(commits, block=True)
                 trained = self._train(hop, state, ahead)
                 if trained is not None:
                     commits.append((hop, writer.submit(trained.commit)))
@@ -300,13 +309,13 @@ class _Loop:
         self.status.training = hop.label
         where = replace(self.where, started_at=taken)
 
-        def read(uri: str) -> bytes:
+        def read(uri: str) -> tuple[bytes, str]:
             future = ahead.pop(uri, None)
             if future is None:
-                return layout.store.read_bytes(uri)
-            data = future.result()
+                return read_hashed(layout.store, uri)
+            data, sha256 = future.result()
             layout.store.bytes_read += len(data)
-            return data
+            return data, sha256
 
         log.info("%s on shard %d from %s", hop.label, hop.shard, state.checkpoint or "its initial weights")
         try:

@@ -9,7 +9,7 @@ import pytest
 
 from mop_airflow.errors import TrainingError
 from mop_airflow.training.builder import build_model
-from mop_airflow.training.checkpoint import restore_state, state_to_bytes
+from mop_airflow.training.checkpoint import pack_state, restore_state, state_to_bytes, take_state
 from mop_airflow.training.hop import train_on_shard
 from tests.training.toys import make_config
 
@@ -131,3 +131,19 @@ def test_a_warm_start_under_a_new_learning_rate_restores_the_weights_and_resets_
                        num_classes=3, seed=99)
     restore_state(same, data)
     assert float(same.optimizer.learning_rate.numpy()) == pytest.approx(0.01)
+
+
+def test_a_taken_state_packs_to_the_bytes_of_its_moment_after_the_model_trains_on(toy_data):
+    """The shard loop takes a hop's state out of the model, trains the next configuration in the same
+    model, and packs the taken state on its writer thread later: what it packs is the state as taken."""
+    x, y = toy_data
+    model = build_model(make_config(), input_shapes={"features": (6,)}, num_classes=3, seed=3)
+    train_on_shard(model, x, y, batch_size=8, epochs=1, seed=3, iteration=0, shard=0)
+    meta = {"config_id": "c000-test00", "t": 0}
+    then = state_to_bytes(model, meta)
+    taken = take_state(model)
+    other = build_model(make_config(), input_shapes={"features": (6,)}, num_classes=3, seed=7)
+    restore_state(model, state_to_bytes(other, meta))  # the next configuration in the same model
+    train_on_shard(model, x, y, batch_size=8, epochs=1, seed=4, iteration=1, shard=1)
+    assert state_to_bytes(model, meta) != then
+    assert pack_state(taken, meta) == then

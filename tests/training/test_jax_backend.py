@@ -140,3 +140,39 @@ def test_on_jax_a_pass_through_the_jitted_step_equals_fit_bit_for_bit():
         assert mine == ref
     mine, ref = result["evaluated"]
     assert mine == ref
+
+
+TAKEN = """
+import json
+import numpy as np
+from mop_airflow.training.builder import build_model
+from mop_airflow.training.checkpoint import pack_state, restore_state, state_to_bytes, take_state
+from mop_airflow.training.steps import train_pass
+
+rng = np.random.default_rng(0)
+x = rng.normal(size=(100, 6)).astype("float32")
+y = (x[:, 0] > 0).astype("int64") + (x[:, 1] > 0.5).astype("int64")
+config = {"config_id": "c", "model": "tests.training.toys:batchnorm_dropout_mlp", "hparams": {},
+          "optimizer": "adam", "optimizer_params": {"learning_rate": 0.01},
+          "loss": "sparse_categorical_crossentropy", "metrics": ["accuracy"], "batch_size": 16, "epochs_per_hop": 1}
+model = build_model(config, input_shapes={"x": (6,)}, num_classes=3, seed=3)
+train_pass(model, x, y, batch_size=16)
+meta = {"config_id": "c", "t": 0}
+then = state_to_bytes(model, meta)
+taken = take_state(model)
+restore_state(model, state_to_bytes(build_model(config, input_shapes={"x": (6,)}, num_classes=3, seed=7), meta))
+train_pass(model, x[::-1], y[::-1], batch_size=16)  # the train step donates the arrays it is given
+print(json.dumps({"device_arrays": not isinstance(taken["model"][0], np.ndarray),
+                  "moved_on": state_to_bytes(model, meta) != then, "same": pack_state(taken, meta) == then}))
+"""
+
+
+def test_on_jax_a_taken_state_packs_to_the_bytes_of_its_moment_after_the_model_trains_on():
+    """On JAX the shard loop keeps a hop's state as the device arrays it was (no copy on the training
+    thread) and packs them on its writer thread while the same model trains the next configuration:
+    they still hold the state as taken, though JAX's train step donates the arrays it is given."""
+    env = {**os.environ, "KERAS_BACKEND": "jax", "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(REPO)}
+    out = subprocess.run([sys.executable, "-c", TAKEN], env=env, capture_output=True, text=True, cwd=REPO,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == {"device_arrays": True, "moved_on": True, "same": True}

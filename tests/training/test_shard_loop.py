@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import threading
 import time
 
 import pytest
@@ -149,6 +150,41 @@ def test_one_process_trains_a_whole_block_alone(toy_data, tmp_path):
     again = run_slot(layout_w, run_w, manifest_w, hops, block="b0", shard=0, slot=0, mine=hops,
                      cache_dir=run_w.store.local_cache)
     assert not again.trained and len(again.committed) == len(hops)
+
+
+def test_a_slow_store_holds_at_most_two_trained_hops_behind_the_writer(toy_data, tmp_path, monkeypatch):
+    """Each trained hop holds its taken state until the writer packs and commits it: with a store
+    slower than training, the slot waits rather than piling states up, and commits the same bytes."""
+    from mop_airflow.training import model_hop
+
+    run, layout, manifest = _setup(tmp_path, toy_data, "slow-writer")
+    hops = _hops(run)
+    waiting, most, lock = [0], [0], threading.Lock()
+    train_hop, commit = model_hop.train_hop, model_hop.TrainedHop.commit
+
+    def counted_train_hop(*args, **kwargs):
+        trained = train_hop(*args, **kwargs)
+        with lock:
+            waiting[0] += 1
+            most[0] = max(most[0], waiting[0])
+        return trained
+
+    def slow_commit(self):
+        time.sleep(0.5)  # longer than a toy hop trains
+        record = commit(self)
+        with lock:
+            waiting[0] -= 1
+        return record
+
+    monkeypatch.setattr("mop_airflow.training.shard_loop.train_hop", counted_train_hop)
+    monkeypatch.setattr(model_hop.TrainedHop, "commit", slow_commit)
+    result = run_slot(layout, run, manifest, hops, block="b0", shard=0, slot=0, mine=hops,
+                      cache_dir=run.store.local_cache)
+    assert len(result.trained) == len(hops) and not result.failed
+    assert most[0] == 2  # the writer busy with one, one queued behind it; never a third
+    monkeypatch.undo()
+    reference_run, reference_layout, reference_manifest = _setup(tmp_path, toy_data, "reference")
+    assert _shas(run, layout) == _task_per_hop(reference_run, reference_layout, reference_manifest)
 
 
 def test_a_failing_configuration_is_recorded_and_the_others_go_on(toy_data, tmp_path):
