@@ -125,7 +125,8 @@ def hop_main(args: argparse.Namespace) -> None:
         for record in records:
             steps = {"shard": record.timings["shard_read"], "build": record.timings["imports"] + record.timings["build"],
                      "restore": record.timings["checkpoint_load"], "train": record.timings["train"],
-                     "save": record.timings["save"] + record.timings.get("serialize", 0.0) + record.timings["evaluate"]}
+                     # save: from the end of evaluation to the checkpoint written (taking, packing, writing)
+                     "save": record.timings["save"] + record.timings["evaluate"]}
             line = {"t": t, "k": k, "config_id": record.config_id, "reused": record.model_reused, **steps,
                     "loss": record.train_metrics.get("loss"), "hop_wall": wall, "pid": os.getpid(),
                     **(common if k == 0 else {"process": 0.0, "imports": 0.0, "device": 0.0})}
@@ -456,13 +457,18 @@ class GpuWatch:
 def section_warm(d: Driver, models: list[str], hops: int) -> None:
     """The warm shard loop (benchmarks/warm_shards.py): 4 shard slots sharing the device, 4
     configurations x WARM_ITERATIONS iterations, beside the task-parallel pattern and plain Keras, in
-    one run; its data and processes of its own."""
+    one run; its data and processes of its own. Once with the slots compiling each step on their own
+    (MOP_SHARED_COMPILE=0) and once compiling it once between them (the default), one after the other."""
     for model in models:
-        command = [sys.executable, str(REPO / "benchmarks" / "warm_shards.py"), "--model", model, "--configs", "4",
-                   "--iterations", str(WARM_ITERATIONS), "--images", str(d.images), "--out", str(d.out / model)]
-        done = subprocess.run(command, env={**HOP_ENV})  # its figures print as they come
-        if done.returncode != 0:
-            raise RuntimeError(f"warm_shards.py failed (exit {done.returncode}), its error above")
+        for shared in ("0", "1"):
+            print(f"warm shard loop, {model}, MOP_SHARED_COMPILE={shared}", flush=True)
+            command = [sys.executable, str(REPO / "benchmarks" / "warm_shards.py"), "--model", model, "--configs",
+                       "4", "--iterations", str(WARM_ITERATIONS), "--images", str(d.images),
+                       "--out", str(d.out / f"{model}-shared-compile-{shared}")]
+            # its figures print as they come
+            done = subprocess.run(command, env={**HOP_ENV, "MOP_SHARED_COMPILE": shared})
+            if done.returncode != 0:
+                raise RuntimeError(f"warm_shards.py failed (exit {done.returncode}), its error above")
 
 
 WARM_ITERATIONS = 10

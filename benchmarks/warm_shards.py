@@ -6,7 +6,8 @@ training every hop the block puts on it (:func:`mop_airflow.training.shard_loop.
 models hopping through the store. Beside it, on the same data and the same configurations:
 
   task-parallel   what a Ray Tune trial does: a process per configuration over the whole data
-                  (model.fit for the same passes), all configurations at once
+                  (model.fit for the same passes, validating after each as the slots do), all
+                  configurations at once
   plain Keras     one process, one model, the whole data: the steady epoch (the second one), the
                   floor a configuration-epoch is held against
 
@@ -91,7 +92,7 @@ def trial_main(args: argparse.Namespace) -> None:
     """One task-parallel trial: a process of its own, the whole data, ``fit`` for every pass."""
     import numpy as np
 
-    from mop_airflow.data.cache import manifest_inputs
+    from mop_airflow.data.cache import cached_shard, load_shard, manifest_inputs
     from mop_airflow.data.inputs import input_shapes
     from mop_airflow.records import Manifest, RunRecord
     from mop_airflow.store import Store
@@ -106,14 +107,19 @@ def trial_main(args: argparse.Namespace) -> None:
     manifest = Manifest.read(store, state["manifest"])
     config = run.config(args.config)
     x, y = whole_data(state, manifest)
+    validation = load_shard(cached_shard(store, manifest.validation, state["cache"], manifest=manifest), manifest)
     began = time.time()
     model = build_model(config, input_shapes=input_shapes(manifest_inputs(manifest)),
                         num_classes=len(manifest.classes), seed=1, task=manifest.task)
     built = time.time()
     epochs = []
-    for _ in range(run.schedule.iterations):
+    for iteration in range(run.schedule.iterations):
         at = time.time()
-        model.fit(x, y, batch_size=config["batch_size"], epochs=1, shuffle=True, verbose=0)
+        # validated when the slots validate (after each pass by default), in batches as large as theirs:
+        # a trial that reports its metric each epoch to its scheduler, as Ray Tune's do
+        model.fit(x, y, batch_size=config["batch_size"], epochs=1, shuffle=True, verbose=0,
+                  validation_data=validation if run.schedule.evaluates_after(iteration) else None,
+                  validation_batch_size=max(config["batch_size"], 256))
         epochs.append(time.time() - at)
     print("TRIAL " + json.dumps({"config_id": args.config, "process": began - STARTED + (STARTED - args.spawned),
                                  "build": built - began, "epochs": epochs, "rows": int(np.shape(y)[0])}), flush=True)
