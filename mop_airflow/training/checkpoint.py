@@ -64,15 +64,15 @@ def pack_state(values: Mapping[str, list[Any]], meta: Mapping[str, Any]) -> byte
     if any(getattr(value, "is_deleted", lambda: False)() for value in flat):
         raise TrainingError("the training state was taken from a model that trained again before it was saved "
                             "(a training step took its arrays). Fix: report this as a mop_airflow bug")
-    if flat and not all(isinstance(value, np.ndarray) for value in flat):
+    if not all(isinstance(value, np.ndarray) for value in flat):
         import jax  # noqa: PLC0415 - only JAX's values are kept on their device
 
-        flat = jax.device_get(flat)  # one transfer for all of them, not one per variable
+        on_host = jax.device_get(dict(values))  # one transfer for all of them, not one per variable
+        values = {group: on_host[group] for group in values}  # in the groups' order (a pytree's is sorted)
     arrays: dict[str, np.ndarray] = {}
-    rest = iter(flat)
     for group, group_values in values.items():
-        for index in range(len(group_values)):
-            arrays[f"{group}/{index:05d}"] = np.asarray(next(rest))
+        for index, value in enumerate(group_values):
+            arrays[f"{group}/{index:05d}"] = np.asarray(value)
     header = {"format": _FORMAT, "meta": dict(meta)}
     arrays[_META_KEY] = np.frombuffer(json.dumps(header).encode(), dtype=np.uint8)
     buffer = io.BytesIO()

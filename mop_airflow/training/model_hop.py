@@ -57,8 +57,14 @@ def run_hop(layout: RunLayout, run: RunRecord, manifest: Manifest, assignment: A
     trained = train_hop(layout, run, manifest, assignment, t=t, shard=shard, rung_end=rung_end, cache_dir=cache_dir,
                         where=where, session=session, bundle=bundle)
     record = trained.commit()
-    assert trained.out is not None  # set by the commit
-    return record, trained.out
+    return record, state_after(record)
+
+
+def state_after(record: HopRecord) -> Assignment:
+    """The assignment a committed hop hands its configuration's next hop."""
+    return Assignment(config_id=record.config_id, t=record.t, checkpoint=record.checkpoint,
+                      checkpoint_sha256=record.checkpoint_sha256, best_t=record.best_t,
+                      best_metric=record.best_metric)
 
 
 @dataclass
@@ -80,7 +86,6 @@ class TrainedHop:
     meta: dict[str, Any]  # the checkpoint's meta: configuration, hop, shard
     record: dict[str, Any]  # the HopRecord's fields but the checkpoint's bytes and sha256, saved_at and the save timing
     finished: float  # when training and evaluation ended
-    out: Assignment | None = None  # what the configuration's next hop starts from, once committed
 
     def commit(self) -> HopRecord:
         from mop_airflow.training.checkpoint import pack_state  # noqa: PLC0415
@@ -98,8 +103,6 @@ class TrainedHop:
         record = HopRecord(**fields, saved_at=saved)
         record.write(store, self.layout.hop_record_uri(cid, t))
         self.state = {}  # the values may hold device memory: let them go
-        self.out = Assignment(config_id=cid, t=t, checkpoint=uri, checkpoint_sha256=sha256,
-                              best_t=record.best_t, best_metric=record.best_metric)
         # Only once this hop is recorded: a retry of it still finds the state it started from.
         for old in stale_checkpoints(t, self.run.store.keep_checkpoints, record.best_t, self.assignment.best_t):
             store.delete_tree(self.layout.checkpoint_uri(cid, old))

@@ -52,7 +52,7 @@ from mop_airflow.errors import BlockIncompleteError
 from mop_airflow.planning.schedule import DEFAULT_PRIORITY, priority_weight, shard_at
 from mop_airflow.records import Assignment, BundleAssignment, HopRecord, Manifest, RunRecord, SlotStatus
 from mop_airflow.records.layout import RunLayout
-from mop_airflow.training.model_hop import Where, read_hashed, record_failure, train_hop
+from mop_airflow.training.model_hop import Where, read_hashed, record_failure, state_after, train_hop
 from mop_airflow.training.session import WARM_MODELS, TaskSession
 
 log = logging.getLogger(__name__)
@@ -439,13 +439,6 @@ class _Chains:
                 return record
             known = states[record.t] = state_after(record)
         return known if known.t == hop.hop - 1 else None
-
-
-def state_after(record: HopRecord) -> Assignment:
-    """The assignment a committed hop hands its configuration's next hop."""
-    return Assignment(config_id=record.config_id, t=record.t, checkpoint=record.checkpoint,
-                      checkpoint_sha256=record.checkpoint_sha256, best_t=record.best_t,
-                      best_metric=record.best_metric)
 
 
 class _Status:
