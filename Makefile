@@ -18,7 +18,7 @@ demo: setup
 	$(BIN)/mop-airflow demo
 
 test: setup
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder
 
 # The documentation site (docs/, mkdocs.yml): built strict, so a broken link or a missing object fails.
 docs: setup

@@ -200,3 +200,15 @@ def failed_logs(af, dag_id: str, run_id: str) -> str:
     message, so a failed run says why."""
     failed = [ti["task_id"] for ti in af.task_instances(dag_id, run_id) if ti["state"] == "failed"]
     return f"{run_id}: failed {failed}\n" + "\n".join(af.task_log(dag_id, run_id, t)[-3000:] for t in failed[:2])
+
+
+def pytest_collection_modifyitems(config, items):
+    """The files holding a slow test first, in the order collected.
+
+    `make test` hands whole files to two workers, one at a time as each finishes. xdist's own order
+    (most tests first) left the files of one long test, such as the Celery how-to's five minutes, for
+    last, with the other worker idle: taking the long files first saved about 150 s of the suite's
+    22 minutes on a 2-core machine (measured from one run's durations).
+    """
+    slow = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in slow)  # stable: the order within each group stays

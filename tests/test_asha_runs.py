@@ -87,6 +87,7 @@ def airflow(tmp_path_factory):
         yield af
 
 
+@pytest.mark.slow
 def test_asha_promotes_the_best_of_a_rung_between_dag_runs_and_reports_where_each_stopped(airflow):
     store = Store(f"file://{airflow.root / 'store'}")
     first = airflow.trigger(ASHA)
@@ -135,6 +136,7 @@ def test_asha_promotes_the_best_of_a_rung_between_dag_runs_and_reports_where_eac
                         HopRecord.read(store, layout.hop_record_uri(best, 5)).val_metrics["val_accuracy"])
 
 
+@pytest.mark.slow
 def test_a_hop_killed_half_way_through_asha_is_retried_and_the_search_decides_and_ranks_the_same(airflow):
     store = Store(f"file://{airflow.root / 'store'}")
     searches = {dag_id: airflow.trigger(dag_id) for dag_id in (KILLED, UNDISTURBED)}
@@ -155,6 +157,7 @@ def test_a_hop_killed_half_way_through_asha_is_retried_and_the_search_decides_an
         assert a["val_accuracy"] == pytest.approx(b["val_accuracy"], abs=1e-6)
 
 
+@pytest.mark.slow
 def test_a_scheduler_stopped_between_two_blocks_and_started_again_goes_on_and_ranks_the_same(airflow):
     store = Store(f"file://{airflow.root / 'store'}")
     first = airflow.trigger(RESTARTED)
@@ -198,6 +201,7 @@ def test_a_scheduler_stopped_between_two_blocks_and_started_again_goes_on_and_ra
         assert (a["val_accuracy"], a["val_loss"]) == pytest.approx((b["val_accuracy"], b["val_loss"]), abs=1e-6)
 
 
+@pytest.mark.slow
 def test_two_blocks_a_run_decide_and_rank_as_one_block_a_run(airflow):
     """iterations_per_run=2: the first run trains blocks 1 and 2 (block 2's deal tasks wait for the
     decision after block 1), its last decide step starts the second run, which trains block 3 and

@@ -69,6 +69,7 @@ def _unpause_when_parsed(api: AirflowAPI) -> None:
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 def test_up_status_report_and_dags_test_on_your_own_dag_folder(tmp_path):
     folder = tmp_path / "my_dags"
     folder.mkdir()
@@ -200,6 +201,7 @@ def _board(store: Store, run_id: str) -> list[tuple[str, float, float]]:
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 def test_up_stopped_half_way_starts_again_at_once_and_runs_are_read_from_the_store_while_airflow_is_stopped(tmp_path):
     folder = tmp_path / "dags"
     folder.mkdir()

@@ -111,6 +111,7 @@ def kill_shard_worker_mid_hop(af, run_id, worker, timeout=300):
     raise TimeoutError(f"no task ran on {worker.queues[0]} for long enough to be killed before the run ended")
 
 
+@pytest.mark.slow
 def test_mop_on_celery_workers_per_shard(postgres_db, redis_broker, s3_endpoint, tmp_path, airflow_db, monkeypatch):
     make_bucket(s3_endpoint, "mop-dist")
     conn = json.dumps({"conn_type": "aws", "login": "test", "password": "test",

@@ -312,6 +312,7 @@ def test_the_image_folder_example_trains_on_png_class_folders_and_scores_a_folde
     assert not (tmp_path / "broken.parquet").exists()
 
 
+@pytest.mark.slow
 def test_the_image_folder_example_reads_its_folders_from_an_s3_prefix(airflow_db, tmp_path, s3_endpoint, monkeypatch):
     import s3fs
 

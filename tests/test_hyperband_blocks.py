@@ -48,6 +48,7 @@ def airflow(tmp_path_factory):
         yield af
 
 
+@pytest.mark.slow
 def test_hyperband_between_runs_decides_and_ranks_as_the_search_drawn_into_one_run(airflow):
     store = Store(f"file://{airflow.root / 'store'}")
     drawn = airflow.trigger(DRAWN)

@@ -99,6 +99,7 @@ def arrays(data):
             json.loads(archive["meta"].tobytes().decode())["meta"]
 
 
+@pytest.mark.slow
 def test_pbt_copies_the_best_members_checkpoint_between_blocks_and_a_killed_hop_changes_nothing(airflow):
     store = Store(f"file://{airflow.root / 'store'}")
     searches = {dag_id: airflow.trigger(dag_id) for dag_id in (KILLED, UNDISTURBED)}
@@ -179,6 +180,7 @@ def test_pbt_copies_the_best_members_checkpoint_between_blocks_and_a_killed_hop_
         assert (a["val_accuracy"], a["val_loss"]) == pytest.approx((b["val_accuracy"], b["val_loss"]), abs=1e-6)
 
 
+@pytest.mark.slow
 def test_tpe_proposes_the_last_configurations_from_the_first_ones_results_and_a_replay_gives_the_same(airflow):
     store = Store(f"file://{airflow.root / 'store'}")
     first = airflow.trigger(TPE)

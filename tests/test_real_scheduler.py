@@ -78,6 +78,7 @@ def airflow(tmp_path_factory):
     assert not any(af.alive().values())
 
 
+@pytest.mark.slow
 def test_missing_pools_fail_the_run_fast_with_the_fix_when_only_checked(airflow):
     run_id = airflow.trigger(CHECKED)
     state = airflow.wait_for_run(CHECKED, run_id, timeout=240)
@@ -124,6 +125,7 @@ def test_the_task_execution_api_is_built_at_start_not_in_the_first_task(airflow)
     assert warm_up and first_task and warm_up.start() < first_task.start()
 
 
+@pytest.mark.slow
 def test_a_train_task_killed_half_way_is_retried_and_trains_only_the_rest(airflow):
     """SIGKILL the process of shard 1's train task half-way through its second hop: shard 0's waits,
     the scheduler retries shard 1's, the retry skips the hop already committed and trains the others,
@@ -174,6 +176,7 @@ def _results(store, run_id):
     }
 
 
+@pytest.mark.slow
 def test_clearing_a_finished_run_or_one_hop_gives_the_same_results_without_duplicates(airflow):
     """Clear one hop, then the whole run, as the UI's Clear button does (the REST API): the metrics
     table keeps one row per configuration and iteration, every checkpoint belongs to a hop record,
@@ -210,6 +213,7 @@ def test_clearing_a_finished_run_or_one_hop_gives_the_same_results_without_dupli
     assert again["losses"] == pytest.approx(first["losses"], rel=1e-5)
 
 
+@pytest.mark.slow
 def test_a_search_split_over_dag_runs_goes_on_run_after_run_and_ends_as_one_run(airflow):
     """3 iterations, one per DAG run: the first run's next_run task triggers the run of block 2, and
     that one block 3's; each run holds a third of the hop task instances; the configurations that
@@ -275,6 +279,7 @@ def test_a_search_split_over_dag_runs_goes_on_run_after_run_and_ends_as_one_run(
         assert board["final"] and [r["config_id"] for r in board["leaderboard"]] == [r["config_id"] for r in split_board]
 
 
+@pytest.mark.slow
 def test_a_search_in_blocks_shorter_than_an_iteration_ends_as_one_run(airflow):
     """Half an iteration a run: each run's classes start on the shard they have reached, so the
     six runs visit the shards in the search's own order and end with the one run's leaderboard."""

@@ -215,6 +215,7 @@ SNAPSHOT = """() => {
 }"""
 
 
+@pytest.mark.slow
 def test_the_page_follows_the_run_from_preflight_through_training_to_the_report(airflow, browser, run_id, tmp_path):
     page = logged_in(browser, airflow)
     page.goto(f"{airflow.base_url}/mop/runs/{DAG_ID}/{quoted(run_id)}")

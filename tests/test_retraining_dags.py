@@ -163,6 +163,7 @@ def upstream_events(af, dag_id, run_id):
     return af.api("GET", f"/dags/{dag_id}/dagRuns/{run_id}/upstreamAssetEvents")["asset_events"]
 
 
+@pytest.mark.slow
 def test_new_data_retrains_and_the_new_champion_is_scored_by_the_deployment_dag(airflow):
     af = airflow
     assert [r["dag_run_id"] for r in runs(af, RETRAIN)] == [af.nightly_run_id] and runs(af, SCORE) == []

@@ -221,6 +221,7 @@ def test_a_data_template_that_renders_to_nothing_fails_before_anything_trains(ai
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 def test_the_pipeline_example_on_a_real_scheduler_and_under_airflow_dags_test(tmp_path):
     """The example as users run it: the scheduler runs extract, the group's tasks on their shard pools and
     deploy, and `airflow dags test` runs it in one process; both end with the winner's scores."""

@@ -110,6 +110,7 @@ def test_block_hops_follow_the_rotation_and_deal_slots(toy_data, tmp_path):
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 def test_slots_in_processes_of_their_own_train_what_a_task_per_hop_trains(toy_data, tmp_path):
     run, layout, manifest = _setup(tmp_path, toy_data, "reference")
     reference = _task_per_hop(run, layout, manifest)
@@ -246,6 +247,7 @@ def test_a_slot_waits_for_a_silent_slot_only_within_its_bound(toy_data, tmp_path
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 def test_a_slot_killed_mid_block_is_retried_and_trains_only_the_rest(toy_data, tmp_path):
     run, layout, manifest = _setup(tmp_path, toy_data, "reference")
     reference = _task_per_hop(run, layout, manifest)

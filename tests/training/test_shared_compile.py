@@ -51,6 +51,7 @@ def test_a_lock_wait_is_bounded(tmp_path):
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 def test_slots_on_jax_train_the_same_bits_with_shared_compilation_and_without(toy_data, tmp_path, monkeypatch):
     slots = 2
     pytest.importorskip("jax")
