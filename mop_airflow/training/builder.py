@@ -13,9 +13,12 @@ from __future__ import annotations
 import importlib
 import inspect
 import math
+import random
+import sys
 from typing import Any, Callable, Mapping
 
 import keras
+import numpy as np
 
 from mop_airflow.errors import TrainingError
 
@@ -111,6 +114,34 @@ def data_hparams(input_shapes: Mapping[str, tuple[int, ...]], num_classes: int, 
     return out
 
 
+def set_random_seed(seed: int) -> None:
+    """``keras.utils.set_random_seed(seed)``, without importing TensorFlow where it is not the backend.
+
+    Keras seeds TensorFlow whenever it is installed (for ``tf.data`` pipelines), importing it to do so:
+    on the JAX backend that cost every slot process 2.4 s and several hundred MB on the 2-core machine,
+    and nothing else of a hop imports it there (tested). Where TensorFlow is the backend or already
+    imported, Keras's own function runs; elsewhere the same steps, TensorFlow's left out.
+    """
+    if keras.config.backend() == "tensorflow" or "tensorflow" in sys.modules:
+        keras.utils.set_random_seed(seed)
+        return
+    try:
+        from keras.src.backend.common import global_state  # noqa: PLC0415
+        from keras.src.random.seed_generator import GLOBAL_SEED_GENERATOR  # noqa: PLC0415
+        from keras.src.utils.rng_utils import GLOBAL_RANDOM_SEED  # noqa: PLC0415
+    except ImportError:  # a Keras laid out otherwise: its own function, TensorFlow's import and all
+        keras.utils.set_random_seed(seed)
+        return
+    global_state.set_global_attribute(GLOBAL_RANDOM_SEED, seed)
+    global_state.set_global_attribute(GLOBAL_SEED_GENERATOR, None)  # made again from the seed when drawn
+    random.seed(seed)
+    np.random.seed(seed)
+    if keras.config.backend() == "torch":
+        import torch  # noqa: PLC0415
+
+        torch.manual_seed(seed)
+
+
 def build_model(config: Mapping[str, Any], *, input_shapes: Mapping[str, tuple[int, ...]], num_classes: int,
                 seed: int, task: str = "classification") -> keras.Model:
     """Build, compile and materialise the optimizer of one configuration, reproducibly from ``seed``.
@@ -119,7 +150,7 @@ def build_model(config: Mapping[str, Any], *, input_shapes: Mapping[str, tuple[i
     before the first training step (Keras creates them lazily otherwise).
     """
     # Seeds Python, NumPy and the backend: initial weights and dropout seed states follow from `seed`.
-    keras.utils.set_random_seed(seed)
+    set_random_seed(seed)
     builder = load_builder(config["model"])
     hparams = {**dict(config.get("hparams") or {}), **data_hparams(input_shapes, num_classes, task)}
     try:

@@ -40,7 +40,7 @@ record, out = run_hop(RunLayout(store, run.dag_id, run.run_id), run, manifest, A
                       shard=0, cache_dir=cache_dir)
 import keras
 print(json.dumps({"backend": keras.config.backend(), "threads": record.threads, "loss": record.train_metrics["loss"],
-                  "checkpoint_sha256": record.checkpoint_sha256}))
+                  "checkpoint_sha256": record.checkpoint_sha256, "tensorflow": "tensorflow" in sys.modules}))
 """
 
 
@@ -76,6 +76,7 @@ def test_a_second_hop_process_loads_the_compiled_steps_and_trains_to_the_same_bi
 
     first = hop_process(root, first_run, manifest, cache_dir)
     assert first["backend"] == "jax" and first["threads"] is None  # TensorFlow's pools are not touched
+    assert not first["tensorflow"]  # nor imported: 2.4 s and hundreds of MB a slot process
     assert first["loss"] == first["loss"] and first["loss"] > 0     # trained: a finite, positive loss
     entries = cached(folder)
     assert entries, "the first hop process wrote no compiled step to the cache"
@@ -91,6 +92,32 @@ def test_a_second_hop_process_loads_the_compiled_steps_and_trains_to_the_same_bi
     third = hop_process(root, third_run, manifest, off_dir, MOP_COMPILATION_CACHE="0")
     assert not (off_dir / "jax-compilation").exists()
     assert third["checkpoint_sha256"] == first["checkpoint_sha256"]
+
+
+SEEDS = """
+import json, random, sys
+import numpy as np
+import keras
+from mop_airflow.training.builder import set_random_seed
+
+def draws():  # Python's, NumPy's, and Keras's global seed generator (what an unseeded layer draws from)
+    return [random.random(), float(np.random.rand()), keras.ops.convert_to_numpy(keras.random.normal((4,))).tolist()]
+
+keras.random.normal((2,))  # the global seed generator exists: seeding must reset it
+set_random_seed(11)
+ours, imported = draws(), "tensorflow" in sys.modules
+keras.utils.set_random_seed(11)
+print(json.dumps({"ours": ours, "keras": draws(), "tensorflow": imported}))
+"""
+
+
+def test_on_jax_seeding_draws_what_keras_seeding_draws_without_importing_tensorflow():
+    env = {**os.environ, "KERAS_BACKEND": "jax", "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(REPO)}
+    out = subprocess.run([sys.executable, "-c", SEEDS], env=env, capture_output=True, text=True, cwd=REPO,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["ours"] == result["keras"] and not result["tensorflow"]
 
 
 STEPWISE = """
