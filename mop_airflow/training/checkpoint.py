@@ -17,7 +17,7 @@ from __future__ import annotations
 import io
 import json
 import zipfile
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import numpy as np
 
@@ -81,7 +81,7 @@ def pack_state(values: Mapping[str, list[Any]], meta: Mapping[str, Any]) -> byte
 
 
 def restore_state(model: keras.Model, data: bytes, expect: Mapping[str, Any] | None = None, *,
-                  optimizer: bool = True) -> dict[str, Any]:
+                  optimizer: bool = True, verify: Callable[[], None] | None = None) -> dict[str, Any]:
     """Assign a :func:`state_to_bytes` archive to ``model`` (built by ``build_model``); return its meta.
 
     ``expect`` holds meta values the checkpoint must have (its configuration id and hop): two
@@ -91,10 +91,20 @@ def restore_state(model: keras.Model, data: bytes, expect: Mapping[str, Any] | N
     ``optimizer=False`` restores the model's weights only: a warm start under other optimizer
     settings keeps the model's own optimizer as built (its learning rate, no moments, step 0). The
     optimizer's variables include the learning rate, so restoring them would bring the old one back.
+
+    ``verify()`` raises when ``data`` are not the bytes their hop wrote (a hop's input: their sha256
+    differs from the one it recorded; the shard loop computes it on another thread meanwhile). It is
+    called after the archive is decoded and checked, and before anything is assigned. With it the
+    arrays are read where they lie in one copy of ``data`` (:func:`arrays_in_place`) instead of
+    through ``np.load``, whose CRC-32 check of every array the digest makes redundant.
     """
     try:
-        with np.load(io.BytesIO(data), allow_pickle=False) as archive:
-            arrays = {key: archive[key] for key in archive.files}
+        put = _accelerator_put()
+        if verify is not None:
+            arrays = arrays_in_place(data, copy=put is None)
+        else:
+            with np.load(io.BytesIO(data), allow_pickle=False) as archive:
+                arrays = {key: archive[key] for key in archive.files}
         header = json.loads(arrays.pop(_META_KEY).tobytes().decode())
     except (OSError, ValueError, KeyError, UnicodeDecodeError, zipfile.BadZipFile) as exc:
         raise TrainingError(f"checkpoint is not a readable mop_airflow checkpoint ({exc}). "
@@ -122,9 +132,65 @@ def restore_state(model: keras.Model, data: bytes, expect: Mapping[str, Any] | N
                                     f"{tuple(value.shape)}, model has shape {tuple(variable.shape)}. "
                                     "Fix: restore into a model built from the same configuration")
             assignments.append((variable, value))
-    for variable, value in assignments:
+    values = [value for _, value in assignments]
+    if put is not None and values:
+        values = put(values)  # on their way to the device while the digest is checked, all in one call
+    if verify is not None:
+        verify()
+    for (variable, _), value in zip(assignments, values):
         variable.assign(value)
     return header["meta"]
+
+
+def _accelerator_put() -> Callable[[list[np.ndarray]], list[Any]] | None:
+    """On JAX with an accelerator, ``jax.device_put``: a restore sends every value to its memory in one
+    call, the transfers running together in the background. Elsewhere None: each assign converts its own
+    value (JAX's CPU backend may keep the host memory it is given instead of copying it)."""
+    import keras  # noqa: PLC0415
+
+    if keras.config.backend() != "jax":
+        return None
+    import jax  # noqa: PLC0415
+
+    return None if jax.default_backend() == "cpu" else jax.device_put
+
+
+def arrays_in_place(data: bytes, *, copy: bool = True) -> dict[str, np.ndarray]:
+    """The arrays of a :func:`pack_state` archive (an uncompressed ``.npz``) as views into ``data``: the
+    zip's directory and each ``.npy`` header are parsed; the values are neither copied nor CRC-checked.
+    Only for bytes whose digest is checked. ``copy``: views into one writable copy of ``data``, arrays
+    that own their memory as np.load's do (needed where a backend may keep that memory as a variable's);
+    without it they are read-only views into ``data`` (for values copied to a device at once)."""
+    buffer = bytearray(data) if copy else data
+    arrays: dict[str, np.ndarray] = {}
+    with zipfile.ZipFile(io.BytesIO(data)) as archive:
+        for info in archive.infolist():
+            if info.compress_type != zipfile.ZIP_STORED or not info.filename.endswith(".npy"):
+                raise ValueError(f"{info.filename} is not a stored .npy entry")
+            local = info.header_offset
+            if data[local:local + 4] != b"PK\x03\x04":
+                raise zipfile.BadZipFile(f"no local header for {info.filename}")
+            name_length = int.from_bytes(data[local + 26:local + 28], "little")
+            extra_length = int.from_bytes(data[local + 28:local + 30], "little")
+            start = local + 30 + name_length + extra_length
+            version = tuple(data[start + 6:start + 8])
+            if data[start:start + 6] != b"\x93NUMPY" or version not in ((1, 0), (2, 0)):
+                raise ValueError(f"{info.filename} is not a .npy array of format 1.0 or 2.0")
+            size = 2 if version == (1, 0) else 4  # the header's length field
+            header_end = start + 8 + size + int.from_bytes(data[start + 8:start + 8 + size], "little")
+            npy = io.BytesIO(data[start:header_end])
+            np.lib.format.read_magic(npy)
+            read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else \
+                np.lib.format.read_array_header_2_0
+            shape, fortran, dtype = read_header(npy)
+            if dtype.hasobject:
+                raise ValueError(f"{info.filename} holds Python objects")
+            count = int(np.prod(shape, dtype=np.int64))
+            if npy.tell() + count * dtype.itemsize != info.file_size:
+                raise ValueError(f"{info.filename}: {info.file_size} bytes do not hold {shape} of {dtype}")
+            array = np.frombuffer(buffer, dtype=dtype, count=count, offset=start + npy.tell())
+            arrays[info.filename[:-len(".npy")]] = array.reshape(shape, order="F" if fortran else "C")
+    return arrays
 
 
 def _describe(meta: Mapping[str, Any]) -> str:

@@ -93,7 +93,7 @@ class TrainedHop:
         store, cid, t = self.layout.store, self.assignment.config_id, self.record["t"]
         began = time.time()
         state = pack_state(self.state, self.meta)
-        sha256 = hashlib.sha256(state).hexdigest()
+        sha256 = sha256_of(state)
         packed = time.time()
         uri = self.record["checkpoint"]
         store.write_bytes(uri, state)  # atomic: a reader sees the previous object or this one
@@ -111,11 +111,13 @@ class TrainedHop:
 
 def train_hop(layout: RunLayout, run: RunRecord, manifest: Manifest, assignment: Assignment, *, t: int, shard: int,
               rung_end: bool = False, cache_dir: str, where: Where = Where(), session: TaskSession | None = None,
-              bundle: int | None = None, read_checkpoint: Callable[[str], tuple[bytes, str]] | None = None) -> TrainedHop:
+              bundle: int | None = None,
+              read_checkpoint: Callable[[str], tuple[bytes, Callable[[], str]]] | None = None) -> TrainedHop:
     """:func:`run_hop` up to the commit: load, train, evaluate, and take the state out of the model.
 
-    ``read_checkpoint(uri)`` reads the input checkpoint and its sha256 (the shard loop reads and hashes
-    the next hop's ahead, while this one trains); by default :func:`read_hashed`.
+    ``read_checkpoint(uri)`` reads the input checkpoint: its bytes, and a function that returns their
+    sha256 (the shard loop reads and hashes the next hop's ahead while this one trains, or hashes them
+    on another thread while they are decoded); by default both here, one after the other.
     """
     entered = time.time()
     started = where.started_at or entered
@@ -149,15 +151,21 @@ def train_hop(layout: RunLayout, run: RunRecord, manifest: Manifest, assignment:
     built = time.time()
     checkpoint_bytes = 0
     if assignment.checkpoint:
-        state_in, found = (read_checkpoint or (lambda uri: read_hashed(store, uri)))(assignment.checkpoint)
+        state_in, digest = (read_checkpoint or (lambda uri: _read_then_hash(store, uri)))(assignment.checkpoint)
         checkpoint_bytes = len(state_in)
-        if assignment.checkpoint_sha256 and found != assignment.checkpoint_sha256:
-            raise TrainingError(
-                f"checkpoint {assignment.checkpoint} is corrupt: its sha256 is {found}, hop {assignment.t} wrote "
-                f"{assignment.checkpoint_sha256}. Fix: clear {cid}'s hop {assignment.t} (and the hops after it) "
-                "so it is trained and written again")
+
+        def verify() -> None:  # before the state is assigned: a corrupt one never trains
+            found = digest()
+            if found != assignment.checkpoint_sha256:
+                raise _Corrupt(
+                    f"checkpoint {assignment.checkpoint} is corrupt: its sha256 is {found}, hop {assignment.t} "
+                    f"wrote {assignment.checkpoint_sha256}. Fix: clear {cid}'s hop {assignment.t} (and the hops "
+                    "after it) so it is trained and written again")
         try:
-            meta = restore_state(model, state_in, expect={"config_id": cid, "t": assignment.t})
+            meta = restore_state(model, state_in, expect={"config_id": cid, "t": assignment.t},
+                                 verify=verify if assignment.checkpoint_sha256 else None)
+        except _Corrupt:
+            raise
         except TrainingError as exc:
             raise TrainingError(f"{assignment.checkpoint}: {exc}") from exc
         if meta.get("copied_from"):  # a PBT copy: the source's weights and moments, its own learning rate
@@ -201,11 +209,24 @@ def train_hop(layout: RunLayout, run: RunRecord, manifest: Manifest, assignment:
                       meta={"config_id": cid, "t": t, "iteration": iteration, "hop": hop, "shard": shard})
 
 
+class _Corrupt(TrainingError):
+    """A hop's input checkpoint is not the one its hop wrote."""
+
+
 def read_hashed(store: Any, uri: str, *, tally: bool = True) -> tuple[bytes, str]:
     """A checkpoint's bytes and their sha256, to check against the one its hop recorded (``tally``: as
     the store's ``read_bytes``)."""
     data = store.read_bytes(uri, tally=tally)
-    return data, hashlib.sha256(data).hexdigest()
+    return data, sha256_of(data)
+
+
+def sha256_of(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _read_then_hash(store: Any, uri: str) -> tuple[bytes, Callable[[], str]]:
+    data = store.read_bytes(uri)
+    return data, lambda: sha256_of(data)
 
 
 def streams(entry: Any, run: RunRecord) -> bool:
@@ -241,7 +262,7 @@ def warm_start(model: Any, store: Any, source: dict[str, Any]) -> int:
     from mop_airflow.training.checkpoint import restore_state  # noqa: PLC0415
 
     data = store.read_bytes(source["checkpoint"])
-    found = hashlib.sha256(data).hexdigest()
+    found = sha256_of(data)
     if source.get("checkpoint_sha256") and found != source["checkpoint_sha256"]:
         raise TrainingError(f"warm-start checkpoint {source['checkpoint']} of run {source['run_id']} is corrupt: its "
                             f"sha256 is {found}, its hop wrote {source['checkpoint_sha256']}. Fix: start from "

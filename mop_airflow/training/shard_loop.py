@@ -45,6 +45,7 @@ import socket
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_for
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable, Sequence
 
@@ -52,7 +53,7 @@ from mop_airflow.errors import BlockIncompleteError
 from mop_airflow.planning.schedule import DEFAULT_PRIORITY, priority_weight, shard_at
 from mop_airflow.records import Assignment, BundleAssignment, HopRecord, Manifest, RunRecord, SlotStatus
 from mop_airflow.records.layout import RunLayout
-from mop_airflow.training.model_hop import Where, read_hashed, record_failure, state_after, train_hop
+from mop_airflow.training.model_hop import Where, read_hashed, record_failure, sha256_of, state_after, train_hop
 from mop_airflow.training.session import WARM_MODELS, TaskSession
 
 log = logging.getLogger(__name__)
@@ -77,10 +78,13 @@ class SlotStopped(Exception):
 class SlotYielded(Exception):
     """The slot gave its pool slot back: a slot of its block ranked before it has not started (another
     block may hold its pool). Its committed hops stay; try the task again later."""
+
+
 # Polling the store for committed hops: fast while hops arrive, backing off to the most when they
-# don't. A local store's look is a stat, so it stays quick (a GPU hop takes a quarter of a second); an
-# object store's is a request, so it backs off further.
-POLL_FIRST, POLL_MOST, POLL_MOST_REMOTE = 0.01, 0.05, 0.5
+# don't. A local store's look is a stat, so it stays quick (a GPU hop of the 1 M-weight CNN takes a
+# tenth of a second, and with as many configurations as shards each hop waits for another slot's
+# commit); an object store's is a request, so it backs off further.
+POLL_FIRST, POLL_MOST, POLL_MOST_REMOTE = 0.002, 0.05, 0.5
 # Hops trained and not yet committed, at most: one the writer commits while the next one trains
 # keeps both busy; a bound keeps the memory their taken states hold to two states.
 STATES_HELD = 2
@@ -218,16 +222,20 @@ class _Loop:
         self.status = _Status(layout, block, shard, slot, where, left=len(self.pending))
         self.result = SlotResult()
         self.peers: dict[tuple[int, int], _Peer] = {}
+        self.hasher: ThreadPoolExecutor | None = None  # while train_all runs: hashes a hop's input as it is decoded
 
     def train_all(self) -> SlotResult:
         result = self.result
         self.began = time.time()
         self.status.start()
         with ThreadPoolExecutor(1, thread_name_prefix="mop-commit") as writer, \
-                ThreadPoolExecutor(1, thread_name_prefix="mop-read-ahead") as reader:
+                ThreadPoolExecutor(1, thread_name_prefix="mop-read-ahead") as reader, \
+                ThreadPoolExecutor(1, thread_name_prefix="mop-hash") as hasher:
+            self.hasher = hasher
             commits: list[tuple[BlockHop, Future]] = []
             ahead: dict[str, Future] = {}
             poll = POLL_FIRST
+            local = self.layout.store.protocol == "file"
             while self.pending or commits:
                 if self.stop.is_set():
                     self._settle(commits, block=True, every=True)
@@ -236,8 +244,10 @@ class _Loop:
                 self._settle(commits, block=False)
                 ready, waiting = self._ready()
                 if not ready:
-                    if commits:  # this slot's own commits may be what its next hop waits for
-                        self._settle(commits, block=True)
+                    if commits:  # its next hop waits for this slot's own commit, or for another slot's: whichever comes
+                        wait_for([commits[0][1]], timeout=poll)
+                        if not local:  # a look is a request there
+                            poll = min(poll * 2, POLL_MOST_REMOTE)
                         continue
                     if not waiting:
                         break
@@ -245,7 +255,7 @@ class _Loop:
                     if self.pending:
                         self.stop.wait(poll)  # a stop wakes the slot at once
                         result.waited += poll
-                        poll = min(poll * 2, POLL_MOST if self.layout.store.protocol == "file" else POLL_MOST_REMOTE)
+                        poll = min(poll * 2, POLL_MOST if local else POLL_MOST_REMOTE)
                     continue
                 poll = POLL_FIRST
                 hop, state = ready[0]
@@ -309,13 +319,14 @@ class _Loop:
         self.status.training = hop.label
         where = replace(self.where, started_at=taken)
 
-        def read(uri: str) -> tuple[bytes, str]:
+        def read(uri: str) -> tuple[bytes, Callable[[], str]]:
             future = ahead.pop(uri, None)
-            if future is None:
-                return read_hashed(layout.store, uri)
+            if future is None:  # hashed on another thread (hashlib lets go of the GIL) while the bytes are decoded
+                data = layout.store.read_bytes(uri)
+                return data, self.hasher.submit(sha256_of, data).result
             data, sha256 = future.result()
             layout.store.bytes_read += len(data)
-            return data, sha256
+            return data, lambda: sha256
 
         log.info("%s on shard %d from %s", hop.label, hop.shard, state.checkpoint or "its initial weights")
         try:

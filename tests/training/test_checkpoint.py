@@ -9,7 +9,7 @@ import pytest
 
 from mop_airflow.errors import TrainingError
 from mop_airflow.training.builder import build_model
-from mop_airflow.training.checkpoint import pack_state, restore_state, state_to_bytes, take_state
+from mop_airflow.training.checkpoint import arrays_in_place, pack_state, restore_state, state_to_bytes, take_state
 from mop_airflow.training.hop import train_on_shard
 from tests.training.toys import make_config
 
@@ -147,3 +147,54 @@ def test_a_taken_state_packs_to_the_bytes_of_its_moment_after_the_model_trains_o
     train_on_shard(model, x, y, batch_size=8, epochs=1, seed=4, iteration=1, shard=1)
     assert state_to_bytes(model, meta) != then
     assert pack_state(taken, meta) == then
+
+
+def test_a_verified_restore_reads_thearrays_in_place_and_restores_the_same_state(trained):
+    """With its digest checked (``verify``), a hop's input is read where its arrays lie in the archive,
+    without np.load's copies and CRC-32s: every array as np.load reads it, writable and the model's own."""
+    model, data = trained
+    with np.load(io.BytesIO(data), allow_pickle=False) as archive:
+        loaded = {key: archive[key] for key in archive.files}
+    in_place = arrays_in_place(data)
+    assert in_place.keys() == loaded.keys()
+    for key, value in loaded.items():
+        assert in_place[key].dtype == value.dtype and np.array_equal(in_place[key], value), key
+        assert in_place[key].flags.writeable  # a copy of the bytes, not the immutable bytes themselves
+    views = arrays_in_place(data, copy=False)  # for values copied to a device at once: views into the bytes
+    assert all(np.array_equal(views[key], value) and not views[key].flags.writeable for key, value in loaded.items())
+    checked = []
+    fresh = build_model(make_config(), input_shapes={"features": (6,)}, num_classes=3, seed=99)
+    assert restore_state(fresh, data, verify=lambda: checked.append(True)) == {"config_id": "c000-test00", "t": 0}
+    assert checked == [True]
+    for saved, restored in zip([*model.variables, *model.optimizer.variables],
+                               [*fresh.variables, *fresh.optimizer.variables], strict=True):
+        assert np.array_equal(saved.numpy(), restored.numpy()), saved.path
+
+
+def test_a_restore_whose_digest_check_fails_assigns_nothing(trained):
+    model, data = trained
+    fresh = build_model(make_config(), input_shapes={"features": (6,)}, num_classes=3, seed=99)
+    before = [v.numpy().copy() for v in [*fresh.variables, *fresh.optimizer.variables]]
+
+    def corrupt():
+        raise TrainingError("checkpoint x is corrupt")
+
+    with pytest.raises(TrainingError, match="is corrupt"):
+        restore_state(fresh, data, verify=corrupt)
+    after = [v.numpy() for v in [*fresh.variables, *fresh.optimizer.variables]]
+    assert all(np.array_equal(a, b) for a, b in zip(before, after, strict=True))
+
+
+def test_a_verified_restore_refuses_bytes_that_are_not_a_checkpoint(trained):
+    model, data = trained
+    with np.load(io.BytesIO(data), allow_pickle=False) as archive:
+        arrays = {key: archive[key] for key in archive.files}
+    compressed = io.BytesIO()
+    np.savez_compressed(compressed, **arrays)  # a valid .npz, but not one pack_state writes
+    arrays["model/00000"] = np.array([_Payload()], dtype=object)
+    pickled = io.BytesIO()
+    np.savez(pickled, **arrays)
+    for garbage in (b"not a checkpoint", data[: len(data) // 2], compressed.getvalue(), pickled.getvalue()):
+        with pytest.raises(TrainingError, match="not a readable mop_airflow checkpoint"):
+            restore_state(model, garbage, verify=lambda: None)
+    assert not _Payload.ran
