@@ -25,6 +25,10 @@ MAX_MODELS = 4
 WARM_MODELS = 32
 HOPS_PER_WORKER_ENV = "MOP_AIRFLOW_HOPS_PER_WORKER"
 COMPILATION_CACHE_ENV = "MOP_COMPILATION_CACHE"  # "0": JAX compiles every hop's steps afresh
+DEVICE_ARRAYS_ENV = "MOP_DEVICE_ARRAYS"  # "0": shards stay in host memory; "1": on the device, the CPU too
+# The most a shard's arrays take in an accelerator's memory (x and y): an in-memory shard is a small file
+# (a larger one streams through its hops), and the slots share the device with their models.
+DEVICE_ARRAYS_MAX_BYTES = 1 << 30
 
 
 def threads_for(setting: int | str, slots: int, *, cores: int | None = None, env: Any = os.environ) -> int:
@@ -81,6 +85,32 @@ def compilation_cache(cache_dir: str, environ: Any = os.environ) -> str | None:
     return folder
 
 
+def on_accelerator(x: Any, y: Any, environ: Any = os.environ) -> tuple[Any, Any]:
+    """A shard's arrays in the accelerator's memory, on Keras's JAX backend (cast as Keras casts what
+    ``fit`` is given): each pass then gathers its batches there, in its own order, instead of copying the
+    permuted shard on the host and every batch to the device. The values are the same, so is what the
+    model learns. Left on the host on the CPU, under a distribution, above ``DEVICE_ARRAYS_MAX_BYTES``,
+    and with ``MOP_DEVICE_ARRAYS=0`` (``1`` moves them on the CPU too)."""
+    setting = (environ.get(DEVICE_ARRAYS_ENV) or "").strip()
+    if setting == "0":
+        return x, y
+    import keras  # noqa: PLC0415
+
+    if keras.config.backend() != "jax" or keras.distribution.distribution() is not None:
+        return x, y
+    import jax  # noqa: PLC0415
+
+    from mop_airflow.training.steps import as_keras_arrays  # noqa: PLC0415
+
+    if setting != "1" and jax.default_backend() == "cpu":
+        return x, y
+    x, y = as_keras_arrays(x, y)
+    held = sum(v.nbytes for v in (x.values() if isinstance(x, dict) else [x])) + y.nbytes
+    if held > DEVICE_ARRAYS_MAX_BYTES:
+        return x, y
+    return jax.device_put((x, y))
+
+
 class TaskSession:
     """Per task process: the loaded shard and validation arrays, and compiled models by key."""
 
@@ -109,7 +139,8 @@ class TaskSession:
         if path not in self._arrays:
             from mop_airflow.data.cache import load_shard  # noqa: PLC0415
 
-            self._arrays[path] = load_shard(path, self.manifest)
+            self.start_backend()  # before the arrays may go to the device
+            self._arrays[path] = on_accelerator(*load_shard(path, self.manifest))
         return self._arrays[path]
 
     def model(self, config: dict[str, Any], *, seed: int, fresh: bool) -> tuple[Any, bool]:

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import sys
 import weakref
 from typing import Any, Callable, Iterable, Iterator
 
@@ -57,12 +58,19 @@ def as_keras_arrays(x: Any, y: np.ndarray) -> tuple[Any, np.ndarray]:
     (float64 from pandas or Parquet doubles) cast to floatx, everything else as it is."""
     floatx = np.dtype(keras.config.floatx())
 
-    def cast(values: np.ndarray) -> np.ndarray:
-        values = np.asarray(values)
+    def cast(values: Any) -> Any:
+        if not on_device(values):  # arrays a warm slot keeps on its accelerator stay there
+            values = np.asarray(values)
         return values.astype(floatx) if np.issubdtype(values.dtype, np.floating) and values.dtype != floatx else values
 
     inputs = {name: cast(values) for name, values in x.items()} if isinstance(x, dict) else cast(x)
     return inputs, cast(y)
+
+
+def on_device(values: Any) -> bool:
+    """Whether ``values`` is a JAX array (held in a device's memory), not a host array."""
+    jax = sys.modules.get("jax")  # never imported for this: a host array needs no JAX
+    return jax is not None and isinstance(values, jax.Array)
 
 
 def train_pass(model: keras.Model, x: Any, y: np.ndarray, *, batch_size: int) -> dict[str, float]:
@@ -213,8 +221,43 @@ def _rows(x: Any, start: int, end: int) -> Any:
 def _batches(x: Any, y: np.ndarray, batch_size: int) -> Iterator[tuple[Any, np.ndarray]]:
     if batch_size < 1:
         raise ValueError(f"batch_size={batch_size} must be >= 1. Fix: set the configuration's batch_size to 1 or more")
+    if on_device(y):
+        yield from _device_batches(x, y, batch_size)
+        return
     for start in range(0, len(y), batch_size):
         yield _rows(x, start, start + batch_size), y[start:start + batch_size]
+
+
+def _device_batches(x: Any, y: Any, batch_size: int) -> Iterator[tuple[Any, Any]]:
+    """Arrays held on the device, cut into the same batches by one compiled call: a slice per batch
+    would be an op dispatched per batch and input, about as long as the host copies it saves."""
+    bounds = tuple(range(batch_size, len(y), batch_size))
+    if len(bounds) >= MAX_SPLIT:  # a program with that many outputs would take long to compile
+        for start in range(0, len(y), batch_size):
+            yield _rows(x, start, start + batch_size), y[start:start + batch_size]
+        return
+    xs, ys = _split_on_device()(x, y, bounds)
+    if isinstance(x, dict):
+        xs = [dict(zip(xs, parts)) for parts in zip(*xs.values())]
+    yield from zip(xs, ys)
+
+
+_SPLIT: list[Callable[..., Any]] = []
+MAX_SPLIT = 1024  # batches a pass cuts in one compiled call at most
+
+
+def _split_on_device() -> Callable[..., Any]:
+    """``(x, y, bounds) -> (x's batches, y's batches)``, compiled once per shape and bounds."""
+    if not _SPLIT:
+        import jax  # noqa: PLC0415
+        import jax.numpy as jnp  # noqa: PLC0415
+
+        def split(x: Any, y: Any, bounds: tuple[int, ...]) -> tuple[Any, Any]:
+            cut = lambda values: jnp.split(values, bounds)  # noqa: E731
+            return ({name: cut(values) for name, values in x.items()} if isinstance(x, dict) else cut(x)), cut(y)
+
+        _SPLIT.append(jax.jit(split, static_argnums=2))
+    return _SPLIT[0]
 
 
 def _epoch_logs(model: keras.Model, logs: Any) -> dict[str, float]:

@@ -30,17 +30,22 @@ from mop_airflow.records import Assignment, Manifest, RunRecord
 from mop_airflow.records.layout import RunLayout
 from mop_airflow.store import Store
 from mop_airflow.training.model_hop import run_hop
+from mop_airflow.training.session import TaskSession
+from mop_airflow.training.steps import on_device
 
 root, run_uri, manifest_uri, cache_dir = sys.argv[1:]
 store = Store(root)
 run = RunRecord.read(store, run_uri)
 manifest = Manifest.read(store, manifest_uri)
 cid = run.configs[0]["config_id"]
+session = TaskSession(run, manifest, cache_dir)
 record, out = run_hop(RunLayout(store, run.dag_id, run.run_id), run, manifest, Assignment(cid, -1, None), t=0,
-                      shard=0, cache_dir=cache_dir)
+                      shard=0, cache_dir=cache_dir, session=session, rung_end=True)
 import keras
 print(json.dumps({"backend": keras.config.backend(), "threads": record.threads, "loss": record.train_metrics["loss"],
-                  "checkpoint_sha256": record.checkpoint_sha256, "tensorflow": "tensorflow" in sys.modules}))
+                  "val": record.val_metrics, "checkpoint_sha256": record.checkpoint_sha256,
+                  "tensorflow": "tensorflow" in sys.modules,
+                  "on_device": [on_device(x) and on_device(y) for x, y in session._arrays.values()]}))
 """
 
 
@@ -92,6 +97,18 @@ def test_a_second_hop_process_loads_the_compiled_steps_and_trains_to_the_same_bi
     third = hop_process(root, third_run, manifest, off_dir, MOP_COMPILATION_CACHE="0")
     assert not (off_dir / "jax-compilation").exists()
     assert third["checkpoint_sha256"] == first["checkpoint_sha256"]
+
+
+def test_on_jax_a_shard_held_on_the_device_trains_and_evaluates_to_the_same_bits(runs, tmp_path):
+    """On an accelerator a slot keeps its shard and the validation rows in the device's memory and gathers
+    each pass's batches there: the same rows in the same order, so the same checkpoint and metrics as
+    from host arrays (forced here on JAX's CPU backend, where they stay on the host by default)."""
+    root, (first_run, second_run, _), manifest = runs
+    on_host = hop_process(root, first_run, manifest, tmp_path / "cache-1")
+    on_device = hop_process(root, second_run, manifest, tmp_path / "cache-2", MOP_DEVICE_ARRAYS="1")
+    assert on_host["on_device"] == [False, False] and on_device["on_device"] == [True, True]  # shard, validation
+    assert on_device["val"] == on_host["val"] and on_host["val"]["val_loss"] > 0
+    assert on_device["checkpoint_sha256"] == on_host["checkpoint_sha256"]
 
 
 SEEDS = """
