@@ -18,10 +18,11 @@ one configuration's pass over the whole data, i.e. its 4 hops' seconds on the sl
 release, commit excluded: the commit runs beside the next hop), against plain Keras's epoch.
 
     KERAS_BACKEND=jax JAX_PLATFORMS=cpu python benchmarks/warm_shards.py [--model cnn1m] [--configs 4]
-        [--iterations 10] [--images 20000] [--out DIR]
+        [--iterations 10] [--images 20000] [--no-trials] [--out DIR]
     python benchmarks/warm_shards.py --model cnn --iterations 3          # TensorFlow on the CPU, MNIST-1D
 
-Generated data is written to a temporary folder and deleted afterwards.
+Generated data is written to a temporary folder and deleted afterwards. ``--out`` keeps the figures
+(``warm_shards.json``) and every hop's timestamps and parts (``slots.json``).
 """
 
 from __future__ import annotations
@@ -277,6 +278,8 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=10)
     parser.add_argument("--images", type=int, default=20000, help="rows of generated images (cnn1m)")
     parser.add_argument("--out", default=None, help="folder for warm_shards.json")
+    parser.add_argument("--no-trials", action="store_true", help="leave the task-parallel pattern out (a second "
+                        "run of the slots, on other code, beside a full one)")
     args = parser.parse_args()
     os.environ["MOP_BENCH_SHARDS"] = str(args.shards)  # the slot processes read it
     os.environ.setdefault("MOP_SHARD_YIELD_SECONDS", "3600")  # the four slots start together here
@@ -291,11 +294,13 @@ def main() -> None:
                         "SLOT")
         print(f"warm shard slots done in {time.time() - began:.1f} s", flush=True)
         warm_wall = time.time() - began
-        began = time.time()
-        trials = collect([launch("trial", state, "--config", cid, sharing=args.configs) for cid in
-                          [c for cls in json.loads(state.read_text())["classes"] for c in cls]], "TRIAL")
-        trial_wall = time.time() - began
-        print(f"task-parallel trials done in {trial_wall:.1f} s", flush=True)
+        trials, trial_wall = [], float("nan")
+        if not args.no_trials:
+            began = time.time()
+            trials = collect([launch("trial", state, "--config", cid, sharing=args.configs) for cid in
+                              [c for cls in json.loads(state.read_text())["classes"] for c in cls]], "TRIAL")
+            trial_wall = time.time() - began
+            print(f"task-parallel trials done in {trial_wall:.1f} s", flush=True)
         (plain,) = collect([launch("plain", state, sharing=1)], "PLAIN")
         report(args, slots, warm_wall, trials, trial_wall, plain)
     finally:
@@ -331,7 +336,7 @@ def report(args, slots, warm_wall, trials, trial_wall, plain) -> None:
                  "config_epoch": config_epoch, "config_epoch_training": train_epoch},
         "task_parallel": {"wall": trial_wall, "process": statistics.mean(t["process"] for t in trials),
                           "first_epoch": statistics.mean(t["epochs"][0] for t in trials),
-                          "steady_epoch": statistics.mean(t["epochs"][-1] for t in trials)},
+                          "steady_epoch": statistics.mean(t["epochs"][-1] for t in trials)} if trials else None,
         "plain_keras": {"steady_epoch": steady, "sequential_process": plain["process"]},
     }
     print(f"{args.configs} configurations x {args.iterations} iterations of {args.model} on {args.shards} shards "
@@ -339,9 +344,10 @@ def report(args, slots, warm_wall, trials, trial_wall, plain) -> None:
     print(f"  warm shard slots, {args.shards} processes    wall {warm_wall:7.1f} s  (start-up to the first hop "
           f"{figures['warm']['startup']:.1f} s, waiting {figures['warm']['waited']:.1f} s a slot, {len(hops)} hops, "
           f"median hop {figures['warm']['hop_median']:.3f} s)")
-    print(f"  task-parallel, {args.configs} processes     wall {trial_wall:7.1f} s  (process start "
-          f"{figures['task_parallel']['process']:.1f} s, first epoch {figures['task_parallel']['first_epoch']:.2f} s, "
-          f"steady {figures['task_parallel']['steady_epoch']:.3f} s)")
+    if trials:
+        print(f"  task-parallel, {args.configs} processes     wall {trial_wall:7.1f} s  (process start "
+              f"{figures['task_parallel']['process']:.1f} s, first epoch {figures['task_parallel']['first_epoch']:.2f} s, "
+              f"steady {figures['task_parallel']['steady_epoch']:.3f} s)")
     print(f"  plain Keras, 1 process, sequential  wall {plain['process']:7.1f} s  (steady epoch {steady:.3f} s)")
     first = [h for h in hops if h["iteration"] == 0]
     figures["warm"]["first_pass_hops"] = sum(h["released_at"] - h["started_at"] for h in first) / max(1, len(slots))
@@ -360,13 +366,16 @@ def report(args, slots, warm_wall, trials, trial_wall, plain) -> None:
           ", ".join(f"{k} {v:.2f}" for k, v in figures["warm"]["first_hop_parts"].items() if v >= 0.005))
     share = (f"; TensorFlow on {cores} CPU cores, one thread in every process: {args.shards} slots, "
              f"{args.configs} trials") if keras.config.backend() == "tensorflow" else (
-        f"; JAX's own thread pool in every process ({args.shards} slots, {args.configs} trials share the device)")
+        f"; JAX's own thread pool in every process ({args.shards} slots" +
+        (f", {args.configs} trials" if trials else "") + " share the device)")
     print(f"  configuration-epoch on the warm slots (after each configuration's first): {config_epoch:.3f} s = "
           f"{config_epoch / steady:.2f}x plain Keras's steady epoch (training steps alone {train_epoch:.3f} s = "
           f"{train_epoch / steady:.2f}x){share}")
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
         (Path(args.out) / "warm_shards.json").write_text(json.dumps(figures, indent=2))
+        # every hop's timestamps and parts, for a timeline of the slots (where they waited, for what)
+        (Path(args.out) / "slots.json").write_text(json.dumps({"slots": slots, "trials": trials, "plain": plain}))
 
 
 if __name__ == "__main__":
