@@ -232,7 +232,8 @@ def test_the_page_follows_the_run_from_preflight_through_training_to_the_report(
     assert training["note"].startswith("Provisional")
     assert len(training["rows"]) == 3
     done, total = map(int, training["progress"].split("Model hops ")[1].split(" \u00b7")[0].split(" / "))
-    assert total == 12 and 0 <= done < 12
+    # the stage turns to reporting once the train tasks end: the last hop may be committed just before
+    assert total == 12 and 0 <= done <= 12
     assert {row["status"] for row in training["rows"]} <= {"training", "waiting", "finished"}
 
     final = page.wait_for_function(f"() => document.body.dataset.stage === 'reported' && ({SNAPSHOT})()",
