@@ -146,13 +146,13 @@ def _accelerator_put() -> Callable[[list[np.ndarray]], list[Any]] | None:
     """On JAX with an accelerator, ``jax.device_put``: a restore sends every value to its memory in one
     call, the transfers running together in the background. Elsewhere None: each assign converts its own
     value (JAX's CPU backend may keep the host memory it is given instead of copying it)."""
-    import keras  # noqa: PLC0415
+    from mop_airflow.training.steps import jax_accelerator  # noqa: PLC0415
 
-    if keras.config.backend() != "jax":
+    if not jax_accelerator():
         return None
     import jax  # noqa: PLC0415
 
-    return None if jax.default_backend() == "cpu" else jax.device_put
+    return jax.device_put
 
 
 def arrays_in_place(data: bytes, *, copy: bool = True) -> dict[str, np.ndarray]:

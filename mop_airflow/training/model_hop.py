@@ -151,7 +151,8 @@ def train_hop(layout: RunLayout, run: RunRecord, manifest: Manifest, assignment:
     built = time.time()
     checkpoint_bytes = 0
     if assignment.checkpoint:
-        state_in, digest = (read_checkpoint or (lambda uri: _read_then_hash(store, uri)))(assignment.checkpoint)
+        read = read_checkpoint or (lambda uri: with_digest(*read_hashed(store, uri)))
+        state_in, digest = read(assignment.checkpoint)
         checkpoint_bytes = len(state_in)
 
         def verify() -> None:  # before the state is assigned: a corrupt one never trains
@@ -224,9 +225,9 @@ def sha256_of(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _read_then_hash(store: Any, uri: str) -> tuple[bytes, Callable[[], str]]:
-    data = store.read_bytes(uri)
-    return data, lambda: sha256_of(data)
+def with_digest(data: bytes, sha256: str) -> tuple[bytes, Callable[[], str]]:
+    """:func:`read_hashed`'s answer as ``read_checkpoint`` gives it: the digest behind a function."""
+    return data, lambda: sha256
 
 
 def streams(entry: Any, run: RunRecord) -> bool:

@@ -96,14 +96,14 @@ def on_accelerator(x: Any, y: Any, environ: Any = os.environ) -> tuple[Any, Any]
         return x, y
     import keras  # noqa: PLC0415
 
+    from mop_airflow.training.steps import as_keras_arrays, jax_accelerator  # noqa: PLC0415
+
     if keras.config.backend() != "jax" or keras.distribution.distribution() is not None:
+        return x, y
+    if setting != "1" and not jax_accelerator():
         return x, y
     import jax  # noqa: PLC0415
 
-    from mop_airflow.training.steps import as_keras_arrays  # noqa: PLC0415
-
-    if setting != "1" and jax.default_backend() == "cpu":
-        return x, y
     x, y = as_keras_arrays(x, y)
     held = sum(v.nbytes for v in (x.values() if isinstance(x, dict) else [x])) + y.nbytes
     if held > DEVICE_ARRAYS_MAX_BYTES:

@@ -53,7 +53,8 @@ from mop_airflow.errors import BlockIncompleteError
 from mop_airflow.planning.schedule import DEFAULT_PRIORITY, priority_weight, shard_at
 from mop_airflow.records import Assignment, BundleAssignment, HopRecord, Manifest, RunRecord, SlotStatus
 from mop_airflow.records.layout import RunLayout
-from mop_airflow.training.model_hop import Where, read_hashed, record_failure, sha256_of, state_after, train_hop
+from mop_airflow.training.model_hop import (Where, read_hashed, record_failure, sha256_of, state_after, train_hop,
+                                            with_digest)
 from mop_airflow.training.session import WARM_MODELS, TaskSession
 
 log = logging.getLogger(__name__)
@@ -222,7 +223,6 @@ class _Loop:
         self.status = _Status(layout, block, shard, slot, where, left=len(self.pending))
         self.result = SlotResult()
         self.peers: dict[tuple[int, int], _Peer] = {}
-        self.hasher: ThreadPoolExecutor | None = None  # while train_all runs: hashes a hop's input as it is decoded
 
     def train_all(self) -> SlotResult:
         result = self.result
@@ -231,7 +231,6 @@ class _Loop:
         with ThreadPoolExecutor(1, thread_name_prefix="mop-commit") as writer, \
                 ThreadPoolExecutor(1, thread_name_prefix="mop-read-ahead") as reader, \
                 ThreadPoolExecutor(1, thread_name_prefix="mop-hash") as hasher:
-            self.hasher = hasher
             commits: list[tuple[BlockHop, Future]] = []
             ahead: dict[str, Future] = {}
             poll = POLL_FIRST
@@ -270,7 +269,7 @@ class _Loop:
                 # at most STATES_HELD at once, so a store slower than training slows the slot instead
                 if len(commits) >= STATES_HELD:
                     self._settle(commits, block=True)
-                trained = self._train(hop, state, ahead)
+                trained = self._train(hop, state, ahead, hasher)
                 if trained is not None:
                     commits.append((hop, writer.submit(trained.commit)))
             self._settle(commits, block=True, every=True)
@@ -303,7 +302,7 @@ class _Loop:
         waiting += [h for h in self.pending if h.hop != earliest[h.config_id] and h.config_id not in failed]
         return ready, waiting  # in the pending hops' order: by priority
 
-    def _train(self, hop: BlockHop, state: Assignment, ahead: dict[str, Future]) -> Any:
+    def _train(self, hop: BlockHop, state: Assignment, ahead: dict[str, Future], hasher: ThreadPoolExecutor) -> Any:
         """Train one hop (or find it committed by an earlier try); returns what to commit, or None."""
         layout, result = self.layout, self.result
         earlier = committed(layout, state, hop.hop)
@@ -323,10 +322,10 @@ class _Loop:
             future = ahead.pop(uri, None)
             if future is None:  # hashed on another thread (hashlib lets go of the GIL) while the bytes are decoded
                 data = layout.store.read_bytes(uri)
-                return data, self.hasher.submit(sha256_of, data).result
+                return data, hasher.submit(sha256_of, data).result
             data, sha256 = future.result()
             layout.store.bytes_read += len(data)
-            return data, lambda: sha256
+            return with_digest(data, sha256)
 
         log.info("%s on shard %d from %s", hop.label, hop.shard, state.checkpoint or "its initial weights")
         try:

@@ -30,6 +30,7 @@ callers keep ``fit``/``evaluate`` (:func:`stepwise_supported`).
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import sys
@@ -71,6 +72,15 @@ def on_device(values: Any) -> bool:
     """Whether ``values`` is a JAX array (held in a device's memory), not a host array."""
     jax = sys.modules.get("jax")  # never imported for this: a host array needs no JAX
     return jax is not None and isinstance(values, jax.Array)
+
+
+def jax_accelerator() -> bool:
+    """Whether Keras runs on JAX with an accelerator (not the CPU) as its default device."""
+    if keras.config.backend() != "jax":
+        return False
+    import jax  # noqa: PLC0415
+
+    return jax.default_backend() != "cpu"
 
 
 def train_pass(model: keras.Model, x: Any, y: np.ndarray, *, batch_size: int) -> dict[str, float]:
@@ -221,7 +231,7 @@ def _rows(x: Any, start: int, end: int) -> Any:
 def _batches(x: Any, y: np.ndarray, batch_size: int) -> Iterator[tuple[Any, np.ndarray]]:
     if batch_size < 1:
         raise ValueError(f"batch_size={batch_size} must be >= 1. Fix: set the configuration's batch_size to 1 or more")
-    if on_device(y):
+    if on_device(y) and len(y) <= MAX_SPLIT * batch_size:
         yield from _device_batches(x, y, batch_size)
         return
     for start in range(0, len(y), batch_size):
@@ -232,32 +242,28 @@ def _device_batches(x: Any, y: Any, batch_size: int) -> Iterator[tuple[Any, Any]
     """Arrays held on the device, cut into the same batches by one compiled call: a slice per batch
     would be an op dispatched per batch and input, about as long as the host copies it saves."""
     bounds = tuple(range(batch_size, len(y), batch_size))
-    if len(bounds) >= MAX_SPLIT:  # a program with that many outputs would take long to compile
-        for start in range(0, len(y), batch_size):
-            yield _rows(x, start, start + batch_size), y[start:start + batch_size]
-        return
     xs, ys = _split_on_device()(x, y, bounds)
     if isinstance(x, dict):
         xs = [dict(zip(xs, parts)) for parts in zip(*xs.values())]
     yield from zip(xs, ys)
 
 
-_SPLIT: list[Callable[..., Any]] = []
-MAX_SPLIT = 1024  # batches a pass cuts in one compiled call at most
+# Batches a pass cuts in one compiled call at most: a program with more outputs takes long to compile,
+# so a pass of more batches slices them one by one.
+MAX_SPLIT = 1024
 
 
+@functools.cache
 def _split_on_device() -> Callable[..., Any]:
     """``(x, y, bounds) -> (x's batches, y's batches)``, compiled once per shape and bounds."""
-    if not _SPLIT:
-        import jax  # noqa: PLC0415
-        import jax.numpy as jnp  # noqa: PLC0415
+    import jax  # noqa: PLC0415
+    import jax.numpy as jnp  # noqa: PLC0415
 
-        def split(x: Any, y: Any, bounds: tuple[int, ...]) -> tuple[Any, Any]:
-            cut = lambda values: jnp.split(values, bounds)  # noqa: E731
-            return ({name: cut(values) for name, values in x.items()} if isinstance(x, dict) else cut(x)), cut(y)
+    def split(x: Any, y: Any, bounds: tuple[int, ...]) -> tuple[Any, Any]:
+        cut = lambda values: jnp.split(values, bounds)  # noqa: E731
+        return ({name: cut(values) for name, values in x.items()} if isinstance(x, dict) else cut(x)), cut(y)
 
-        _SPLIT.append(jax.jit(split, static_argnums=2))
-    return _SPLIT[0]
+    return jax.jit(split, static_argnums=2)
 
 
 def _epoch_logs(model: keras.Model, logs: Any) -> dict[str, float]:
