@@ -20,6 +20,7 @@ import io
 import json
 import logging
 import os
+import threading
 import posixpath
 import tempfile
 import time
@@ -211,6 +212,37 @@ class Store:
 
     def write_json(self, uri: str, obj: Any) -> str:
         return self.write_bytes(uri, json.dumps(obj, indent=2, sort_keys=True, default=str).encode())
+
+    def create_json(self, uri: str, obj: Any) -> bool:
+        """Write ``obj`` at ``uri`` only if nothing is there yet, atomically: True when this call wrote it,
+        False when another writer was first (its object stays). A decision that several processes may
+        take at once is taken once: on ``file://`` the written file is linked into place (``link``
+        fails when the name exists); on S3 the PUT carries ``If-None-Match: *``, which refuses to
+        replace an object."""
+        data = json.dumps(obj, indent=2, sort_keys=True, default=str).encode()
+        if self.protocol == "file":
+            path = self._path(uri)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
+            with open(tmp, "wb") as handle:
+                handle.write(data)
+            try:
+                os.link(tmp, path)
+            except FileExistsError:
+                return False
+            finally:
+                os.unlink(tmp)
+        else:
+            try:
+                self._call("creating", uri, lambda: self.fs.pipe_file(self._path(uri), data, mode="create"))
+            except FileExistsError:
+                return False
+            except OSError as exc:  # s3fs names a refused conditional PUT by its status
+                if "PreconditionFailed" not in str(exc) and "412" not in str(exc):
+                    raise
+                return False
+        self.bytes_written += len(data)
+        return True
 
     @contextlib.contextmanager
     def open_write(self, uri: str) -> Iterator[Any]:

@@ -1,5 +1,6 @@
-"""The end of a block of a search decided between blocks (ASHA): decide what the next block trains,
-then start the DAG's run for it, or, when nothing is left, let this run report.
+"""The end of a block of an adaptive search: decide what the next block trains (every configuration
+to the next decision point), then go on to it in this run, or start the DAG's run for it, or, when
+nothing is left, let this run report.
 
 The decision is :func:`mop_airflow.planning.blocks.decide_next_block`: the block's completions in the
 order their hops were saved, the method's jobs for the capacity they freed, and the next block's
@@ -38,12 +39,11 @@ class MopDecideOperator(MopBaseOperator):
         layout = self.layout(context)
         plan = Plan.read(layout.store, layout.plan_uri)
         if self.block is not None:
-            here = Continuation(first_run=here.first_run, block=here.block + self.block,
-                                start=here.start + self.block * plan.shards)
-            current = decision_or_end(layout, here.block)
+            current = decision_or_end(layout, here.block + self.block)
             if current is None or current.finished:  # the search ended in this run: nothing to decide or train
-                self.log.info("the search ended before block %d", here.block + 1)
-                return {"next_block": None, "block": here.block}
+                self.log.info("the search ended before block %d", here.block + self.block + 1)
+                return {"next_block": None, "block": here.block + self.block}
+            here = Continuation(first_run=here.first_run, block=here.block + self.block, start=current.start)
         decision = decide_next_block(layout, self.run_record(layout), plan, here.block)
         for job in decision.jobs:
             self.log.info("%s %s to rung %d (%d iterations)%s", job["kind"], job["config_id"], job["rung"],
@@ -52,9 +52,10 @@ class MopDecideOperator(MopBaseOperator):
         if decision.finished:
             self.log.info("block %d was the search's last: nothing is left to train, this run reports", here.block + 1)
             return {"next_block": None, "block": here.block}
-        nxt = Continuation(first_run=here.first_run, block=here.block + 1, start=here.start + plan.shards)
-        self.log.info("block %d done; block %d trains %d configuration(s)", here.block + 1, nxt.block + 1,
-                      len(decision.training))
+        nxt = Continuation(first_run=here.first_run, block=here.block + 1, start=decision.start)
+        self.log.info("block %d done; block %d trains %d configuration(s) %d hop(s) each, to iteration %s", here.block + 1,
+                      nxt.block + 1, len(decision.training), decision.length(plan.shards),
+                      f"{(decision.start + decision.length(plan.shards)) / plan.shards:g}")
         if self.block is not None and not self.last:  # the next block is this run's: its deal tasks read the decision
             return {"next_block": nxt.block, "block": here.block}
         start_next_block(context, layout, here, nxt,

@@ -1,10 +1,11 @@
-"""Freeze the run into the store, stage each shard on its worker, and deal each rung's classes.
+"""Freeze the run into the store, stage each shard on its worker, and list each block's classes.
 
 ``plan`` writes the run record and the hop plan (every configuration's offset class and visit
-order) before anything trains. ``stage_shard_<s>`` runs on shard ``s``'s queue: its worker copies
-the shard (and the validation set) into its local cache once; in a plain search it also lists the
-configurations of offset class ``s`` (as bundles), each from where it starts, for the block's train
-tasks. In an adaptive search a ``deal_<o>`` task does the same for offset class ``o`` of each rung.
+order; an adaptive search's first block decision) before anything trains. ``stage_shard_<s>`` runs
+on shard ``s``'s queue: its worker copies the shard (and the validation set) into its local cache
+once, and lists the configurations of offset class ``s`` (as bundles), each from where it starts,
+for the first block's train tasks. In a run of several blocks, ``block_<k>.deal_<o>`` does the same
+for offset class ``o`` of block ``k``, from the decision before it.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import socket
 from typing import Any
 
-from mop_airflow.planning.resume import block_items, bundle_items, resume_after, resume_at
+from mop_airflow.planning.resume import block_items, bundle_items, resume_after
 from mop_airflow.records import Assignment, Manifest, Plan, StageRecord
 from mop_airflow.planning.plan import make_plan
 from mop_airflow.planning.schedule import DEFAULT_PRIORITY
@@ -45,17 +46,15 @@ class MopPlanOperator(MopBaseOperator):
         for o, bundles in enumerate(plan.class_bundles()):
             self.log.info("class %d starts on shard %d, %d bundle(s): %s", o, o, len(bundles),
                           " | ".join(", ".join(b) for b in bundles) or "(empty)")
-        if plan.adaptive:
-            from mop_airflow.search.adaptive import LADDERS, adaptive_plan, decided_between_blocks  # noqa: PLC0415
+        if plan.adaptive:  # the first block: what the method starts with
+            from mop_airflow.planning.blocks import first_block  # noqa: PLC0415
+            from mop_airflow.search.adaptive import LADDERS, adaptive_plan  # noqa: PLC0415
 
             adaptive = adaptive_plan(run.adaptive, plan.shards)
-            if decided_between_blocks(adaptive):  # the first block: what the method starts with
-                from mop_airflow.planning.blocks import first_block  # noqa: PLC0415
-
-                block = first_block(layout, run, plan)
-                self.log.info("%s, decided between blocks of one iteration: block 1 starts %d configuration(s), "
-                              "%d at most per block", run.adaptive["method"], len(block.jobs), block.capacity)
-            if not isinstance(adaptive, LADDERS):  # Hyperband's brackets, drawn or decided between blocks
+            block = first_block(layout, run, plan)
+            self.log.info("%s, decided between blocks: block 1 starts %d configuration(s) and trains each %d hop(s), "
+                          "to its first decision", run.adaptive["method"], len(block.jobs), block.length(plan.shards))
+            if not isinstance(adaptive, LADDERS):  # Hyperband's brackets
                 self.log.info("\n%s", format_plan(adaptive))
         return {"plan_uri": layout.plan_uri, "configurations": len(run.configs),
                 "model_hops_total": plan.model_hops_total}
@@ -66,10 +65,9 @@ class MopStageShardOperator(MopBaseOperator):
 
     ui_color = "#e3f4e1"
 
-    def __init__(self, *, shard: int, deals: bool = True, **kwargs: Any) -> None:
+    def __init__(self, *, shard: int, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.shard = shard
-        self.deals = deals
 
     def work(self, context: Any) -> list[dict[str, Any]] | None:
         """The bundles of offset class ``shard``, after caching the shard."""
@@ -88,8 +86,6 @@ class MopStageShardOperator(MopBaseOperator):
         StageRecord(shard=self.shard, host=getattr(ti, "hostname", None) or socket.getfqdn(), queue=self.queue,
                     cache_dir=cache_dir, data_bytes_read=layout.store.bytes_read - before,
                     cache_bytes=cache_bytes(cache_dir)).write(layout.store, layout.stage_record_uri(self.shard))
-        if not self.deals:
-            return None
         plan = Plan.read(layout.store, layout.plan_uri)
         continuing = self.continuation(context)
         if plan.decided_between_blocks:  # this run's block decision says what trains, and from where
@@ -129,25 +125,3 @@ class MopBlockDealOperator(MopBaseOperator):
         continuing = self.continuation(context)
         block = (continuing.block if continuing else 0) + self.block
         return block_items(self.layout(context), block, self.offset)
-
-
-class MopDealOperator(MopBaseOperator):
-    """List offset class ``offset`` of a rung, in bundles: they resume from their checkpoints at hop ``start``."""
-
-    ui_color = "#e3f4e1"
-
-    def __init__(self, *, bracket: int, rung: int, offset: int, start: int, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.bracket = bracket
-        self.rung = rung
-        self.offset = offset
-        self.start = start
-
-    def work(self, context: Any) -> list[dict[str, Any]]:
-        from mop_airflow.planning.rungs import rung_bundles  # noqa: PLC0415
-
-        layout = self.layout(context)
-        per_class = rung_bundles(layout, Plan.read(layout.store, layout.plan_uri), self.bracket, self.rung)
-        last = self.start - 1
-        return bundle_items(per_class[self.offset], sum(len(b) for b in per_class[:self.offset]),
-                            lambda cid: resume_at(layout, cid, last))

@@ -108,9 +108,9 @@ class MopPreflightOperator(MopBaseOperator):
                                 "random sampler")
             method = search["adaptive"]["method"]
             raise SpecError("search.adaptive.method", method, "is decided between blocks of hops, one "
-                            "block a DAG run, and dag.test() runs only one", "run it on Airflow (mop-airflow up, then "
-                            "trigger it)" + ("" if method in ("asha", "pbt") else ", or draw a small search into "
-                                             "one run with search.adaptive.between_runs: false"))
+                            "block a DAG run (their number is not known up front), and dag.test() runs only one",
+                            "run it on Airflow (mop-airflow up, then trigger it)"
+                            + (", or give ASHA a budget" if method == "asha" else ""))
         if not dag.has_task("next_run"):
             return
         following = dag.get_task("next_run")

@@ -35,7 +35,7 @@ class MopTrainShardOperator(MopBaseOperator):
 
     def __init__(self, *, classes: Any, shard: int, slot: int, start: int, end: int, chain_end: int,
                  shards: int, slots: int = 1, rung_end: bool = False, relative: bool = False,
-                 priority: str = DEFAULT_PRIORITY, **kwargs: Any) -> None:
+                 block: int | None = None, priority: str = DEFAULT_PRIORITY, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.classes = classes  # per offset class of the block, its source task's list of bundles
         self.shard = shard
@@ -48,6 +48,7 @@ class MopTrainShardOperator(MopBaseOperator):
         self.rung_end = rung_end  # the block ends a rung: its last hop always evaluates
         # a block of a search decided between blocks: each configuration trains its own next hops
         self.relative = relative
+        self.block = block  # which block of the run (an adaptive search's): its decision says how far it trains
         self.priority = priority
 
     def on_kill(self) -> None:
@@ -64,9 +65,18 @@ class MopTrainShardOperator(MopBaseOperator):
         continuing = self.continuation(context)
         # a continuing run renders the same tasks for a later block: its hops are the search's start + t
         shift = 0 if self.relative or continuing is None else continuing.start
-        hops = block_hops(self.bundles(), shards=self.shards, slots=self.slots, start=self.start, end=self.end,
+        end, chain_end, ends = self.end, self.chain_end, None
+        if self.block is not None:  # every configuration trains to the next decision point, as its decision says
+            from mop_airflow.planning.blocks import decision_or_end  # noqa: PLC0415
+
+            decision = decision_or_end(layout, (continuing.block if continuing else 0) + self.block)
+            if decision is None or decision.finished:
+                raise AirflowSkipException("the search ended before this block: nothing is left to train")
+            end = chain_end = decision.length(self.shards)
+            ends = set(decision.ends) if decision.hops else None  # one-iteration blocks of older decisions: every one
+        hops = block_hops(self.bundles(), shards=self.shards, slots=self.slots, start=self.start, end=end,
                           relative=self.relative, rung_end=self.rung_end, priority=self.priority,
-                          chain_end=self.chain_end, shift=shift)
+                          chain_end=chain_end, shift=shift, ends=ends)
         alone = running_in_dag_test()  # tasks run one at a time: this one trains the whole block
         mine = hops if alone else [h for h in hops if (h.shard, h.slot) == (self.shard, self.slot)]
         if not mine:

@@ -1,9 +1,10 @@
-"""ASHA decided between blocks of hops on a real Airflow: one block of one iteration a DAG run.
+"""ASHA decided between blocks of hops on a real Airflow: one block a DAG run, each to the next decision.
 
 4 configurations, rungs at 1 and 3 iterations, eta 3, 2 shards: block 1 starts all four (the
-capacity is two configurations per slot), its decide step promotes the best of the four (floor(4/3)
-= 1) and starts the next run; that one trains it two more iterations over two runs; the third run's
-decide step finds nothing left to train and its run reports. Every decision is recorded with what it
+capacity is two configurations per slot) and trains them one iteration, to rung 0's end; its decide
+step promotes the best of the four (floor(4/3) = 1) and starts the next run, whose block trains it
+the two more iterations to rung 1's end in one go; that run's decide step finds nothing left to train
+and its run reports. Every decision is recorded with what it
 saw, and the leaderboard says where each configuration stopped and why. A hop task SIGKILLed half-way
 through the search is retried, and the search decides and ranks as the undisturbed one does; so does
 one whose scheduler is stopped between two blocks and started again.
@@ -16,8 +17,7 @@ import time
 import pytest
 
 from mop_airflow.airflow.local import LocalAirflow
-from mop_airflow.planning.run_chain import CONF_KEY
-from mop_airflow.records import BlockDecision, Continuation, HopRecord
+from mop_airflow.records import BlockDecision, HopRecord
 from mop_airflow.records.layout import RunLayout
 from mop_airflow.store import Store
 from tests.conftest import dag_file, failed_logs
@@ -52,10 +52,10 @@ def asha_spec(source, root):
 
 
 def block_decisions(store, dag_id, first):
-    """What each of a search's four block decisions started or promoted, and at which rank."""
+    """What each of a search's block decisions started or promoted, at which rank, and how far it trained."""
     layout = RunLayout(store, dag_id, first)
-    return [[(j["config_id"], j["kind"], j["rung"], j["rank"]) for j in
-             BlockDecision.read(store, layout.block_decision_uri(b)).jobs] for b in range(4)]
+    found = [BlockDecision.read(store, uri) for uri in sorted(store.glob(layout.block_decision_uri("*")))]
+    return [([(j["config_id"], j["kind"], j["rung"], j["rank"]) for j in d.jobs], d.hops, d.start) for d in found]
 
 
 @pytest.fixture(scope="module")
@@ -91,7 +91,7 @@ def airflow(tmp_path_factory):
 def test_asha_promotes_the_best_of_a_rung_between_dag_runs_and_reports_where_each_stopped(airflow):
     store = Store(f"file://{airflow.root / 'store'}")
     first = airflow.trigger(ASHA)
-    runs = [first, f"{first}__block_1", f"{first}__block_2"]
+    runs = [first, f"{first}__block_1"]
     for run_id in runs:
         assert airflow.wait_for_run(ASHA, run_id, timeout=420) == "success", failed_logs(airflow, ASHA, run_id)
     for run_id in runs:
@@ -99,10 +99,11 @@ def test_asha_promotes_the_best_of_a_rung_between_dag_runs_and_reports_where_eac
         assert states["decide"] == "success", run_id
         assert states["report"] == ("success" if run_id == runs[-1] else "skipped"), run_id
     layout = RunLayout(store, ASHA, first)
-    assert not store.exists(RunLayout(store, ASHA, f"{first}__block_3").continues_uri)  # no fourth run
+    assert not store.exists(RunLayout(store, ASHA, f"{first}__block_2").continues_uri)  # no third run
 
-    blocks = [BlockDecision.read(store, layout.block_decision_uri(b)) for b in range(4)]
-    assert [len(b.training) for b in blocks] == [4, 1, 1, 0] and blocks[3].finished
+    blocks = [BlockDecision.read(store, layout.block_decision_uri(b)) for b in range(3)]
+    assert [len(b.training) for b in blocks] == [4, 1, 0] and blocks[2].finished
+    assert [(b.hops, b.start) for b in blocks[:2]] == [(2, 0), (4, 2)]  # to iteration 1, then on to 3 in one block
     assert [j["kind"] for j in blocks[0].jobs] == ["start"] * 4 and blocks[0].capacity == 4
     (promotion,) = blocks[1].jobs
     assert (promotion["kind"], promotion["rung"], promotion["iterations"], promotion["rank"], promotion["of"]) == \
@@ -112,7 +113,7 @@ def test_asha_promotes_the_best_of_a_rung_between_dag_runs_and_reports_where_eac
     after_one = {cid: HopRecord.read(store, layout.hop_record_uri(cid, 1)).val_metrics["val_accuracy"] for cid in ids}
     best = max(sorted(after_one), key=lambda cid: after_one[cid])
     assert promotion["config_id"] == best and promotion["metric"] == pytest.approx(after_one[best])
-    assert blocks[1].training == {best: 2} and blocks[2].training == {best: 4}
+    assert blocks[1].training == {best: 2} and blocks[1].ends == [best]
     # it trained hops 0..5 (3 iterations x 2 shards), resuming from its checkpoints; the others hops 0..1
     hops = {}
     for uri in store.glob(layout.hops_glob):
@@ -120,7 +121,7 @@ def test_asha_promotes_the_best_of_a_rung_between_dag_runs_and_reports_where_eac
         hops.setdefault(record["config_id"], []).append(record["t"])
     assert sorted(hops[best]) == list(range(6))
     assert all(sorted(hops[cid]) == [0, 1] for cid in ids if cid != best)
-    assert [c["config_id"] for c in blocks[3].completions][-1] == best
+    assert [c["config_id"] for c in blocks[2].completions][-1] == best
 
     board = store.read_json(layout.report_uri("leaderboard.json"))
     rows = {row["config_id"]: row for row in board["leaderboard"]}
@@ -141,7 +142,7 @@ def test_a_hop_killed_half_way_through_asha_is_retried_and_the_search_decides_an
     store = Store(f"file://{airflow.root / 'store'}")
     searches = {dag_id: airflow.trigger(dag_id) for dag_id in (KILLED, UNDISTURBED)}
     for dag_id, first in searches.items():
-        for run_id in (first, f"{first}__block_1", f"{first}__block_2"):
+        for run_id in (first, f"{first}__block_1"):
             assert airflow.wait_for_run(dag_id, run_id, timeout=420) == "success", failed_logs(airflow, dag_id, run_id)
     killed_first = searches[KILLED]
     tries = [ti for ti in airflow.task_instances(KILLED, f"{killed_first}__block_1")
@@ -190,7 +191,7 @@ def test_a_scheduler_stopped_between_two_blocks_and_started_again_goes_on_and_ra
 
     searches = {RESTARTED: first, ASHA: reference}
     for dag_id, run in searches.items():
-        for run_id in (run, f"{run}__block_1", f"{run}__block_2"):
+        for run_id in (run, f"{run}__block_1"):
             assert airflow.wait_for_run(dag_id, run_id, timeout=420) == "success", failed_logs(airflow, dag_id, run_id)
     assert block_decisions(store, RESTARTED, first) == block_decisions(store, ASHA, reference)
     boards = {dag_id: store.read_json(RunLayout(store, dag_id, run).report_uri("leaderboard.json"))["leaderboard"]
@@ -204,25 +205,19 @@ def test_a_scheduler_stopped_between_two_blocks_and_started_again_goes_on_and_ra
 @pytest.mark.slow
 def test_two_blocks_a_run_decide_and_rank_as_one_block_a_run(airflow):
     """iterations_per_run=2: the first run trains blocks 1 and 2 (block 2's deal tasks wait for the
-    decision after block 1), its last decide step starts the second run, which trains block 3 and
-    reports; its block 4 finds the search ended and trains nothing. The decisions and the leaderboard
-    are those of a DAG run a block."""
+    decision after block 1), and its last decide step finds the search ended, so that run reports and
+    starts none. The decisions and the leaderboard are those of a DAG run a block."""
     store = Store(f"file://{airflow.root / 'store'}")
     searches = {TWO_BLOCKS: airflow.trigger(TWO_BLOCKS), ASHA: airflow.trigger(ASHA)}
-    # a continuing run is named by the block it starts with: the second run starts with block 3
-    for dag_id, blocks in ((TWO_BLOCKS, (2,)), (ASHA, (1, 2))):
+    for dag_id, blocks in ((TWO_BLOCKS, ()), (ASHA, (1,))):
         first = searches[dag_id]
         for run_id in [first] + [f"{first}__block_{b}" for b in blocks]:
             assert airflow.wait_for_run(dag_id, run_id, timeout=420) == "success", failed_logs(airflow, dag_id, run_id)
     first = searches[TWO_BLOCKS]
-    second = f"{first}__block_2"
-    assert store.read_json(RunLayout(store, TWO_BLOCKS, first).chain_uri)["runs"] == [first, second]
-    assert Continuation.from_dict(airflow.api("GET", f"/dags/{TWO_BLOCKS}/dagRuns/{second}")["conf"][CONF_KEY]) == \
-        Continuation(first_run=first, block=2, start=4)
-    states = [{ti["task_id"]: ti["state"] for ti in airflow.task_instances(TWO_BLOCKS, run)} for run in (first, second)]
-    assert (states[0]["block_1.decide"], states[0]["decide"], states[0]["report"]) == ("success", "success", "skipped")
-    assert (states[1]["decide"], states[1]["report"]) == ("success", "success")
-    assert all(s in ("skipped", None) for t, s in states[1].items() if t.startswith("block_1.train_shard_"))
+    assert not store.exists(RunLayout(store, TWO_BLOCKS, f"{first}__block_2").continues_uri)  # no second run
+    states = {ti["task_id"]: ti["state"] for ti in airflow.task_instances(TWO_BLOCKS, first)}
+    assert (states["block_1.decide"], states["decide"], states["report"]) == ("success", "success", "success")
+    assert {s for t, s in states.items() if t.startswith("block_1.train_shard_")} == {"success"}
     assert block_decisions(store, TWO_BLOCKS, first) == block_decisions(store, ASHA, searches[ASHA])
     boards = {dag_id: store.read_json(RunLayout(store, dag_id, run).report_uri("leaderboard.json"))["leaderboard"]
               for dag_id, run in searches.items()}

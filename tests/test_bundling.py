@@ -131,28 +131,22 @@ def test_bundle_names_stay_readable():
 
 
 @pytest.mark.parametrize("value", [0, -1, "many", 1.5, True])
-def test_schedule_rejects_a_bad_bundle_size(value):
-    with pytest.raises(SpecError, match=r"schedule.bundle_size=.*must be \"auto\" or an integer >= 1. Fix:"):
-        ScheduleSpec(bundle_size=value)
+def test_schedule_rejects_a_bad_thread_count(value):
     with pytest.raises(SpecError, match=r"schedule.threads_per_hop=.*Fix:"):
         ScheduleSpec(threads_per_hop=value)
 
 
-def test_the_plan_records_which_configurations_share_a_bundle():
+@pytest.mark.parametrize("value", [1, 2, "auto"])
+def test_bundle_size_is_refused_saying_it_no_longer_exists_and_what_replaced_it(value):
+    from mop_airflow.config import MopSpec
     from tests.test_spec import spec_dict
 
     spec = spec_dict()
-    spec["search"]["space"]["params"]["learning_rate"] = [1e-3, 3e-3, 1e-2, 3e-2]
-    spec["schedule"] = {**spec.get("schedule", {}), "shards": 2, "bundle_size": 2}
-    run = resolve_run(spec, None, dag_id="d", run_id="r")
-    plan = Plan.from_dict(make_plan(run, rows=500).to_dict())  # survives the JSON round trip
-    assert plan.bundle_size == 2 and plan.shard_rows == 500
-    ids = sorted(c["config_id"] for c in run.configs)
-    for cls, bundles in zip(plan.classes, plan.class_bundles()):
-        assert sorted(c for b in bundles for c in b) == sorted(cls)
-        assert all(len(b) <= 2 for b in bundles)
-    assert sorted(plan.bundle_of()) == ids
-    # the same configurations get the same offset classes and visit orders whatever the bundling
-    single = make_plan(resolve_run({**spec, "schedule": {**spec["schedule"], "bundle_size": 1}}, None,
-                                   dag_id="d", run_id="r"), rows=500)
-    assert single.classes == plan.classes and single.visit_order == plan.visit_order
+    spec["schedule"] = {**spec.get("schedule", {}), "bundle_size": value}
+    with pytest.raises(SpecError) as err:
+        MopSpec.from_dict(spec)
+    assert err.value.field == "schedule.bundle_size" and err.value.value == value
+    assert err.value.rule.startswith("no longer exists: a block is one train task per shard slot")
+    assert err.value.fix == "remove schedule.bundle_size"
+
+

@@ -15,7 +15,8 @@ def test_plan_prints_brackets_totals_and_estimate(capsys):
     assert "estimated wall time: at least 138 s" in out  # 276 hops x 2 s / 4 shards
     # the replay of the DAG's task plan, never below the bound: a rung is a block that needs every shard
     # slot, so the brackets' rungs train one after another (side by side as tasks per hop, 140 s)
-    assert "simulated wall time: 232 s" in out
+    # the brackets side by side in 3 blocks (rung ends 1, 3, 9) keep the 4 shards busy: the bound
+    assert "simulated wall time: 138 s" in out and "its 3 block(s) to the rung ends" in out
 
 
 def test_successive_halving_plan(capsys):
@@ -57,3 +58,12 @@ def test_plan_previews_an_asha_budget_as_blocks_and_refuses_one_that_cannot_reac
     assert "at most 30 hop steps: the budget's blocks" in out and "reached R=9" in out
     assert main(["plan", "--asha", "--n", "27", "--R", "9", "--shards", "2", "--budget", "17"]) == 2
     assert "search.adaptive.budget=17: lasts 8 block(s)" in capsys.readouterr().err
+
+
+def test_plan_simulates_madlibs_hyperband_on_16_shards(capsys):
+    """R=81, eta=3 (MADlib's own example) on 16 shards: 5 blocks, one per rung end, 25,296 hops."""
+    assert main(["plan", "--R", "81", "--eta", "3", "--shards", "16", "--seconds-per-hop", "0.1"]) == 0
+    out = capsys.readouterr().out
+    assert "its 5 block(s) to the rung ends" in out
+    simulated = float(out.split("simulated wall time: ")[1].split(" s")[0].replace(",", ""))
+    assert 25296 * 0.1 / 16 <= simulated < 1.5 * 25296 * 0.1 / 16  # the bound, and the barriers at 4 rung ends

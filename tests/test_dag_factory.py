@@ -190,58 +190,39 @@ def adaptive_spec(adaptive, shards=2):
     return spec
 
 
-def test_hyperband_dag_has_a_promote_task_between_rungs():
+def test_hyperband_is_one_dag_run_of_a_block_per_rung_end_each_after_a_decide_step():
     from mop_airflow.airflow.dag import build_mop_dag
-    from mop_airflow.operators.promote import MopPromoteOperator
+    from mop_airflow.operators.decide import MopDecideOperator
 
     dag = build_mop_dag(adaptive_spec({"method": "hyperband", "R": 9, "eta": 3}), dag_id="hb")
-    promotes = sorted(t.task_id for t in dag.tasks if isinstance(t, MopPromoteOperator))
-    # R=9, eta=3: bracket 2 has 3 rungs (2 promotions), bracket 1 has 2 (1), bracket 0 has 1 (0)
-    assert promotes == ["bracket_1.rung_0.promote", "bracket_2.rung_0.promote", "bracket_2.rung_1.promote"]
-    promote = dag.get_task("bracket_2.rung_1.promote")
-    # rung 1 of bracket 2 trains from 1 to 3 iterations (global hops 2..5) on 2 shards: one train task each
-    assert promote.upstream_task_ids == {f"bracket_2.rung_1.train_shard_{s}" for s in range(2)}
-    assert promote.downstream_task_ids == {"bracket_2.rung_2.deal_0"}  # rung 2 holds 1 configuration
-    # a promoted configuration resumes: rung 2 starts at global hop 6 (3 iterations x 2 shards)
-    deal = dag.get_task("bracket_2.rung_2.deal_0")
-    assert deal.start == 6
-    first = dag.get_task("bracket_2.rung_2.train_shard_0")
-    assert (first.start, first.end, first.rung_end) == (6, 18, True)
-    # rungs are blocks run one after another (each needs every shard slot at once), by the hop they
-    # start at, then bracket: bracket 2's rung 2 follows the block before it, bracket 1's rung 1
-    order = sorted({(t.start, t.task_id.split(".")[0], t.task_id.rsplit(".", 1)[0]) for t in hops(dag)})
-    assert [block for *_, block in order] == ["bracket_0.rung_0", "bracket_1.rung_0", "bracket_2.rung_0",
-                                              "bracket_2.rung_1", "bracket_1.rung_1", "bracket_2.rung_2"]
-    for (_, _, before), (_, _, after) in zip(order, order[1:]):
-        for s in range(2):
-            assert {f"{before}.train_shard_{k}" for k in range(2)} <= dag.get_task(
-                f"{after}.train_shard_{s}").upstream_task_ids
-    assert first.upstream_task_ids == {"bracket_2.rung_2.deal_0", "bracket_1.rung_1.train_shard_0",
-                                       "bracket_1.rung_1.train_shard_1"}
-    # the report waits for every bracket's last rung
-    assert dag.get_task("report").upstream_task_ids == {
-        f"bracket_{b}.rung_{r}.train_shard_{s}" for b, r in ((2, 2), (1, 1), (0, 0)) for s in range(2)}
-    # rung 0 of every bracket waits for the shards to be staged and the models checked, then deals
-    assert dag.get_task("bracket_0.rung_0.deal_1").upstream_task_ids == {"stage_shard_0", "stage_shard_1",
-                                                                         "check_models"}
-    assert dag.description == ("Hyperband R=9, eta=3: 17 configurations in 3 bracket(s), trained 1, 3 or 9 "
-                               "iteration(s) (each rung keeps the best 1/3); models hop across 2 shards")
-    # listed in bracket order, each labelled with what it holds
-    assert [g for g in dag.task_group.children if g.startswith("bracket_")] == ["bracket_0", "bracket_1", "bracket_2"]
-    assert [dag.task_group_dict[f"bracket_{s}"].group_display_name for s in range(3)] == [
-        "bracket s=0 (3 configs)", "bracket s=1 (5 configs)", "bracket s=2 (9 configs)"]
-    assert dag.task_group_dict["bracket_2.rung_1"].group_display_name == "rung 1 (3 x 3 it.)"
-    assert "promote keeps the best 1 and prunes the rest" in dag.task_group_dict["bracket_2.rung_1"].tooltip
+    # R=9, eta=3: every rung of the 3 brackets side by side ends at iteration 1, 3 or 9: 3 blocks, 2 shards
+    decides = sorted(t.task_id for t in dag.tasks if isinstance(t, MopDecideOperator))
+    assert decides == ["block_1.decide", "block_2.decide", "decide"]
+    assert {t.task_id for t in hops(dag)} == {f"{prefix}train_shard_{s}" for prefix in ("", "block_1.", "block_2.")
+                                               for s in range(2)}
+    # a block starts once the decision before it is written, and waits for the block before it
+    assert dag.get_task("block_1.decide").upstream_task_ids == {"train_shard_0", "train_shard_1"}
+    assert dag.get_task("block_2.train_shard_0").upstream_task_ids == {"block_2.deal_0", "block_2.deal_1"}
+    assert dag.get_task("block_2.deal_1").upstream_task_ids == {"block_2.decide"}
+    last = dag.get_task("decide")
+    assert last.upstream_task_ids == {"block_2.train_shard_0", "block_2.train_shard_1"} and last.whole
+    assert dag.get_task("report").upstream_task_ids == {"decide"}
+    # every train task reads how far its block trains from its decision: block k of the run
+    assert [dag.get_task(f"{p}train_shard_1").block for p in ("", "block_1.", "block_2.")] == [0, 1, 2]
+    assert len(dag.tasks) < 40  # whatever R is, a block is a train task per shard slot and a deal per shard
+    assert dag.description == ("Hyperband R=9, eta=3, one block per rung end (1, 3, 9) in one DAG run: 17 "
+                               "configurations in 3 bracket(s), trained 1, 3 or 9 iteration(s) (each rung keeps the "
+                               "best 1/3); models hop across 2 shards")
+    assert dag.task_group_dict["block_2"].group_display_name == "block 3"
 
 
 def test_successive_halving_is_one_bracket_on_the_same_machinery():
     from mop_airflow.airflow.dag import build_mop_dag
 
     dag = build_mop_dag(adaptive_spec({"method": "successive_halving", "n": 8, "r": 1, "eta": 2}), dag_id="sh")
-    groups = {t.task_id.split(".")[0] for t in dag.tasks if t.task_id.startswith("bracket_")}
-    assert groups == {"bracket_3"}  # n=8, eta=2: rungs of 8, 4, 2, 1 configurations
-    assert sorted(t.task_id for t in dag.tasks if t.task_id.endswith("promote")) == [
-        f"bracket_3.rung_{i}.promote" for i in range(3)]
+    # n=8, eta=2: rungs of 8, 4, 2, 1 configurations ending at 1, 2, 4 and 8 iterations: 4 blocks
+    assert sorted(t.task_id for t in dag.tasks if t.task_id.endswith("decide")) == [
+        "block_1.decide", "block_2.decide", "block_3.decide", "decide"]
 
 
 def test_adaptive_plan_cannot_change_per_run():
@@ -268,22 +249,19 @@ def test_the_plan_record_round_trips_and_every_class_visits_every_shard_once_per
         assert sorted(shards[:3]) == sorted(shards[3:]) == [0, 1, 2]
 
 
-@pytest.mark.parametrize("adaptive", [{"method": "hyperband", "R": 9, "eta": 3},
-                                      {"method": "hyperband", "R": 9, "eta": 3, "rounding": "madlib"},
-                                      {"method": "hyperband", "R": 27, "eta": 3, "skip_last": 1},
-                                      {"method": "successive_halving", "n": 20, "r": 1, "eta": 2}])
-def test_a_rung_never_holds_more_configurations_than_it_renders_classes_for(adaptive):
-    from mop_airflow.search.adaptive import adaptive_plan, brackets_of
+@pytest.mark.parametrize("adaptive, blocks", [({"method": "hyperband", "R": 9, "eta": 3}, 3),
+                                              ({"method": "hyperband", "R": 9, "eta": 3, "rounding": "madlib"}, 3),
+                                              ({"method": "hyperband", "R": 27, "eta": 3, "skip_last": 1}, 3),
+                                              ({"method": "successive_halving", "n": 20, "r": 1, "eta": 2}, 5)])
+def test_a_search_of_known_shape_renders_a_block_per_decision_point(adaptive, blocks):
+    from mop_airflow.search.adaptive import adaptive_plan, decision_points
 
     p = 4
     plan = adaptive_plan(adaptive, p)
-    groups = build_task_plan(p, 0, plan).groups
-    for bracket in brackets_of(plan):
-        for before, rung in zip(bracket.rungs, bracket.rungs[1:]):
-            assert before.keep == rung.n_i  # what a promote can pass on is what the next rung holds
-        for rung in bracket.rungs:
-            classes = [g for g in groups if (g.bracket, g.rung) == (bracket.s, rung.i)]
-            assert len(classes) == min(p, rung.n_i)
+    assert len(decision_points(plan)) == blocks
+    tasks = build_task_plan(p, 0, plan)
+    assert sum(1 for t in tasks.tasks if t.kind == "decide") == blocks
+    assert tasks.hop_tasks == blocks * p
 
 
 def test_every_task_retries_twice_with_backoff_unless_the_dag_says_otherwise():
@@ -325,25 +303,27 @@ def test_a_trigger_conf_may_name_builders_only_from_the_modules_the_dag_allows()
                 allowed_modules=["mop_airflow.examples"])
 
 
-@pytest.mark.parametrize("adaptive, shards", [({"method": "hyperband", "R": 81, "eta": 3}, 16),
-                                              ({"method": "hyperband", "R": 81, "eta": 3, "rounding": "madlib"}, 16),
-                                              ({"method": "hyperband", "R": 27, "eta": 3}, 4),
-                                              ({"method": "asha", "n": 256, "r": 1, "R": 81, "eta": 3}, 16)])
-def test_an_adaptive_search_too_large_to_draw_renders_one_block_and_a_decide_step(adaptive, shards):
-    """Hyperband at MADlib's example size (R=81, eta=3, 16 workers) drew 24,722 tasks into one DAG;
-    decided between blocks, a run holds one iteration of every class's chains whatever R is."""
-    from mop_airflow.search.adaptive import adaptive_plan, decided_between_blocks, drawn_hop_tasks
+@pytest.mark.parametrize("adaptive, shards, blocks", [({"method": "hyperband", "R": 81, "eta": 3}, 16, 5),
+                                                      ({"method": "hyperband", "R": 81, "eta": 3, "rounding": "madlib"},
+                                                       16, 5),
+                                                      ({"method": "hyperband", "R": 27, "eta": 3}, 4, 4),
+                                                      ({"method": "asha", "n": 256, "r": 1, "R": 81, "eta": 3}, 16, 1)])
+def test_an_adaptive_search_renders_its_blocks_whatever_its_size(adaptive, shards, blocks):
+    """Hyperband at MADlib's example size (R=81, eta=3, 16 workers) drew 24,722 tasks into one DAG, and
+    then took 81 DAG runs of one iteration; its 5 rung ends make 5 blocks in one run. ASHA without a budget
+    has no known number of blocks: one a run, its decide step starting the next."""
+    from mop_airflow.search.adaptive import adaptive_plan
 
     plan = adaptive_plan(adaptive, shards)
-    assert decided_between_blocks(plan)
     tasks = build_task_plan(shards, 0, plan)
-    assert len(tasks.tasks) <= 600 and {t.kind for t in tasks.tasks} >= {"decide", "stage", "train"}
+    assert len(tasks.tasks) <= 200 and {t.kind for t in tasks.tasks} >= {"decide", "stage", "train"}
     trains = [t for t in tasks.tasks if t.kind == "train"]
-    assert len(trains) == shards and {(t.args["start"], t.args["end"]) for t in trains} == {(0, shards)}
-    assert all(t.args.get("relative") for t in trains)  # blocks of one iteration, each from where it stands
-    assert [t.task_id for t in tasks.tasks if t.kind in ("decide", "report")] == ["decide", "report"]
-    two = build_task_plan(shards, 0, plan, blocks_setting=2)  # schedule.iterations_per_run: 2 blocks a run
-    assert [t.task_id for t in two.tasks if t.kind == "decide"] == ["block_1.decide", "decide"]
-    assert two.hop_tasks == 2 * tasks.hop_tasks
-    if adaptive["method"] != "asha":
-        assert drawn_hop_tasks(plan) > 600  # what the rungs would have drawn
+    assert len(trains) == blocks * shards and all(t.args.get("relative") for t in trains)
+    assert sorted(t.args["block"] for t in trains) == sorted(k for k in range(blocks) for _ in range(shards))
+    decides = [t for t in tasks.tasks if t.kind == "decide"]
+    assert len(decides) == blocks and decides[-1].task_id == "decide"
+    assert decides[-1].args.get("whole", False) == (adaptive["method"] != "asha")
+    if adaptive["method"] == "asha":
+        two = build_task_plan(shards, 0, plan, blocks_setting=2)  # schedule.iterations_per_run: 2 blocks a run
+        assert [t.task_id for t in two.tasks if t.kind == "decide"] == ["block_1.decide", "decide"]
+        assert two.hop_tasks == 2 * tasks.hop_tasks

@@ -1,8 +1,10 @@
-"""A tiny Hyperband run through Airflow (dag.test): rungs branch, promote the best, skip the rest.
+"""A tiny Hyperband run through Airflow (dag.test): blocks to the rung ends, promote the best, prune the rest.
 
 R=3, eta=3 on 2 shards: bracket 1 starts 3 configurations for 1 iteration and promotes the best
-one to 3 iterations; bracket 0 trains 2 configurations for 3 iterations. One of bracket 1's
-configurations has hparams its builder raises for: it is pruned with that reason and fails nothing.
+one to 3 iterations; bracket 0 trains 2 configurations for 3 iterations. Both brackets train side by
+side: block 1 trains all 5 to iteration 1, where bracket 1's rung 0 ends; block 2 trains the promoted
+one and bracket 0's two to iteration 3. One of bracket 1's configurations has hparams its builder
+raises for: it is pruned with that reason and fails nothing.
 """
 
 import io
@@ -10,7 +12,9 @@ import io
 import numpy as np
 import pytest
 
+from mop_airflow.records import Plan, RunRecord
 from mop_airflow.records.layout import RunLayout
+from mop_airflow.results.runs import load_rung_decisions
 from mop_airflow.search.adaptive import split_by_bracket
 from mop_airflow.config import MopSpec
 from mop_airflow.store import Store
@@ -50,7 +54,9 @@ def test_hyperband_promotes_exactly_the_best_and_skips_the_rest(airflow_db, tmp_
 
     store = Store(root)
     layout = RunLayout(store, "mop_hyperband", run.run_id)
-    decision = store.read_json(layout.rung_decision_uri(1, 0))
+    plan = Plan.read(store, layout.plan_uri)
+    (decision,) = [d.to_dict() for d in load_rung_decisions(layout, plan, RunRecord.read(store, layout.run_record_uri))]
+    assert (decision["bracket"], decision["rung"]) == (1, 0)
     ok = [r for r in decision["results"] if r["status"] == "ok"]
     assert len(ok) == 2 and len(decision["results"]) == 3
     # exactly the best validation accuracy after rung 0 was promoted (keep = floor(3 / 3) = 1)
@@ -69,18 +75,18 @@ def test_hyperband_promotes_exactly_the_best_and_skips_the_rest(airflow_db, tmp_
         assert int(state["optimizer/00000"]) == sum(steps)  # Keras keeps the iteration counter first
     assert not store.exists(layout.hop_record_uri(loser, 2))  # the pruned one trained no further
 
-    # the next rung trains the promoted configuration only; the broken configuration stops at its first
-    # hop, never failing a task, and the others of its rung go on. A rung is a block: one train task
-    # per shard (2 shards), each training the rung's hops on its shard
+    # block 2 trains the promoted configuration and bracket 0's two, from iteration 1 to 3; the broken
+    # configuration stops at its first hop, never failing a task, and the others of its rung go on. A
+    # block is one train task per shard (2 shards), each training the block's hops on its shard
     states = {ti.task_id: ti.state for ti in run.get_task_instances()}
-    rung1 = {task: state for task, state in states.items() if task.startswith("bracket_1.rung_1.train_shard_")}
-    assert set(rung1) == {f"bracket_1.rung_1.train_shard_{s}" for s in range(2)}
-    assert set(rung1.values()) == {"success"}
-    assert store.read_json(layout.rung_decision_uri(1, 0))["next_bundles"] == [[[best["config_id"]]], []]
+    blocks = {task: state for task, state in states.items() if "train_shard_" in task}
+    assert set(blocks) == {f"{prefix}train_shard_{s}" for prefix in ("", "block_1.") for s in range(2)}
+    assert set(blocks.values()) == {"success"}
+    second = store.read_json(layout.block_decision_uri(1))
+    assert second["hops"] == 4 and second["start"] == 2 and sorted(second["training"]) == sorted(
+        [best["config_id"], *split_by_bracket([c["config_id"] for c in configs], spec.adaptive_plan())[0]])
     rung1_hops = [t for t in range(2, 6) if store.exists(layout.hop_record_uri(best["config_id"], t))]
     assert rung1_hops == [2, 3, 4, 5]  # from 1 to 3 iterations: 2 more iterations x 2 shards
-    rung0 = {task: state for task, state in states.items() if task.startswith("bracket_1.rung_0.train_shard_")}
-    assert sorted(rung0.values()) == ["success"] * 2
     assert not store.exists(layout.hop_record_uri(broken, 1))
     assert "failed" not in set(states.values())
 

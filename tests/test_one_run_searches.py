@@ -40,7 +40,7 @@ def test_a_small_search_renders_every_block_and_a_large_one_a_block_a_run(tmp_pa
     deals = [t for t in small.tasks if t.kind == "block_deal"]
     assert sorted((t.args["block"], t.args["offset"]) for t in deals) == [(1, 0), (1, 1), (2, 0), (2, 1)]
     assert [t.args for t in small.tasks if t.kind == "report"] == [{"decided": True, "blocks": 3}]
-    large = spec_task_plan(MopSpec.from_dict(pbt("x.parquet", "memory://a", population=8, iterations=200)))
+    large = spec_task_plan(MopSpec.from_dict(pbt("x.parquet", "memory://a", population=8, iterations=2000)))
     # too large for one run: one block a run, its decide step starts the DAG's next run
     assert [t.task_id for t in large.tasks if t.kind == "decide"] == ["decide"] and large.hop_tasks < 100
     # a model-based random search: ceil(5 / 4) waves of one iteration, 4 configurations a block

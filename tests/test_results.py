@@ -26,7 +26,7 @@ from mop_airflow.results.page import (
     read_chunks,
     run_results,
 )
-from mop_airflow.planning.rungs import decide_rung
+from mop_airflow.planning.blocks import decide_next_block, first_block
 from mop_airflow.store import Store
 from tests.test_end_to_end import MLP, tiny_spec, write_digits
 
@@ -269,6 +269,7 @@ def test_hyperband_shows_brackets_rungs_and_where_each_configuration_was_pruned(
         "batch_size": [32], "hparams": {"units": [32]}}}
     spec["search"]["adaptive"] = {"method": "hyperband", "R": 3, "eta": 3}
     layout, run, plan = planned(store, spec)
+    first_block(layout, run, plan)  # the plan task's: every bracket's rung 0, side by side
     data = run_results(layout, run)
     brackets = {b["s"]: b for b in data["plan"]["brackets"]}
     assert sorted(brackets) == [0, 1] and data["plan"]["adaptive"]["R"] == 3
@@ -281,11 +282,12 @@ def test_hyperband_shows_brackets_rungs_and_where_each_configuration_was_pruned(
         {"waiting: 0 of 6 hops done"}
 
     accuracy = dict(zip(first, (0.7, 0.5, 0.6)))
-    for cid in first:
+    for cid in (*first, *brackets[0]["configs"]):  # block 1 trains everyone one iteration, to rung 0's end
         for t in (0, 1):
-            hop(layout, cid, t, t, start=t, val=(1.0, accuracy[cid]) if t == 1 else None)
-    decision = decide_rung(layout, run, plan, bracket=1, rung=0, start=0, end=2, keep=1)
-    assert decision.promoted == [first[0]]
+            hop(layout, cid, t, t, start=t, val=(1.0, accuracy.get(cid, 0.4)) if t == 1 else None)
+    decision = decide_next_block(layout, run, plan, 0)
+    assert [(j["config_id"], j["kind"], j["rung"]) for j in decision.jobs] == [(first[0], "promote", 1)]
+    assert decision.length(2) == 4 and set(decision.ends) == {first[0], *brackets[0]["configs"]}
     data = run_results(layout, run)
     rows = {r["config_id"]: r for r in data["leaderboard"]["leaderboard"]}
     for loser in first[1:]:
@@ -294,7 +296,9 @@ def test_hyperband_shows_brackets_rungs_and_where_each_configuration_was_pruned(
         stop = data["curves"]["configs"][loser]["stop"]
         assert stop["status"] == "pruned" and stop["rung"] == 0 and stop["iteration"] == 0
     assert rows[first[0]]["status"] == "training" and data["curves"]["configs"][first[0]]["stop"] is None
-    assert data["leaderboard"]["best_per_bracket"] == {"1": {"config_id": first[0], "val_accuracy": 0.7}}
+    best = data["leaderboard"]["best_per_bracket"]
+    assert best["1"] == {"config_id": first[0], "val_accuracy": 0.7}
+    assert best["0"]["val_accuracy"] == 0.4 and best["0"]["config_id"] in brackets[0]["configs"]
     rung0 = next(g for g in {b["s"]: b for b in data["plan"]["brackets"]}[1]["rungs"] if g["i"] == 0)
     assert rung0["decided"] and rung0["promoted"] == [first[0]] and sorted(rung0["pruned"]) == sorted(first[1:])
 

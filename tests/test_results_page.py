@@ -434,7 +434,7 @@ def test_a_hyperband_run_shows_its_brackets_and_where_each_configuration_stopped
     """The page drawn from a Hyperband run's data (built by mop_airflow.results.page from hand-written hop
     records and a real rung decision, served in place of the API's answer): brackets and rungs with
     the decision, pruned outcomes, best per bracket, and a stop mark on each pruned curve."""
-    from mop_airflow.planning.rungs import decide_rung
+    from mop_airflow.planning.blocks import decide_next_block, first_block
     from mop_airflow.results.page import run_results
     from tests.test_results import MLP, hop, planned
 
@@ -445,11 +445,12 @@ def test_a_hyperband_run_shows_its_brackets_and_where_each_configuration_stopped
     spec["search"]["adaptive"] = {"method": "hyperband", "R": 3, "eta": 3}
     layout, run, plan = planned(Store(spec["store"]["root"]), spec)
     first = plan.brackets["1"]
-    for k, (accuracy, cid) in enumerate(zip((0.7, 0.5, 0.6), first)):
+    first_block(layout, run, plan)  # both brackets side by side: block 1 trains all five to iteration 1
+    for k, (accuracy, cid) in enumerate(zip((0.7, 0.5, 0.6, 0.4, 0.3), [*first, *plan.brackets["0"]])):
         for t in (0, 1):  # one hop at a time on each shard, as one slot allows
             hop(layout, cid, t, t, start=2 * (k + t), seconds=2, loss=1.0 - accuracy, acc=accuracy,
                 val=(1.0 - accuracy, accuracy) if t == 1 else None)
-    decide_rung(layout, run, plan, bracket=1, rung=0, start=0, end=2, keep=1)
+    decide_next_block(layout, run, plan, 0)  # bracket 1's rung 0 ends there: its best goes on
     data = {**run_results(layout, run), "run_state": "running"}
 
     page = logged_in(browser, airflow)
@@ -471,7 +472,7 @@ def test_a_hyperband_run_shows_its_brackets_and_where_each_configuration_stopped
         stopped = {marks.nth(i).locator("xpath=..").get_attribute("data-config-id") for i in range(2)}
         assert stopped == set(first[1:])
     best = page.locator("#best-per-bracket-table tbody tr").all_inner_texts()
-    assert len(best) == 1 and first[0] in best[0] and "0.7" in best[0]
+    assert len(best) == 2 and any(first[0] in row and "0.7" in row for row in best)
     rung = page.locator("#brackets tbody tr[data-bracket='1'][data-rung='0'] td").all_inner_texts()
     assert rung[2:6] == ["3", "1", "2", "1"] and rung[6] == f"promoted {first[0]}; pruned 2"
     assert page.locator("#brackets tbody tr").count() == 3  # bracket 1: rungs 0 and 1; bracket 0: rung 0

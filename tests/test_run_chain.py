@@ -82,7 +82,12 @@ def test_only_a_whole_mop_dags_plain_search_is_split():
     hyperband = random_spec(8, 2, 3, iterations_per_run=1).to_dict()
     hyperband["search"]["adaptive"] = {"method": "hyperband", "R": 9, "eta": 3}
     del hyperband["search"]["space"]["num_samples"]
-    with pytest.raises(SpecError, match="plain search"):
+    # an adaptive search's runs hold whole blocks: one here, its decide step starting the next run
+    one = spec_task_plan(MopSpec.from_dict(hyperband))
+    assert [t.task_id for t in one.tasks if t.kind == "decide"] == ["decide"] and "next_run" not in {
+        t.kind for t in one.tasks}
+    hyperband["schedule"]["iterations_per_run"] = 0.5
+    with pytest.raises(SpecError, match="whole blocks"):
         spec_task_plan(MopSpec.from_dict(hyperband))
     # one plan for equal inputs, as the renderer and the simulator rely on
     assert build_task_plan(2, 4, configurations=4, hops_per_run=4) == build_task_plan(

@@ -7,7 +7,8 @@ import pytest
 
 from benchmarks.schedule_sim import make_workload, run_group_rotation, run_mop
 from mop_airflow.planning.schedule import PRIORITY_RULES, deal_classes, priority_weight, shard_at, visit_order
-from mop_airflow.planning.simulation import estimate_seconds, lower_bound, simulate, stand_in_members
+from mop_airflow.planning.simulation import (estimate_seconds, lower_bound, simulate, simulate_blocks, stand_in_blocks,
+                                            stand_in_members)
 from mop_airflow.search.adaptive import adaptive_plan
 from mop_airflow.planning.task_plan import build_task_plan
 
@@ -216,15 +217,16 @@ def test_an_adaptive_plan_simulates_every_model_hop():
     hyperband = adaptive_plan({"method": "hyperband", "R": 9, "eta": 3}, p)
     # s=2: 9 configurations x 4 hops, 3 x 8 more, 1 x 24 more; s=1: 5 x 12, 1 x 24 more; s=0: 3 x 36
     assert hyperband.total_hops == 36 + 24 + 24 + 60 + 24 + 108 == 276
-    plan = build_task_plan(p, 0, hyperband, bundle_size=1)  # a chain per configuration of every rung
+    plan = build_task_plan(p, 0, hyperband)
+    # a block to every rung end of the brackets side by side (iteration 1, 3, 9), all in one DAG run
+    assert [spec.task_id for spec in plan.tasks if spec.kind == "decide"] == ["block_1.decide", "block_2.decide",
+                                                                              "decide"]
     ids = [f"c{i:02d}" for i in range(hyperband.total_configurations)]
-    keep = {(spec.args["bracket"], spec.args["rung"]): spec.args["keep"] for spec in plan.tasks
-            if spec.kind == "promote"}
-    assert keep == {(2, 0): 3, (2, 1): 1, (1, 0): 1}
+    blocks = stand_in_blocks(hyperband, ids, shards=p, seed=seed)
+    # 17 train 1 iteration; 3 promoted + 5 + 3 train 2 more; 1 + 1 + 3 train the last 6
+    assert [(hops, sum(map(len, classes))) for hops, classes in blocks] == [(4, 17), (8, 11), (24, 5)]
 
-    members = stand_in_members(plan, ids, adaptive=hyperband, seed=seed)
-
-    sim = simulate(plan, members, lambda cid, t, shard: 1.0 + int(cid[1:]) % 3, slots=1)
+    sim = simulate_blocks(plan, blocks, lambda cid, t, shard: 1.0 + int(cid[1:]) % 3, slots=1)
     assert len(sim.events) == hyperband.total_hops
     chains = by_config(sim.events)
     assert sorted(len(h) for h in chains.values()) == sorted([4] * 6 + [12] * 2 + [36] + [12] * 4 + [36] + [36] * 3)
@@ -239,11 +241,11 @@ def test_the_estimate_of_a_plan_with_equal_hops_reaches_the_lower_bound_when_slo
     # 8 configurations, 4 shards, 2 iterations, 1 slot: 2 per class, 8 hops each. The two of a class
     # alternate on each shard and no shard ever idles: 8 x 8 hops / 4 shards = 16 hop times, the
     # lower bound (a chain alone is only 8 hop times)
-    sim = estimate_seconds(build_task_plan(4, 2, configurations=8, bundle_size=1), 8, seconds_per_hop=2.0, slots=1)
+    sim = estimate_seconds(build_task_plan(4, 2, configurations=8), 8, seconds_per_hop=2.0, slots=1)
     assert len(sim.events) == 8 * 8 and sim.makespan == pytest.approx(2.0 * 16)
     assert sim.busy_fraction == pytest.approx(1.0)
     hb = adaptive_plan({"method": "hyperband", "R": 9, "eta": 3}, 4)
-    sim = estimate_seconds(build_task_plan(4, 0, hb, bundle_size=1), hb.total_configurations, seconds_per_hop=1.0,
+    sim = estimate_seconds(build_task_plan(4, 0, hb), hb.total_configurations, seconds_per_hop=1.0,
                            slots=1,
                            adaptive=hb)
     assert len(sim.events) == hb.total_hops == 276

@@ -14,7 +14,7 @@ from airflow.sdk import DAG, Param
 from mop_airflow.airflow.render import RETRIES, champion_asset, render_selection
 from mop_airflow.airflow.shard_pods import ShardPods
 from mop_airflow.planning.schedule import DEFAULT_PRIORITY
-from mop_airflow.search.adaptive import brackets_of, decided_between_blocks
+from mop_airflow.search.adaptive import brackets_of, decision_points
 from mop_airflow.search.asha import AshaPlan
 from mop_airflow.search.pbt import PbtPlan
 from mop_airflow.config import MopSpec
@@ -55,19 +55,18 @@ def _what(spec: MopSpec) -> str:
     if isinstance(adaptive, AshaPlan):
         tpe = f"; TPE proposes the configurations after the first {space.startup}" if space.sampler == "tpe" else ""
         return (f"ASHA n={adaptive.n}, r={adaptive.r}, R={adaptive.R}, eta={adaptive.eta}: rungs at "
-                f"{', '.join(map(str, adaptive.rungs))} iteration(s), decided between blocks of one iteration, one "
-                f"block a DAG run; models hop across {p} shards{tpe}")
+                f"{', '.join(map(str, adaptive.rungs))} iteration(s), decided between blocks, each ending where one of its jobs ends; models "
+                f"hop across {p} shards{tpe}")
     if isinstance(adaptive, PbtPlan):
         return (f"Population-based training: {adaptive.population} members for {adaptive.iterations} iteration(s); "
                 f"every {adaptive.interval} the bottom {adaptive.in_quantile()} copy the top {adaptive.in_quantile()} "
-                f"and explore {', '.join(sorted(adaptive.mutations))}, decided between blocks of one iteration, one "
-                f"block a DAG run; models hop across {p} shards")
+                f"and explore {', '.join(sorted(adaptive.mutations))}, one block per interval in one DAG run; "
+                f"models hop across {p} shards")
     brackets = brackets_of(adaptive)
     eta = brackets[0].eta
     named = (f"Hyperband R={adaptive.R}, eta={eta}" if spec.search.adaptive["method"] == "hyperband"
              else f"Successive halving n={brackets[0].n}, r={brackets[0].r}, eta={eta}")
-    if decided_between_blocks(adaptive):
-        named += ", decided between blocks of one iteration, one block a DAG run"
+    named += f", one block per rung end ({', '.join(map(str, decision_points(adaptive)))}) in one DAG run"
     return (f"{named}: "
             f"{adaptive.total_configurations} configurations in {len(brackets)} bracket(s), trained "
             f"{' or '.join(', '.join(rung_iterations(adaptive)).rsplit(', ', 1))} iteration(s) (each rung keeps "

@@ -25,13 +25,11 @@ from mop_airflow.operators.check_models import MopCheckModelsOperator
 from mop_airflow.operators.data import MopListDataOperator, MopScatterOperator, MopShardOperator
 from mop_airflow.operators.decide import MopDecideOperator
 from mop_airflow.operators.next_run import MopNextRunOperator
-from mop_airflow.operators.plan import MopBlockDealOperator, MopDealOperator, MopPlanOperator, MopStageShardOperator
+from mop_airflow.operators.plan import MopBlockDealOperator, MopPlanOperator, MopStageShardOperator
 from mop_airflow.operators.preflight import MopPreflightOperator
-from mop_airflow.operators.promote import MopPromoteOperator
 from mop_airflow.operators.publish import MopPublishOperator
 from mop_airflow.operators.report import MopReportOperator, MopResultOperator
 from mop_airflow.operators.train import MopTrainShardOperator
-from mop_airflow.search.adaptive import brackets_of
 from mop_airflow.records.selection import selection_id
 from mop_airflow.config import MopSpec
 from mop_airflow.planning.task_plan import TaskPlan, TaskSpec
@@ -43,7 +41,7 @@ RETRIES = {"retries": 2, "retry_delay": dt.timedelta(seconds=10), "retry_exponen
            "max_retry_delay": dt.timedelta(minutes=5)}
 
 OPERATORS = {"list_data": MopListDataOperator, "shard": MopShardOperator, "stage": MopStageShardOperator,
-             "deal": MopDealOperator, "promote": MopPromoteOperator, "report": MopReportOperator,
+             "report": MopReportOperator,
              "check_models": MopCheckModelsOperator, "result": MopResultOperator, "next_run": MopNextRunOperator,
              "decide": MopDecideOperator, "block_deal": MopBlockDealOperator}
 
@@ -67,7 +65,7 @@ def render_selection(spec: MopSpec, plan: TaskPlan, *, dag: Any, group: str | No
         pods = ShardPods.of(kubernetes)
         pods.check_fits(spec.schedule.slots_per_shard)
     renderer = _Renderer(plan, spec.to_dict(), dag_id=dag.dag_id, group=group, pools=pools,
-                         builder_modules=allowed, adaptive=spec.adaptive_plan(), pods=pods)
+                         builder_modules=allowed, pods=pods)
     with dag_params_set_aside(dag):
         renderer.render()
     return renderer.ops
@@ -93,7 +91,7 @@ def dag_params_set_aside(dag: Any) -> Iterator[None]:
 
 class _Renderer:
     def __init__(self, plan: TaskPlan, spec: dict[str, Any], *, dag_id: str, group: str | None, pools: str,
-                 builder_modules: list[str], adaptive: Any = None, pods: ShardPods | None = None) -> None:
+                 builder_modules: list[str], pods: ShardPods | None = None) -> None:
         self.plan = plan
         self.pods = pods
         self.group = group
@@ -101,16 +99,11 @@ class _Renderer:
         self.spec = spec
         self.pools = pools
         self.builder_modules = builder_modules
-        self.brackets = {b.s: b for b in brackets_of(adaptive)} if adaptive is not None else {}
         self.ops: dict[str, Any] = {}
         self.containers: dict[str, TaskGroup] = {}
 
     def render(self) -> None:
         for spec in self.plan.tasks:
-            if spec.task_id.startswith("bracket_") and spec.task_id.split(".")[0] not in self.containers:
-                # Listed in the graph and grid as created: bracket 0, 1, 2..., not in the paper's s_max-first loop.
-                for s in sorted(self.brackets):
-                    self._container(f"bracket_{s}")
             self.ops[spec.task_id] = self._train(spec) if spec.kind == "train" else self._operator(spec)
 
     def _common(self, spec: TaskSpec) -> dict[str, Any]:
@@ -150,8 +143,8 @@ class _Renderer:
         return op
 
     def _container(self, path: str, label: str | None = None) -> TaskGroup | None:
-        """The task group ``path`` names (``bracket_2.rung_0``) and its parents, made on first use;
-        ``label`` names the innermost one when it is not a bracket or a rung."""
+        """The task group ``path`` names (``block_2``) and its parents, made on first use;
+        ``label`` names the innermost one when it is not a block."""
         parts = path.split(".") if path else []
         parent = None
         for depth in range(1, len(parts) + 1):
@@ -165,23 +158,10 @@ class _Renderer:
         return parent
 
     def _describe(self, parts: list[str]) -> tuple[str, str]:
-        """A bracket's, rung's or block's label and tooltip, from the adaptive plan."""
-        if parts[0].startswith("block_"):  # a run holding every block of its search: block k (1 is the first)
-            k = int(parts[0].split("_")[1])
-            return (f"block {k + 1}", f"Block {k + 1}: one iteration of hops, as the decision after block {k} dealt "
-                                      "them; then the next decision")
-        bracket = self.brackets[int(parts[0].split("_")[1])]
-        if len(parts) == 1:
-            rungs = (f"each rung keeps the best 1/{bracket.eta} ({' -> '.join(str(r.n_i) for r in bracket.rungs)} "
-                     f"configurations)" if len(bracket.rungs) > 1 else "one rung, nothing is pruned")
-            return (f"bracket s={bracket.s} ({bracket.n} configs)",
-                    f"Bracket s={bracket.s}: {bracket.n} configurations start at {bracket.rungs[0].r_i} "
-                    f"iteration(s); {rungs}.")
-        rung = bracket.rungs[int(parts[1].split("_")[1])]
-        keep = (f"then promote keeps the best {rung.keep} and prunes the rest" if rung.keep
-                else "the bracket's last rung")
-        return (f"rung {rung.i} ({rung.n_i} x {rung.r_i} it.)",
-                f"Rung {rung.i} trains its {rung.n_i} configuration(s) to {rung.r_i} iteration(s); {keep}.")
+        """A block's label and tooltip: block k (1 is the first) of a run holding several."""
+        k = int(parts[0].split("_")[1])
+        return (f"block {k + 1}", f"Block {k + 1}: every configuration the decision after block {k} kept trains to "
+                                  "the next decision point (a rung's end, a PBT boundary); then the next decision")
 
     def _train(self, spec: TaskSpec) -> Any:
         """A block's train task for one shard slot: it reads what every class's source task lists."""

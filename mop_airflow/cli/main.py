@@ -153,12 +153,14 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         from mop_airflow.planning.simulation import estimate_seconds  # noqa: PLC0415
         from mop_airflow.planning.task_plan import build_task_plan  # noqa: PLC0415
 
-        sim = estimate_seconds(build_task_plan(args.shards, 0, plan), plan.total_configurations,
+        task_plan = build_task_plan(args.shards, 0, plan)
+        sim = estimate_seconds(task_plan, plan.total_configurations,
                                seconds_per_hop=args.seconds_per_hop, slots=args.slots, adaptive=plan,
                                task_seconds=args.task_seconds)
+        blocks = sum(1 for spec in task_plan.tasks if spec.kind == "decide")
         print(f"simulated wall time: {sim.makespan:,.0f} s: the DAG's own task plan replayed with Airflow's pool "
-              f"and priority rules, rung barriers and {args.task_seconds:g} s of fixed cost per task included; "
-              f"shard slots busy {sim.busy_fraction:.0%}")
+              f"and priority rules, its {blocks} block(s) to the rung ends one after another and "
+              f"{args.task_seconds:g} s of fixed cost per task included; shard slots busy {sim.busy_fraction:.0%}")
     return OK
 
 

@@ -307,6 +307,12 @@ def _check_features(features: Any, label: str) -> Any:
     return features
 
 
+# What replaced schedule.bundle_size: a block's hops on a shard slot are trained by one warm task.
+RETIRED_BUNDLE_SIZE = ("no longer exists: a block is one train task per shard slot, which trains every hop on its "
+                       "shard as soon as the configuration's previous hop is committed, so no configurations are "
+                       "bundled into a task any more (docs: concepts/shard-slots.md)")
+
+
 @dataclass(frozen=True)
 class ScheduleSpec:
     """The MOP schedule: infrastructure parameters that decide the DAG's shape.
@@ -327,10 +333,6 @@ class ScheduleSpec:
         seed: Seeds the split into shards, the deal of configurations into offset classes (their
             visit order), each configuration's initial weights and its batch order. A random search
             draws with ``search.space.seed``. An integer >= 0.
-        bundle_size: How the plan groups each offset class's configurations (lined up by model,
-            then cost): ``"auto"`` or an integer >= 1. The grouping is recorded in the plan; it no
-            longer changes the tasks, since a block is one train task per shard slot whatever the
-            bundles (docs: concepts/shard-slots.md).
         threads_per_hop: TensorFlow's intra-op thread count in a train task. Results on the CPU depend
             on it, so every hop record says which it used. An integer >= 1 pins it; the default, 1,
             gives the same numbers on every executor and machine (the embedded Airflow's, Celery's).
@@ -353,12 +355,11 @@ class ScheduleSpec:
     slots_per_shard: int = 1
     metrics_every: int = 1
     seed: int = 0
-    bundle_size: int | str = "auto"
     threads_per_hop: int | str = 1  # "auto": faster on spare cores, results depend on the worker
     iterations_per_run: int | str = "auto"
 
     def __post_init__(self) -> None:
-        for name in ("bundle_size", "threads_per_hop", "iterations_per_run"):
+        for name in ("threads_per_hop", "iterations_per_run"):
             value = getattr(self, name)
             if name == "iterations_per_run" and isinstance(value, float) and 0 < value < 1:
                 continue  # a block shorter than an iteration: checked against the shards below
@@ -630,6 +631,9 @@ class MopSpec:
                           ("schedule", ScheduleSpec), ("store", StoreSpec), ("publish", PublishSpec)):
             value = getattr(self, name)
             if isinstance(value, Mapping):
+                if name == "schedule" and "bundle_size" in value:
+                    raise SpecError("schedule.bundle_size", value["bundle_size"], RETIRED_BUNDLE_SIZE,
+                                    "remove schedule.bundle_size")
                 object.__setattr__(self, name, _build(cls, value, name))
             elif not isinstance(value, cls):
                 raise SpecError(name, value, f"must be a {cls.__name__} or a dict",

@@ -1,9 +1,11 @@
 """The step between two blocks of an adaptive search: read what the block's hops recorded, ask the
 search method what trains next, and deal the next block's configurations into offset classes.
 
-A block is one iteration of hops (every class's chains visit every shard once), so every rung,
-which ends at a whole number of iterations, ends at a block's end, where every configuration has
-seen every shard equally often. Between blocks:
+A block trains every configuration in it from where it stands to the next decision point: the
+earliest end of any of its jobs (:func:`block_length`). Jobs end at whole iterations (a rung's end,
+PBT's boundary), where every configuration has seen every shard equally often, so Hyperband's brackets
+side by side (R=81, eta=3: rungs end at iteration 1, 3, 9, 27 or 81) take five blocks, PBT one block
+per ``interval``, and ASHA a block each time one of its jobs ends. Between blocks:
 
 1. :func:`completions` turns the hop records into what the methods read: which configuration
    completed which rung with which metric (its evaluation at the rung's last hop), or failed, in the
@@ -98,6 +100,17 @@ def next_classes(training: Mapping[str, int], new: Sequence[str], *, shards: int
     return classes, offsets
 
 
+def block_length(training: Mapping[str, int], jobs: Sequence[Job], shards: int) -> tuple[int, list[str]]:
+    """How many hops a block trains, and whose job ends at its end: every configuration trains to the
+    next decision point, the earliest end of any job in the block (a rung's end, PBT's next
+    boundary); the search decides nothing in between, so a block never stops short of one."""
+    end = {job.config_id: job.iterations * shards for job in jobs}  # each configuration's latest job
+    if not training:
+        return shards, []
+    length = max(1, min(end[cid] - hops for cid, hops in training.items()))
+    return length, sorted(cid for cid, hops in training.items() if hops + length == end[cid])
+
+
 def decision_or_end(layout: RunLayout, block: int) -> BlockDecision | None:
     """Block ``block``'s decision, or None when the search ended at an earlier block of the same run:
     the decide steps after the one that found nothing left write no decision, and their blocks train
@@ -131,7 +144,8 @@ def decide_next_block(layout: RunLayout, run: RunRecord, plan: Plan, block: int)
     current = {job.config_id: job for job in jobs}  # each configuration's latest job
     here = decisions[-1]
     shards = plan.shards
-    records = [r for cid, hops in here.training.items() for r in _block_records(layout, cid, hops, shards)]
+    length = here.length(shards)
+    records = [r for cid, hops in here.training.items() for r in _block_records(layout, cid, hops, length, shards)]
     new = completions(records, [current[cid] for cid in here.training], shards=shards, metric=run.metric)
     out, made = _decision(with_proposed(layout, run), plan, block=block + 1, previous=here, new=new, jobs_so_far=jobs)
     return _commit(layout, out, made, shards)
@@ -178,7 +192,9 @@ def _decision(run: RunRecord, plan: Plan, *, block: int, previous: BlockDecision
     capacity = block_capacity(shards, schedule.slots_per_shard, method)
     seen = [Completion(**c) for c in (previous.completions if previous else [])] + new
     ended = {c.config_id for c in new}
-    busy = {cid: hops + shards for cid, hops in (previous.training if previous else {}).items() if cid not in ended}
+    done = previous.length(shards) if previous else 0  # the hops the block before trained each configuration
+    start = previous.start + done if previous else 0  # where this block starts, in the search's hops
+    busy = {cid: hops + done for cid, hops in (previous.training if previous else {}).items() if cid not in ended}
     promoted = [(j.config_id, j.rung - 1) for j in jobs_so_far if j.kind == "promote"]
     started = [j.config_id for j in jobs_so_far if j.kind == "start"]
     draw, free = [c["config_id"] for c in run.configs], max(0, capacity - len(busy))
@@ -195,8 +211,9 @@ def _decision(run: RunRecord, plan: Plan, *, block: int, previous: BlockDecision
     elif isinstance(method, AshaPlan):
         model_based = run.spec["search"]["space"].get("sampler") == "tpe"
         propose = _tpe(run, method, seen, set(busy), block, made) if model_based else None
+        # the budget's deadline counts iterations trained since the search began (blocks of one iteration before)
         handed = next_jobs(method, seen, promoted, started, draw, free, direction=run.direction, propose=propose,
-                           block=block, slots=shards * schedule.slots_per_shard)
+                           block=start // shards, slots=shards * schedule.slots_per_shard)
     else:
         handed = halving_jobs(brackets_of(method), split_by_bracket(draw, method), seen, promoted, started, free,
                               direction=run.direction)
@@ -205,8 +222,11 @@ def _decision(run: RunRecord, plan: Plan, *, block: int, previous: BlockDecision
     classes, offsets = next_classes(training, [j.config_id for j in handed if j.kind != "continue"], shards=shards,
                                     rotation=previous.offsets if previous else {},
                                     placed=None if isinstance(method, LADDERS) else _rung_deal(run, plan, handed))
-    bundles = bundle_classes(run, classes, hops=shards, rows=plan.shard_rows, chains=class_chains(plan.chains, "", shards))
-    return BlockDecision(block=block, capacity=capacity, jobs=[j.to_dict() for j in handed],
+    length, ends = block_length(training, [*jobs_so_far, *handed], shards)
+    bundles = bundle_classes(run, classes, hops=length, rows=plan.shard_rows,
+                             chains=class_chains(plan.chains, "", shards))
+    return BlockDecision(block=block, capacity=capacity, jobs=[j.to_dict() for j in handed], hops=length, start=start,
+                         ends=ends,
                          completions=[dataclasses.asdict(c) for c in seen], training=training, offsets=offsets,
                          bundles=bundles, finished=not training, members=members,
                          copies=[dataclasses.asdict(c) for c in copies],
@@ -274,11 +294,11 @@ def _rung_deal(run: RunRecord, plan: Plan, handed: Sequence[Job]) -> dict[str, i
     return placed
 
 
-def _block_records(layout: RunLayout, cid: str, hops: int, shards: int) -> list[HopRecord]:
-    """The records of the hops ``cid`` trained in one block (from hop ``hops``); a hop it has none of
-    (its task failed or was skipped) is a failure, so the configuration trains no further."""
+def _block_records(layout: RunLayout, cid: str, hops: int, length: int, shards: int) -> list[HopRecord]:
+    """The records of the ``length`` hops ``cid`` trained in one block (from hop ``hops``); a hop it has
+    none of (its task failed or was skipped) is a failure, so the configuration trains no further."""
     out = []
-    for t in range(hops, hops + shards):
+    for t in range(hops, hops + length):
         try:
             record = HopRecord.read(layout.store, layout.hop_record_uri(cid, t))
         except StoreError:

@@ -9,11 +9,12 @@ DAG cannot drift apart. It gives the wall-time estimate of a plan and drives
 from __future__ import annotations
 
 import heapq
+import itertools
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
-from mop_airflow.planning.schedule import deal_classes, hash_seed, priority_weight
+from mop_airflow.planning.schedule import deal_classes, priority_weight
 from mop_airflow.planning.task_plan import ClassGroup, TaskPlan, TaskSpec
 
 @dataclass(frozen=True)
@@ -52,7 +53,8 @@ Seconds = Callable[[str, int, int], float]
 
 
 def simulate(plan: TaskPlan, members: Members, seconds: Seconds, *, slots: int,
-             task_seconds: float = 0.0) -> Simulation:
+             task_seconds: float = 0.0, block_ends: Mapping[str, int] | None = None,
+             block_starts: Mapping[str, int] | None = None) -> Simulation:
     """Replay ``plan`` as Airflow runs it and return every model-hop's start and end.
 
     - ``members(group, expanded)`` lists what a class group carries (configurations, or bundles
@@ -67,9 +69,13 @@ def simulate(plan: TaskPlan, members: Members, seconds: Seconds, *, slots: int,
       block's hops on its shard slot: unit ``i`` of the block (over its classes in order) on slot
       ``i mod slots``. Idle, it takes its ready hop (the unit's previous hop ended) of the highest
       weight, then the earliest in the block; it ends when its hops are done (at once without any).
+    - ``block_ends``: where each block of an adaptive search ends (its train tasks' group, ``""`` for
+      the first block, ``block_1`` ...), as its decision says at run time; by default the plan's own end;
+      ``block_starts``: the hop of the search each begins at (a hop's ``t`` in the events).
     Raises when tasks never run: a block whose train tasks cannot all run at once deadlocks, in
     Airflow as here.
     """
+    ends = dict(block_ends or {})
     tasks = {spec.task_id: spec for spec in plan.tasks}
     order = {spec.task_id: k for k, spec in enumerate(plan.tasks)}
     downstream: dict[str, list[str]] = defaultdict(list)
@@ -112,7 +118,7 @@ def simulate(plan: TaskPlan, members: Members, seconds: Seconds, *, slots: int,
                 if waiting[down]:
                     continue
                 spec = tasks[down]
-                if spec.kind == "train" and not _block_hops(plan, spec, expanded):
+                if spec.kind == "train" and not _block_hops(plan, spec, expanded, ends):
                     stack.append(down)  # nothing to train on this slot: skipped, takes no slot
                 else:
                     heapq.heappush(ready[pool_of(spec)], (-spec.priority_weight, order[down], down))
@@ -142,7 +148,8 @@ def simulate(plan: TaskPlan, members: Members, seconds: Seconds, *, slots: int,
                 spec = tasks[task_id]
                 slot = slots_here.pop(0) if slots_here is not None else -1
                 if spec.kind == "train":
-                    processes[task_id] = _Process(spec, _block_hops(plan, spec, expanded), slot)
+                    processes[task_id] = _Process(spec, _block_hops(plan, spec, expanded, ends), slot,
+                                                  (block_starts or {}).get(task_id.rpartition(".")[0], 0))
                     push(now + task_seconds, "live", task_id)
                 else:
                     push(now + task_seconds, "task", (task_id, slot))
@@ -181,17 +188,19 @@ def simulate(plan: TaskPlan, members: Members, seconds: Seconds, *, slots: int,
 Hop = tuple  # (unit, step, shard, weight, order)
 
 
-def _block_hops(plan: TaskPlan, spec: TaskSpec, expanded: Mapping[str, Sequence[str]]) -> list[Hop]:
+def _block_hops(plan: TaskPlan, spec: TaskSpec, expanded: Mapping[str, Sequence[str]],
+                ends: Mapping[str, int]) -> list[Hop]:
     """The hops of a train task's block on its shard slot, as :func:`~mop_airflow.training.shard_loop.block_hops`
     places them: unit ``i`` of the block on slot ``i mod slots``, hop ``t`` of class ``o`` on shard ``(o + t) mod p``."""
     args, hops, index = spec.args, [], 0
+    end = ends.get(spec.task_id.rpartition(".")[0], args["end"])
     for group in plan.block_groups(spec):
         for unit in expanded.get(group.group_id, ()):
             slot, index = index % plan.slots, index + 1
-            for step in range(args["start"], args["end"]):
+            for step in range(args["start"], end):
                 shard = (group.offset + step) % plan.shards
                 if (shard, slot) == (args["shard"], args["slot"]):
-                    hops.append((unit, step, shard, priority_weight(plan.priority, step, args["chain_end"]),
+                    hops.append((unit, step, shard, priority_weight(plan.priority, step, max(end, args["chain_end"])),
                                  len(hops)))
     return hops
 
@@ -199,7 +208,8 @@ def _block_hops(plan: TaskPlan, spec: TaskSpec, expanded: Mapping[str, Sequence[
 class _Process:
     """A train task's warm process: its hops still to train, and whether it trains one now."""
 
-    def __init__(self, spec: TaskSpec, hops: list[Hop], pool_slot: int) -> None:
+    def __init__(self, spec: TaskSpec, hops: list[Hop], pool_slot: int, shift: int = 0) -> None:
+        self.shift = shift  # the search's hop the block starts at
         self.block = spec.task_id.rpartition(".")[0]
         self.start = spec.args["start"]
         self.pending = sorted(hops, key=lambda h: (-h[3], h[4]))
@@ -214,9 +224,8 @@ class _Process:
                 return hop
         return None
 
-    @staticmethod
-    def hop_of(hop: Hop) -> int:
-        return hop[1]
+    def hop_of(self, hop: Hop) -> int:
+        return self.shift + hop[1]
 
 
 def simulate_bundles(plan: TaskPlan, bundles: Sequence[Sequence[Sequence[str]]], seconds: Seconds, *, slots: int,
@@ -253,35 +262,90 @@ def lower_bound(hop_seconds: Mapping[str, float], hops: Mapping[str, int], *, sh
     return max(total / (shards * slots), max((hop_seconds[c] * hops[c] for c in hops), default=0.0))
 
 
-def stand_in_members(plan: TaskPlan, config_ids: Sequence[str], *, adaptive: Any = None, seed: int = 0) -> Members:
-    """Who each class group expands over when nobody has trained yet: the configurations dealt as the
-    plan task deals them; at a later rung the first ``keep`` of the previous rung (by id) stand in
-    for the ones the ranking will promote (with equal hop times, which ones does not matter)."""
-    if adaptive is None:
-        classes = deal_classes(config_ids, shards=plan.shards, seed=seed)
-        return lambda group, expanded: classes[group.offset]
-    from mop_airflow.search.adaptive import split_by_bracket  # noqa: PLC0415
+def stand_in_members(plan: TaskPlan, config_ids: Sequence[str], *, seed: int = 0) -> Members:
+    """Who each class of a plain search carries when nobody has trained yet: the configurations dealt
+    as the plan task deals them."""
+    classes = deal_classes(config_ids, shards=plan.shards, seed=seed)
+    return lambda group, expanded: classes[group.offset]
 
-    by_bracket = split_by_bracket(list(config_ids), adaptive)
-    keep = {(s.args["bracket"], s.args["rung"]): s.args["keep"] for s in plan.tasks if s.kind == "promote"}
 
-    def members(group: ClassGroup, expanded: Mapping[str, Sequence[str]]) -> Sequence[str]:
-        if group.rung == 0:
-            candidates = by_bracket[group.bracket]
-        else:
-            previous = sorted(cid for g in plan.groups if (g.bracket, g.rung) == (group.bracket, group.rung - 1)
-                              for cid in expanded[g.group_id])
-            candidates = previous[:keep[(group.bracket, group.rung - 1)]]
-        return deal_classes(candidates, shards=plan.shards, seed=hash_seed(seed, group.bracket, group.rung))[
-            group.offset]
+def stand_in_blocks(adaptive: Any, config_ids: Sequence[str], *, shards: int, seed: int = 0
+                    ) -> list[tuple[int, list[list[str]]]]:
+    """An adaptive search's blocks when nobody has trained yet, as (hops, classes): every job completes,
+    and the configurations with the lower ids stand in for the ones the ranking will promote (with
+    equal hop times, which ones does not matter). Hyperband's and successive halving's blocks end at
+    every rung end of the brackets side by side, PBT's at every boundary (its population trains on,
+    copies in place of members); each block's classes as the decisions deal them
+    (:func:`mop_airflow.planning.blocks.block_length`, :func:`~mop_airflow.planning.blocks.next_classes`)."""
+    from mop_airflow.planning.blocks import block_length, next_classes  # noqa: PLC0415
+    from mop_airflow.search.adaptive import brackets_of, split_by_bracket  # noqa: PLC0415
+    from mop_airflow.search.halving import halving_jobs  # noqa: PLC0415
+    from mop_airflow.search.jobs import Completion, Job  # noqa: PLC0415
+    from mop_airflow.search.pbt import PbtPlan  # noqa: PLC0415
 
-    return members
+    ids = list(config_ids)
+    if isinstance(adaptive, PbtPlan):
+        members = ids[:adaptive.population]
+        classes = [list(c) for c in deal_classes(members, shards=shards, seed=seed)]
+        points = [0, *adaptive.boundaries, adaptive.iterations]
+        return [((b - a) * shards, classes) for a, b in zip(points, points[1:])]
+    brackets, by_bracket = brackets_of(adaptive), split_by_bracket(ids, adaptive)
+
+    def ask(done: list[Completion], jobs: list[Job], free: int) -> list[Job]:
+        return halving_jobs(brackets, by_bracket, done, [(j.config_id, j.rung - 1) for j in jobs if j.kind == "promote"],
+                            [j.config_id for j in jobs if j.kind == "start"], free, direction="min")
+
+    capacity = adaptive.total_configurations
+    jobs = ask([], [], capacity)
+    training = {j.config_id: 0 for j in jobs}
+    rotation: dict[str, int] = {}
+    done: list[Completion] = []
+    blocks = []
+    while training:
+        new = list(dict.fromkeys(j.config_id for j in jobs if j.config_id in training and j.config_id not in rotation))
+        classes, rotation = next_classes(training, new, shards=shards, rotation=rotation)
+        length, ends = block_length(training, jobs, shards)
+        blocks.append((length, classes))
+        latest = {j.config_id: j for j in jobs}
+        done += [Completion(cid, latest[cid].rung, float(int(cid.lstrip("c") or 0)), bracket=latest[cid].bracket)
+                 for cid in ends]
+        training = {cid: hops + length for cid, hops in training.items() if cid not in ends}
+        handed = ask(done, jobs, capacity - len(training))
+        for job in handed:
+            training[job.config_id] = latest[job.config_id].iterations * shards if job.kind == "promote" else 0
+            rotation.pop(job.config_id, None)
+        jobs += handed
+    return blocks
 
 
 def estimate_seconds(plan: TaskPlan, configurations: int, *, seconds_per_hop: float, slots: int,
-                     adaptive: Any = None, task_seconds: float = 0.0) -> Simulation:
+                     adaptive: Any = None, task_seconds: float = 0.0, seed: int = 0) -> Simulation:
     """The plan replayed with every configuration's hop taking ``seconds_per_hop`` (plus
-    ``task_seconds`` per task), the configurations dealt as the plan task deals them."""
+    ``task_seconds`` per task), the configurations dealt as the plan task deals them; an adaptive
+    search's blocks as :func:`stand_in_blocks` gives them."""
     ids = [f"c{i:04d}" for i in range(configurations)]
-    return simulate(plan, stand_in_members(plan, ids, adaptive=adaptive), lambda unit, t, shard: seconds_per_hop,
-                    slots=slots, task_seconds=task_seconds)
+
+    def seconds(unit: str, t: int, shard: int) -> float:
+        return seconds_per_hop
+
+    if adaptive is None:
+        return simulate(plan, stand_in_members(plan, ids, seed=seed), seconds, slots=slots, task_seconds=task_seconds)
+    return simulate_blocks(plan, stand_in_blocks(adaptive, ids, shards=plan.shards, seed=seed), seconds, slots=slots,
+                           task_seconds=task_seconds)
+
+
+def simulate_blocks(plan: TaskPlan, blocks: Sequence[tuple[int, Sequence[Sequence[str]]]], seconds: Seconds, *,
+                    slots: int, task_seconds: float = 0.0) -> Simulation:
+    """Replay an adaptive search's task plan whose block ``k`` trains ``blocks[k]`` (its hops, and its
+    classes as the decision before it dealt them); a block the search never reaches trains nothing."""
+    prefixes = sorted({spec.task_id.rpartition(".")[0] for spec in plan.tasks if spec.kind == "train"},
+                      key=lambda prefix: int(prefix.split("_")[1]) if prefix else 0)
+    by_prefix = dict(zip(prefixes, blocks))
+
+    def members(group: ClassGroup, expanded: Mapping[str, Sequence[str]]) -> Sequence[str]:
+        found = by_prefix.get(group.group_id.rpartition(".")[0])
+        return found[1][group.offset] if found else ()
+
+    starts = dict(zip(prefixes, itertools.accumulate((hops for hops, _ in blocks), initial=0)))
+    return simulate(plan, members, seconds, slots=slots, task_seconds=task_seconds,
+                    block_ends={prefix: hops for prefix, (hops, _) in by_prefix.items()}, block_starts=starts)

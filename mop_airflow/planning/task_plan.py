@@ -30,10 +30,14 @@ renders the hops of ``iterations_per_run`` iterations, and ``every train task >>
 ``next_run`` triggers the DAG's next run for the next block of iterations, and the report (then
 publish) runs only in the run of the last block.
 
-An adaptive search (Hyperband, successive halving) puts brackets side by side; rung ``i`` of
-bracket ``b`` has ``deal_<o>`` tasks that list offset class o's configurations (from the plan at
-rung 0, from the previous rung's promote task later), the rung's train tasks, and a ``promote``
-task that ranks the rung (none after a bracket's last rung).
+An adaptive search trains in **blocks to the next decision point** (:mod:`mop_airflow.planning.blocks`):
+block ``k`` trains every configuration its decision kept from where it stands to the next point where
+the search decides (the end of a rung of Hyperband's brackets side by side, PBT's next boundary, the
+end of one of ASHA's jobs), then ``decide`` ranks what ended there and writes block ``k + 1``'s
+decision. Where the number of blocks is known up front (Hyperband R=81, eta=3: 5 blocks, at
+iteration 1, 3, 9, 27 and 81; PBT: one per interval), one run holds them all, in sequence
+(``block_<k>.deal_<o>``, the block's train tasks, ``block_<k>.decide``), so ``dag.test()`` trains the
+search whole; otherwise (ASHA without a budget) each block's decide step starts the DAG's next run.
 """
 
 from __future__ import annotations
@@ -46,12 +50,8 @@ from mop_airflow.planning.bundling import chains_per_class
 from mop_airflow.errors import SpecError
 from mop_airflow.planning.run_chain import hops_per_run
 from mop_airflow.planning.schedule import DEFAULT_PRIORITY, priority_weight
-from mop_airflow.search.adaptive import decided_between_blocks
 
-# Past the failed configuration of a chain, its group-mates' chains go on; a promote step runs as
-# long as nothing failed (a skipped, i.e. pruned or failed-and-recorded, configuration is not a
-# task failure). The report runs even when every chain was skipped: it then says why each stopped.
-JOIN = "none_failed_min_one_success"
+# The report runs even when every train task was skipped: it then says why each configuration stopped.
 REPORT_JOIN = "none_failed"
 # The tasks a run continuing a search skips at once from its preflight: the search's data is sharded
 # and its plan written by its first run. Each was a task process that returned at once, one after
@@ -72,14 +72,14 @@ def shard_pool(shard: int) -> str:
 
 @dataclass(frozen=True)
 class TaskSpec:
-    """One task: ``task_id`` is the full id, group prefixes included (``bracket_1.rung_0.promote``).
+    """One task: ``task_id`` is the full id, group prefixes included (``block_1.decide``).
 
     A ``train`` task's ``args["classes"]`` names the class groups (:class:`ClassGroup`) of its block.
     """
 
     task_id: str
-    kind: str  # preflight, list_data, scatter, shard, plan, stage, check_models, deal, train, promote, next_run,
-    #            report, publish, result
+    kind: str  # preflight, list_data, scatter, shard, plan, stage, check_models, block_deal, train, decide,
+    #            next_run, report, publish, result
     upstream: tuple[str, ...] = ()
     group: str | None = None
     pool: str | None = None
@@ -147,7 +147,6 @@ def build_task_plan(shards: int, iterations: int, adaptive: Any = None, *,
     def chains(n: int | None, hops: int) -> int:
         return 1 if n is None else chains_per_class(n, shards=shards, slots=slots, hops=hops, bundle_size=bundle_size)
 
-    blocks = adaptive is not None and decided_between_blocks(adaptive)
     builder = _Builder(shards, priority, slots)
     builder.add("preflight", "preflight")
     builder.add("list_data", "list_data", ("preflight",))
@@ -157,7 +156,7 @@ def build_task_plan(shards: int, iterations: int, adaptive: Any = None, *,
     # A run that continues a search skips the data and planning tasks from its preflight
     # (CONTINUING_SKIPS): its stage tasks and check_models then run after preflight alone.
     stages = [builder.add(f"stage_shard_{s}", "stage", ("plan", "preflight"), pool=shard_pool(s), queue=shard_pool(s),
-                          args={"shard": s, "deals": adaptive is None or blocks}, trigger_rule=AFTER_PLAN_OR_SKIP)
+                          args={"shard": s}, trigger_rule=AFTER_PLAN_OR_SKIP)
               for s in range(shards)]
     # Beside the staging: builds each distinct model once on the data's shapes before any hop.
     ready = [*stages, builder.add("check_models", "check_models", ("plan", "preflight"),
@@ -174,12 +173,12 @@ def build_task_plan(shards: int, iterations: int, adaptive: Any = None, *,
             finals = [builder.add("next_run", "next_run", tuple(finals), trigger_rule=REPORT_JOIN,
                                   args={"hops_per_run": end, "hops": hops})]
             report_args = {"last_start": hops - end}  # the report waits for the run whose block starts there
-    elif blocks:  # blocks of one iteration; each decide step says what the next block trains
+    else:  # blocks to the next decision point; each decide step says what the next block trains
         per_class = chains(block_capacity(shards, slots, adaptive), shards)
-        count, whole = blocks_per_run(adaptive, shards, slots, per_class, blocks_setting)
+        count, whole = blocks_per_run(adaptive, shards, slots, blocks_setting)
         groups = [builder.group(f"class_{o}", source=stages[o], offset=o, start=0, end=shards, chains=per_class)
                   for o in range(shards)]
-        finals = builder.train("", groups, wait_for=ready, chain_end=shards, rung_end=True, relative=True)
+        finals = builder.train("", groups, wait_for=ready, chain_end=shards, rung_end=True, block=0)
         if count == 1 and not whole:  # one block a run: the decide step starts the DAG's next run
             finals = [builder.add("decide", "decide", tuple(finals), trigger_rule=REPORT_JOIN)]
         for k in range(1, count):  # the whole search in this run: block k's deal tasks wait for decision k
@@ -189,14 +188,12 @@ def build_task_plan(shards: int, iterations: int, adaptive: Any = None, *,
                                     source=builder.add(f"block_{k}.deal_{o}", "block_deal", (gate,),
                                                        args={"block": k, "offset": o}))
                       for o in range(shards)]
-            finals = builder.train(f"block_{k}.", groups, chain_end=shards, rung_end=True, relative=True)
+            finals = builder.train(f"block_{k}.", groups, chain_end=shards, rung_end=True, block=k)
         if count > 1 or whole:  # the last decide step starts the DAG's next run unless the run holds the whole search
             finals = [builder.add("decide", "decide", tuple(finals), trigger_rule=REPORT_JOIN,
                                   args={"block": count - 1, "last": True, "whole": whole})]
         # reports only in the run whose (last) decide step found nothing left
         report_args = {"decided": True, **({"blocks": count} if count > 1 or whole else {})}
-    else:
-        finals = _adaptive(builder, adaptive, ready, chains)
     last = builder.add("report", "report", tuple(finals), trigger_rule=REPORT_JOIN, args=report_args)
     if publish:
         last = builder.add("publish", "publish", ("report",))
@@ -206,30 +203,32 @@ def build_task_plan(shards: int, iterations: int, adaptive: Any = None, *,
                     slots=slots)
 
 
-def blocks_per_run(adaptive: Any, shards: int, slots: int, per_class: int,
-                   setting: int | str = "auto") -> tuple[int, bool]:
-    """How many blocks (of one iteration) one DAG run of a search decided between blocks renders, and
-    whether they are the whole search.
+def blocks_per_run(adaptive: Any, shards: int, slots: int, setting: int | str = "auto") -> tuple[int, bool]:
+    """How many blocks one DAG run of an adaptive search renders, and whether they are the whole search.
 
-    ``"auto"``: all of them when the search has a known end whose blocks' tasks fit ``STATIC_HOP_TASKS``
-    (population-based training, and a model-based random search, which is a one-rung ASHA), so
-    ``dag.test()`` and ``airflow dags test`` run it whole; otherwise one, and each block's decide step
-    starts the DAG's next run. Several blocks a run are not faster: the MNIST-1D ASHA of
-    ``benchmarks/asha_vs_ray.py`` took 230.9 s with its 23 blocks in one run against 170.2 s in 23
-    runs (each block in a run waits for a decide and a deal task, and the run's many waiting tasks
-    slow every scheduler loop). A whole number (``schedule.iterations_per_run``) sets the count.
+    ``"auto"``: all of them when their number is known up front (:func:`~mop_airflow.search.adaptive.most_blocks`:
+    Hyperband and successive halving, one block per rung end; PBT, one per segment; a model-based random
+    search or an ASHA budget) and their tasks stay within ``RUN_TASK_BUDGET``, so ``dag.test()`` and
+    ``airflow dags test`` run the search whole; otherwise one, and each block's decide step starts the
+    DAG's next run. A whole number (``schedule.iterations_per_run``) sets the count.
     """
-    from mop_airflow.search.adaptive import STATIC_HOP_TASKS, most_blocks  # noqa: PLC0415
+    from mop_airflow.search.adaptive import most_blocks  # noqa: PLC0415
 
     per_block = shards * slots + shards + 1  # a block's train tasks, its deal tasks and its decision
     bound = most_blocks(adaptive, block_capacity(shards, slots, adaptive))
     if setting != "auto":
         count = int(setting) if bound is None else min(int(setting), bound)
-    elif bound is not None and bound * per_block <= STATIC_HOP_TASKS:
+    elif bound is not None and bound * per_block <= RUN_TASK_BUDGET:
         count = bound
     else:
         count = 1
     return count, bound is not None and count >= bound
+
+
+# The most task instances the blocks of one DAG run may hold: Airflow's scheduler examines every
+# waiting task instance in every loop (apache/airflow #31185). Hyperband R=81, eta=3 on 16 shards of
+# one slot renders 5 blocks of 33 tasks; 64 shards of 5 slots, 5 blocks of 385.
+RUN_TASK_BUDGET = 2000
 
 
 def configuration_count(spec: Any) -> int:
@@ -243,15 +242,17 @@ def spec_task_plan(spec: Any, priority: str = DEFAULT_PRIORITY, *, result: bool 
     class holds for the spec's own search space (``result``: see :func:`build_task_plan`)."""
     adaptive = spec.adaptive_plan()
     schedule = spec.schedule
-    if result and adaptive is not None and decided_between_blocks(adaptive):
+    if result and adaptive is not None and not blocks_per_run(adaptive, schedule.shards, schedule.slots_per_shard,
+                                                              schedule.iterations_per_run)[1]:
         raise SpecError("search.adaptive.method", spec.search.adaptive["method"],
-                        "is decided between DAG runs, one block of hops a run, and a MopTaskGroup's search runs "
-                        "inside your DAG's one run", "use hyperband or successive_halving in a MopTaskGroup, or "
+                        "has no number of blocks known up front here (ASHA without a budget), so each block's "
+                        "decision starts the DAG's next run, and a MopTaskGroup's search runs inside your DAG's one run",
+                        "use hyperband, successive_halving, pbt or an ASHA with a budget in a MopTaskGroup, or "
                         "build_mop_dag for a whole MOP DAG of its own")
     configurations = None if adaptive else configuration_count(spec)
     return build_task_plan(schedule.shards, schedule.iterations, adaptive, priority=priority,
                            publish=spec.publish.enabled, configurations=configurations,
-                           slots=schedule.slots_per_shard, bundle_size=schedule.bundle_size, result=result,
+                           slots=schedule.slots_per_shard, result=result,
                            hops_per_run=runs_split(spec, configurations, chained=adaptive is None and not result),
                            blocks_setting=schedule.iterations_per_run)
 
@@ -259,8 +260,8 @@ def spec_task_plan(spec: Any, priority: str = DEFAULT_PRIORITY, *, result: bool 
 def runs_split(spec: Any, configurations: int | None, *, chained: bool) -> int:
     """The hops one DAG run of ``spec`` trains (:func:`mop_airflow.planning.run_chain.hops_per_run`).
 
-    Only a whole MOP DAG's plain search is split (``chained``): an adaptive search's rungs already
-    end in promote tasks, and a MopTaskGroup's run is the user's DAG run, whose other tasks must not
+    Only a whole MOP DAG's plain search is split (``chained``): an adaptive search's blocks already
+    end in decide tasks, and a MopTaskGroup's run is the user's DAG run, whose other tasks must not
     run once per block.
     """
     schedule = spec.schedule
@@ -269,51 +270,14 @@ def runs_split(spec: Any, configurations: int | None, *, chained: bool) -> int:
             raise SpecError("schedule.iterations_per_run", schedule.iterations_per_run,
                             "cannot split a MopTaskGroup's search over several DAG runs: the run is your DAG's, and "
                             "its other tasks would run once per block", "leave schedule.iterations_per_run out")
-        adaptive = spec.adaptive_plan()
-        if schedule.iterations_per_run != "auto" and adaptive and not decided_between_blocks(adaptive):
+        if isinstance(schedule.iterations_per_run, float) and spec.adaptive_plan():
             raise SpecError("schedule.iterations_per_run", schedule.iterations_per_run,
-                            "applies to a plain search or one decided between blocks; this adaptive search is drawn "
-                            "into one DAG run (search.adaptive.between_runs)", "leave schedule.iterations_per_run out")
-        if isinstance(schedule.iterations_per_run, float) and adaptive:
-            raise SpecError("schedule.iterations_per_run", schedule.iterations_per_run,
-                            "a search decided between blocks ranks at iteration boundaries, so a run holds whole "
-                            "iterations (blocks)", "use a whole number of blocks per run, or \"auto\"")
+                            "an adaptive search's runs hold whole blocks, each training to the next decision",
+                            "use a whole number of blocks per run, or \"auto\"")
         return schedule.iterations * schedule.shards
     # a run renders one train task per shard slot, however many hops it trains
     return hops_per_run(schedule.iterations, schedule.shards, schedule.iterations_per_run,
                         lambda h: schedule.shards * schedule.slots_per_shard)
-
-
-def _adaptive(builder: "_Builder", adaptive: Any, ready: list[str], chains: Any) -> list[str]:
-    """Brackets side by side, each rung a block; the blocks run one after another, ordered by the
-    hop they start at (then bracket), since every block needs all shard slots at once."""
-    from mop_airflow.search.adaptive import brackets_of, rung_spans  # noqa: PLC0415
-
-    p, finals = builder.shards, []
-    rungs = sorted(((span.start, bracket.s, span, bracket) for bracket in brackets_of(adaptive)
-                    for span in rung_spans(bracket)), key=lambda item: item[:2])
-    gates: dict[int, tuple[str, ...]] = {}  # bracket -> what its next rung's deal tasks wait for
-    previous: list[str] = []  # the block before, in that order
-    for _, s, span, bracket in rungs:
-        chain_end = rung_spans(bracket)[-1].end  # a configuration that is promoted all the way trains this far
-        prefix = f"bracket_{s}.rung_{span.i}"
-        gate = gates.get(s, tuple(ready))
-        # A rung holds at most n_i configurations and the deal fills classes 0, 1, ... first,
-        # so a rung of fewer configurations than shards needs only n_i classes.
-        groups = [builder.group(f"{prefix}.class_{o}", offset=o, start=span.start, end=span.end, bracket=s,
-                                rung=span.i, chains=chains(span.n_i, span.end - span.start),
-                                source=builder.add(f"{prefix}.deal_{o}", "deal", gate, args={
-                                    "bracket": s, "rung": span.i, "offset": o, "start": span.start}))
-                  for o in range(min(p, span.n_i))]
-        lasts = builder.train(f"{prefix}.", groups, wait_for=[*(ready if span.i == 0 else ()), *previous],
-                              chain_end=chain_end, rung_end=True)
-        previous = lasts
-        if span.last:
-            finals += lasts
-        else:
-            gates[s] = (builder.add(f"{prefix}.promote", "promote", tuple(lasts), trigger_rule=JOIN, args={
-                "bracket": s, "rung": span.i, "start": span.start, "end": span.end, "keep": span.keep}),)
-    return list(dict.fromkeys(finals + previous))
 
 
 def train_task_id(prefix: str, shard: int, slot: int, slots: int) -> str:
@@ -332,7 +296,7 @@ class _Builder:
         self.position: dict[str, int] = {}  # task id -> its index in tasks
 
     def add(self, task_id: str, kind: str, upstream: tuple[str, ...] = (), **fields: Any) -> str:
-        # Control tasks outrank the train tasks: a promote or deal step gates whole blocks.
+        # Control tasks outrank the train tasks: a decide or deal step gates whole blocks.
         self.position[task_id] = len(self.tasks)
         self.tasks.append(TaskSpec(task_id, kind, tuple(dict.fromkeys(upstream)),
                                    priority_weight=fields.pop("weight", 10**6), **fields))
@@ -346,7 +310,7 @@ class _Builder:
         return group
 
     def train(self, prefix: str, groups: list[ClassGroup], *, chain_end: int, wait_for: Any = (),
-              rung_end: bool = False, relative: bool = False) -> list[str]:
+              rung_end: bool = False, block: int | None = None) -> list[str]:
         """The block's train tasks, one per shard slot: each waits for the block's source tasks (and
         ``wait_for``) and trains every hop of the block on its shard slot. Returns their ids."""
         sources = tuple(group.source for group in groups)
@@ -356,5 +320,6 @@ class _Builder:
                          weight=priority_weight(self.priority, start, chain_end),
                          args={"shard": s, "slot": k, "start": start, "end": end, "chain_end": chain_end,
                                "classes": [g.group_id for g in groups], "rung_end": rung_end,
-                               **({"relative": True} if relative else {})})
+                               # a block of an adaptive search: its decision (block k of the run) says how far
+                               **({"relative": True, "block": block} if block is not None else {})})
                 for s in range(self.shards) for k in range(self.slots)]

@@ -69,7 +69,8 @@ class RunRecord(Record):
     def schedule(self) -> ScheduleSpec:
         from mop_airflow.config import ScheduleSpec  # noqa: PLC0415
 
-        return ScheduleSpec(**self.spec["schedule"])
+        # runs recorded before bundle_size was retired carry it
+        return ScheduleSpec(**{k: v for k, v in self.spec["schedule"].items() if k != "bundle_size"})
 
     @property
     def data(self) -> DataSpec:
@@ -439,6 +440,17 @@ class BlockDecision(Record):
     members: list[str] = field(default_factory=list)
     copies: list[dict[str, Any]] = field(default_factory=list)
     proposed: list[str] = field(default_factory=list)  # configurations made here (copies, model-based proposals)
+    # The block trains every configuration ``hops`` hops, from the search's hop ``start``: to the next
+    # decision point, where the earliest of its jobs ends (a rung's end, PBT's next boundary). ``ends``:
+    # the configurations whose job ends there (their last hop of the block evaluates for the decision).
+    # Decisions written before blocks ran to the next decision were one iteration long (hops 0: shards).
+    hops: int = 0
+    start: int = 0
+    ends: list[str] = field(default_factory=list)
+
+    def length(self, shards: int) -> int:
+        """The hops every configuration of the block trains."""
+        return self.hops or shards
 
 
 @dataclass(frozen=True)

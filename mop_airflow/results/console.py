@@ -70,7 +70,7 @@ def fetch_report(layout: RunLayout, out_dir: Path) -> tuple[dict[str, Any], list
     plan = Plan.read(store, layout.plan_uri)
     records, failures = load_all_hops(layout)
     rows = metrics_table(plan.shards, run.configs, records)
-    decisions = load_rung_decisions(layout) if plan.adaptive else []
+    decisions = load_rung_decisions(layout, plan, run) if plan.adaptive else []
     board = {**provisional_leaderboard(run, plan, rows, records, failures, decisions), "provisional": True}
     timeline = hop_timeline(records)
     files = {"leaderboard.json": json.dumps(board, indent=1).encode(),

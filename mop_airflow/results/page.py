@@ -89,7 +89,7 @@ def run_results(layout: RunLayout, run: RunRecord) -> dict[str, Any]:
 
         plan = make_plan(run, rows=_listed_shard_rows(layout, run))
     records, failures = load_all_hops(layout) if recorded else ([], {})
-    decisions = load_rung_decisions(layout) if recorded and plan.adaptive else []
+    decisions = load_rung_decisions(layout, plan, run) if recorded and plan.adaptive else []
     summary = _read_optional(layout, "summary.json")
     report = _read_optional(layout, "leaderboard.json") if summary is not None else None
     blocks = load_block_decisions(layout) if recorded and plan.decided_between_blocks else []
@@ -202,7 +202,6 @@ def plan_view(run: RunRecord, plan: Plan, recorded: bool, decisions: Sequence[Ru
             "method": run.spec["search"]["space"].get("method"),
             "adaptive": {k: v for k, v in (plan.adaptive or {}).items() if k != "brackets"} or None,
             "classes": plan.classes, "visit_order": plan.visit_order, "brackets": brackets,
-            "bundle_size": plan.bundle_size,
             "bundles": [b for per in plan.class_bundles() for b in per] if not plan.adaptive else
             [b for s in sorted(plan.rung0_bundles, key=int) for per in plan.rung0_bundles[s] for b in per]}
 

@@ -35,7 +35,7 @@ def write_report(layout: RunLayout, run: RunRecord, *, cache_dir: str) -> dict[s
     metric, direction = run.metric, run.direction
     board = leaderboard(rows, run.configs, metric=metric, direction=direction, failed=failures)
     blocks = plan.decided_between_blocks
-    decisions = load_rung_decisions(layout) if plan.adaptive and not blocks else []
+    decisions = load_rung_decisions(layout, plan, run) if plan.brackets else []  # Hyperband's rungs, ranked
     mark_outcomes(board, failures, decisions)
     for row in board:  # which configurations started from an earlier run's weights, and whose
         source = run.warm_start.get(row["config_id"])
@@ -45,8 +45,8 @@ def write_report(layout: RunLayout, run: RunRecord, *, cache_dir: str) -> dict[s
         raise TrainingError(f"no configuration of run {run.run_id} finished with a {metric}: "
                             + "; ".join(f"{row['config_id']} {row['outcome']}" for row in board[:10])
                             + ". Fix: the builders or hyperparameters named, then trigger a new run")
-    extra = (block_outcome(load_block_decisions(layout), plan, board, metric, direction) if blocks else
-             adaptive_outcome(plan, decisions, board, metric) if plan.adaptive else {})
+    extra = (adaptive_outcome(plan, decisions, board, metric) if plan.brackets else
+             block_outcome(load_block_decisions(layout), plan, board, metric, direction) if blocks else {})
     store.write_json(layout.report_uri("leaderboard.json"),
                      {"metric": metric, "direction": direction, "leaderboard": board, **extra,
                       "importance": hyperparameter_importance(run, board, rows)})

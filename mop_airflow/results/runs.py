@@ -20,6 +20,8 @@ from mop_airflow.errors import StoreError
 from mop_airflow.records.layout import RunLayout, read_run, run_folder
 from mop_airflow.records import BlockDecision, HopRecord, RunRecord, RungDecision
 from mop_airflow.records.selection import SEPARATOR, whole_first
+from mop_airflow.search.jobs import Completion
+from mop_airflow.search.promotion import promote
 from mop_airflow.store import Store, safe_segment
 
 def load_hop_records(layout: RunLayout) -> list[HopRecord]:
@@ -62,8 +64,41 @@ def last_saved_hop(layout: RunLayout, config_id: str) -> HopRecord | None:
     return next((r for r in records if r.status == "ok" and r.checkpoint and layout.store.exists(r.checkpoint)), None)
 
 
-def load_rung_decisions(layout: RunLayout) -> list[RungDecision]:
-    return [RungDecision.read(layout.store, uri) for uri in layout.store.glob(layout.rung_decision_uri("*", "*"))]
+def load_rung_decisions(layout: RunLayout, plan: Any = None, run: RunRecord | None = None) -> list[RungDecision]:
+    """Every rung a Hyperband or successive-halving search has ranked: the rung decisions of a run
+    drawn into one DAG (before blocks trained to the next decision), or those its block decisions took
+    (:func:`rungs_of_blocks`, given the ``plan`` and ``run``)."""
+    drawn = [RungDecision.read(layout.store, uri) for uri in layout.store.glob(layout.rung_decision_uri("*", "*"))]
+    if drawn or plan is None or run is None or not plan.brackets:
+        return drawn
+    return rungs_of_blocks(load_block_decisions(layout), plan, run)
+
+
+def rungs_of_blocks(blocks: Sequence[BlockDecision], plan: Any, run: RunRecord) -> list[RungDecision]:
+    """The rungs the block decisions of a Hyperband or successive-halving search ranked, each as the
+    rung's decision (:class:`RungDecision`): a rung is decided once every configuration that entered it
+    completed it (or failed), and its best ``keep`` are the ones the decisions promoted."""
+    if not blocks:
+        return []
+    done: dict[tuple[int, int], list[Completion]] = {}
+    for c in blocks[-1].completions:  # every decision carries all completions so far
+        done.setdefault((c["bracket"], c["rung"]), []).append(Completion(**c))
+    out = []
+    for bracket in plan.adaptive.get("brackets", [plan.adaptive]):
+        s, rungs = bracket["s"], bracket["rungs"]
+        entered = list(plan.brackets.get(str(s), []))
+        for i, rung in enumerate(rungs[:-1]):
+            results = [c.result() for c in done.get((s, i), [])]
+            if not entered or len(results) < len(entered):
+                break  # still training: the bracket waits here
+            promoted, pruned = promote(results, keep=rung["keep"], direction=run.direction)
+            out.append(RungDecision(
+                bracket=s, rung=i, metric=run.metric, direction=run.direction, keep=rung["keep"],
+                iterations_done=int(rung["hops_i"]) // plan.shards, results=results, promoted=promoted,
+                pruned=[{**e, "rung": i, "bracket": s, "iterations_done": int(rung["hops_i"]) // plan.shards}
+                        for e in pruned]))
+            entered = promoted
+    return out
 
 
 def load_block_decisions(layout: RunLayout) -> list[BlockDecision]:

@@ -5,17 +5,18 @@
     "adaptive": {"method": "asha", "n": 64, "r": 1, "R": 27, "eta": 3}
     "adaptive": {"method": "pbt", "population": 8, "iterations": 12, "interval": 2, "mutations": {...}}
 
-Hyperband's and successive halving's plan fixes the DAG's shape (brackets, rungs, hops), so like
-``schedule.shards`` it cannot change per run. Each bracket draws its own configurations from the
-(random) search space. ASHA (:mod:`mop_airflow.search.asha`) is decided between blocks of hops, one
-block a DAG run, so its DAG holds one block whatever ``n`` and ``R`` are; so is population-based
-training (:mod:`mop_airflow.search.pbt`), whose blocks a small search holds all in one run.
+Every adaptive search is decided between blocks of hops, each block training every configuration
+to the next decision point (:mod:`mop_airflow.planning.blocks`). Hyperband's and successive
+halving's plan fixes where those are (every rung end of the brackets side by side), so like
+``schedule.shards`` it cannot change per run, and the whole search is one DAG run of one block per
+rung end. Each bracket draws its own configurations from the (random) search space.
+Population-based training (:mod:`mop_airflow.search.pbt`) takes one block per ``interval``, also in
+one run. ASHA (:mod:`mop_airflow.search.asha`) ends a block whenever one of its jobs ends; without
+a budget its number of blocks is not known up front, so each block's decision starts the DAG's next run.
 """
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass
 from typing import Any, Mapping
 
 from mop_airflow.errors import SpecError, unknown_key
@@ -30,6 +31,14 @@ _KEYS = {
     "successive_halving": {"n", "r", "eta", "rungs", "allow_partial_iterations", "between_runs"},
     "asha": set(ASHA_OPTIONS),
     "pbt": set(PBT_OPTIONS),
+}
+# Options of Hyperband and successive halving that the blocks to the next decision retired.
+RETIRED = {
+    "between_runs": "every adaptive search is decided between blocks, each block training to the next rung's end; "
+                    "Hyperband and successive halving run whole in one DAG run of one block per rung end",
+    "allow_partial_iterations": "a rung ends at a block's end, at an iteration boundary, where every configuration "
+                                "has seen every shard equally often; choose R a multiple of eta**s_max "
+                                "(e.g. 9, 27 or 81 with eta=3)",
 }
 # Searches with no brackets: one ladder of rungs (ASHA) or one population (PBT), always decided between blocks.
 LADDERS = (AshaPlan, PbtPlan)
@@ -54,13 +63,11 @@ def adaptive_plan(adaptive: Mapping[str, Any], shards: int, space_params: Mappin
         return asha_plan(options)
     if method == "pbt":
         return pbt_plan(options, space_params)
-    between = options.pop("between_runs", "auto")
-    if between not in (True, False, "auto"):
-        raise SpecError("search.adaptive.between_runs", between, "must be true, false or \"auto\"",
-                        "leave it out (\"auto\": decided between DAG runs when the rungs would hold more than "
-                        f"{STATIC_HOP_TASKS} class-hops), or true / false to choose")
-    plan = _halving_plan(method, options, shards)
-    return plan if between == "auto" else dataclasses.replace(plan, between_runs=between)
+    for retired, why in RETIRED.items():
+        if retired in options:
+            raise SpecError(f"search.adaptive.{retired}", options[retired], f"no longer exists: {why}",
+                            f"remove search.adaptive.{retired}")
+    return _halving_plan(method, options, shards)
 
 
 def effective_adaptive(adaptive: Mapping[str, Any] | None, space: Mapping[str, Any],
@@ -92,67 +99,28 @@ def brackets_of(plan: HyperbandPlan | Bracket | AshaPlan | PbtPlan) -> tuple[Bra
     return plan.brackets if isinstance(plan, HyperbandPlan) else (plan,)
 
 
-# How large a Hyperband or successive-halving search may be and still be drawn into one DAG run, in
-# class-hops (each offset class's hops, rung by rung; what the DAG drew as hop tasks before a rung
-# became one train task per shard slot): R=9, eta=3 on 4 shards holds 244 and stays in one run
-# (dag.test() runs it); R=27 on 4 shards would hold 1,128, R=81 on 16 shards 23,040. Drawn rungs run
-# one block after another, so past this size deciding between blocks keeps the slots fuller.
-STATIC_HOP_TASKS = 600
+def decision_points(plan: HyperbandPlan | Bracket | PbtPlan) -> list[int]:
+    """The iterations at which a search with a known shape decides: every rung end of Hyperband's
+    brackets side by side (R=81, eta=3: 1, 3, 9, 27, 81), or PBT's boundaries and its end."""
+    if isinstance(plan, PbtPlan):
+        return sorted({*plan.boundaries, plan.iterations})
+    from mop_airflow.search.halving import rung_iterations  # noqa: PLC0415
 
-
-def drawn_hop_tasks(plan: HyperbandPlan | Bracket) -> int:
-    """The class-hops of the brackets' rungs drawn into one DAG run (one per offset class and hop)."""
-    return sum(min(b.shards, rung.n_i) * rung.new_hops for b in brackets_of(plan) for rung in b.rungs)
-
-
-def decided_between_blocks(plan: Any) -> bool:
-    """Whether the search is decided between blocks of hops (one block a DAG run, or all of a small
-    PBT or TPE search in one) rather than drawn
-    into the DAG's shape: always for ASHA, and for Hyperband or successive halving whose rungs
-    would hold more than ``STATIC_HOP_TASKS`` class-hops. PBT too: its copies are decided as it trains."""
-    if plan is None or isinstance(plan, LADDERS):
-        return plan is not None
-    if plan.between_runs is not None:  # the spec chose
-        return plan.between_runs
-    return drawn_hop_tasks(plan) > STATIC_HOP_TASKS
+    return sorted({end for bracket in brackets_of(plan) for end in rung_iterations(bracket)})
 
 
 def most_blocks(plan: Any, capacity: int) -> int | None:
-    """The most blocks of one iteration a search decided between blocks can take, where that is known
-    up front: PBT's ``iterations``; a one-rung ASHA's (a model-based random search) waves of
-    ``capacity`` configurations trained ``R`` iterations each (a configuration that stops early only
-    lets the next one start sooner); an ASHA budget's deadline. None for ASHA with promotions and no
-    budget, and for Hyperband."""
-    if isinstance(plan, PbtPlan):
-        return plan.iterations
+    """The most blocks a search can take, where that is known up front. A block trains to the next
+    decision point, so Hyperband and successive halving take one per distinct rung end, PBT one per
+    segment; a one-rung ASHA (a model-based random search) one per wave of ``capacity``
+    configurations (each trains ``R`` iterations, all starting together); an ASHA budget at most one
+    per iteration of its deadline. None for ASHA with promotions and no budget."""
     if not isinstance(plan, AshaPlan):
-        return None
-    bounds = [-(-plan.n // max(1, capacity)) * plan.R] if len(plan.rungs) == 1 else []
-    if plan.budget is not None:  # nothing begins a leg it cannot end by the budget's last block
+        return len(decision_points(plan))
+    bounds = [-(-plan.n // max(1, capacity))] if len(plan.rungs) == 1 else []
+    if plan.budget is not None:  # nothing begins a leg it cannot end by the budget's last iteration
         bounds.append(plan.budget // max(1, capacity))
     return min(bounds) if bounds else None
-
-
-@dataclass(frozen=True)
-class RungSpan:
-    """Rung ``i`` of bracket ``s`` trains its configurations from global hop ``start`` to ``end`` (exclusive)."""
-
-    s: int
-    i: int
-    n_i: int
-    keep: int
-    start: int
-    end: int
-    last: bool
-
-
-def rung_spans(bracket: Bracket) -> list[RungSpan]:
-    spans, start = [], 0
-    for k, rung in enumerate(bracket.rungs):
-        spans.append(RungSpan(s=bracket.s, i=rung.i, n_i=rung.n_i, keep=rung.keep, start=start, end=rung.hops_i,
-                              last=k == len(bracket.rungs) - 1))
-        start = rung.hops_i
-    return spans
 
 
 def split_by_bracket(config_ids: list[str], plan: HyperbandPlan | Bracket) -> dict[int, list[str]]:

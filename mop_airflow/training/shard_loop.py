@@ -47,7 +47,7 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_for
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Collection, Iterable, Sequence
 
 from mop_airflow.errors import BlockIncompleteError
 from mop_airflow.planning.schedule import DEFAULT_PRIORITY, priority_weight, shard_at
@@ -116,7 +116,7 @@ class BlockHop:
 
 def block_hops(classes: Sequence[Sequence[BundleAssignment]], *, shards: int, slots: int, start: int, end: int,
                relative: bool = False, rung_end: bool = False, priority: str = DEFAULT_PRIORITY,
-               chain_end: int | None = None, shift: int = 0) -> list[BlockHop]:
+               chain_end: int | None = None, shift: int = 0, ends: Collection[str] | None = None) -> list[BlockHop]:
     """Every hop of a block, on every shard slot, in the plan's order.
 
     ``classes[o]`` lists offset class ``o``'s configurations (as bundles), each with the state it
@@ -141,7 +141,8 @@ def block_hops(classes: Sequence[Sequence[BundleAssignment]], *, shards: int, sl
                         config_id=assignment.config_id, offset=offset, step=step,
                         shard=shard_at(offset, step, shards), slot=slot,
                         hop=assignment.t + 1 + (step - start) if relative else shift + step,
-                        rung_end=rung_end and step == end - 1, start=assignment if step == start else None,
+                        rung_end=rung_end and step == end - 1 and (ends is None or assignment.config_id in ends),
+                        start=assignment if step == start else None,
                         bundle=bundle.bundle, weight=priority_weight(priority, step, chain_end or end),
                         order=len(hops)))
     return hops

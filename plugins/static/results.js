@@ -524,17 +524,14 @@
           });
         }))));
     }
-    var head = ["Configuration", "Hyperparameters", plan.brackets.length ? "Bracket" : "Starts on shard",
-      plan.brackets.length ? "Bundle (rung 0)" : "Bundle (one task per hop)"];
+    var head = ["Configuration", "Hyperparameters", plan.brackets.length ? "Bracket" : "Starts on shard"];
     if (!plan.brackets.length) head.push("Visit order (shard per hop, | between iterations)");
     holder.appendChild(el("table", {id: "plan-configs"},
       el("thead", {}, el("tr", {}, head.map(function (h) { return el("th", {text: h}); }))),
       el("tbody", {}, data.configs.map(function (config) {
         var cells = [el("td", {"class": "config"}, swatch(config.config_id), config.config_id),
           el("td", {text: hparamText(config)}),
-          el("td", {"class": "num", text: plan.brackets.length ? config.bracket : config.offset_class}),
-          el("td", {"class": "bundle", title: bundleMates(plan, config),
-                    text: config.bundle === null || config.bundle === undefined ? "" : "b" + config.bundle})];
+          el("td", {"class": "num", text: plan.brackets.length ? config.bracket : config.offset_class})];
         if (!plan.brackets.length) {
           var order = plan.visit_order[config.config_id] || [];
           var iterations = [];
@@ -543,12 +540,6 @@
         }
         return el("tr", {"data-config-id": config.config_id}, cells);
       }))));
-  }
-
-  // Which configurations share a configuration's bundle: they train one after another in one task per hop.
-  function bundleMates(plan, config) {
-    var members = (plan.bundles || [])[config.bundle] || [];
-    return members.length ? "trains with " + members.join(", ") : "";
   }
 
   var DOWNLOAD_LABELS = {"best_model.keras": "Best model (Keras)", "metrics.parquet": "Metrics table (Parquet)",

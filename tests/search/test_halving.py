@@ -5,6 +5,7 @@ import pytest
 
 from mop_airflow.errors import SpecError
 from mop_airflow.search.adaptive import adaptive_plan, brackets_of
+from mop_airflow.search.hyperband import hyperband_plan
 from mop_airflow.search.halving import halving_jobs, rung_iterations
 from mop_airflow.search.jobs import Completion
 
@@ -47,8 +48,15 @@ def test_the_next_rung_waits_for_the_promoted_only_and_a_failed_member_counts_as
     assert [(j.config_id, j.rung, j.iterations) for j in final] == [("a2", 2, 9)]
 
 
-def test_a_rung_that_ends_between_iterations_cannot_be_decided_between_blocks():
-    partial = adaptive_plan({"method": "hyperband", "R": 4, "eta": 3, "allow_partial_iterations": True}, 3)
+def test_a_rung_that_ends_between_iterations_is_refused_with_the_option_that_allowed_it():
     with pytest.raises(SpecError) as raised:
-        rung_iterations(brackets_of(partial)[0])
+        adaptive_plan({"method": "hyperband", "R": 4, "eta": 3, "allow_partial_iterations": True}, 3)
+    assert raised.value.field == "search.adaptive.allow_partial_iterations"
+    assert "no longer exists" in raised.value.rule and "iteration boundary" in raised.value.rule
+    assert raised.value.fix == "remove search.adaptive.allow_partial_iterations"
+    partial = hyperband_plan(4, 3, shards=3, allow_partial_iterations=True)  # what `mop-airflow plan` still shows
+    with pytest.raises(SpecError) as raised:
+        rung_iterations(partial.brackets[0])
     assert raised.value.field == "search.adaptive.R" and "iteration boundary" in raised.value.rule
+
+

@@ -8,10 +8,11 @@ import pytest
 from mop_airflow.data.shard import shard_dataset
 from mop_airflow.errors import SpecError, TrainingError
 from mop_airflow.records.layout import RunLayout
-from mop_airflow.records import Assignment, HopRecord, RungDecision
+from mop_airflow.records import Assignment, HopRecord
 from mop_airflow.planning.plan import make_plan
 from mop_airflow.planning.resolve import resolve_run
-from mop_airflow.planning.rungs import decide_rung, rung_members
+from mop_airflow.planning.blocks import decide_next_block, first_block
+from mop_airflow.results.runs import rungs_of_blocks
 from mop_airflow.store import Store
 from mop_airflow.training.model_hop import record_failure, run_hop
 
@@ -92,26 +93,27 @@ def test_a_rung_decision_promotes_the_best_and_records_the_failure(run_setup, tm
     adaptive_run = resolve_run(spec, None, dag_id="d", run_id="hb")
     layout = RunLayout(layout.store, "d", "hb")
     plan = make_plan(adaptive_run)
-    classes = rung_members(layout, plan, 1, 0)
-    members = [c for group in classes for c in group]
-    assert sorted(members) == sorted(c["config_id"] for c in adaptive_run.configs)
+    start = first_block(layout, adaptive_run, plan)
+    classes = start.bundles  # per offset class, its bundles
+    members = [c for per in classes for bundle in per for c in bundle]
+    assert sorted(members) == sorted(c["config_id"] for c in adaptive_run.configs) == sorted(start.training)
     failing, *trained = sorted(members)
     for cid in trained:  # one iteration = hops 0 and 1; the class decides which shard comes first
-        offset = next(o for o, group in enumerate(classes) if cid in group)
+        offset = next(o for o, per in enumerate(classes) if any(cid in bundle for bundle in per))
         assignment = Assignment(cid, -1, None)
         for t in range(2):
             _, assignment = run_hop(layout, adaptive_run, manifest, assignment, t=t, shard=(offset + t) % 2,
                                     rung_end=t == 1, cache_dir=adaptive_run.store.local_cache)
     record_failure(layout, Assignment(failing, -1, None), t=0, shard=0, shards=2, error=TrainingError("boom"))
-    decision = decide_rung(layout, adaptive_run, plan, bracket=1, rung=0, start=0, end=2, keep=1)
+    after = decide_next_block(layout, adaptive_run, plan, 0)
+    (decision,) = rungs_of_blocks([start, after], plan, adaptive_run)
     metrics = {r["config_id"]: r["metric"] for r in decision.results if r["status"] == "ok"}
     assert len(metrics) == 2  # the two trained configurations were ranked; ties go to the lower id
     assert decision.promoted == [min(metrics, key=lambda c: (-metrics[c], c))]
     reasons = {e["config_id"]: e["reason"] for e in decision.pruned}
     assert reasons[failing] == "failed: TrainingError: boom"
-    assert [c for group in decision.next_classes for c in group] == decision.promoted
-    assert RungDecision.read(layout.store, layout.rung_decision_uri(1, 0)) == decision
-    assert rung_members(layout, plan, 1, 1) == decision.next_classes
+    assert list(after.training) == decision.promoted and [j["kind"] for j in after.jobs] == ["promote"]
+    assert after.length(2) == 4  # on from iteration 1 to rung 1's end at 3
 
 
 def test_a_corrupt_checkpoint_is_an_error_naming_it_never_a_silent_restart(run_setup):
