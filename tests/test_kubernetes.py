@@ -126,7 +126,8 @@ def test_a_worker_set_per_shard_on_its_queue_slots_gpus_and_cache_volume():
     assert [s["name"] for s in celery["sets"]] == ["mop-shard-0", "mop-shard-1", "mop-shard-2", "mop-shard-3"]
     for s, entry in enumerate(celery["sets"]):
         assert entry["queue"] == f"mop_shard_{s}" and entry["replicas"] == 1
-        assert env_of(entry) == {"AIRFLOW__CELERY__WORKER_CONCURRENCY": "2", "MOP_GPUS": "2", "MOP_SLOTS": "2"}
+        assert env_of(entry) == {"AIRFLOW__CELERY__WORKER_CONCURRENCY": "2", "MOP_GPUS": "2", "MOP_SLOTS": "2",
+                                 "KERAS_BACKEND": "jax"}
         assert entry["resources"] == {"limits": {"nvidia.com/gpu": "2"}}
         assert entry["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
         assert entry["nodeSelector"] == {"pool": "gpu"}
@@ -137,6 +138,8 @@ def test_a_worker_set_per_shard_on_its_queue_slots_gpus_and_cache_volume():
         assert entry["extraVolumeMounts"] == [{"name": template["metadata"]["name"], "mountPath": CACHE_PATH}]
     # the data and control tasks keep the default worker set, with a concurrency of their own
     assert celery["enableDefault"] is True and celery["queue"] == "default" and celery["replicas"] == 1
+    # every worker set's log claim (the chart's 100 Gi otherwise), in the shard volume's class
+    assert celery["persistence"] == {"size": "5Gi", "storageClassName": "fast"}
     assert env_of(values["workers"]) == {"AIRFLOW__CELERY__WORKER_CONCURRENCY": "2"}
     # the lost-worker bound of the Celery how-to holds on the chart's pods too
     assert env_of(values)["AIRFLOW__CELERY_BROKER_TRANSPORT_OPTIONS__VISIBILITY_TIMEOUT"] == "30"
@@ -186,6 +189,7 @@ def test_the_command_writes_the_golden_values(tmp_path, capsys):
     (["--shards", "4", "--node-selector", "my pool=gpu"], "--node-selector", "'my pool'", "a node label key"),
     (["--shards", "4", "--node-selector", "pool=-gpu"], "--node-selector", "'pool=-gpu'", "a node label value"),
     (["--shards", "4", "--storage-size", "50GB"], "--storage-size", "'50GB'", "must be a Kubernetes quantity"),
+    (["--shards", "4", "--log-size", "5 Gi"], "--log-size", "'5 Gi'", "must be a Kubernetes quantity"),
     (["--shards", "4", "--storage-class", "Fast_SSD"], "--storage-class", "'Fast_SSD'", "StorageClass"),
     (["--shards", "4", "--s3-secret", "S3"], "--s3-secret", "'S3'", "the name of a Kubernetes Secret"),
     (["--shards", "4", "--image", "Worker:cuda"], "--image", "'Worker:cuda'", "an image reference"),

@@ -51,6 +51,10 @@ RUNNING_BOUND_S = HEARTBEAT_TIMEOUT_S + HEARTBEAT_DETECTION_S + FIRST_RETRY_DELA
 LOST_WORKER_BOUND_S = max(QUEUED_BOUND_S, RUNNING_BOUND_S)  # what the docs state: under 2 minutes
 
 
+# A GPU worker's own environment, beside the deployment's: Keras on JAX (docs/how-to/gpu-workers.md).
+GPU_WORKER_ENV = {"KERAS_BACKEND": "jax"}
+
+
 def lost_worker_settings() -> dict[str, str]:
     """The settings that bound a lost worker (module docstring), as ``AIRFLOW__SECTION__KEY`` variables:
     the same for processes on machines and for the Helm chart's pods."""

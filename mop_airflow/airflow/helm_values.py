@@ -5,11 +5,18 @@ The chart (1.19.0 and later) renders one Celery worker StatefulSet per entry of 
 each entry overrides the keys of ``workers`` and ``workers.celery`` for its set. A shard gets one:
 queue ``mop_shard_<s>``, one replica, as many worker processes as slots, the slots' GPUs, the GPU
 nodes' selector and taint toleration, ``MOP_GPUS``/``MOP_SLOTS`` for the slot placement
-(:mod:`mop_airflow.training.devices`), and a volume claim template mounted on the shard cache: the
-StatefulSet gives its one pod the same claim after every restart, so the shard is read from the
-store once and stays on its volume across blocks and runs. The default worker set stays for the
+(:mod:`mop_airflow.training.devices`), Keras on JAX, and a volume claim template mounted on the shard
+cache: the StatefulSet gives its one pod the same claim after every restart, so the shard is read from
+the store once and stays on its volume across blocks and runs. The default worker set stays for the
 data and control tasks (queue ``default``). The S3 store's connection comes from a Kubernetes
 Secret the chart maps into every Airflow container; the values file never holds it.
+
+Every worker StatefulSet also claims the chart's log volume (``logs``, 100 Gi unless sized): the chart
+drops it only for a shared log volume (``logs.persistence``, ReadWriteMany) and makes a worker without
+persistence a Deployment, which has no claim templates and so no shard volume. So it is sized
+(``log_size``). The chart has one image for every Airflow component (``images.airflow``; no per-worker
+image in 1.19.0): the scheduler, API server and DAG processor run the worker image too, and need
+mop_airflow in it to parse the DAGs anyway.
 
 The keys written here are checked against the chart's values schema in the tests
 (``tests/data/helm/``), for :data:`CHART_VERSION`.
@@ -21,7 +28,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from mop_airflow.airflow.celery_config import lost_worker_settings
+from mop_airflow.airflow.celery_config import GPU_WORKER_ENV, lost_worker_settings
 from mop_airflow.airflow.preload import LOCAL_SETTINGS
 from mop_airflow.errors import SpecError
 from mop_airflow.airflow.kubernetes_shape import GPU_RESOURCE, GPUS_PER_NODE, ClusterShape, dns_subdomain, positive_int, \
@@ -30,7 +37,8 @@ from mop_airflow.planning.task_plan import shard_pool
 
 CHART_VERSION = "1.19.0"  # the first chart with workers.celery.sets and workers.celery.persistence
 AIRFLOW_VERSION = "3.3.1"  # the Airflow the worker image installs; the chart makes choices by it
-DEFAULT_IMAGE = "mop-airflow-worker:cuda"  # docker/worker.Dockerfile built with TF_PACKAGE="tensorflow[and-cuda]"
+# docker/worker.Dockerfile built with TF_PACKAGE="tensorflow[and-cuda]" and JAX_PACKAGE="jax[cuda12]"
+DEFAULT_IMAGE = "mop-airflow-worker:cuda"
 CACHE_VOLUME = "mop-shard-cache"
 CACHE_PATH = "/opt/mop/cache"  # the worker image's MOP_AIRFLOW_HOME/cache: the store spec's default cache_dir
 # GPU node pools carry this taint (GKE and AKS add it; EKS and the NVIDIA GPU operator are set up so):
@@ -66,6 +74,7 @@ class HelmValues:
     shape: ClusterShape
     image: str = DEFAULT_IMAGE
     storage_size: str = "50Gi"
+    log_size: str = "5Gi"  # task logs of a few tasks a block; the log groomer deletes them after 15 days
     storage_class: str | None = None
     s3_secret: str | None = "mop-s3"
     s3_conn_id: str = "aws_default"
@@ -75,6 +84,7 @@ class HelmValues:
         split_image(self.image)
         quantity("--storage-size", self.storage_size, "--storage-size 50Gi (at least the shard, its validation "
                                                       "split and their decoded copies)")
+        quantity("--log-size", self.log_size, "--log-size 5Gi (the worker's task logs)")
         if self.storage_class is not None:
             dns_subdomain("--storage-class", self.storage_class, "StorageClass", "--storage-class standard-rwo "
                                                                                   "(kubectl get storageclass)")
@@ -101,7 +111,7 @@ class HelmValues:
             parts.append(f"--gpus-per-node {shape.gpus_per_node}")
         parts += [f"--node-selector {key}={value}" for key, value in shape.node_selector.items()]
         defaults = {field: HelmValues.__dataclass_fields__[field].default for field in
-                    ("image", "storage_size", "storage_class", "s3_secret", "s3_conn_id", "control_concurrency")}
+                    ("image", "storage_size", "log_size", "storage_class", "s3_secret", "s3_conn_id", "control_concurrency")}
         for name, default in defaults.items():
             value = getattr(self, name)
             if value != default:
@@ -127,9 +137,17 @@ class HelmValues:
             # The default worker set, for preflight, the data, plan, report and decision tasks (queue default).
             "env": [{"name": "AIRFLOW__CELERY__WORKER_CONCURRENCY", "value": str(self.control_concurrency)}],
             "celery": {"enableDefault": True, "replicas": 1, "queue": "default",
+                       "persistence": self.log_claim(),  # every worker set's, the default one's too
                        "sets": [self.worker_set(s) for s in range(shape.shards)]},
         }
         return values
+
+    def log_claim(self) -> dict[str, Any]:
+        """The chart's log volume of each worker StatefulSet, at ``log_size`` (module docstring)."""
+        claim: dict[str, Any] = {"size": self.log_size}
+        if self.storage_class is not None:  # as the shard volume: both bind in the zone of the pod's node
+            claim["storageClassName"] = self.storage_class
+        return claim
 
     def worker_set(self, shard: int) -> dict[str, Any]:
         """Shard ``shard``'s worker set: its queue, its slots, their GPUs, its cache volume."""
@@ -148,7 +166,8 @@ class HelmValues:
             # The set's env replaces the parent's (lists are not merged): everything the shard needs is here.
             "env": [{"name": "AIRFLOW__CELERY__WORKER_CONCURRENCY", "value": str(shape.slots)},
                     {"name": "MOP_GPUS", "value": str(shape.gpus_per_shard)},
-                    {"name": "MOP_SLOTS", "value": str(shape.slots)}],
+                    {"name": "MOP_SLOTS", "value": str(shape.slots)},
+                    *({"name": key, "value": value} for key, value in GPU_WORKER_ENV.items())],
             "volumeClaimTemplates": [{"metadata": {"name": CACHE_VOLUME}, "spec": claim}],
             "extraVolumeMounts": [{"name": CACHE_VOLUME, "mountPath": CACHE_PATH}],
         }
@@ -167,6 +186,8 @@ class HelmValues:
             "# helm upgrade --install airflow apache-airflow/airflow -f THIS_FILE; then the shard pools:",
             f"# kubectl exec deploy/airflow-scheduler -- mop-airflow pools sync --shards {shape.shards} "
             f"--slots {shape.slots}",
+            "# The shard workers run Keras on JAX: the image needs JAX for CUDA (docker/worker.Dockerfile, "
+            "--build-arg JAX_PACKAGE=\"jax[cuda12]\").",
         ]
         if self.s3_secret is not None:
             header.append(f"# The store's connection comes from the Secret {self.s3_secret} (key {self.s3_env}); "

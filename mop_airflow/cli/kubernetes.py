@@ -35,6 +35,7 @@ def cmd_values(args: argparse.Namespace) -> int:
 
     try:
         values = HelmValues(_shape(args), image=args.image, storage_size=args.storage_size,
+                            log_size=args.log_size,
                             storage_class=args.storage_class, s3_secret=None if args.no_s3 else args.s3_secret,
                             s3_conn_id=args.s3_conn_id, control_concurrency=args.control_concurrency)
     except SpecError as exc:
@@ -88,7 +89,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                     f"control tasks, and the S3 store's connection from a Kubernetes Secret ({_FIX_DOC}).")
     shape_options(values)
     values.add_argument("--image", default="mop-airflow-worker:cuda",
-                        help="the worker image (docker/worker.Dockerfile, CUDA build) as repository[:tag]")
+                        help="the worker image (docker/worker.Dockerfile, CUDA and JAX build) as repository[:tag]")
+    values.add_argument("--log-size", default="5Gi",
+                        help="each worker's log volume, the chart's StatefulSet log claim (default 5Gi)")
     values.add_argument("--s3-secret", default="mop-s3",
                         help="the Secret holding the store's Airflow connection (default mop-s3)")
     values.add_argument("--s3-conn-id", default="aws_default",
