@@ -1,12 +1,11 @@
 """Example: ASHA on MNIST-1D with MOP — 27 configurations, rungs at 1, 3 and 9 iterations, 4 shards.
 
-Asynchronous successive halving (Li et al., MLSys 2020): whenever capacity frees up, the best third
-of a rung that has not gone on yet is promoted to the next rung, and only when none can be does a
-new configuration start. No slot waits for a rung to fill. The search is decided between blocks of
-one iteration, one block a DAG run: each run trains a block of hops, then its ``decide`` task reads
-the block's hop records, decides what trains next and starts the DAG's next run, until nothing is
-left; the last run reports. So the DAG holds one block whatever ``n`` and ``R`` are.
-It runs on Airflow (``mop-airflow up``, then trigger it), not under ``dag.test()``, which runs one run.
+Asynchronous successive halving (Li et al., MLSys 2020): whenever a shard slot has nothing ready to
+train, it asks what trains next: the best third of a rung that has not gone on yet is promoted to the
+next rung, and only when none can be does a new configuration start. No slot waits for a rung to fill,
+and no DAG run waits for a decision: the search is one block of train tasks, one per shard slot, whose
+slots decide as they go (each decision taken once, whoever asks first, and recorded with what it saw).
+It runs whole in one DAG run, on Airflow (``mop-airflow up``, then trigger it) or under ``dag.test()``.
 """
 
 from mop_airflow import build_mop_dag

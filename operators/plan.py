@@ -46,7 +46,10 @@ class MopPlanOperator(MopBaseOperator):
         for o, bundles in enumerate(plan.class_bundles()):
             self.log.info("class %d starts on shard %d, %d bundle(s): %s", o, o, len(bundles),
                           " | ".join(", ".join(b) for b in bundles) or "(empty)")
-        if plan.adaptive:  # the first block: what the method starts with
+        if plan.decided_in_slots:
+            self.log.info("ASHA decided inside the shard slots: each slot that finds nothing ready asks what "
+                          "trains next; one block, %d configuration(s) at most in flight", plan.adaptive["n"])
+        elif plan.adaptive:  # the first block: what the method starts with
             from mop_airflow.planning.blocks import first_block  # noqa: PLC0415
             from mop_airflow.search.adaptive import LADDERS, adaptive_plan  # noqa: PLC0415
 
@@ -88,6 +91,8 @@ class MopStageShardOperator(MopBaseOperator):
                     cache_bytes=cache_bytes(cache_dir)).write(layout.store, layout.stage_record_uri(self.shard))
         plan = Plan.read(layout.store, layout.plan_uri)
         continuing = self.continuation(context)
+        if plan.decided_in_slots:  # the slots decide as they go: nothing is listed up front
+            return []
         if plan.decided_between_blocks:  # this run's block decision says what trains, and from where
             block = continuing.block if continuing else 0
             return block_items(layout, block, self.shard)

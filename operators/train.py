@@ -35,7 +35,8 @@ class MopTrainShardOperator(MopBaseOperator):
 
     def __init__(self, *, classes: Any, shard: int, slot: int, start: int, end: int, chain_end: int,
                  shards: int, slots: int = 1, rung_end: bool = False, relative: bool = False,
-                 block: int | None = None, priority: str = DEFAULT_PRIORITY, **kwargs: Any) -> None:
+                 block: int | None = None, asha: bool = False, priority: str = DEFAULT_PRIORITY,
+                 **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.classes = classes  # per offset class of the block, its source task's list of bundles
         self.shard = shard
@@ -49,6 +50,7 @@ class MopTrainShardOperator(MopBaseOperator):
         # a block of a search decided between blocks: each configuration trains its own next hops
         self.relative = relative
         self.block = block  # which block of the run (an adaptive search's): its decision says how far it trains
+        self.asha = asha  # ASHA decided inside the slots: the block's hops come as the slots decide them
         self.priority = priority
 
     def on_kill(self) -> None:
@@ -62,6 +64,9 @@ class MopTrainShardOperator(MopBaseOperator):
         from mop_airflow.training.shard_loop import block_hops  # noqa: PLC0415
 
         layout = self.layout(context)
+        if self.asha:  # the one block of an ASHA search: its hops come as the slots decide them
+            alone = running_in_dag_test()
+            return self._train(context, layout, [], [], alone)
         continuing = self.continuation(context)
         # a continuing run renders the same tasks for a later block: its hops are the search's start + t
         shift = 0 if self.relative or continuing is None else continuing.start
@@ -114,6 +119,12 @@ class MopTrainShardOperator(MopBaseOperator):
                           record.timings["train"], (record.saved_at or 0) - (record.started_at or 0),
                           "reused" if record.model_reused else "built")
 
+        more = None
+        if self.asha:
+            from mop_airflow.training.asha_source import AshaSource  # noqa: PLC0415
+
+            more = AshaSource(layout, run, shard=self.shard, slot=self.slot, shards=self.shards, slots=self.slots,
+                              alone=alone)
         self._stop = threading.Event()
         try:
             result = run_slot(
@@ -124,7 +135,7 @@ class MopTrainShardOperator(MopBaseOperator):
                 fatal=lambda exc: isinstance(exc, RETRIED) or run.fail_fast or transient(exc),
                 # no retry follows: the slots that wait for this one's hops stop waiting
                 final=lambda exc: isinstance(exc, NOT_RETRIED) or run.fail_fast or try_number > max_tries,
-                stop=self._stop)
+                stop=self._stop, more=more)
         except SlotYielded as exc:
             # another block may hold the shard pools this block needs first: free this one's slot
             # for a while (a reschedule takes no try), at a random moment so two blocks do not meet again

@@ -77,9 +77,10 @@ def test_dag_test_trains_a_small_pbt_and_a_tpe_search_whole(airflow_db, tmp_path
 
 @pytest.mark.integration
 def test_dag_test_trains_an_asha_search_with_a_budget_whole_and_stops_at_its_deadline(airflow_db, tmp_path):
-    """ASHA with a budget of 8 iterations on 2 shards x 1 slot: 2 configurations at once for at most 4
-    blocks, all rendered into one DAG run. The four configurations start two by two, the best of them
-    is promoted in block 2 (its 2 more iterations end in block 3, the last), and nothing trains after."""
+    """ASHA with a budget of 8 iterations on 2 shards x 1 slot, decided inside the slots: one DAG run, one
+    block. dag.test() runs one task at a time, so its first train task is every slot: it decides a job
+    whenever nothing is ready, four starts and the promotion of the best of the first three; no leg is
+    begun that would end past the budget, and the search trains 6 iterations of the 8."""
     source = tmp_path / "digits.parquet"
     write_digits(source)
     root = f"file://{tmp_path / 'store'}"
@@ -91,13 +92,17 @@ def test_dag_test_trains_an_asha_search_with_a_budget_whole_and_stops_at_its_dea
 
     run = write_dag_file("mop_asha_budget", spec).test()
     assert run.state == "success"
+    assert not [ti.task_id for ti in run.get_task_instances() if ti.task_id.endswith("decide")]
     layout = RunLayout(store, "mop_asha_budget", run.run_id)
-    blocks = [BlockDecision.read(store, layout.block_decision_uri(b)) for b in range(5)]
-    assert [b.capacity for b in blocks] == [2] * 5
-    assert [[j["kind"] for j in b.jobs] for b in blocks] == [["start"] * 2, ["start"] * 2, ["promote"], [], []]
-    assert [len(b.training) for b in blocks] == [2, 2, 1, 1, 0] and blocks[4].finished
-    promoted = blocks[2].jobs[0]["config_id"]
+    decisions = [BlockDecision.read(store, u) for u in sorted(store.glob(layout.block_decision_uri("*")))]
+    assert {d.capacity for d in decisions} == {2} and decisions[-1].finished and not decisions[-1].jobs
+    jobs = [j for d in decisions for j in d.jobs]
+    assert [j["kind"] for j in jobs] == ["start", "start", "start", "promote", "start"]
+    promoted = next(j for j in jobs if j["kind"] == "promote")
+    seen = decisions[3].completions  # what the promotion saw: the first three, ranked
+    assert len(seen) == 3 and promoted["config_id"] == max(seen, key=lambda c: c["metric"])["config_id"]
     trained = sum(1 for _ in store.glob(layout.hops_glob))
     assert trained == (4 * 1 + 2) * 2 <= 8 * 2  # 6 iterations of 2 hops: within the budget
     board = {r["config_id"]: r for r in store.read_json(layout.report_uri("leaderboard.json"))["leaderboard"]}
-    assert board[promoted]["outcome"] == "finished: reached the last rung, 3 iterations"
+    assert board[promoted["config_id"]]["outcome"] == "finished: reached the last rung, 3 iterations"
+    assert len(board) == 4

@@ -50,13 +50,14 @@ def _what(spec: MopSpec) -> str:
     if space.sampler == "tpe" and spec.search.adaptive is None:
         return (f"Model-based random search (TPE): {space.num_samples} configurations, the first "
                 f"{min(space.startup, space.num_samples)} drawn at random, each later one proposed from the results; "
-                f"each trains {schedule.iterations} iteration(s), decided between blocks of one iteration, one block a "
+                f"each trains {schedule.iterations} iteration(s), decided between blocks (a wave each), one block a "
                 f"DAG run; models hop across {p} shards")
     if isinstance(adaptive, AshaPlan):
-        tpe = f"; TPE proposes the configurations after the first {space.startup}" if space.sampler == "tpe" else ""
+        how = (f"decided between blocks, each ending where one of its jobs ends; TPE proposes the configurations "
+               f"after the first {space.startup}" if space.sampler == "tpe" else
+               "decided inside the shard slots, one block in one DAG run")
         return (f"ASHA n={adaptive.n}, r={adaptive.r}, R={adaptive.R}, eta={adaptive.eta}: rungs at "
-                f"{', '.join(map(str, adaptive.rungs))} iteration(s), decided between blocks, each ending where one of its jobs ends; models "
-                f"hop across {p} shards{tpe}")
+                f"{', '.join(map(str, adaptive.rungs))} iteration(s), {how}; models hop across {p} shards")
     if isinstance(adaptive, PbtPlan):
         return (f"Population-based training: {adaptive.population} members for {adaptive.iterations} iteration(s); "
                 f"every {adaptive.interval} the bottom {adaptive.in_quantile()} copy the top {adaptive.in_quantile()} "

@@ -191,7 +191,8 @@ def _fixed_fields(spec: MopSpec) -> list[FormField]:
                     ("iterations", None, "iterations: how long every member trains"),
                     ("interval", 1, "interval: iterations between two rankings"))}[method]
     section = f"{NAMES.get(method) or method.replace('_', ' ').capitalize()} (set in the DAG file)"
-    shape = (f"{len(brackets)} bracket(s), " if brackets else "decided between blocks of one iteration, ")
+    shape = (f"{len(brackets)} bracket(s), " if brackets else
+             "decided inside the shard slots, " if method == "asha" else "one block per interval, ")
     ends = "rankings after" if method == "pbt" else "rungs of"
     note = (f"These decide the search's rungs, so they are set in the DAG file (`search.adaptive`), not per run. "
             f"This DAG: {shape}{plan.total_configurations} configurations, {ends} "

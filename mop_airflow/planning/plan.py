@@ -13,7 +13,7 @@ from typing import Mapping
 from mop_airflow.planning.bundling import deal_configs, make_bundles
 from mop_airflow.planning.schedule import DEFAULT_PRIORITY, hash_seed, visit_order
 from mop_airflow.records import Plan, RunRecord
-from mop_airflow.search.adaptive import LADDERS, adaptive_plan, brackets_of, split_by_bracket
+from mop_airflow.search.adaptive import LADDERS, adaptive_plan, brackets_of, in_slots, split_by_bracket
 from mop_airflow.search.asha import AshaPlan
 from mop_airflow.search.pbt import PbtPlan
 
@@ -43,7 +43,8 @@ def make_plan(run: RunRecord, priority: str = DEFAULT_PRIORITY, *, rows: int | N
     longest = adaptive.max_iterations if asha else max(b.rungs[-1].hops_i for b in brackets_of(adaptive)) // p
     return Plan(shards=p, iterations=longest, seed=seed, priority=priority,
                 model_hops_total=_expected_iterations(adaptive) * p if asha else adaptive.total_hops,
-                adaptive={**adaptive.to_dict(), "decided": "blocks"},
+                adaptive={**adaptive.to_dict(), "decided": "blocks",
+                          **({"in_slots": True} if in_slots(adaptive, run.spec["search"]["space"].get("sampler")) else {})},
                 brackets={} if asha else {str(s): m for s, m in split_by_bracket(ids, adaptive).items()},
                 shard_rows=rows, chains=chains)
 

@@ -45,6 +45,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from mop_airflow.search.adaptive import in_slots
 from mop_airflow.planning.blocks import block_capacity
 from mop_airflow.planning.bundling import chains_per_class
 from mop_airflow.errors import SpecError
@@ -129,7 +130,8 @@ class TaskPlan:
 def build_task_plan(shards: int, iterations: int, adaptive: Any = None, *,
                     priority: str = DEFAULT_PRIORITY, publish: bool = True, configurations: int | None = None,
                     slots: int = 1, bundle_size: int | str = "auto", result: bool = False,
-                    hops_per_run: int | None = None, blocks_setting: int | str = "auto") -> TaskPlan:
+                    hops_per_run: int | None = None, blocks_setting: int | str = "auto",
+                    in_slots: bool = False) -> TaskPlan:
     """The task plan for ``shards`` shards and ``iterations`` iterations, or an adaptive plan's rungs.
 
     ``adaptive`` is a :class:`~mop_airflow.search.hyperband.HyperbandPlan` or ``Bracket``;
@@ -141,7 +143,8 @@ def build_task_plan(shards: int, iterations: int, adaptive: Any = None, *,
     ``hops_per_run`` (a plain search): the hops one DAG run renders, when fewer than the search's;
     the DAG's later runs train the rest (:mod:`mop_airflow.planning.run_chain`). A block may be
     shorter than an iteration (a divisor of ``shards``): a class's chains then start each run on the
-    shard the class's configurations have reached. ``blocks_setting``: a search decided between
+    shard the class's configurations have reached. ``in_slots``: an ASHA search decided inside the
+    shard slots (:mod:`mop_airflow.planning.asha_slots`), one block. ``blocks_setting``: a search decided between
     blocks, the blocks one run holds (:func:`blocks_per_run`).
     """
     def chains(n: int | None, hops: int) -> int:
@@ -173,6 +176,12 @@ def build_task_plan(shards: int, iterations: int, adaptive: Any = None, *,
             finals = [builder.add("next_run", "next_run", tuple(finals), trigger_rule=REPORT_JOIN,
                                   args={"hops_per_run": end, "hops": hops})]
             report_args = {"last_start": hops - end}  # the report waits for the run whose block starts there
+    elif in_slots:  # one block, whose slots decide what trains next as they go: no decide step, no DAG run per block
+        finals = [builder.add(train_task_id("", s, k, slots), "train", tuple(ready), pool=shard_pool(s),
+                              queue=shard_pool(s), trigger_rule=TRAIN_JOIN, weight=1,
+                              args={"shard": s, "slot": k, "start": 0, "end": 0, "chain_end": 0, "classes": [],
+                                    "asha": True})
+                  for s in range(shards) for k in range(slots)]
     else:  # blocks to the next decision point; each decide step says what the next block trains
         per_class = chains(block_capacity(shards, slots, adaptive), shards)
         count, whole = blocks_per_run(adaptive, shards, slots, blocks_setting)
@@ -242,8 +251,9 @@ def spec_task_plan(spec: Any, priority: str = DEFAULT_PRIORITY, *, result: bool 
     class holds for the spec's own search space (``result``: see :func:`build_task_plan`)."""
     adaptive = spec.adaptive_plan()
     schedule = spec.schedule
-    if result and adaptive is not None and not blocks_per_run(adaptive, schedule.shards, schedule.slots_per_shard,
-                                                              schedule.iterations_per_run)[1]:
+    slots_decide = in_slots(adaptive, spec.search.space.sampler)
+    if result and adaptive is not None and not slots_decide and not blocks_per_run(
+            adaptive, schedule.shards, schedule.slots_per_shard, schedule.iterations_per_run)[1]:
         raise SpecError("search.adaptive.method", spec.search.adaptive["method"],
                         "has no number of blocks known up front here (ASHA without a budget), so each block's "
                         "decision starts the DAG's next run, and a MopTaskGroup's search runs inside your DAG's one run",
@@ -254,7 +264,7 @@ def spec_task_plan(spec: Any, priority: str = DEFAULT_PRIORITY, *, result: bool 
                            publish=spec.publish.enabled, configurations=configurations,
                            slots=schedule.slots_per_shard, result=result,
                            hops_per_run=runs_split(spec, configurations, chained=adaptive is None and not result),
-                           blocks_setting=schedule.iterations_per_run)
+                           blocks_setting=schedule.iterations_per_run, in_slots=slots_decide)
 
 
 def runs_split(spec: Any, configurations: int | None, *, chained: bool) -> int:

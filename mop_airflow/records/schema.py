@@ -148,6 +148,12 @@ class Plan(Record):
         no classes up front; each block's :class:`BlockDecision` holds them."""
         return bool(self.adaptive) and self.adaptive.get("decided") == "blocks"
 
+    @property
+    def decided_in_slots(self) -> bool:
+        """An ASHA search whose shard slots decide what trains next (:mod:`mop_airflow.planning.asha_slots`):
+        one block, no decision before it."""
+        return bool(self.adaptive) and bool(self.adaptive.get("in_slots"))
+
     def class_bundles(self) -> list[list[list[str]]]:
         """The bundles of each offset class of a plain search."""
         return self.bundles or [[[cid] for cid in members] for members in self.classes]

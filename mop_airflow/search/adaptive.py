@@ -99,6 +99,12 @@ def brackets_of(plan: HyperbandPlan | Bracket | AshaPlan | PbtPlan) -> tuple[Bra
     return plan.brackets if isinstance(plan, HyperbandPlan) else (plan,)
 
 
+def in_slots(plan: Any, sampler: str | None = None) -> bool:
+    """Whether a search is decided inside the shard slots (:mod:`mop_airflow.planning.asha_slots`): ASHA
+    drawing its configurations at random. A model-based ASHA's proposals wait for results between blocks."""
+    return isinstance(plan, AshaPlan) and sampler != "tpe"
+
+
 def decision_points(plan: HyperbandPlan | Bracket | PbtPlan) -> list[int]:
     """The iterations at which a search with a known shape decides: every rung end of Hyperband's
     brackets side by side (R=81, eta=3: 1, 3, 9, 27, 81), or PBT's boundaries and its end."""

@@ -166,7 +166,7 @@ def run_slot(layout: RunLayout, run: RunRecord, manifest: Manifest, hops: Sequen
              final: Callable[[BaseException], bool] = lambda exc: True,
              wait_seconds: float | None = None, yield_seconds: float | None = None,
              session: TaskSession | None = None, on_hop: Callable[[HopRecord], object] | None = None,
-             stop: threading.Event | None = None) -> SlotResult:
+             stop: threading.Event | None = None, more: Any = None) -> SlotResult:
     """Train the hops of ``hops`` (the whole block) that fall on ``(shard, slot)``, or ``mine``.
 
     ``mine`` lets one process train more than its slot: every hop of the block when tasks run one
@@ -177,7 +177,9 @@ def run_slot(layout: RunLayout, run: RunRecord, manifest: Manifest, hops: Sequen
     called as each hop is committed (the task's log). Raises :class:`SlotYielded` when the slot gives
     its pool slot back (``yield_seconds``, by default ``MOP_SHARD_YIELD_SECONDS``; never with ``mine``).
     ``stop`` set (the task's ``on_kill``): the slot ends after its hop in progress and its commits,
-    raising :class:`SlotStopped`.
+    raising :class:`SlotStopped`. ``more``: where hops decided while the block trains come from (an
+    ASHA search, :class:`~mop_airflow.training.asha_source.AshaSource`): the slot asks it for new hops
+    as it polls, and to decide when it has nothing ready, until it says the search has ended.
     """
     own = list(mine) if mine is not None else [h for h in hops if h.shard == shard and h.slot == slot]
     loop = _Loop(layout, run, manifest, hops, own, block=block, shard=shard, slot=slot, cache_dir=cache_dir,
@@ -185,7 +187,7 @@ def run_slot(layout: RunLayout, run: RunRecord, manifest: Manifest, hops: Sequen
                  wait=wait_seconds if wait_seconds is not None else float(os.environ.get(WAIT_ENV) or WAIT_SECONDS),
                  give_back=None if mine is not None else (
                      yield_seconds if yield_seconds is not None else float(os.environ.get(YIELD_ENV) or YIELD_SECONDS)),
-                 stop=stop)
+                 stop=stop, more=more)
     try:
         result = loop.train_all()
     except SlotYielded as exc:
@@ -209,7 +211,7 @@ class _Loop:
                  own: list[BlockHop], *, block: str, shard: int, slot: int, cache_dir: str, where: Where,
                  fatal: Callable[[BaseException], bool], session: TaskSession | None,
                  on_hop: Callable[[HopRecord], object] | None, wait: float, give_back: float | None,
-                 stop: threading.Event | None = None) -> None:
+                 stop: threading.Event | None = None, more: Any = None) -> None:
         self.layout, self.run, self.manifest = layout, run, manifest
         self.cache_dir, self.where, self.fatal, self.on_hop, self.wait = cache_dir, where, fatal, on_hop, wait
         self.give_back = give_back
@@ -224,6 +226,9 @@ class _Loop:
         self.status = _Status(layout, block, shard, slot, where, left=len(self.pending))
         self.result = SlotResult()
         self.peers: dict[tuple[int, int], _Peer] = {}
+        self.more = more
+        self.slot_of = (shard, slot)
+        self.alone = give_back is None  # this process trains every slot's hops (dag.test())
 
     def train_all(self) -> SlotResult:
         result = self.result
@@ -236,12 +241,14 @@ class _Loop:
             ahead: dict[str, Future] = {}
             poll = POLL_FIRST
             local = self.layout.store.protocol == "file"
-            while self.pending or commits:
+            while self.pending or commits or (self.more is not None and not self.more.ended):
                 if self.stop.is_set():
                     self._settle(commits, block=True, every=True)
                     raise SlotStopped(f"asked to stop with {len(self.pending)} hop(s) left; the {len(result.trained)} "
                                       "committed stay, and a retry trains the rest")
                 self._settle(commits, block=False)
+                if self.more is not None:
+                    self._extend(self.more.new_hops())
                 ready, waiting = self._ready()
                 if not ready:
                     if commits:  # its next hop waits for this slot's own commit, or for another slot's: whichever comes
@@ -249,10 +256,15 @@ class _Loop:
                         if not local:  # a look is a request there
                             poll = min(poll * 2, POLL_MOST_REMOTE)
                         continue
-                    if not waiting:
+                    if self.more is not None and not self.more.ended:  # nothing ready: what trains next?
+                        self.more.idle()
+                        self._extend(self.more.new_hops())
+                        if self._ready()[0]:
+                            continue
+                    elif not waiting:
                         break
                     self._give_up(waiting)
-                    if self.pending:
+                    if self.pending or self.more is not None:
                         self.stop.wait(poll)  # a stop wakes the slot at once
                         result.waited += poll
                         poll = min(poll * 2, POLL_MOST if local else POLL_MOST_REMOTE)
@@ -275,6 +287,21 @@ class _Loop:
                     commits.append((hop, writer.submit(trained.commit)))
             self._settle(commits, block=True, every=True)
         return result
+
+    def _extend(self, hops: Iterable[BlockHop]) -> None:
+        """Hops decided while the block trains: this slot's join its pending ones; every slot's tell
+        whom a hop waits for, and where each configuration's leg starts."""
+        added = False
+        for hop in hops:
+            self.owner[(hop.config_id, hop.hop)] = (hop.shard, hop.slot)
+            if hop.start is not None:
+                self.chains.states.setdefault(hop.config_id, {}).setdefault(hop.start.t, hop.start)
+            if self.alone or (hop.shard, hop.slot) == self.slot_of:
+                self.pending.append(hop)
+                self.status.left += 1
+                added = True
+        if added:
+            self.pending.sort(key=lambda h: (-h.weight, h.order))
 
     def _ready(self) -> tuple[list[tuple[BlockHop, Assignment]], list[BlockHop]]:
         """The pending hops whose input state is committed (in priority order), and those still waiting.
