@@ -43,17 +43,6 @@ All policies deal the configurations with the same :func:`~mop_airflow.planning.
 Efficiency = lower bound / makespan, with lower bound = max(total work / (shards * slots), the
 longest configuration's own chain) (:func:`mop_airflow.planning.simulation.lower_bound`); 1.0 is optimal.
 
-Bundles (``--bundles``): the unit of Airflow work is the hop of a bundle of configurations
-(:mod:`mop_airflow.planning.bundling`). Each bundle rule is replayed by
-:func:`mop_airflow.planning.simulation.simulate_bundles` on the same plan, with the fixed costs measured on
-the embedded Airflow: ``TASK_SECONDS`` per task instance (start-up and scheduler hand-off),
-``MODEL_SECONDS`` per distinct model in a task (Keras building it and tracing its train step) and
-``CONFIG_SECONDS`` per configuration (restoring and saving its state). Efficiency there is the
-pure-training lower bound over the makespan, so the fixed costs count against it. Every rule deals
-the configurations as the plan task does (:func:`mop_airflow.planning.bundling.deal`: each model's
-configurations in the same classes when that makes the costliest class's hop shorter); "auto,
-seeded" is "auto" with the seeded deal alone, for comparison.
-
 Adaptive searches (``--adaptive``): Hyperband and ASHA as their decision modules answer "what trains
 next?" (:mod:`mop_airflow.search.halving`, :mod:`mop_airflow.search.asha`), replayed on p shards of
 one slot by :func:`mop_airflow.planning.search_sim.simulate_search` with a synthetic learning curve per
@@ -63,7 +52,7 @@ the smallest ``n`` whose synchronous-halving budget reaches Hyperband's iteratio
 iterations as its own ``budget`` (a deadline: no leg begins that would end after it). "at R": the
 configurations that completed the top rung; "best loss": the best synthetic loss among them.
 
-    python benchmarks/schedule_sim.py [--seeds 10] [--iterations 3] [--quick] [--bundles]
+    python benchmarks/schedule_sim.py [--seeds 10] [--iterations 3] [--quick]
     python benchmarks/schedule_sim.py --adaptive [--R 81] [--eta 3] [--shards 16]
 """
 
@@ -149,7 +138,7 @@ Policy = Callable[[Workload], Result]
 
 def run_mop(w: Workload, priority: str = "remaining") -> Result:
     """This DAG: the task plan replayed by the library's own simulator."""
-    plan = build_task_plan(w.shards, w.iterations, priority=priority, configurations=len(w.ids), slots=w.slots)
+    plan = build_task_plan(w.shards, w.iterations, priority=priority, slots=w.slots)
     classes = w.classes
     sim = simulate(plan, lambda group, expanded: classes[group.offset], lambda cid, t, shard: w.cost[cid],
                    slots=w.slots)
@@ -284,52 +273,6 @@ MOP = "mop_airflow (priority=remaining)"
 PEERS = ("MADlib (barrier per hop)", *(f"Cerebro (barrier per epoch, poll {poll:g} s)" for poll in CEREBRO_POLLS))
 
 
-# -- bundles ----------------------------------------------------------------------------------
-
-TASK_SECONDS, MODEL_SECONDS, CONFIG_SECONDS = 2.6, 1.9, 0.1
-BUNDLE_RULES: tuple[int | str, ...] = (1, 2, 4, 8, 32, "auto")
-# (configurations, shards, slots, iterations, durations, distinct models): the demo grid; 256
-# configurations with 1 s hops of one model (benchmarks/sim_vs_airflow.py) and of 16 (a 4x4x4x4 grid:
-# architectures x optimizers); the size of the systems we compare with; hop times spread over 60x
-BUNDLE_SCALES = ((8, 4, 1, 3, "equal", 2), (256, 4, 2, 1, "equal", 1), (256, 4, 2, 1, "equal", 16),
-                 (256, 16, 1, 10, "equal", 16), (64, 8, 1, 3, "spread", 8))
-
-
-def bundles_table(seeds: range) -> None:
-    from mop_airflow.planning.bundling import deal, split_classes  # noqa: PLC0415
-    from mop_airflow.planning.simulation import simulate_bundles  # noqa: PLC0415
-
-    print(f"bundles: fixed cost {TASK_SECONDS} s per task instance, {MODEL_SECONDS} s per model built in a task, "
-          f"{CONFIG_SECONDS} s per configuration; efficiency = pure-training lower bound / makespan")
-    head = f"{'scale':<50} {'bundle_size':>13} {'task instances':>15} {'efficiency':>16} {'makespan mean':>14}"
-    print(head)
-    print("-" * len(head))
-    for n, p, slots, iterations, durations, models in BUNDLE_SCALES:
-        loads = [make_workload(n, p, iterations=iterations, slots=slots, durations=durations, seed=s) for s in seeds]
-        scale = f"{n} x {p} shards x {slots} slot(s) x {iterations} it., {durations}, {models} model(s)"
-        for rule, by_model in [*((r, True) for r in BUNDLE_RULES), ("auto", False)]:
-            # the DAG a spec with this bundle_size renders: its chains per class, as parsed
-            plan = build_task_plan(p, iterations, configurations=n, slots=slots, bundle_size=rule)
-            spans, effs, instances = [], [], 0
-            for w in loads:
-                keys = {cid: f"model{i % models}" for i, cid in enumerate(w.ids)}
-                # the plan task's deal (each model's configurations together when that shortens the
-                # costliest class), or the seeded deal alone (what the plan did before)
-                classes = deal(w.ids, w.cost, keys, shards=p, seed=w.seed) if by_model else w.classes
-                bundles = split_classes(classes, w.cost, keys, shards=p, slots=slots, hops=iterations * p,
-                                        bundle_size=rule, chains=[c.chains for c in plan.groups])
-                instances = sum(len(b) for b in bundles) * iterations * p
-                sim = simulate_bundles(plan, bundles, lambda cid, t, shard, w=w: w.cost[cid], slots=slots,
-                                       task_seconds=TASK_SECONDS, config_seconds=CONFIG_SECONDS,
-                                       model_seconds=MODEL_SECONDS, keys=keys)
-                spans.append(sim.makespan)
-                effs.append(w.lower_bound / sim.makespan)
-            label = str(rule) if by_model else f"{rule}, seeded"
-            print(f"{scale:<50} {label:>13} {instances:>15} {statistics.mean(effs):>7.3f} ({min(effs):.3f})"
-                  f" {statistics.mean(spans):>12.1f} s")
-        print()
-
-
 # -- adaptive searches ---------------------------------------------------------------------------
 
 def adaptive_table(R: int, eta: int, shards: int, seeds: int) -> None:
@@ -393,7 +336,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, default=10, help="workload seeds per cell (default 10)")
     parser.add_argument("--iterations", type=int, default=3, help="passes over the data (default 3)")
     parser.add_argument("--quick", action="store_true", help="only the 16-configuration scales, 3 seeds")
-    parser.add_argument("--bundles", action="store_true", help="compare the bundle rules instead of the policies")
     parser.add_argument("--adaptive", action="store_true", help="slot use of Hyperband and ASHA instead")
     parser.add_argument("--R", type=int, default=81, help="--adaptive: the most iterations (default 81)")
     parser.add_argument("--eta", type=int, default=3, help="--adaptive: eta (default 3)")
@@ -405,11 +347,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         adaptive_table(args.R, args.eta, args.shards, args.seeds)
         return 0
     seeds = range(3 if args.quick and args.seeds == 10 else args.seeds)
-    if args.bundles:
-        print(f"schedule_sim --bundles: {len(seeds)} seeds per cell; {platform.platform()}, {os.cpu_count()} CPUs; "
-              f"{dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC")
-        bundles_table(seeds)
-        return 0
     scales = QUICK_SCALES if args.quick else SCALES
 
     began = time.perf_counter()

@@ -24,11 +24,9 @@ from mop_airflow.operators.base import MopBaseOperator
 class MopPlanOperator(MopBaseOperator):
     ui_color = "#e3f4e1"
 
-    def __init__(self, *, priority: str = DEFAULT_PRIORITY, chains: dict[str, int] | None = None,
-                 **kwargs: Any) -> None:
+    def __init__(self, *, priority: str = DEFAULT_PRIORITY, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.priority = priority
-        self.chains = chains  # class group id -> chains the DAG rendered: a class holds at most that many bundles
 
     def work(self, context: Any) -> dict[str, Any]:
         from mop_airflow.search.hyperband import format_plan  # noqa: PLC0415
@@ -40,7 +38,7 @@ class MopPlanOperator(MopBaseOperator):
                     "model_hops_total": plan.model_hops_total}
         run = self.resolved_run(context)
         manifest = Manifest.read(layout.store, layout.manifest_pointer_uri)
-        plan = make_plan(run, self.priority, rows=max(e.rows for e in manifest.shards), chains=self.chains)
+        plan = make_plan(run, self.priority, rows=max(e.rows for e in manifest.shards))
         run.write(layout.store, layout.run_record_uri)
         plan.write(layout.store, layout.plan_uri)
         for o, bundles in enumerate(plan.class_bundles()):

@@ -1,17 +1,14 @@
-"""How configurations are bundled: hand-computable counts, balanced costs, determinism, the plan record."""
+"""Which configurations share an offset class and in which order a class is taken: costs, model keys,
+determinism; bundle_size refused."""
 
 from __future__ import annotations
 
 import pytest
 
 from mop_airflow.records import bundle_name
-from mop_airflow.planning.bundling import (BUILD_SECONDS, CHAINS_PER_SLOT, TASK_INSTANCE_BUDGET, bundle_class,
-                                  chain_count, deal, deal_configs, hop_cost, make_bundles, model_key)
+from mop_airflow.planning.bundling import BUILD_SECONDS, deal, deal_configs, hop_cost, line_up, model_key
 from mop_airflow.errors import SpecError
-from mop_airflow.records import Plan
 from mop_airflow.planning.schedule import deal_classes
-from mop_airflow.planning.plan import make_plan
-from mop_airflow.planning.resolve import resolve_run
 from mop_airflow.config import ScheduleSpec
 
 
@@ -26,43 +23,6 @@ def test_hop_cost_counts_steps_and_rows():
     assert hop_cost(_config("a"), 4000) == pytest.approx(125 * 0.004 + 4000 * 2e-5)
     assert hop_cost(_config("a", batch=128), 4000) < hop_cost(_config("a"), 4000)
     assert hop_cost({**_config("a"), "epochs_per_hop": 3}, 4000) == pytest.approx(3 * hop_cost(_config("a"), 4000))
-
-
-@pytest.mark.parametrize("n, shards, slots, hops, cost, expected", [
-    (8, 4, 1, 12, 3.2, 4),           # the demo: cheap hops, so one chain per slot (2 configurations each)
-    (8, 4, 1, 12, 1000.0, 8),        # long hops: two chains per slot, one configuration each
-    (3, 4, 1, 12, 1000.0, 3),        # fewer configurations than slots: one chain each
-    (256, 4, 2, 4, 1.0, 8),          # 256 cheap configurations on 8 slots: 8 chains of 32
-    (256, 4, 2, 4, 1e6, 16),         # at most two chains per slot
-    (256, 16, 1, 160, 1e6, 16),      # 16 shards x 10 iterations: the task-instance budget keeps one per class
-    (256, 4, 1, 10, 40.0, 5),        # 40 s per hop: 5 chains carry 8 s (4 x the fixed cost) each
-])
-def test_auto_chain_count(n, shards, slots, hops, cost, expected):
-    assert chain_count(n, shards=shards, slots=slots, hops=hops, cost_per_hop=cost) == expected
-
-
-def test_fixed_bundle_size_and_the_budget():
-    assert chain_count(10, shards=4, slots=1, hops=8, cost_per_hop=0.0, bundle_size=1) == 10
-    assert chain_count(10, shards=4, slots=1, hops=8, cost_per_hop=0.0, bundle_size=3) == 4
-    assert chain_count(0, shards=4, slots=1, hops=8, cost_per_hop=0.0) == 0
-    # never more task instances than the budget, unless one chain per offset class already needs more
-    many = chain_count(1000, shards=8, slots=4, hops=40, cost_per_hop=1e9)
-    assert many == TASK_INSTANCE_BUDGET // 40 and many < CHAINS_PER_SLOT * 8 * 4
-
-
-def test_bundles_balance_cost_and_keep_model_keys_together():
-    configs = {f"c{i}": _config(f"c{i}", model="m:a" if i % 2 else "m:b", batch=32 if i < 4 else 128)
-               for i in range(8)}
-    costs = {cid: hop_cost(c, 4000) for cid, c in configs.items()}
-    keys = {cid: model_key(c) for cid, c in configs.items()}
-    bundles = bundle_class(sorted(configs), 2, costs, keys)
-    totals = [sum(costs[c] for c in b) for b in bundles]
-    assert sorted(c for b in bundles for c in b) == sorted(configs)
-    assert max(totals) - min(totals) <= max(costs.values()) - min(costs.values())
-    for bundle in bundles:  # same keys next to each other inside a bundle
-        seen = [keys[c] for c in bundle]
-        assert seen == sorted(seen)
-    assert bundle_class(sorted(configs), 2, costs, keys) == bundles  # deterministic
 
 
 def _demo_grid():
@@ -111,17 +71,14 @@ def test_the_learning_rate_is_not_part_of_the_model_key():
                                                                                       "clipnorm": 1.0}})
 
 
-def test_make_bundles_splits_each_class():
-    classes = [[f"c{o}{i}" for i in range(5)] for o in range(4)]
-    configs = {cid: _config(cid) for cls in classes for cid in cls}
-    one = make_bundles(classes, configs, rows=4000, shards=4, slots=1, hops=12, bundle_size=1)
-    assert [len(b) for b in one] == [5, 5, 5, 5] and all(len(x) == 1 for b in one for x in b)
-    two = make_bundles(classes, configs, rows=4000, shards=4, slots=1, hops=12, bundle_size=2)
-    assert [[len(x) for x in b] for b in two] == [[2, 2, 1]] * 4
-    auto = make_bundles(classes, configs, rows=4000, shards=4, slots=1, hops=12)
-    assert [len(b) for b in auto] == [1, 1, 1, 1]  # 20 cheap hops: one chain per slot
-    for per_class, cls in zip(auto, classes):
-        assert sorted(c for b in per_class for c in b) == sorted(cls)
+def test_each_class_is_taken_as_one_bundle_lined_up_by_model_then_longest_first():
+    classes = [["a", "b", "c", "d"], [], ["e"]]
+    configs = {"a": _config("a", model="m:b"), "b": _config("b", model="m:a", batch=8),
+               "c": _config("c", model="m:b", batch=8), "d": _config("d", model="m:a"), "e": _config("e")}
+    lined = line_up(classes, configs, rows=4000)
+    # m:a before m:b (by key), and inside a model the smaller batch (more steps: the longer hop) first
+    assert lined == [[["b", "d", "c", "a"]], [], [["e"]]]
+    assert line_up(classes, configs, rows=4000) == lined  # deterministic
 
 
 def test_bundle_names_stay_readable():

@@ -6,7 +6,7 @@ import pytest
 
 from mop_airflow.errors import SpecError
 from mop_airflow.records.layout import RunLayout, run_folder
-from mop_airflow.planning.run_chain import RUN_HOP_BUDGET, continuation_of, iterations_per_run
+from mop_airflow.planning.run_chain import continuation_of, iterations_per_run
 from mop_airflow.records import Continuation, RunChain
 from mop_airflow.config import MopSpec
 from mop_airflow.store import Store
@@ -24,19 +24,14 @@ def random_spec(configs, shards, iterations, **schedule):
     return MopSpec.from_dict(spec)
 
 
-def test_auto_keeps_a_search_in_one_run_until_its_hops_pass_the_budget():
-    per_iteration = 50
-    assert RUN_HOP_BUDGET == 256
-    assert iterations_per_run(5, "auto", lambda k: k * per_iteration) == 5  # 250 fit in 256
-    assert iterations_per_run(6, "auto", lambda k: k * per_iteration) == 3  # the largest divisor of 6 that fits
-    assert iterations_per_run(7, "auto", lambda k: k * per_iteration) == 1  # 7 is prime: one a run
-    assert iterations_per_run(4, "auto", lambda k: k * 1000) == 1  # even one iteration is over: one a run
-    assert iterations_per_run(6, 2, lambda k: k * 1000) == 2  # a whole number is taken as it is
+def test_auto_keeps_a_search_in_one_run_and_a_whole_number_splits_it():
+    assert iterations_per_run(7, "auto") == 7  # a run renders a train task per shard slot, however many hops
+    assert iterations_per_run(6, 2) == 2  # a whole number is taken as it is
 
 
 def test_a_whole_number_must_divide_the_iterations_and_the_error_lists_the_ones_that_do():
     with pytest.raises(SpecError) as err:
-        iterations_per_run(10, 3, lambda k: k)
+        iterations_per_run(10, 3)
     text = str(err.value)
     assert "schedule.iterations_per_run" in text and "must divide schedule.iterations (10)" in text
     assert "[1, 2, 5, 10]" in text
@@ -87,11 +82,10 @@ def test_only_a_whole_mop_dags_plain_search_is_split():
     assert [t.task_id for t in one.tasks if t.kind == "decide"] == ["decide"] and "next_run" not in {
         t.kind for t in one.tasks}
     hyperband["schedule"]["iterations_per_run"] = 0.5
-    with pytest.raises(SpecError, match="whole blocks"):
+    with pytest.raises(SpecError, match="no longer takes a fraction"):
         spec_task_plan(MopSpec.from_dict(hyperband))
     # one plan for equal inputs, as the renderer and the simulator rely on
-    assert build_task_plan(2, 4, configurations=4, hops_per_run=4) == build_task_plan(
-        2, 4, configurations=4, hops_per_run=4)
+    assert build_task_plan(2, 4, hops_per_run=4) == build_task_plan(2, 4, hops_per_run=4)
 
 
 def test_a_continuing_run_is_named_in_its_conf_and_its_folder_points_at_the_search(tmp_path):
@@ -131,19 +125,15 @@ def test_dag_test_refuses_a_split_search_before_anything_trains(airflow_db, tmp_
         (tmp_path / "store" / "mop_split_in_dag_test").rglob("hops/*"))
 
 
-def test_a_block_is_counted_in_hops_and_may_be_shorter_than_an_iteration():
+def test_a_run_holds_whole_iterations():
     from mop_airflow.planning.run_chain import hops_per_run
 
-    # whole iterations while one fits the budget; then the most hops that divide the shards
-    assert hops_per_run(10, 4, "auto", lambda h: 4 * h) == 40
-    assert hops_per_run(10, 16, "auto", lambda h: 16 * h) == 16  # one iteration of 16 x 16 = 256 fits
-    assert hops_per_run(10, 64, "auto", lambda h: 64 * h) == 4  # 64 x 64 does not: 4 hops of 64 chains
-    assert hops_per_run(10, 64, "auto", lambda h: 1000 * h) == 1  # not even one hop: one a run
-    assert hops_per_run(10, 8, 0.25, lambda h: 8 * h) == 2 and hops_per_run(10, 8, 2, lambda h: 8 * h) == 16
+    assert hops_per_run(10, 64, "auto") == 640  # 64 shards: still one run, 64 train tasks
+    assert hops_per_run(10, 8, 2) == 16
 
 
-def test_a_fraction_of_an_iteration_must_be_whole_hops_dividing_the_shards():
-    assert tiny_spec_with(shards=4, iterations_per_run=0.5).schedule.iterations_per_run == 0.5
+def test_a_fraction_of_an_iteration_is_refused_saying_a_run_holds_whole_iterations():
     with pytest.raises(SpecError) as err:
-        tiny_spec_with(shards=4, iterations_per_run=0.3)
-    assert err.value.field == "schedule.iterations_per_run" and "1/4, 2/4" in err.value.fix
+        tiny_spec_with(shards=4, iterations_per_run=0.5)
+    assert err.value.field == "schedule.iterations_per_run" and "no longer takes a fraction" in err.value.rule
+    assert "set a whole number" in err.value.fix

@@ -21,8 +21,7 @@ def uneven(ids):
 
 
 def run(classes, cost, *, shards, iterations, slots=1, priority="remaining"):
-    plan = build_task_plan(shards, iterations, priority=priority, configurations=sum(len(c) for c in classes),
-                           slots=slots)
+    plan = build_task_plan(shards, iterations, priority=priority, slots=slots)
     return simulate(plan, lambda group, expanded: classes[group.offset], lambda cid, t, shard: cost[cid], slots=slots)
 
 
@@ -241,7 +240,7 @@ def test_the_estimate_of_a_plan_with_equal_hops_reaches_the_lower_bound_when_slo
     # 8 configurations, 4 shards, 2 iterations, 1 slot: 2 per class, 8 hops each. The two of a class
     # alternate on each shard and no shard ever idles: 8 x 8 hops / 4 shards = 16 hop times, the
     # lower bound (a chain alone is only 8 hop times)
-    sim = estimate_seconds(build_task_plan(4, 2, configurations=8), 8, seconds_per_hop=2.0, slots=1)
+    sim = estimate_seconds(build_task_plan(4, 2), 8, seconds_per_hop=2.0, slots=1)
     assert len(sim.events) == 8 * 8 and sim.makespan == pytest.approx(2.0 * 16)
     assert sim.busy_fraction == pytest.approx(1.0)
     hb = adaptive_plan({"method": "hyperband", "R": 9, "eta": 3}, 4)

@@ -130,7 +130,7 @@ class _Renderer:
             op = MopPreflightOperator(spec=self.spec, pools=self.pools,
                                       builder_modules=self.builder_modules, **kwargs)
         elif spec.kind == "plan":
-            op = MopPlanOperator(priority=self.plan.priority, chains=self.plan.chains(), **kwargs)
+            op = MopPlanOperator(priority=self.plan.priority, **kwargs)
         elif spec.kind == "publish":  # its outlet: the Asset downstream DAGs schedule on
             op = MopPublishOperator(outlets=[champion_asset(self.selection)], **kwargs)
         elif spec.kind == "scatter":  # one instance per slice of files that list_data returns

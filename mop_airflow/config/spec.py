@@ -342,11 +342,10 @@ class ScheduleSpec:
         iterations_per_run: How many iterations one DAG run trains; a longer plain search goes on in
             the DAG's next runs (:mod:`mop_airflow.planning.run_chain`). ``"auto"`` keeps the whole
             search in one run (its train tasks are one per shard slot, however many hops); an
-            integer >= 1 must divide ``iterations``; a fraction below 1 (0.25 on 8 shards: 2 hops a
-            run) must be a whole number of hops dividing ``shards``. A search decided between blocks
-            (ASHA, PBT, TPE, a large Hyperband): how many blocks of one iteration one run holds;
-            ``"auto"`` takes the whole search when its end is known (PBT, TPE) and its blocks' tasks
-            fit 600, else one.
+            integer >= 1 must divide ``iterations``. An adaptive search decided between blocks: how
+            many blocks (each to the next decision point) one run holds; ``"auto"`` takes the whole
+            search when its number of blocks is known (Hyperband, successive halving, PBT, TPE) and
+            their tasks fit 2,000, else one.
     """
 
     shards: int = 4
@@ -361,8 +360,11 @@ class ScheduleSpec:
     def __post_init__(self) -> None:
         for name in ("threads_per_hop", "iterations_per_run"):
             value = getattr(self, name)
-            if name == "iterations_per_run" and isinstance(value, float) and 0 < value < 1:
-                continue  # a block shorter than an iteration: checked against the shards below
+            if name == "iterations_per_run" and isinstance(value, float):
+                raise SpecError("schedule.iterations_per_run", value, "no longer takes a fraction of an iteration: "
+                                "a run renders one train task per shard slot however many hops it trains, so a run "
+                                "holds whole iterations (or, in an adaptive search, whole blocks)",
+                                'leave schedule.iterations_per_run out ("auto": one run), or set a whole number')
             if value != "auto":
                 if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                     fix = (f'leave schedule.{name} out (or "auto"), or set a whole number such as 2'
@@ -377,15 +379,6 @@ class ScheduleSpec:
         _positive_int("schedule.slots_per_shard", self.slots_per_shard)
         _positive_int("schedule.metrics_every", self.metrics_every)
         _positive_int("schedule.seed", self.seed, minimum=0)
-        if isinstance(self.iterations_per_run, float):
-            hops = self.iterations_per_run * self.shards
-            if hops != round(hops) or self.shards % round(hops):
-                parts = [f"{d}/{self.shards}" for d in range(1, self.shards) if self.shards % d == 0]
-                raise SpecError("schedule.iterations_per_run", self.iterations_per_run,
-                                f"a fraction of an iteration must be a whole number of hops that divides the "
-                                f"{self.shards} shards, so that every run renders the same tasks",
-                                f"use one of {', '.join(parts) or 'none: 1 shard has no smaller block'} (as a "
-                                "decimal), a whole number of iterations, or \"auto\"")
         if self.shards > 256:
             raise SpecError("schedule.shards", self.shards, "must be at most 256 (one Airflow pool and queue each)",
                             "use fewer, larger shards")

@@ -31,7 +31,7 @@ import math
 from typing import Any, Mapping, Sequence
 
 from mop_airflow.errors import StoreError
-from mop_airflow.planning.plan import bundle_classes, class_chains, rung_classes
+from mop_airflow.planning.plan import bundle_classes, rung_classes
 from mop_airflow.records import BlockDecision, HopRecord, Plan, RunRecord
 from mop_airflow.records.layout import RunLayout, with_proposed
 from mop_airflow.search.adaptive import LADDERS, adaptive_plan, brackets_of, split_by_bracket
@@ -223,8 +223,7 @@ def _decision(run: RunRecord, plan: Plan, *, block: int, previous: BlockDecision
                                     rotation=previous.offsets if previous else {},
                                     placed=None if isinstance(method, LADDERS) else _rung_deal(run, plan, handed))
     length, ends = block_length(training, [*jobs_so_far, *handed], shards)
-    bundles = bundle_classes(run, classes, hops=length, rows=plan.shard_rows,
-                             chains=class_chains(plan.chains, "", shards))
+    bundles = bundle_classes(run, classes, rows=plan.shard_rows)
     return BlockDecision(block=block, capacity=capacity, jobs=[j.to_dict() for j in handed], hops=length, start=start,
                          ends=ends,
                          completions=[dataclasses.asdict(c) for c in seen], training=training, offsets=offsets,

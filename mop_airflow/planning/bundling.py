@@ -1,24 +1,13 @@
-"""Which configurations hop together: bundles, and how many. Pure and seeded; no Airflow, no TensorFlow.
+"""Which configurations share an offset class, and in which order a class's train tasks take them.
+Pure and seeded; no Airflow, no TensorFlow.
 
-The unit of Airflow work is the hop of a **bundle** on a shard: one task instance trains each
-configuration of its bundle in turn, the way a MADlib segment trains all its models per hop. A
-bundle lives inside one offset class (its configurations share the visit order), waits only for
-itself, and its configurations' results never depend on who shares it (each keeps its own seed,
-batch order, checkpoint and record).
-
-Which configurations share an offset class (:func:`deal`): the seeded deal, or each model's
-configurations together when hops are short next to building a model.
-
-How many bundles (``schedule.bundle_size: "auto"``), in this order:
-
-1. enough chains to keep every slot busy: at most ``CHAINS_PER_SLOT`` per shard slot, and never
-   fewer than one per slot when there are that many configurations;
-2. beyond that, as few task instances as the training allows: a task should carry at least
-   ``AMORTISE`` times its fixed cost (``FIXED_SECONDS``) of estimated training;
-3. and a run stays within ``TASK_INSTANCE_BUDGET`` hop task instances (Airflow's scheduler
-   examines every waiting one in every loop), down to one bundle per offset class.
-
-``benchmarks/schedule_sim.py`` replays the rule against fixed sizes with the simulator.
+A block is one train task per shard slot that trains every hop of the block on its slot as soon as
+it is ready, so nothing is bundled into a task any more (``schedule.bundle_size`` is gone). What is
+left: which configurations share an offset class (:func:`deal`: the seeded deal, or each model's
+configurations together when hops are short next to building a model), and the order a class's
+configurations are listed in (:func:`line_up`: by model, so a slot trains the configurations that
+share a compiled model one after another). Each class is listed as one bundle of the records'
+``bundles`` (the shape records written before kept).
 """
 
 from __future__ import annotations
@@ -29,10 +18,6 @@ from typing import Any, Mapping, Sequence
 
 from mop_airflow.planning.schedule import deal_classes, seeded_order
 
-CHAINS_PER_SLOT = 2
-AMORTISE = 4.0
-FIXED_SECONDS = 2.0  # a hop task's start and hand-off on the embedded Airflow, measured (README, Performance)
-TASK_INSTANCE_BUDGET = 2000
 # A rough CPU cost model for balancing before anything has trained: per optimizer step and per row.
 STEP_SECONDS = 0.004
 ROW_SECONDS = 2e-5
@@ -46,43 +31,6 @@ def hop_cost(config: Mapping[str, Any], rows: int) -> float:
     epochs = int(config.get("epochs_per_hop") or 1)
     steps = math.ceil(max(rows, 1) / int(config["batch_size"])) * epochs
     return steps * STEP_SECONDS + rows * epochs * ROW_SECONDS
-
-
-def chain_count(configurations: int, *, shards: int, slots: int, hops: int, cost_per_hop: float,
-                bundle_size: int | str = "auto") -> int:
-    """How many bundles (chains of hop tasks) a set of ``configurations`` is split into.
-
-    ``hops`` is how many hops each chain makes, ``cost_per_hop`` the estimated training seconds
-    of one hop of all the configurations together.
-    """
-    if configurations <= 0:
-        return 0
-    if bundle_size != "auto":
-        return math.ceil(configurations / int(bundle_size))
-    busy = min(configurations, shards * slots)
-    chains = min(configurations, CHAINS_PER_SLOT * shards * slots)
-    amortised = math.inf if math.isinf(cost_per_hop) else math.floor(cost_per_hop / (AMORTISE * FIXED_SECONDS))
-    chains = max(busy, min(chains, amortised))
-    within_budget = max(min(configurations, shards), TASK_INSTANCE_BUDGET // max(hops, 1))
-    return max(1, min(chains, within_budget))
-
-
-def chains_per_class(configurations: int, *, shards: int, slots: int, hops: int,
-                     bundle_size: int | str = "auto") -> int:
-    """How many chains each offset class renders: fixed when the DAG is parsed, from the spec's own
-    search space (a run's bundles then fill at most that many; extra chains are skipped).
-
-    With ``"auto"`` it is :func:`chain_count` before the cost rule (the shard's rows are unknown at
-    parse time), so a run of cheap hops fills fewer chains than it has.
-    """
-    if configurations <= 0:
-        return 1
-    classes = min(configurations, shards)
-    largest = math.ceil(configurations / shards)  # the deal gives classes sizes that differ by at most one
-    if bundle_size != "auto":
-        return max(1, math.ceil(largest / int(bundle_size)))
-    total = chain_count(configurations, shards=shards, slots=slots, hops=hops, cost_per_hop=math.inf)
-    return max(1, min(largest, math.ceil(total / classes)))
 
 
 def model_key(config: Mapping[str, Any]) -> str:
@@ -124,30 +72,6 @@ def deal(config_ids: Sequence[str], costs: Mapping[str, float], keys: Mapping[st
     return grouped if costliest(grouped) < costliest(dealt) else dealt
 
 
-def bundle_class(members: Sequence[str], count: int, costs: Mapping[str, float],
-                 keys: Mapping[str, str]) -> list[list[str]]:
-    """Split one offset class into ``count`` bundles of about equal estimated cost.
-
-    The members are lined up by model key (then by cost, longest first, and id) and cut into
-    ``count`` consecutive runs of about equal cost: configurations that share a compiled model sit
-    in as few bundles as possible, so a task builds and traces few models. Deterministic.
-    """
-    count = max(1, min(count, len(members)))
-    ordered = _lined_up(members, costs, keys)
-    total = sum(costs[c] for c in ordered)
-    bundles: list[list[str]] = [[]]
-    done = 0.0
-    for k, cid in enumerate(ordered):
-        left = len(ordered) - k  # never leave a later bundle empty
-        due = len(bundles) < count and bundles[-1] and (
-            done + costs[cid] / 2 > total * len(bundles) / count or left == count - len(bundles))
-        if due:
-            bundles.append([])
-        bundles[-1].append(cid)
-        done += costs[cid]
-    return bundles
-
-
 def _lined_up(members: Sequence[str], costs: Mapping[str, float], keys: Mapping[str, str]) -> list[str]:
     """By model key (configurations sharing a compiled model side by side), then longest first, then id."""
     return sorted(members, key=lambda c: (keys[c], -costs[c], c))
@@ -165,34 +89,11 @@ def deal_configs(config_ids: Sequence[str], configs: Mapping[str, Mapping[str, A
                 {c: model_key(configs[c]) for c in config_ids}, shards=shards, seed=seed)
 
 
-def make_bundles(classes: Sequence[Sequence[str]], configs: Mapping[str, Mapping[str, Any]], *, rows: int,
-                 shards: int, slots: int, hops: int, bundle_size: int | str = "auto",
-                 chains: Sequence[int] | None = None) -> list[list[list[str]]]:
-    """Every offset class split into bundles: ``result[o]`` lists class ``o``'s bundles, at most
-    ``chains[o]`` of them (the chains the DAG rendered for the class)."""
-    members = [cid for cls in classes for cid in cls]
-    return split_classes(classes, {cid: hop_cost(configs[cid], rows) for cid in members},
-                         {cid: model_key(configs[cid]) for cid in members}, shards=shards, slots=slots, hops=hops,
-                         bundle_size=bundle_size, chains=chains)
+def line_up(classes: Sequence[Sequence[str]], configs: Mapping[str, Mapping[str, Any]], *,
+            rows: int) -> list[list[list[str]]]:
+    """Every offset class as its train tasks take it, one bundle each: its configurations by model key
+    (those that share a compiled model side by side), then longest estimated hop first, then id."""
+    costs = {cid: hop_cost(configs[cid], rows) for cls in classes for cid in cls}
+    keys = {cid: model_key(configs[cid]) for cls in classes for cid in cls}
+    return [[_lined_up(cls, costs, keys)] if cls else [] for cls in classes]
 
-
-def split_classes(classes: Sequence[Sequence[str]], costs: Mapping[str, float], keys: Mapping[str, str], *,
-                  shards: int, slots: int, hops: int, bundle_size: int | str = "auto",
-                  chains: Sequence[int] | None = None) -> list[list[list[str]]]:
-    """:func:`make_bundles` from estimated hop seconds and model keys per configuration.
-
-    A class needing more bundles than the ``chains`` rendered for it (a trigger conf that widened
-    the search space, or a fixed ``bundle_size`` too small for it) gets that many larger ones.
-    """
-    caps = list(chains) if chains is not None else [len(cls) for cls in classes]
-    if bundle_size != "auto":  # exactly bundle_size each (the last may hold fewer), in model-key order
-        size = int(bundle_size)
-        return [[ordered[i:i + size] for i in range(0, len(ordered), size)] if math.ceil(len(ordered) / size) <= cap
-                else bundle_class(ordered, cap, costs, keys)
-                for ordered, cap in zip((_lined_up(cls, costs, keys) for cls in classes), caps)]
-    members = [c for cls in classes for c in cls]
-    total = chain_count(len(members), shards=shards, slots=slots, hops=hops,
-                        cost_per_hop=sum(costs[c] for c in members))
-    # the chains spread over the classes in proportion to their size, at least one each
-    return [bundle_class(cls, min(cap, max(1, round(total * len(cls) / len(members)))), costs, keys) if cls else []
-            for cls, cap in zip(classes, caps)]

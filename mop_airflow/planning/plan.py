@@ -8,9 +8,7 @@ rung's members with :func:`rung_classes`.
 
 from __future__ import annotations
 
-from typing import Mapping
-
-from mop_airflow.planning.bundling import deal_configs, make_bundles
+from mop_airflow.planning.bundling import deal_configs, line_up
 from mop_airflow.planning.schedule import DEFAULT_PRIORITY, hash_seed, visit_order
 from mop_airflow.records import Plan, RunRecord
 from mop_airflow.search.adaptive import LADDERS, adaptive_plan, brackets_of, in_slots, split_by_bracket
@@ -18,14 +16,10 @@ from mop_airflow.search.asha import AshaPlan
 from mop_airflow.search.pbt import PbtPlan
 
 
-def make_plan(run: RunRecord, priority: str = DEFAULT_PRIORITY, *, rows: int | None = None,
-              chains: Mapping[str, int] | None = None) -> Plan:
+def make_plan(run: RunRecord, priority: str = DEFAULT_PRIORITY, *, rows: int | None = None) -> Plan:
     """Deal the configurations into offset classes (a plain search) or brackets (an adaptive one),
-    and split every class into bundles (:mod:`mop_airflow.planning.bundling`); ``rows`` is a shard's row count
-    (for the cost estimate; unknown before the data is sharded), ``chains`` the chains the DAG
-    rendered per class group (``class_0``, ``bracket_1.rung_0.class_2``): a class gets at most that
-    many bundles."""
-    chains = dict(chains or {})
+    each class lined up by model (:mod:`mop_airflow.planning.bundling`); ``rows`` is a shard's row
+    count (for the cost estimate; unknown before the data is sharded)."""
     schedule = run.schedule
     p, seed = schedule.shards, schedule.seed
     ids = [c["config_id"] for c in run.configs]
@@ -35,8 +29,7 @@ def make_plan(run: RunRecord, priority: str = DEFAULT_PRIORITY, *, rows: int | N
         return Plan(shards=p, iterations=schedule.iterations, seed=seed, priority=priority,
                     model_hops_total=len(ids) * end, classes=classes,
                     visit_order=visit_order(classes, start=0, end=end, shards=p),
-                    bundles=bundle_classes(run, classes, hops=end, rows=rows, chains=class_chains(chains, "", p)),
-                    shard_rows=rows, chains=chains)
+                    bundles=bundle_classes(run, classes, rows=rows), shard_rows=rows)
     # no classes up front: the plan task decides block 0 and each block's decide step the next
     adaptive = adaptive_plan(run.adaptive, p)
     asha = isinstance(adaptive, LADDERS)  # no brackets: ASHA's ladder, PBT's population
@@ -46,29 +39,16 @@ def make_plan(run: RunRecord, priority: str = DEFAULT_PRIORITY, *, rows: int | N
                 adaptive={**adaptive.to_dict(), "decided": "blocks",
                           **({"in_slots": True} if in_slots(adaptive, run.spec["search"]["space"].get("sampler")) else {})},
                 brackets={} if asha else {str(s): m for s, m in split_by_bracket(ids, adaptive).items()},
-                shard_rows=rows, chains=chains)
+                shard_rows=rows)
 
 
 # A shard's rows when the data is not sharded yet (a provisional plan): only the costs' ratios matter then.
 ROWS_UNKNOWN = 1000
 
 
-def class_chains(chains: Mapping[str, int], prefix: str, shards: int) -> list[int] | None:
-    """The chains of classes ``<prefix>class_0`` .. ``class_<shards - 1>`` (a class the DAG has no chain
-    for gets none), or None when the DAG said nothing (a plan made outside a DAG: no cap)."""
-    if not chains:
-        return None
-    return [chains.get(f"{prefix}class_{o}", 0) for o in range(shards)]
-
-
-def bundle_classes(run: RunRecord, classes: list[list[str]], *, hops: int, rows: int | None,
-                   chains: list[int] | None = None) -> list[list[list[str]]]:
-    """``classes`` split into bundles (:func:`mop_airflow.planning.bundling.make_bundles`),
-    at most ``chains[o]`` for class ``o``."""
-    schedule = run.schedule
-    return make_bundles(classes, {c["config_id"]: c for c in run.configs}, rows=rows or ROWS_UNKNOWN,
-                        shards=schedule.shards, slots=schedule.slots_per_shard, hops=hops,
-                        chains=chains)
+def bundle_classes(run: RunRecord, classes: list[list[str]], *, rows: int | None) -> list[list[list[str]]]:
+    """``classes`` as their train tasks take them, one bundle each (:func:`mop_airflow.planning.bundling.line_up`)."""
+    return line_up(classes, {c["config_id"]: c for c in run.configs}, rows=rows or ROWS_UNKNOWN)
 
 
 def deal_run(run: RunRecord, config_ids: list[str], *, rows: int | None, seed: int) -> list[list[str]]:

@@ -1,10 +1,8 @@
 """A long plain search split over several DAG runs of the same DAG: one block of iterations each.
 
-Airflow's scheduler checks every waiting task instance of a run against the run's finished ones in
-every loop (TriggerRuleDep and NotPreviouslySkippedDep), so a loop costs about waiting x finished
-task instances: 256 configurations x 16 shards x 10 iterations in one run (2,560 hop task
-instances) took 2.6 s a loop. Past ``RUN_HOP_BUDGET`` hop task instances a run, the DAG renders
-the hops of ``iterations_per_run`` iterations only, and its runs take turns:
+A run renders one train task per shard slot however many hops it trains, so a search stays in one
+run unless ``schedule.iterations_per_run`` splits it (a search longer than you want one run to last,
+say); then the DAG renders the hops of ``iterations_per_run`` iterations, and its runs take turns:
 
 * the first run (the one a person or a schedule triggered) resolves, shards and plans the search
   as always and trains its first block of iterations;
@@ -19,16 +17,11 @@ of the chain resolves to that folder (:func:`mop_airflow.records.layout.run_fold
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
 from mop_airflow.errors import SpecError
 from mop_airflow.records import Continuation
 
-# The hop task instances one DAG run holds at most when the split is automatic. The scheduling
-# loop grows with waiting x finished task instances. 256 x 16 x 10 on the embedded Airflow
-# (benchmarks/dag_scale.py, 2 cores): 2,560 a run, loop median 2.6 s; 512, 0.44 s (p90 1.4 s);
-# 256, 0.21 s (p90 0.42 s).
-RUN_HOP_BUDGET = 256
 CONF_KEY = "mop_continues"  # the trigger conf key of a continuing run
 
 
@@ -56,40 +49,22 @@ def next_run_id(first_run: str, block: int) -> str:
     return f"{first_run}__block_{block}"
 
 
-def hops_per_run(iterations: int, shards: int, setting: int | float | str, hop_tasks: Callable[[int], int],
-                 budget: int = RUN_HOP_BUDGET) -> int:
-    """How many hops one DAG run trains. ``hop_tasks(h)`` is the hop task instances a run of ``h``
-    hops renders.
-
-    Whole iterations as :func:`iterations_per_run` gives them; when even one iteration's hop tasks
-    pass ``budget`` under ``"auto"`` (a run's tasks grow with shards squared: 64 shards render 4,169
-    a run), a block shorter than an iteration: the most hops that fit, a divisor of ``shards`` so that
-    every run renders the same tasks. A fraction below 1 (validated by the spec: it times ``shards`` is
-    a divisor of ``shards``) sets such a block by hand."""
-    if isinstance(setting, float):
-        return round(setting * shards)
-    k = iterations_per_run(iterations, setting, lambda n: hop_tasks(n * shards), budget)
-    if setting != "auto" or hop_tasks(k * shards) <= budget:
-        return k * shards
-    return max((d for d in range(1, shards + 1) if shards % d == 0 and hop_tasks(d) <= budget), default=1)
+def hops_per_run(iterations: int, shards: int, setting: int | str) -> int:
+    """How many hops one DAG run of a plain search trains: whole iterations, as :func:`iterations_per_run`
+    gives them (a run renders one train task per shard slot however many hops it trains, so nothing
+    but the setting splits a search)."""
+    return iterations_per_run(iterations, setting) * shards
 
 
-def iterations_per_run(iterations: int, setting: int | str, hops_of: Callable[[int], int],
-                       budget: int = RUN_HOP_BUDGET) -> int:
-    """How many iterations one DAG run trains. ``hops_of(k)`` is the hop task instances a run of
-    ``k`` iterations renders.
-
-    ``"auto"``: every iteration in one run when that fits ``budget``; else the largest divisor of
-    ``iterations`` that fits (every run then renders the same tasks), at least one. A whole number
-    must divide ``iterations``.
-    """
-    if setting != "auto":
-        k = int(setting)
-        if iterations % k:
-            divisors = [d for d in range(1, iterations + 1) if iterations % d == 0]
-            raise SpecError("schedule.iterations_per_run", setting,
-                            f"must divide schedule.iterations ({iterations}): every DAG run trains the same number of "
-                            "iterations", f"use one of {divisors}, or \"auto\"")
-        return k
-    fitting = [k for k in range(1, iterations + 1) if iterations % k == 0 and hops_of(k) <= budget]
-    return max(fitting, default=1)
+def iterations_per_run(iterations: int, setting: int | str) -> int:
+    """How many iterations one DAG run trains: all of them (``"auto"``), or a whole number that divides
+    ``iterations``, so that every run renders the same tasks."""
+    if setting == "auto":
+        return iterations
+    k = int(setting)
+    if iterations % k:
+        divisors = [d for d in range(1, iterations + 1) if iterations % d == 0]
+        raise SpecError("schedule.iterations_per_run", setting,
+                        f"must divide schedule.iterations ({iterations}): every DAG run trains the same number of "
+                        "iterations", f"use one of {divisors}, or \"auto\"")
+    return k

@@ -228,34 +228,6 @@ class _Process:
         return self.shift + hop[1]
 
 
-def simulate_bundles(plan: TaskPlan, bundles: Sequence[Sequence[Sequence[str]]], seconds: Seconds, *, slots: int,
-                     task_seconds: float = 0.0, config_seconds: float = 0.0, model_seconds: float = 0.0,
-                     keys: Mapping[str, str] | None = None) -> Simulation:
-    """Replay a plain search whose class ``o`` expands over ``bundles[o]`` (:mod:`mop_airflow.planning.bundling`).
-
-    A bundle's hop takes its configurations' ``seconds`` one after another, plus ``config_seconds``
-    each (restoring and saving its state), plus ``model_seconds`` per distinct model key in it
-    (building a model and tracing its train step), and each train task its ``task_seconds`` once.
-    Events name the bundle (``b<index>``).
-    """
-    members: dict[str, list[str]] = {}
-    per_class: list[list[str]] = []
-    for per in bundles:
-        per_class.append([])
-        for bundle in per:
-            bid = f"b{len(members)}"
-            members[bid] = list(bundle)
-            per_class[-1].append(bid)
-
-    def bundle_seconds(bid: str, t: int, shard: int) -> float:
-        configs = members[bid]
-        models = len({(keys or {}).get(cid, cid) for cid in configs}) if keys is not None else 1
-        return sum(seconds(cid, t, shard) + config_seconds for cid in configs) + model_seconds * models
-
-    return simulate(plan, lambda group, expanded: per_class[group.offset], bundle_seconds, slots=slots,
-                    task_seconds=task_seconds)
-
-
 def lower_bound(hop_seconds: Mapping[str, float], hops: Mapping[str, int], *, shards: int, slots: int) -> float:
     """No schedule beats max(total work / slots, the longest configuration's own chain)."""
     total = sum(hop_seconds[c] * hops[c] for c in hops)

@@ -47,7 +47,6 @@ from typing import Any, Mapping
 
 from mop_airflow.search.adaptive import in_slots
 from mop_airflow.planning.blocks import block_capacity
-from mop_airflow.planning.bundling import chains_per_class
 from mop_airflow.errors import SpecError
 from mop_airflow.planning.run_chain import hops_per_run
 from mop_airflow.planning.schedule import DEFAULT_PRIORITY, priority_weight
@@ -92,7 +91,7 @@ class TaskSpec:
 
 @dataclass(frozen=True)
 class ClassGroup:
-    """Offset class ``offset``'s hops ``start``..``end - 1``; ``chains``: the most bundles it holds."""
+    """Offset class ``offset``'s hops ``start``..``end - 1``."""
 
     group_id: str
     source: str  # the task whose return value lists the class's configurations, as bundles
@@ -101,7 +100,6 @@ class ClassGroup:
     end: int
     bracket: int | None = None
     rung: int = 0
-    chains: int = 1
 
 
 @dataclass(frozen=True)
@@ -117,10 +115,6 @@ class TaskPlan:
         named = {group.group_id: group for group in self.groups}
         return [named[group_id] for group_id in spec.args["classes"]]
 
-    def chains(self) -> dict[str, int]:
-        """How many chains each class group holds: the most bundles a run may give it."""
-        return {group.group_id: group.chains for group in self.groups}
-
     @property
     def hop_tasks(self) -> int:
         """The task instances that train: one per shard slot per block."""
@@ -128,18 +122,13 @@ class TaskPlan:
 
 
 def build_task_plan(shards: int, iterations: int, adaptive: Any = None, *,
-                    priority: str = DEFAULT_PRIORITY, publish: bool = True, configurations: int | None = None,
-                    slots: int = 1, bundle_size: int | str = "auto", result: bool = False,
+                    priority: str = DEFAULT_PRIORITY, publish: bool = True, slots: int = 1, result: bool = False,
                     hops_per_run: int | None = None, blocks_setting: int | str = "auto",
                     in_slots: bool = False) -> TaskPlan:
     """The task plan for ``shards`` shards and ``iterations`` iterations, or an adaptive plan's rungs.
 
     ``adaptive`` is a :class:`~mop_airflow.search.hyperband.HyperbandPlan` or ``Bracket``;
     ``publish`` adds the task after the report that publishes a winner as the DAG's champion.
-    ``configurations`` (a plain search's count in the spec), ``slots`` and ``bundle_size`` say how
-    many chains each class holds (:func:`~mop_airflow.planning.bundling.chains_per_class`; one without a count).
-    ``result`` ends the plan with a task that succeeds whether or not the winner was published (a
-    MopTaskGroup's last task: what tasks downstream of the group wait for and read).
     ``hops_per_run`` (a plain search): the hops one DAG run renders, when fewer than the search's;
     the DAG's later runs train the rest (:mod:`mop_airflow.planning.run_chain`). A block may be
     shorter than an iteration (a divisor of ``shards``): a class's chains then start each run on the
@@ -147,9 +136,6 @@ def build_task_plan(shards: int, iterations: int, adaptive: Any = None, *,
     shard slots (:mod:`mop_airflow.planning.asha_slots`), one block. ``blocks_setting``: a search decided between
     blocks, the blocks one run holds (:func:`blocks_per_run`).
     """
-    def chains(n: int | None, hops: int) -> int:
-        return 1 if n is None else chains_per_class(n, shards=shards, slots=slots, hops=hops, bundle_size=bundle_size)
-
     builder = _Builder(shards, priority, slots)
     builder.add("preflight", "preflight")
     builder.add("list_data", "list_data", ("preflight",))
@@ -167,9 +153,8 @@ def build_task_plan(shards: int, iterations: int, adaptive: Any = None, *,
     report_args: dict[str, Any] = {}
     if adaptive is None:
         hops = iterations * shards
-        per_class = chains(configurations, hops)  # the whole search's bundles, whichever run trains a block
         end = hops_per_run or hops
-        groups = [builder.group(f"class_{o}", source=stages[o], offset=o, start=0, end=end, chains=per_class)
+        groups = [builder.group(f"class_{o}", source=stages[o], offset=o, start=0, end=end)
                   for o in range(shards)]
         finals = builder.train("", groups, wait_for=ready, chain_end=end)
         if end < hops:
@@ -183,9 +168,8 @@ def build_task_plan(shards: int, iterations: int, adaptive: Any = None, *,
                                     "asha": True})
                   for s in range(shards) for k in range(slots)]
     else:  # blocks to the next decision point; each decide step says what the next block trains
-        per_class = chains(block_capacity(shards, slots, adaptive), shards)
         count, whole = blocks_per_run(adaptive, shards, slots, blocks_setting)
-        groups = [builder.group(f"class_{o}", source=stages[o], offset=o, start=0, end=shards, chains=per_class)
+        groups = [builder.group(f"class_{o}", source=stages[o], offset=o, start=0, end=shards)
                   for o in range(shards)]
         finals = builder.train("", groups, wait_for=ready, chain_end=shards, rung_end=True, block=0)
         if count == 1 and not whole:  # one block a run: the decide step starts the DAG's next run
@@ -193,7 +177,7 @@ def build_task_plan(shards: int, iterations: int, adaptive: Any = None, *,
         for k in range(1, count):  # the whole search in this run: block k's deal tasks wait for decision k
             gate = builder.add(f"block_{k}.decide", "decide", tuple(finals), trigger_rule=REPORT_JOIN,
                                args={"block": k - 1})
-            groups = [builder.group(f"block_{k}.class_{o}", offset=o, start=0, end=shards, chains=per_class,
+            groups = [builder.group(f"block_{k}.class_{o}", offset=o, start=0, end=shards,
                                     source=builder.add(f"block_{k}.deal_{o}", "block_deal", (gate,),
                                                        args={"block": k, "offset": o}))
                       for o in range(shards)]
@@ -259,15 +243,13 @@ def spec_task_plan(spec: Any, priority: str = DEFAULT_PRIORITY, *, result: bool 
                         "decision starts the DAG's next run, and a MopTaskGroup's search runs inside your DAG's one run",
                         "use hyperband, successive_halving, pbt or an ASHA with a budget in a MopTaskGroup, or "
                         "build_mop_dag for a whole MOP DAG of its own")
-    configurations = None if adaptive else configuration_count(spec)
     return build_task_plan(schedule.shards, schedule.iterations, adaptive, priority=priority,
-                           publish=spec.publish.enabled, configurations=configurations,
-                           slots=schedule.slots_per_shard, result=result,
-                           hops_per_run=runs_split(spec, configurations, chained=adaptive is None and not result),
+                           publish=spec.publish.enabled, slots=schedule.slots_per_shard, result=result,
+                           hops_per_run=runs_split(spec, chained=adaptive is None and not result),
                            blocks_setting=schedule.iterations_per_run, in_slots=slots_decide)
 
 
-def runs_split(spec: Any, configurations: int | None, *, chained: bool) -> int:
+def runs_split(spec: Any, *, chained: bool) -> int:
     """The hops one DAG run of ``spec`` trains (:func:`mop_airflow.planning.run_chain.hops_per_run`).
 
     Only a whole MOP DAG's plain search is split (``chained``): an adaptive search's blocks already
@@ -280,14 +262,8 @@ def runs_split(spec: Any, configurations: int | None, *, chained: bool) -> int:
             raise SpecError("schedule.iterations_per_run", schedule.iterations_per_run,
                             "cannot split a MopTaskGroup's search over several DAG runs: the run is your DAG's, and "
                             "its other tasks would run once per block", "leave schedule.iterations_per_run out")
-        if isinstance(schedule.iterations_per_run, float) and spec.adaptive_plan():
-            raise SpecError("schedule.iterations_per_run", schedule.iterations_per_run,
-                            "an adaptive search's runs hold whole blocks, each training to the next decision",
-                            "use a whole number of blocks per run, or \"auto\"")
         return schedule.iterations * schedule.shards
-    # a run renders one train task per shard slot, however many hops it trains
-    return hops_per_run(schedule.iterations, schedule.shards, schedule.iterations_per_run,
-                        lambda h: schedule.shards * schedule.slots_per_shard)
+    return hops_per_run(schedule.iterations, schedule.shards, schedule.iterations_per_run)
 
 
 def train_task_id(prefix: str, shard: int, slot: int, slots: int) -> str:
@@ -312,10 +288,10 @@ class _Builder:
                                    priority_weight=fields.pop("weight", 10**6), **fields))
         return task_id
 
-    def group(self, group_id: str, *, source: str, offset: int, start: int, end: int, chains: int = 1,
+    def group(self, group_id: str, *, source: str, offset: int, start: int, end: int,
               bracket: int | None = None, rung: int = 0) -> ClassGroup:
         """Offset class ``offset``'s hops ``start``..``end - 1``, listed by the ``source`` task."""
-        group = ClassGroup(group_id, source, offset, start, end, bracket, rung, chains)
+        group = ClassGroup(group_id, source, offset, start, end, bracket, rung)
         self.groups.append(group)
         return group
 

@@ -138,9 +138,10 @@ class Plan(Record):
     # before bundling read as one bundle per configuration.
     bundles: list[list[list[str]]] = field(default_factory=list)
     rung0_bundles: dict[str, list[list[list[str]]]] = field(default_factory=dict)
+    # Plans written before bundles and chains were retired carry these two; nothing reads them.
     bundle_size: int | str = 1
-    shard_rows: int | None = None  # a shard's rows, which the bundles' cost estimate used
-    chains: dict[str, int] = field(default_factory=dict)  # chains the DAG rendered per class group: the most bundles
+    chains: dict[str, int] = field(default_factory=dict)
+    shard_rows: int | None = None  # a shard's rows, which the deal's cost estimate used
 
     @property
     def decided_between_blocks(self) -> bool:
