@@ -128,7 +128,8 @@ def train_hop(layout: RunLayout, run: RunRecord, manifest: Manifest, assignment:
     data = read_shard(layout, run, manifest, shard, cache_dir, session)
     clock["shard_read"] = time.time()
 
-    from mop_airflow.training.hop import train_on_shard, train_streamed  # noqa: PLC0415 - Keras and its backend load here
+    # Keras and its backend load here
+    from mop_airflow.training.hop import train_on_shard, train_streamed  # noqa: PLC0415
 
     threads = session.start_backend()
     clock["imported"] = time.time()
