@@ -313,6 +313,16 @@ RETIRED_BUNDLE_SIZE = ("no longer exists: a block is one train task per shard sl
                        "bundled into a task any more (docs: concepts/shard-slots.md)")
 
 
+def check_fuse(value: Any) -> None:
+    """``schedule.fuse``'s rule: an integer >= 1, ``"auto"``, ``"off"`` or ``false``."""
+    if value is False or (isinstance(value, str) and value in ("off", "auto")):
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise SpecError("schedule.fuse", value, 'must be an integer >= 1, "auto" or "off"',
+                        'leave schedule.fuse out ("off": every configuration trains alone), set the most '
+                        'configurations one compiled step may train together such as 8, or "auto"')
+
+
 @dataclass(frozen=True)
 class ScheduleSpec:
     """The MOP schedule: infrastructure parameters that decide the DAG's shape.
@@ -346,6 +356,13 @@ class ScheduleSpec:
             many blocks (each to the next decision point) one run holds; ``"auto"`` takes the whole
             search when its number of blocks is known (Hyperband, successive halving, PBT, TPE) and
             their tasks fit 2,000, else one.
+        fuse: How many configurations of one shard slot may train as one compiled step on Keras's JAX
+            backend (same model, hparams, optimizer and its settings but the learning rate and weight
+            decay, loss, metrics, batch size and passes per hop; docs: concepts/fused-configurations.md):
+            an integer >= 1, ``"auto"`` (8, measured on the CPU) or ``"off"`` (or ``false``: every
+            configuration alone, the default). A fused configuration learns what it learns alone up to
+            float rounding, so turning it on changes a leaderboard's last digits; every run records it.
+            Not yet used by the shard slots.
     """
 
     shards: int = 4
@@ -356,8 +373,10 @@ class ScheduleSpec:
     seed: int = 0
     threads_per_hop: int | str = 1  # "auto": faster on spare cores, results depend on the worker
     iterations_per_run: int | str = "auto"
+    fuse: int | str | bool = "off"  # off: every configuration trains alone, the same numbers as before
 
     def __post_init__(self) -> None:
+        check_fuse(self.fuse)
         for name in ("threads_per_hop", "iterations_per_run"):
             value = getattr(self, name)
             if name == "iterations_per_run" and isinstance(value, float):

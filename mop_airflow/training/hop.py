@@ -81,26 +81,44 @@ def train_streamed(model: keras.Model, path: str, load: Any, *, batch_size: int,
 
 def _train(model: keras.Model, n_rows: int, epochs: int, one_pass: Any, *, iteration: int,
            shard: int) -> dict[str, float | int]:
-    if n_rows == 0:
-        raise TrainingError(f"shard {shard} is empty at iteration {iteration}. Fix: use fewer shards than rows")
-    if epochs < 1:
-        raise TrainingError(f"epochs_per_hop={epochs} must be >= 1. Fix: set epochs_per_hop to 1 or more")
+    check_hop(n_rows, epochs, iteration=iteration, shard=shard)
     steps_before = int(model.optimizer.iterations.numpy())
     per_epoch: list[dict[str, float]] = []
     started = time.perf_counter()
     for epoch in range(epochs):
         # A pass stops at the first non-finite batch loss instead of wasting the rest of the hop.
         logs = one_pass(epoch)
-        if not math.isfinite(logs.get("loss", math.nan)):
-            raise TrainingError(f"diverged: loss={logs.get('loss')} at iteration {iteration} on shard {shard} "
-                                f"(pass {epoch + 1} of {epochs} of the hop). Fix: lower the learning rate, "
-                                "add clipnorm to optimizer_params, or check the data for NaN/inf")
+        error = divergence(logs, iteration=iteration, shard=shard, epoch=epoch, epochs=epochs)
+        if error is not None:
+            raise error
         per_epoch.append(logs)
-    train_seconds = time.perf_counter() - started
+    return hop_summary(per_epoch, steps=int(model.optimizer.iterations.numpy()) - steps_before,
+                       samples=n_rows * epochs, train_seconds=time.perf_counter() - started)
+
+
+def check_hop(n_rows: int, epochs: int, *, iteration: int, shard: int) -> None:
+    if n_rows == 0:
+        raise TrainingError(f"shard {shard} is empty at iteration {iteration}. Fix: use fewer shards than rows")
+    if epochs < 1:
+        raise TrainingError(f"epochs_per_hop={epochs} must be >= 1. Fix: set epochs_per_hop to 1 or more")
+
+
+def divergence(logs: dict[str, float], *, iteration: int, shard: int, epoch: int, epochs: int) -> TrainingError | None:
+    """The error a pass whose mean loss is not finite ends its configuration's hop with, or None."""
+    if math.isfinite(logs.get("loss", math.nan)):
+        return None
+    return TrainingError(f"diverged: loss={logs.get('loss')} at iteration {iteration} on shard {shard} "
+                         f"(pass {epoch + 1} of {epochs} of the hop). Fix: lower the learning rate, "
+                         "add clipnorm to optimizer_params, or check the data for NaN/inf")
+
+
+def hop_summary(per_epoch: list[dict[str, float]], *, steps: int, samples: int,
+                train_seconds: float) -> dict[str, float | int]:
+    """A hop's training metrics: each pass's Keras epoch means averaged over the passes (which all have
+    the same number of batches), and its optimizer steps, samples and seconds."""
     summary: dict[str, float | int] = {name: float(np.mean([logs[name] for logs in per_epoch]))
                                        for name in per_epoch[0]}
-    summary.update(steps=int(model.optimizer.iterations.numpy()) - steps_before, samples=n_rows * epochs,
-                   train_seconds=train_seconds)
+    summary.update(steps=steps, samples=samples, train_seconds=train_seconds)
     return summary
 
 

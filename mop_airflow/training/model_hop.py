@@ -119,95 +119,156 @@ def train_hop(layout: RunLayout, run: RunRecord, manifest: Manifest, assignment:
     sha256 (the shard loop reads and hashes the next hop's ahead while this one trains, or hashes them
     on another thread while they are decoded); by default both here, one after the other.
     """
-    entered = time.time()
-    started = where.started_at or entered
+    clock = {"entered": time.time()}
+    clock["started"] = where.started_at or clock["entered"]
     session = session or TaskSession(run, manifest, cache_dir)
-    cid = assignment.config_id
+    check_arrival(assignment, t)
+    config = run.config(assignment.config_id)
+    iteration = t // run.schedule.shards
+    data = read_shard(layout, run, manifest, shard, cache_dir, session)
+    clock["shard_read"] = time.time()
+
+    # Keras and its backend load here
+    from mop_airflow.training.hop import train_on_shard, train_streamed  # noqa: PLC0415
+
+    threads = session.start_backend()
+    clock["imported"] = time.time()
+    seed = config_seed(run.schedule.seed, assignment.config_id)
+    model, reused = session.model(config, seed=seed, fresh=not assignment.checkpoint)
+    clock["built"] = time.time()
+    checkpoint_bytes = restore_input(model, layout.store, run, assignment, read_checkpoint)
+    clock["loaded"] = time.time()
+    if data.streamed:
+        from mop_airflow.data.cache import load_table  # noqa: PLC0415
+
+        train = train_streamed(model, data.path, lambda table: load_table(table, manifest),
+                               batch_size=config["batch_size"], epochs=config["epochs_per_hop"], seed=seed,
+                               iteration=iteration, shard=shard,
+                               window_rows=window_rows(data.entry, run, config["batch_size"]))
+    else:
+        train = train_on_shard(model, data.x, data.y, batch_size=config["batch_size"],
+                               epochs=config["epochs_per_hop"], seed=seed, iteration=iteration, shard=shard)
+    clock["trained"] = time.time()
+    val, val_bytes = validate_when_due(model, layout.store, manifest, run, cache_dir, t=t, rung_end=rung_end,
+                                       batch_size=config["batch_size"], session=session)
+    clock["evaluated"] = time.time()
+    return trained_hop(layout, run, assignment, model, t=t, shard=shard, where=where, clock=clock, train=train,
+                       val=val, bytes_read={"metadata": data.metadata_bytes, "data": data.data_bytes + val_bytes,
+                                            "checkpoint": checkpoint_bytes},
+                       bundle=bundle, threads=threads, reused=reused)
+
+
+def check_arrival(assignment: Assignment, t: int) -> None:
+    """A hop trains only the state its configuration's previous hop left."""
     if assignment.t != t - 1:
-        raise TrainingError(f"{cid} arrives from hop {assignment.t} but this is hop {t}: the DAG and the plan "
-                            "disagree. Fix: re-parse the DAG file and clear the run")
-    config = run.config(cid)
-    schedule = run.schedule
-    iteration, hop = divmod(t, schedule.shards)
+        raise TrainingError(f"{assignment.config_id} arrives from hop {assignment.t} but this is hop {t}: the DAG "
+                            "and the plan disagree. Fix: re-parse the DAG file and clear the run")
+
+
+@dataclass(frozen=True)
+class ShardData:
+    """A hop's shard: its cached file, and its arrays unless it streams."""
+
+    entry: Any  # the manifest's entry
+    path: str
+    streamed: bool
+    x: Any
+    y: Any
+    metadata_bytes: int  # what the store read before the shard (the run's records)
+    data_bytes: int  # what reading the shard read from the store: 0 once it is in this worker's cache
+
+
+def read_shard(layout: RunLayout, run: RunRecord, manifest: Manifest, shard: int, cache_dir: str,
+               session: TaskSession) -> ShardData:
+    """``shard`` from the worker's cache (fetched into it first), decoded once per session unless it streams."""
+    from mop_airflow.data.cache import cached_shard  # noqa: PLC0415
+
     store = layout.store
-
-    from mop_airflow.data.cache import cached_shard, load_table  # noqa: PLC0415
-
     metadata_bytes = store.bytes_read
     entry = manifest.shards[shard]
     path = cached_shard(store, entry, cache_dir, max_bytes=run.store.cache_max_bytes, manifest=manifest)
     streamed = streams(entry, run)
     x, y = (None, None) if streamed else session.arrays(path)
-    shard_bytes = store.bytes_read - metadata_bytes  # 0 once the shard is in this worker's cache
-    shard_read = time.time()
+    return ShardData(entry=entry, path=path, streamed=streamed, x=x, y=y, metadata_bytes=metadata_bytes,
+                     data_bytes=store.bytes_read - metadata_bytes)
 
-    from mop_airflow.training.checkpoint import restore_state, take_state  # noqa: PLC0415 - Keras and its backend load here
-    from mop_airflow.training.hop import train_on_shard, train_streamed  # noqa: PLC0415
 
-    threads = session.start_backend()
-    imported = time.time()
-    seed = config_seed(schedule.seed, cid)
-    model, reused = session.model(config, seed=seed, fresh=not assignment.checkpoint)
-    built = time.time()
-    checkpoint_bytes = 0
-    if assignment.checkpoint:
-        read = read_checkpoint or (lambda uri: with_digest(*read_hashed(store, uri)))
-        state_in, digest = read(assignment.checkpoint)
-        checkpoint_bytes = len(state_in)
+def restore_input(model: Any, store: Any, run: RunRecord, assignment: Assignment,
+                  read_checkpoint: Callable[[str], tuple[bytes, Callable[[], str]]] | None = None) -> int:
+    """Put the state a hop starts from into ``model``: its configuration's checkpoint (checked against the
+    sha256 its hop recorded), an earlier run's weights at a warm-started first hop, or nothing (the model
+    holds its fresh build's). Returns the checkpoint bytes read."""
+    from mop_airflow.training.checkpoint import restore_state  # noqa: PLC0415
 
-        def verify() -> None:  # before the state is assigned: a corrupt one never trains
-            found = digest()
-            if found != assignment.checkpoint_sha256:
-                raise _Corrupt(
-                    f"checkpoint {assignment.checkpoint} is corrupt: its sha256 is {found}, hop {assignment.t} "
-                    f"wrote {assignment.checkpoint_sha256}. Fix: clear {cid}'s hop {assignment.t} (and the hops "
-                    "after it) so it is trained and written again")
-        try:
-            meta = restore_state(model, state_in, expect={"config_id": cid, "t": assignment.t},
-                                 verify=verify if assignment.checkpoint_sha256 else None)
-        except _Corrupt:
-            raise
-        except TrainingError as exc:
-            raise TrainingError(f"{assignment.checkpoint}: {exc}") from exc
-        if meta.get("copied_from"):  # a PBT copy: the source's weights and moments, its own learning rate
-            model.optimizer.learning_rate = config["optimizer_params"]["learning_rate"]
-    elif cid in run.warm_start:  # its first hop: the earlier run's weights instead of random ones
-        checkpoint_bytes = warm_start(model, store, run.warm_start[cid])
-    loaded = time.time()
-    if streamed:
-        train = train_streamed(model, path, lambda table: load_table(table, manifest),
-                               batch_size=config["batch_size"], epochs=config["epochs_per_hop"], seed=seed,
-                               iteration=iteration, shard=shard,
-                               window_rows=window_rows(entry, run, config["batch_size"]))
-    else:
-        train = train_on_shard(model, x, y, batch_size=config["batch_size"], epochs=config["epochs_per_hop"],
-                               seed=seed, iteration=iteration, shard=shard)
-    trained = time.time()
-    val = None
-    if rung_end or (hop == schedule.shards - 1 and schedule.evaluates_after(iteration)):
-        before = store.bytes_read
-        val = evaluate_validation(model, store, manifest, run, cache_dir, batch_size=config["batch_size"],
-                                  session=session)
-        shard_bytes += store.bytes_read - before
-    evaluated = time.time()
+    cid = assignment.config_id
+    if not assignment.checkpoint:
+        # its first hop: the earlier run's weights instead of random ones
+        return warm_start(model, store, run.warm_start[cid]) if cid in run.warm_start else 0
+    read = read_checkpoint or (lambda uri: with_digest(*read_hashed(store, uri)))
+    state_in, digest = read(assignment.checkpoint)
+
+    def verify() -> None:  # before the state is assigned: a corrupt one never trains
+        found = digest()
+        if found != assignment.checkpoint_sha256:
+            raise _Corrupt(
+                f"checkpoint {assignment.checkpoint} is corrupt: its sha256 is {found}, hop {assignment.t} "
+                f"wrote {assignment.checkpoint_sha256}. Fix: clear {cid}'s hop {assignment.t} (and the hops "
+                "after it) so it is trained and written again")
+    try:
+        meta = restore_state(model, state_in, expect={"config_id": cid, "t": assignment.t},
+                             verify=verify if assignment.checkpoint_sha256 else None)
+    except _Corrupt:
+        raise
+    except TrainingError as exc:
+        raise TrainingError(f"{assignment.checkpoint}: {exc}") from exc
+    if meta.get("copied_from"):  # a PBT copy: the source's weights and moments, its own learning rate
+        model.optimizer.learning_rate = run.config(cid)["optimizer_params"]["learning_rate"]
+    return len(state_in)
+
+
+def validate_when_due(model: Any, store: Any, manifest: Manifest, run: RunRecord, cache_dir: str, *, t: int,
+                      rung_end: bool, batch_size: int,
+                      session: TaskSession | None) -> tuple[dict[str, float] | None, int]:
+    """The validation metrics after hop ``t`` when it ends a rung or an evaluated iteration, else None;
+    and the bytes the validation shard cost to read."""
+    iteration, hop = divmod(t, run.schedule.shards)
+    if not (rung_end or (hop == run.schedule.shards - 1 and run.schedule.evaluates_after(iteration))):
+        return None, 0
+    before = store.bytes_read
+    val = evaluate_validation(model, store, manifest, run, cache_dir, batch_size=batch_size, session=session)
+    return val, store.bytes_read - before
+
+
+def trained_hop(layout: RunLayout, run: RunRecord, assignment: Assignment, model: Any, *, t: int, shard: int,
+                where: Where, clock: dict[str, float], train: dict[str, Any], val: dict[str, float] | None,
+                bytes_read: dict[str, int], bundle: int | None, threads: int | None, reused: bool) -> TrainedHop:
+    """The hop ``model`` (holding its trained state) has trained, as :meth:`TrainedHop.commit` takes it:
+    the state taken out of the model, its record's fields. ``clock`` holds the hop's moments by name."""
+    from mop_airflow.training.checkpoint import take_state  # noqa: PLC0415
+
+    cid = assignment.config_id
+    iteration, hop = divmod(t, run.schedule.shards)
     best_t, best_metric = best_so_far(assignment, val, run.metric, run.direction, t)
     state = take_state(model)  # packed and hashed by the commit, on the shard loop's writer thread
     serialized = time.time()
+    c = clock
     record = dict(
         config_id=cid, t=t, iteration=iteration, hop=hop, shard=shard, task_id=where.task_id,
         host=where.host or socket.getfqdn(), pid=os.getpid(), queue=where.queue, pool=where.pool,
         map_index=where.map_index, try_number=where.try_number,
-        started_at=started, execute_at=entered, train_begin=loaded, train_end=trained, released_at=serialized,
-        timings={"startup": entered - started, "shard_read": shard_read - entered, "imports": imported - shard_read,
-                 "build": built - imported, "checkpoint_load": loaded - built, "train": trained - loaded,
-                 "evaluate": evaluated - trained, "serialize": serialized - evaluated},
-        train_metrics=train, val_metrics=val, checkpoint=layout.checkpoint_uri(cid, t),
-        bytes_read={"metadata": metadata_bytes, "data": shard_bytes, "checkpoint": checkpoint_bytes},
+        started_at=c["started"], execute_at=c["entered"], train_begin=c["loaded"], train_end=c["trained"],
+        released_at=serialized,
+        timings={"startup": c["entered"] - c["started"], "shard_read": c["shard_read"] - c["entered"],
+                 "imports": c["imported"] - c["shard_read"], "build": c["built"] - c["imported"],
+                 "checkpoint_load": c["loaded"] - c["built"], "train": c["trained"] - c["loaded"],
+                 "evaluate": c["evaluated"] - c["trained"], "serialize": serialized - c["evaluated"]},
+        train_metrics=train, val_metrics=val, checkpoint=layout.checkpoint_uri(cid, t), bytes_read=bytes_read,
         best_t=best_t, best_metric=best_metric, bundle=bundle, threads=threads,
         model_reused=reused, input_sha256=assignment.checkpoint_sha256,
     )
-    return TrainedHop(layout=layout, run=run, assignment=assignment, state=state, record=record, finished=evaluated,
-                      meta={"config_id": cid, "t": t, "iteration": iteration, "hop": hop, "shard": shard})
+    return TrainedHop(layout=layout, run=run, assignment=assignment, state=state, record=record,
+                      finished=c["evaluated"], meta={"config_id": cid, "t": t, "iteration": iteration, "hop": hop,
+                                                     "shard": shard})
 
 
 class _Corrupt(TrainingError):

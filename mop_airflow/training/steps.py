@@ -109,7 +109,7 @@ def train_batches(model: keras.Model, batches: Iterable[tuple[Any, np.ndarray]])
     # fit ends every call with this, stopped early or not (it swaps in the moving averages of an
     # optimizer with use_ema=True)
     model.optimizer.finalize_variable_values(model.trainable_weights)
-    return _epoch_logs(model, logs)
+    return epoch_logs(model, logs)
 
 
 def evaluate_arrays(model: keras.Model, x: Any, y: np.ndarray, *, batch_size: int) -> dict[str, float]:
@@ -126,7 +126,7 @@ def evaluate_batches(model: keras.Model, batches: Iterable[tuple[Any, np.ndarray
     for batch in batches:
         batch = as_keras_arrays(*batch)
         logs = _step_function(model, "test", batch)(batch)
-    return _epoch_logs(model, logs)
+    return epoch_logs(model, logs)
 
 
 def _jax_pass(model: keras.Model, batches: Iterable[tuple[Any, np.ndarray]], kind: str) -> dict[str, float]:
@@ -139,7 +139,7 @@ def _jax_pass(model: keras.Model, batches: Iterable[tuple[Any, np.ndarray]], kin
     first = next(batches, None)
     model.reset_metrics()
     if first is None:
-        return _epoch_logs(model, {})
+        return epoch_logs(model, {})
     first = as_keras_arrays(*first)
     model._symbolic_build(data_batch=first)  # the compiled metrics and loss, once per model (what fit does)
     if train:
@@ -159,7 +159,7 @@ def _jax_pass(model: keras.Model, batches: Iterable[tuple[Any, np.ndarray]], kin
         model._jax_state = None
     if train:
         model.optimizer.finalize_variable_values(model.trainable_weights)
-    return _epoch_logs(model, logs)
+    return epoch_logs(model, logs)
 
 
 # A model's traced steps, kept as long as the model (a bundle reuses a compiled model across configurations):
@@ -266,7 +266,7 @@ def _split_on_device() -> Callable[..., Any]:
     return jax.jit(split, static_argnums=2)
 
 
-def _epoch_logs(model: keras.Model, logs: Any) -> dict[str, float]:
+def epoch_logs(model: keras.Model, logs: Any) -> dict[str, float]:
     """What fit and evaluate report at the end: the model's metrics, or the last step's logs when a
     custom train/test step returns other names; flattened, sorted by name, Python floats."""
     metrics = model.get_metrics_result()

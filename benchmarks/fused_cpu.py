@@ -1,0 +1,147 @@
+"""Fused configurations against one at a time, on the CPU (Keras on JAX's CPU backend).
+
+16 configurations of one of the demo's models (MNIST-1D, 20,000 generated samples: 16,000 training
+rows in 4 shards of 4,000, MNIST-1D's own 4,000 test rows for validation), Adam, batch size 32, 16
+learning rates from 1e-3 to 1e-2 (log-spaced), train 5 hops: hop ``h`` on shard ``h mod 4``, every
+configuration evaluated on the validation rows after every hop, every hop committed to a ``file://``
+store (checkpoint and hop record), as a shard slot commits it.
+
+  unfused    the warm single path: one process, one compiled model reused by every configuration
+             (``TaskSession`` as a shard slot keeps it), each configuration's hop in turn
+             (``train_hop`` + commit);
+  fused N    the configurations in groups of N (``fuse_groups``), each group's hop one compiled step
+             over its stacked variables (``train_fused_hop``), each member committed in turn.
+
+Every run is a fresh process (its compilations included: JAX's persistent cache is off), on the same
+data and threads (XLA's CPU thread pool, all the machine's cores, as a slot on it would have);
+``--runs`` of each (3 by default), median and range. Reports the whole 5 hops (what a block of them
+costs a slot, compilation included) and hops 2 to 5 (compiled).
+
+    python benchmarks/fused_cpu.py                    # the MLP, about 10 minutes on 2 cores
+    python benchmarks/fused_cpu.py --model cnn --runs 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIGS = 16
+SHARDS = 4
+HOPS = 5
+
+RUN = r"""
+import json, sys, time
+from mop_airflow.data.shard import shard_dataset
+from mop_airflow.planning.resolve import resolve_run
+from mop_airflow.records import Assignment
+from mop_airflow.records.layout import RunLayout
+from mop_airflow.store import Store
+from mop_airflow.training.fused import fuse_groups, train_fused_hop
+from mop_airflow.training.model_hop import state_after, train_hop
+from mop_airflow.training.session import TaskSession, WARM_MODELS
+
+spec, fuse, hops = json.loads(sys.argv[1]), json.loads(sys.argv[2]), int(sys.argv[3])
+run = resolve_run(spec, None, dag_id="bench", run_id="r")
+layout = RunLayout(Store(run.store.root), "bench", "r")
+manifest = shard_dataset(run.data, layout.store, "bench", run.schedule.shards, run.schedule.seed)
+manifest.write(layout.store, layout.store.root + "/manifest.json")
+session = TaskSession(run, manifest, run.store.cache_dir, max_models=WARM_MODELS)
+states = {c["config_id"]: Assignment(c["config_id"], -1, None) for c in run.configs}
+groups = fuse_groups(run.configs, fuse, "jax")
+hop_seconds, best = [], {}
+for t in range(hops):
+    shard, began = t % run.schedule.shards, time.perf_counter()
+    for group in groups:
+        if len(group) == 1:
+            trained = [train_hop(layout, run, manifest, states[group[0]], t=t, shard=shard, rung_end=True,
+                                 cache_dir=run.store.cache_dir, session=session)]
+        else:
+            trained = train_fused_hop(layout, run, manifest, [states[c] for c in group], t=t, shard=shard,
+                                      rung_end=True, cache_dir=run.store.cache_dir, session=session)
+        for hop in trained:
+            if isinstance(hop, Exception):
+                raise hop
+            record = hop.commit()
+            states[record.config_id] = state_after(record)
+            best[record.config_id] = record.val_metrics["val_accuracy"]
+    hop_seconds.append(time.perf_counter() - began)
+print(json.dumps({"hop_seconds": hop_seconds, "groups": [len(g) for g in groups],
+                  "best_val_accuracy": max(best.values())}))
+"""
+
+
+def spec_for(folder: str, data: dict, model: str) -> dict:
+    rates = [round(1e-3 * 10 ** (i / (CONFIGS - 1)), 6) for i in range(CONFIGS)]
+    return {"data": {"source": data["train"], "validation": data["test"], "label": "label", "features": "x*",
+                     "classes": list(range(10))},
+            "search": {"space": {"method": "grid", "params": {
+                "model": [f"mop_airflow.examples.mnist1d_models:{model}"], "optimizer": "adam",
+                "learning_rate": rates, "batch_size": [32]}}},
+            "schedule": {"shards": SHARDS, "iterations": 2, "seed": 42},
+            "store": {"root": f"file://{folder}/store", "cache_dir": f"{folder}/cache"}}
+
+
+def one_run(spec: dict, fuse: int | str) -> dict:
+    env = {**os.environ, "KERAS_BACKEND": "jax", "JAX_PLATFORMS": "cpu", "MOP_COMPILATION_CACHE": "0",
+           "MOP_SHARED_COMPILE": "0", "PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "3"}
+    done = subprocess.run([sys.executable, "-c", RUN, json.dumps(spec), json.dumps(fuse), str(HOPS)], env=env,
+                          capture_output=True, text=True, timeout=3600)
+    if done.returncode:
+        raise SystemExit(f"a run with fuse={fuse} failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", choices=("mlp", "cnn"), default="mlp")
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--groups", type=int, nargs="+", default=[4, 8, 16])
+    args = parser.parse_args()
+
+    from mop_airflow.examples.mnist1d_data import write_mnist1d  # noqa: PLC0415
+
+    from importlib.metadata import version  # noqa: PLC0415 - Keras itself is imported by the runs, on JAX
+
+    print(f"fused_cpu: {dt.date.today()}, {platform.machine()}, {os.cpu_count()} cores, {platform.platform()}, "
+          f"Python {platform.python_version()}, JAX {version('jax')}, Keras {version('keras')}, load average "
+          f"{os.getloadavg()[0]:.1f} at the start")
+    print(f"{CONFIGS} configurations of the demo's {args.model}, Adam, batch 32, {HOPS} hops of a {SHARDS}-shard "
+          f"split of MNIST-1D (16,000 training rows), validated after every hop; {args.runs} runs each")
+    with tempfile.TemporaryDirectory() as folder:
+        data = write_mnist1d(os.path.join(folder, "data"))
+        variants: list[tuple[str, int | str]] = [("unfused", "off")] + [(f"fused {n}", n) for n in args.groups]
+        rows = []
+        for name, fuse in variants:
+            runs = []
+            for index in range(args.runs):
+                work = os.path.join(folder, f"{name.replace(' ', '_')}-{index}")
+                runs.append(one_run(spec_for(work, data, args.model), fuse))
+            whole = [sum(r["hop_seconds"]) for r in runs]
+            warm = [sum(r["hop_seconds"][1:]) for r in runs]
+            rows.append((name, whole, warm, runs[0]["groups"], runs[0]["best_val_accuracy"]))
+            print(f"  {name:<8} groups {runs[0]['groups']}: {HOPS} hops {span(whole)}, hops 2-{HOPS} {span(warm)}, "
+                  f"best val_accuracy {runs[0]['best_val_accuracy']:.4f}", flush=True)
+        base_whole, base_warm = statistics.median(rows[0][1]), statistics.median(rows[0][2])
+        print(f"\n| | {HOPS} hops, s (median, range) | hops 2-{HOPS}, s | speed-up ({HOPS} hops / hops 2-{HOPS}) |")
+        print("|---|---|---|---|")
+        for name, whole, warm, _, _ in rows:
+            print(f"| {name} | {span(whole)} | {span(warm)} | {base_whole / statistics.median(whole):.2f}x / "
+                  f"{base_warm / statistics.median(warm):.2f}x |")
+
+
+def span(values: list[float]) -> str:
+    return f"{statistics.median(values):.1f} ({min(values):.1f}-{max(values):.1f})"
+
+
+if __name__ == "__main__":
+    main()
