@@ -266,14 +266,22 @@ def analyze(home: Path, args: argparse.Namespace) -> dict[str, Any] | None:
 
     trains = {ti["task_id"]: ti for ti in tis
               if ti["task_id"].rsplit(".", 1)[-1].startswith("train_shard_") and ti["state"] == "success"}
-    first_hop = {}
+    first_hop: dict[str, HopRecord] = {}
     for r in hops:
-        first_hop[r.task_id] = min(first_hop.get(r.task_id, r.started_at), r.started_at)
-    startup = {task: first_hop[task] - ts(ti["start_date"]) for task, ti in trains.items() if task in first_hop}
+        if r.task_id not in first_hop or r.started_at < first_hop[r.task_id].started_at:
+            first_hop[r.task_id] = r
+    startup_all = {task: first_hop[task].started_at - ts(ti["start_date"]) for task, ti in trains.items()
+                   if task in first_hop}
+    # A task's start-up: only where its first hop was ready at once (its configuration's first hop of the
+    # block); otherwise the task also waited for that configuration's hop on another shard.
+    block_start = {d.block: d.start for d in blocks}
+    startup = {task: v for task, v in startup_all.items()
+               if first_hop[task].t == block_start[span_of(first_hop[task].t)]} or startup_all
     task_seconds = statistics.median(startup.values())
     slot_time = [r.released_at - r.started_at for r in hops]
     commit_after = [r.saved_at - r.released_at for r in hops]
     fixed = [r.released_at - r.started_at - r.timings.get("train", 0.0) for r in hops]
+    handoff = hand_offs(hops, span_of)
 
     named = {ti["task_id"]: ti for ti in tis}
     rows = []
@@ -281,6 +289,8 @@ def analyze(home: Path, args: argparse.Namespace) -> dict[str, Any] | None:
         own = by_block.get(d.block, [])
         first, last = min(r.started_at for r in own), max(r.saved_at for r in own)
         row = {"block": d.block, "configurations": len(d.training), "hops": len(own),
+               "slot time": statistics.median(r.released_at - r.started_at for r in own),
+               "hand-off": statistics.median([handoff[id(r)] for r in own if id(r) in handoff] or [0.0]),
                "expected hops": len(d.training) * d.length(shards), "start": d.start, "length": d.length(shards),
                "first": first, "last": last, "wall": last - first, "ends": len(d.ends), "jobs": len(d.jobs),
                "train tasks": sum(block_of(t) == d.block for t in trains)}
@@ -329,10 +339,13 @@ def analyze(home: Path, args: argparse.Namespace) -> dict[str, Any] | None:
         return {"window": window, "makespan": sim.makespan, "hops": len(sim.events), "per_block": per_block,
                 "busy": sim.busy_fraction}
 
-    median_slot = statistics.median(slot_time)
+    median_slot, mean_slot = statistics.median(slot_time), statistics.mean(slot_time)
+    step = mean_slot + statistics.mean(commit_after) + statistics.mean(handoff.values())
     est = estimate(median_slot, task_seconds)
-    est_mean = estimate(statistics.mean(slot_time), task_seconds)
+    est_mean = estimate(mean_slot, task_seconds)
+    est_step = estimate(step, task_seconds)
     est_set = estimate(hop_seconds, task_seconds)
+    trouble = airflow_trouble(home)
 
     # -- report ----------------------------------------------------------------------------------
     load = saved["load"]
@@ -344,45 +357,94 @@ def analyze(home: Path, args: argparse.Namespace) -> dict[str, Any] | None:
           f"{summarize(saved.get('memory_available_gib', []), 'GiB')}")
     if misplaced:
         print(f"  !! {misplaced} hops trained by a train task of another block than their decision's span")
+    if trouble:
+        print(f"  !! the Airflow logs: {trouble}")
     print(f"\n{'block':>5} {'configs':>7} {'hops':>6} {'iterations':>11} {'ends':>5} {'wall':>8} {'hand-over':>10}"
-          f" {'sim wall':>9} {'sim hand-over':>14}")
+          f" {'slot time':>10} {'hand-off':>9} {'sim A':>8} {'sim C':>8}")
     for k, row in enumerate(rows):
-        sim_block = est["per_block"][k] if k < len(est["per_block"]) else None
-        sim_wall = f"{sim_block[1] - sim_block[0]:8.1f}s" if sim_block else ""
-        sim_hand = (f"{sim_block[0] - est['per_block'][k - 1][1]:13.1f}s" if sim_block and k else "")
+        sims = [f"{e['per_block'][k][1] - e['per_block'][k][0]:7.1f}s" if k < len(e["per_block"]) else ""
+                for e in (est, est_step)]
         iters = f"{row['start'] / shards:g}-{(row['start'] + row['length']) / shards:g}"
         hand = f"{row['hand-over']:9.1f}s" if "hand-over" in row else ""
         print(f"{row['block']:>5} {row['configurations']:>7} {row['hops']:>6} {iters:>11} {row['ends']:>5} "
-              f"{row['wall']:7.1f}s {hand:>10} {sim_wall:>9} {sim_hand:>14}"
+              f"{row['wall']:7.1f}s {hand:>10} {row['slot time']:9.3f}s {row['hand-off']:8.3f}s {sims[0]:>8} {sims[1]:>8}"
               + ("" if row["hops"] == row["expected hops"] else f"  (expected {row['expected hops']} hops)"))
+    sim_hand = [e["per_block"][k][0] - e["per_block"][k - 1][1] for e in (est,) for k in range(1, len(e["per_block"]))]
     print("  wall: the block's first hop taken -> its last hop committed; hand-over: the block before's last commit "
-          "-> this block's first hop taken; sim: the estimate below, per block")
+          "-> this block's first hop taken; slot time, hand-off: medians over the block's hops (hand-off: the hop "
+          "could start, its configuration's previous hop committed and its slot free -> taken); sim A, C: the "
+          "block's hop window in the estimates below"
+          + (f"; their hand-overs {min(sim_hand):.1f}-{max(sim_hand):.1f}s" if sim_hand else ""))
     for row in rows[1:]:
         parts = ", ".join(f"{name} +{at:.1f}s" for name, at in row["hand-over parts"] if at is not None)
         print(f"  hand-over to block {row['block']}: {parts}")
     print("\nper hop: slot time (taken -> released) " + describe(slot_time))
     print("         fixed cost (slot time - training) " + describe(fixed))
     print("         commit after release " + describe(commit_after))
-    print("per train task: start-up (its start -> its first hop taken) " + describe(list(startup.values())))
+    print("         hand-off (could start -> taken) " + describe(list(handoff.values())))
+    print("per train task: start-up (its start -> its first hop taken, where that hop was ready at once) "
+          + describe(list(startup.values())))
+    print("                the same, every train task " + describe(list(startup_all.values())))
     print(f"\nsearch wall {search_wall:.1f}s (first task started -> report ended); DAG run {dag_wall:.1f}s; "
           f"hop window {hop_window:.1f}s (first hop taken -> last committed)")
     print(f"bound: {len(hops)} hops x {hop_seconds:g}s / {shards * slots} slots = {bound:.1f}s; search wall / bound "
           f"{search_wall / bound:.2f}x, hop window / bound {hop_window / bound:.2f}x (goal: within {GOAL_BOUND:g}x: "
           f"{'yes' if search_wall <= GOAL_BOUND * bound else 'no'})")
     error = est["window"] / hop_window - 1
-    print(f"estimate (estimate_seconds, median slot time {median_slot:.3f}s a hop, {task_seconds:.2f}s a task): hop "
+    print(f"estimate A (estimate_seconds, median slot time {median_slot:.3f}s a hop, {task_seconds:.2f}s a task): hop "
           f"window {est['window']:.1f}s ({est['hops']} hops), {error:+.1%} against the measured {hop_window:.1f}s "
           f"(goal: within {GOAL_ESTIMATE:.0%}: {'yes' if abs(error) <= GOAL_ESTIMATE else 'no'}); makespan "
           f"{est['makespan']:.1f}s; slots busy {est['busy']:.1%}")
-    print(f"  with the mean slot time ({statistics.mean(slot_time):.3f}s): {est_mean['window']:.1f}s "
-          f"({est_mean['window'] / hop_window - 1:+.1%}); with the set training time alone ({hop_seconds:g}s): "
-          f"{est_set['window']:.1f}s ({est_set['window'] / hop_window - 1:+.1%})")
+    for name, e, what in (("B", est_mean, f"the mean slot time ({mean_slot:.3f}s)"),
+                          ("C", est_step, f"the mean slot time + commit + hand-off ({step:.3f}s)"),
+                          ("D", est_set, f"the set training time alone ({hop_seconds:g}s)")):
+        print(f"  {name}: with {what}: {e['window']:.1f}s ({e['window'] / hop_window - 1:+.1%})")
     return {"DAG runs": len(saved["dag_runs"]), "task instances": len(all_tis), "blocks": len(blocks),
             "hops": len(hops), "search wall": search_wall, "hop window": hop_window, "bound": bound,
             "wall / bound": search_wall / bound, "window / bound": hop_window / bound,
             "estimate": est["window"], "estimate / measured": est["window"] / hop_window,
+            "estimate C / measured": est_step["window"] / hop_window,
             "hand-over (median)": statistics.median(r["hand-over"] for r in rows[1:]) if len(rows) > 1 else 0.0,
             "task start-up (median)": task_seconds, "slot time (median)": median_slot}
+
+
+def hand_offs(hops: list[HopRecord], span_of: Any) -> dict[int, float]:
+    """For each hop with something before it in its block: from when it could have started (its
+    configuration's previous hop committed, its slot free) to when its slot took it (keyed by ``id``)."""
+    by_key = {(r.config_id, r.t): r for r in hops}
+    on_slot: dict[str | None, list[HopRecord]] = {}
+    for r in sorted(hops, key=lambda r: r.started_at):
+        on_slot.setdefault(r.task_id, []).append(r)
+    out = {}
+    for rs in on_slot.values():
+        for k, r in enumerate(rs):
+            before = []
+            previous = by_key.get((r.config_id, r.t - 1))
+            if previous is not None and span_of(previous.t) == span_of(r.t):
+                before.append(previous.saved_at)
+            if k:
+                before.append(rs[k - 1].released_at)
+            if before:
+                out[id(r)] = r.started_at - max(before)
+    return out
+
+
+def airflow_trouble(home: Path) -> str:
+    """Tasks Airflow rescheduled at their start (their DAG file failed to import), from its log."""
+    log = home / "airflow" / "logs" / "scheduler.log"
+    if not log.exists():
+        return ""
+    rescheduled, errors = 0, []
+    with open(log, errors="replace") as lines:
+        for line in lines:
+            if "Rescheduling task during startup" in line:
+                rescheduled += 1
+            elif "Error loading DAG from" in line and len(errors) < 1:
+                errors.append(line.split("Error loading DAG from", 1)[1].split(" [airflow", 1)[0].strip())
+    if not rescheduled and not errors:
+        return ""
+    return (f"{rescheduled} task(s) rescheduled at their start"
+            + (f" (the DAG file failed to import: {errors[0]})" if errors else ""))
 
 
 def describe(values: list[float]) -> str:
