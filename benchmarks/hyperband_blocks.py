@@ -20,11 +20,18 @@ measured  per block: its configurations and hops (hop records), its wall from it
           search wall = the first task's start to the report's end; hop window = the first hop taken
           to the last hop committed.
 bound     hops x hop seconds / slots: every slot training all the time, nothing else (unreachable
-          where a block has fewer configurations than slots: R=81's last block trains 10 on 16).
-estimate  :func:`~mop_airflow.planning.simulation.estimate_seconds` for the same plan, every hop taking
-          the measured median slot time (taken -> released), every task the measured median train
-          task start-up (its start -> its first hop taken); its hop window against the measured one.
-          Also with the set training time alone (``batches x seconds_per_batch``), the a-priori figure.
+          where a block has fewer configurations than slots: R=81's last block trains 10 on 16, each a
+          chain of 864 hops). "With the blocks": the simulator with every hop the set training time and
+          nothing else, the blocks one after another and each configuration's hops one after another.
+estimate  :func:`~mop_airflow.planning.simulation.estimate_seconds` for the same plan, every task paying
+          the measured median train task start-up (its start -> its first hop taken, where that hop was
+          ready at once), every hop taking
+          A  the measured median slot time (taken -> released)
+          B  the mean slot time
+          C  the mean slot time + the mean commit after release + the mean hand-off (the hop could
+             start -> its slot took it): a configuration's step from one hop to the next
+          D  the set training time alone (``batches x seconds_per_batch``), the a-priori figure;
+          its hop window against the measured one.
 
     python benchmarks/hyperband_blocks.py [--R 81] [--eta 3] [--shards 16] [--seconds-per-batch 0.05]
                                           [--batches 2] [--repeats 1] [--home DIR] [--keep]
