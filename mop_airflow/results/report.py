@@ -344,15 +344,19 @@ def hop_timeline_png(timeline: Sequence[Mapping[str, Any]], shards: int) -> byte
     fig, ax = plt.subplots(figsize=(13, 0.6 * shards + 1.6))
     origin = min((h["started_at"] for h in timeline), default=0.0)
     colours = plt.get_cmap("tab20")
-    ids = sorted({h["config_id"] for h in timeline})
+    index = {cid: k for k, cid in enumerate(sorted({h["config_id"] for h in timeline}))}
+    # One collection per shard and colour, not two artists per hop: a search of 25,296 hops drew for 81 s
+    spans: dict[tuple[int, int], tuple[list, list]] = {}
     for h in timeline:
-        colour = colours(ids.index(h["config_id"]) % 20)
+        whole, training = spans.setdefault((h["shard"], index[h["config_id"]] % 20), ([], []))
         end = h.get("saved_at") or h.get("train_end") or h["started_at"]
-        ax.barh(h["shard"], end - h["started_at"], left=h["started_at"] - origin, height=0.8, color=colour,
-                alpha=0.45, edgecolor="white", linewidth=0.5)
+        whole.append((h["started_at"] - origin, end - h["started_at"]))
         if h.get("train_begin") and h.get("train_end"):
-            ax.barh(h["shard"], h["train_end"] - h["train_begin"], left=h["train_begin"] - origin, height=0.8,
-                    color=colour)
+            training.append((h["train_begin"] - origin, h["train_end"] - h["train_begin"]))
+    for (shard, colour), (whole, training) in sorted(spans.items()):
+        ax.broken_barh(whole, (shard - 0.4, 0.8), facecolors=colours(colour), alpha=0.45, edgecolor="white",
+                       linewidth=0.5)
+        ax.broken_barh(training, (shard - 0.4, 0.8), facecolors=colours(colour))
     ax.set(xlabel="seconds since the first hop started", ylabel="shard", title="model hops per shard",
            yticks=range(shards), ylim=(shards - 0.5, -0.5))
     ax.grid(axis="x", alpha=0.3)
