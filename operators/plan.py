@@ -3,9 +3,9 @@
 ``plan`` writes the run record and the hop plan (every configuration's offset class and visit
 order; an adaptive search's first block decision) before anything trains. ``stage_shard_<s>`` runs
 on shard ``s``'s queue: its worker copies the shard (and the validation set) into its local cache
-once, and lists the configurations of offset class ``s`` (as bundles), each from where it starts,
-for the first block's train tasks. In a run of several blocks, ``block_<k>.deal_<o>`` does the same
-for offset class ``o`` of block ``k``, from the decision before it.
+once, and, in a plain search, lists the configurations of offset class ``s`` (as bundles), each from
+where it starts, for the block's train tasks. An adaptive search's train tasks read what they train
+from the decision before their block.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 import socket
 from typing import Any
 
-from mop_airflow.planning.resume import block_items, bundle_items, resume_after
+from mop_airflow.planning.resume import bundle_items, resume_after
 from mop_airflow.records import Assignment, Manifest, Plan, StageRecord
 from mop_airflow.planning.plan import make_plan
 from mop_airflow.planning.schedule import DEFAULT_PRIORITY
@@ -89,11 +89,8 @@ class MopStageShardOperator(MopBaseOperator):
                     cache_bytes=cache_bytes(cache_dir)).write(layout.store, layout.stage_record_uri(self.shard))
         plan = Plan.read(layout.store, layout.plan_uri)
         continuing = self.continuation(context)
-        if plan.decided_in_slots:  # the slots decide as they go: nothing is listed up front
+        if plan.adaptive:  # each block's train tasks read what trains from its decision; ASHA's slots decide
             return []
-        if plan.decided_between_blocks:  # this run's block decision says what trains, and from where
-            block = continuing.block if continuing else 0
-            return block_items(layout, block, self.shard)
         per_class = plan.class_bundles()
         # The class whose configurations reach this shard at the block's first hop: its own in a run
         # of whole iterations, another in a block that starts inside an iteration (shard (o + t) mod p).
@@ -111,20 +108,3 @@ class MopStageShardOperator(MopBaseOperator):
         if resumed is None:
             self.log.info("%s did not finish hop %d (it failed earlier): it trains no further", cid, t)
         return resumed
-
-
-class MopBlockDealOperator(MopBaseOperator):
-    """List offset class ``offset``'s bundles of block ``block`` (counted from the run's first), in a
-    run of several blocks: the block's decision says what trains, and from where."""
-
-    ui_color = "#e3f4e1"
-
-    def __init__(self, *, block: int, offset: int, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.block = block
-        self.offset = offset
-
-    def work(self, context: Any) -> list[dict[str, Any]]:
-        continuing = self.continuation(context)
-        block = (continuing.block if continuing else 0) + self.block
-        return block_items(self.layout(context), block, self.offset)

@@ -79,7 +79,12 @@ class MopTrainShardOperator(MopBaseOperator):
                 raise AirflowSkipException("the search ended before this block: nothing is left to train")
             end = chain_end = decision.length(self.shards)
             ends = set(decision.ends) if decision.hops else None  # one-iteration blocks of older decisions: every one
-        hops = block_hops(self.bundles(), shards=self.shards, slots=self.slots, start=self.start, end=end,
+            from mop_airflow.planning.resume import decision_classes  # noqa: PLC0415
+
+            classes = [[BundleAssignment.from_dict(b) for b in listed] for listed in decision_classes(layout, decision)]
+        else:  # a plain search: each class as its stage task listed it
+            classes = self.bundles()
+        hops = block_hops(classes, shards=self.shards, slots=self.slots, start=self.start, end=end,
                           relative=self.relative, rung_end=self.rung_end, priority=self.priority,
                           chain_end=chain_end, shift=shift, ends=ends)
         alone = running_in_dag_test()  # tasks run one at a time: this one trains the whole block

@@ -37,12 +37,13 @@ def test_the_next_blocks_classes_keep_a_rotation_inside_a_job_and_spread_new_job
 
 def test_a_block_after_the_search_ended_in_the_same_run_deals_nothing_and_a_missing_decision_is_an_error(tmp_path):
     """A run of several blocks: the decide steps after the one that found nothing left write no
-    decision, so their blocks' deal tasks find none and train nothing; a decision missing while the
+    decision, so their blocks' train tasks find none and train nothing; a decision missing while the
     search goes on is a StoreError that says which decide task to clear."""
     import pytest
 
     from mop_airflow.errors import StoreError
-    from mop_airflow.planning.resume import block_items
+    from mop_airflow.planning.blocks import decision_or_end
+    from mop_airflow.planning.resume import decision_classes
     from mop_airflow.records import BlockDecision
     from mop_airflow.records.layout import RunLayout
     from mop_airflow.store import Store
@@ -50,12 +51,14 @@ def test_a_block_after_the_search_ended_in_the_same_run_deals_nothing_and_a_miss
     layout = RunLayout(Store(f"file://{tmp_path}"), "d", "r")
     BlockDecision(block=0, capacity=2, training={"a": 0}, offsets={"a": 0}, bundles=[[["a"]], []]).write(
         layout.store, layout.block_decision_uri(0))
-    items = block_items(layout, 0, 0)
-    assert [[a["config_id"] for a in item["assignments"]] for item in items] == [["a"]]
+    items = decision_classes(layout, decision_or_end(layout, 0))
+    assert [[[a["config_id"] for a in item["assignments"]] for item in per] for per in items] == [[["a"]], []]
     with pytest.raises(StoreError, match="no decision for block 2 .* Fix: clear the decide task of block 1"):
-        block_items(layout, 1, 0)
+        decision_or_end(layout, 1)
     BlockDecision(block=1, capacity=2, finished=True, bundles=[[], []]).write(layout.store, layout.block_decision_uri(1))
-    assert block_items(layout, 1, 0) == [] and block_items(layout, 2, 0) == [] and block_items(layout, 5, 1) == []
+    assert decision_or_end(layout, 1).finished and decision_or_end(layout, 2) is None
+    assert decision_or_end(layout, 5) is None
+
 
 
 def test_an_asha_budget_trains_one_per_slot_ends_where_no_leg_fits_and_says_why(tmp_path):

@@ -37,8 +37,9 @@ def test_a_small_search_renders_every_block_and_a_large_one_a_block_a_run(tmp_pa
     decides = [t for t in small.tasks if t.kind == "decide"]
     assert [t.task_id for t in decides] == ["block_1.decide", "block_2.decide", "decide"]
     assert [t.args.get("block") for t in decides] == [0, 1, 2] and decides[-1].args["last"]
-    deals = [t for t in small.tasks if t.kind == "block_deal"]
-    assert sorted((t.args["block"], t.args["offset"]) for t in deals) == [(1, 0), (1, 1), (2, 0), (2, 1)]
+    trains = [t for t in small.tasks if t.kind == "train"]  # each reads what it trains from its block's decision
+    assert sorted((t.args["block"], t.args["shard"]) for t in trains) == [(k, s) for k in range(3) for s in range(2)]
+    assert [t.upstream for t in trains if t.args["block"] == 2] == [("block_2.decide",)] * 2
     assert [t.args for t in small.tasks if t.kind == "report"] == [{"decided": True, "blocks": 3}]
     large = spec_task_plan(MopSpec.from_dict(pbt("x.parquet", "memory://a", population=8, iterations=2000)))
     # too large for one run: one block a run, its decide step starts the DAG's next run

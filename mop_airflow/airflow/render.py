@@ -25,7 +25,7 @@ from mop_airflow.operators.check_models import MopCheckModelsOperator
 from mop_airflow.operators.data import MopListDataOperator, MopScatterOperator, MopShardOperator
 from mop_airflow.operators.decide import MopDecideOperator
 from mop_airflow.operators.next_run import MopNextRunOperator
-from mop_airflow.operators.plan import MopBlockDealOperator, MopPlanOperator, MopStageShardOperator
+from mop_airflow.operators.plan import MopPlanOperator, MopStageShardOperator
 from mop_airflow.operators.preflight import MopPreflightOperator
 from mop_airflow.operators.publish import MopPublishOperator
 from mop_airflow.operators.report import MopReportOperator, MopResultOperator
@@ -43,7 +43,7 @@ RETRIES = {"retries": 2, "retry_delay": dt.timedelta(seconds=10), "retry_exponen
 OPERATORS = {"list_data": MopListDataOperator, "shard": MopShardOperator, "stage": MopStageShardOperator,
              "report": MopReportOperator,
              "check_models": MopCheckModelsOperator, "result": MopResultOperator, "next_run": MopNextRunOperator,
-             "decide": MopDecideOperator, "block_deal": MopBlockDealOperator}
+             "decide": MopDecideOperator}
 
 
 def champion_asset(selection: str) -> Asset:

@@ -51,15 +51,10 @@ def resume_in_block(layout: Any, decision: Any, cid: str) -> Assignment:
     return resume_at(layout, cid, decision.training[cid] - 1)
 
 
-def block_items(layout: Any, block: int, offset: int) -> list[dict[str, Any]]:
-    """Offset class ``offset``'s bundles of block ``block`` of a search decided between blocks (its
-    decision), each configuration resuming where it stands (:func:`resume_in_block`); none when the
-    search ended at an earlier block of the same run (:func:`~mop_airflow.planning.blocks.decision_or_end`)."""
-    from mop_airflow.planning.blocks import decision_or_end  # noqa: PLC0415
-
-    decision = decision_or_end(layout, block)
-    if decision is None:
-        return []
+def decision_classes(layout: Any, decision: Any) -> list[list[dict[str, Any]]]:
+    """Every offset class's bundles of the block ``decision`` says trains (a search decided between
+    blocks), each configuration resuming where it stands (:func:`resume_in_block`)."""
     per_class = decision.bundles
-    return bundle_items(per_class[offset], sum(len(b) for b in per_class[:offset]),
-                        lambda cid: resume_in_block(layout, decision, cid))
+    return [bundle_items(bundles, sum(len(b) for b in per_class[:offset]),
+                         lambda cid: resume_in_block(layout, decision, cid))
+            for offset, bundles in enumerate(per_class)]

@@ -54,7 +54,8 @@ Seconds = Callable[[str, int, int], float]
 
 def simulate(plan: TaskPlan, members: Members, seconds: Seconds, *, slots: int,
              task_seconds: float = 0.0, block_ends: Mapping[str, int] | None = None,
-             block_starts: Mapping[str, int] | None = None) -> Simulation:
+             block_starts: Mapping[str, int] | None = None,
+             block_classes: Mapping[str, Sequence[Sequence[str]]] | None = None) -> Simulation:
     """Replay ``plan`` as Airflow runs it and return every model-hop's start and end.
 
     - ``members(group, expanded)`` lists what a class group carries (configurations, or bundles
@@ -71,11 +72,14 @@ def simulate(plan: TaskPlan, members: Members, seconds: Seconds, *, slots: int,
       weight, then the earliest in the block; it ends when its hops are done (at once without any).
     - ``block_ends``: where each block of an adaptive search ends (its train tasks' group, ``""`` for
       the first block, ``block_1`` ...), as its decision says at run time; by default the plan's own end;
-      ``block_starts``: the hop of the search each begins at (a hop's ``t`` in the events).
+      ``block_starts``: the hop of the search each begins at (a hop's ``t`` in the events);
+      ``block_classes``: what each block's offset classes carry, as its decision deals them (an
+      adaptive search's train tasks read it from the decision, not from a class group's source task).
     Raises when tasks never run: a block whose train tasks cannot all run at once deadlocks, in
     Airflow as here.
     """
     ends = dict(block_ends or {})
+    dealt = dict(block_classes or {})
     tasks = {spec.task_id: spec for spec in plan.tasks}
     order = {spec.task_id: k for k, spec in enumerate(plan.tasks)}
     downstream: dict[str, list[str]] = defaultdict(list)
@@ -118,7 +122,7 @@ def simulate(plan: TaskPlan, members: Members, seconds: Seconds, *, slots: int,
                 if waiting[down]:
                     continue
                 spec = tasks[down]
-                if spec.kind == "train" and not _block_hops(plan, spec, expanded, ends):
+                if spec.kind == "train" and not _block_hops(plan, spec, expanded, ends, dealt):
                     stack.append(down)  # nothing to train on this slot: skipped, takes no slot
                 else:
                     heapq.heappush(ready[pool_of(spec)], (-spec.priority_weight, order[down], down))
@@ -148,7 +152,7 @@ def simulate(plan: TaskPlan, members: Members, seconds: Seconds, *, slots: int,
                 spec = tasks[task_id]
                 slot = slots_here.pop(0) if slots_here is not None else -1
                 if spec.kind == "train":
-                    processes[task_id] = _Process(spec, _block_hops(plan, spec, expanded, ends), slot,
+                    processes[task_id] = _Process(spec, _block_hops(plan, spec, expanded, ends, dealt), slot,
                                                   (block_starts or {}).get(task_id.rpartition(".")[0], 0))
                     push(now + task_seconds, "live", task_id)
                 else:
@@ -189,16 +193,19 @@ Hop = tuple  # (unit, step, shard, weight, order)
 
 
 def _block_hops(plan: TaskPlan, spec: TaskSpec, expanded: Mapping[str, Sequence[str]],
-                ends: Mapping[str, int]) -> list[Hop]:
+                ends: Mapping[str, int], dealt: Mapping[str, Sequence[Sequence[str]]]) -> list[Hop]:
     """The hops of a train task's block on its shard slot, as :func:`~mop_airflow.training.shard_loop.block_hops`
     places them: unit ``i`` of the block on slot ``i mod slots``, hop ``t`` of class ``o`` on shard ``(o + t) mod p``."""
     args, hops, index = spec.args, [], 0
-    end = ends.get(spec.task_id.rpartition(".")[0], args["end"])
-    for group in plan.block_groups(spec):
-        for unit in expanded.get(group.group_id, ()):
+    prefix = spec.task_id.rpartition(".")[0]
+    end = ends.get(prefix, args["end"])
+    classes = (dealt.get(prefix, ()) if args.get("relative") else
+               [expanded.get(group.group_id, ()) for group in plan.block_groups(spec)])
+    for offset, units in enumerate(classes):
+        for unit in units:
             slot, index = index % plan.slots, index + 1
             for step in range(args["start"], end):
-                shard = (group.offset + step) % plan.shards
+                shard = (offset + step) % plan.shards
                 if (shard, slot) == (args["shard"], args["slot"]):
                     hops.append((unit, step, shard, priority_weight(plan.priority, step, max(end, args["chain_end"])),
                                  len(hops)))
@@ -313,11 +320,7 @@ def simulate_blocks(plan: TaskPlan, blocks: Sequence[tuple[int, Sequence[Sequenc
     prefixes = sorted({spec.task_id.rpartition(".")[0] for spec in plan.tasks if spec.kind == "train"},
                       key=lambda prefix: int(prefix.split("_")[1]) if prefix else 0)
     by_prefix = dict(zip(prefixes, blocks))
-
-    def members(group: ClassGroup, expanded: Mapping[str, Sequence[str]]) -> Sequence[str]:
-        found = by_prefix.get(group.group_id.rpartition(".")[0])
-        return found[1][group.offset] if found else ()
-
     starts = dict(zip(prefixes, itertools.accumulate((hops for hops, _ in blocks), initial=0)))
-    return simulate(plan, members, seconds, slots=slots, task_seconds=task_seconds,
-                    block_ends={prefix: hops for prefix, (hops, _) in by_prefix.items()}, block_starts=starts)
+    return simulate(plan, lambda group, expanded: (), seconds, slots=slots, task_seconds=task_seconds,
+                    block_ends={prefix: hops for prefix, (hops, _) in by_prefix.items()}, block_starts=starts,
+                    block_classes={prefix: classes for prefix, (_, classes) in by_prefix.items()})

@@ -36,7 +36,8 @@ the search decides (the end of a rung of Hyperband's brackets side by side, PBT'
 end of one of ASHA's jobs), then ``decide`` ranks what ended there and writes block ``k + 1``'s
 decision. Where the number of blocks is known up front (Hyperband R=81, eta=3: 5 blocks, at
 iteration 1, 3, 9, 27 and 81; PBT: one per interval), one run holds them all, in sequence
-(``block_<k>.deal_<o>``, the block's train tasks, ``block_<k>.decide``), so ``dag.test()`` trains the
+(``block_<k>.train_shard_<s>``, each reading its block's decision as it starts, then ``block_<k>.decide``),
+so ``dag.test()`` trains the
 search whole; otherwise (ASHA without a budget) each block's decide step starts the DAG's next run.
 """
 
@@ -78,7 +79,7 @@ class TaskSpec:
     """
 
     task_id: str
-    kind: str  # preflight, list_data, scatter, shard, plan, stage, check_models, block_deal, train, decide,
+    kind: str  # preflight, list_data, scatter, shard, plan, stage, check_models, train, decide,
     #            next_run, report, publish, result
     upstream: tuple[str, ...] = ()
     group: str | None = None
@@ -162,26 +163,16 @@ def build_task_plan(shards: int, iterations: int, adaptive: Any = None, *,
                                   args={"hops_per_run": end, "hops": hops})]
             report_args = {"last_start": hops - end}  # the report waits for the run whose block starts there
     elif in_slots:  # one block, whose slots decide what trains next as they go: no decide step, no DAG run per block
-        finals = [builder.add(train_task_id("", s, k, slots), "train", tuple(ready), pool=shard_pool(s),
-                              queue=shard_pool(s), trigger_rule=TRAIN_JOIN, weight=1,
-                              args={"shard": s, "slot": k, "start": 0, "end": 0, "chain_end": 0, "classes": [],
-                                    "asha": True})
-                  for s in range(shards) for k in range(slots)]
+        finals = builder.decided("", tuple(ready), asha=True)
     else:  # blocks to the next decision point; each decide step says what the next block trains
         count, whole = blocks_per_run(adaptive, shards, slots, blocks_setting)
-        groups = [builder.group(f"class_{o}", source=stages[o], offset=o, start=0, end=shards)
-                  for o in range(shards)]
-        finals = builder.train("", groups, wait_for=ready, chain_end=shards, rung_end=True, block=0)
+        finals = builder.decided("", tuple(ready), block=0)
         if count == 1 and not whole:  # one block a run: the decide step starts the DAG's next run
             finals = [builder.add("decide", "decide", tuple(finals), trigger_rule=REPORT_JOIN)]
-        for k in range(1, count):  # the whole search in this run: block k's deal tasks wait for decision k
+        for k in range(1, count):  # the whole search in this run: block k's train tasks wait for decision k
             gate = builder.add(f"block_{k}.decide", "decide", tuple(finals), trigger_rule=REPORT_JOIN,
                                args={"block": k - 1})
-            groups = [builder.group(f"block_{k}.class_{o}", offset=o, start=0, end=shards,
-                                    source=builder.add(f"block_{k}.deal_{o}", "block_deal", (gate,),
-                                                       args={"block": k, "offset": o}))
-                      for o in range(shards)]
-            finals = builder.train(f"block_{k}.", groups, chain_end=shards, rung_end=True, block=k)
+            finals = builder.decided(f"block_{k}.", (gate,), block=k)
         if count > 1 or whole:  # the last decide step starts the DAG's next run unless the run holds the whole search
             finals = [builder.add("decide", "decide", tuple(finals), trigger_rule=REPORT_JOIN,
                                   args={"block": count - 1, "last": True, "whole": whole})]
@@ -295,8 +286,18 @@ class _Builder:
         self.groups.append(group)
         return group
 
-    def train(self, prefix: str, groups: list[ClassGroup], *, chain_end: int, wait_for: Any = (),
-              rung_end: bool = False, block: int | None = None) -> list[str]:
+    def decided(self, prefix: str, after: tuple[str, ...], *, block: int | None = None, asha: bool = False) -> list[str]:
+        """A block of an adaptive search: one train task per shard slot, after ``after``, each reading
+        what trains from the decision before the block (block ``block`` of the run) as it starts; or
+        the one block of an ASHA search, whose slots decide as they go (``asha``)."""
+        return [self.add(train_task_id(prefix, s, k, self.slots), "train", after, pool=shard_pool(s),
+                         queue=shard_pool(s), trigger_rule=TRAIN_JOIN, weight=1,
+                         args={"shard": s, "slot": k, "start": 0, "end": self.shards, "chain_end": self.shards,
+                               "classes": [], **({"asha": True} if asha else
+                                                 {"rung_end": True, "relative": True, "block": block})})
+                for s in range(self.shards) for k in range(self.slots)]
+
+    def train(self, prefix: str, groups: list[ClassGroup], *, chain_end: int, wait_for: Any = ()) -> list[str]:
         """The block's train tasks, one per shard slot: each waits for the block's source tasks (and
         ``wait_for``) and trains every hop of the block on its shard slot. Returns their ids."""
         sources = tuple(group.source for group in groups)
@@ -305,7 +306,5 @@ class _Builder:
                          pool=shard_pool(s), queue=shard_pool(s), trigger_rule=TRAIN_JOIN,
                          weight=priority_weight(self.priority, start, chain_end),
                          args={"shard": s, "slot": k, "start": start, "end": end, "chain_end": chain_end,
-                               "classes": [g.group_id for g in groups], "rung_end": rung_end,
-                               # a block of an adaptive search: its decision (block k of the run) says how far
-                               **({"relative": True, "block": block} if block is not None else {})})
+                               "classes": [g.group_id for g in groups]})
                 for s in range(self.shards) for k in range(self.slots)]
