@@ -169,6 +169,16 @@ class Store:
             self.bytes_read += len(data)
         return data
 
+    def read_if_there(self, uri: str) -> bytes | None:
+        """The object's bytes, or None when there is none: one request on S3 where a look and a read
+        are two (what a slot polling another slot's status pays every few seconds)."""
+        try:
+            data = self._call("reading", uri, lambda: self.fs.cat_file(self._path(uri)))
+        except FileNotFoundError:
+            return None
+        self.bytes_read += len(data)
+        return data
+
     def read_json(self, uri: str) -> Any:
         return json.loads(self.read_bytes(uri))
 

@@ -82,7 +82,9 @@ class MopTrainShardOperator(MopBaseOperator):
         # without MOP_GPUS or CUDA_VISIBLE_DEVICES, is left exactly as it is).
         from mop_airflow.training.devices import place_this_process  # noqa: PLC0415
         from mop_airflow.training.model_hop import Where  # noqa: PLC0415
+        from mop_airflow.errors import BlockIncompleteError  # noqa: PLC0415
         from mop_airflow.training.shard_loop import SlotYielded, run_slot  # noqa: PLC0415
+        from mop_airflow.training.watchdog import stall_seconds  # noqa: PLC0415
 
         placement = place_this_process()
         if placement is not None and placement.gpu is not None:
@@ -113,8 +115,14 @@ class MopTrainShardOperator(MopBaseOperator):
                 # the store or Airflow itself, search.fail_fast, or a worker going away: the task fails and retries
                 fatal=lambda exc: isinstance(exc, RETRIED) or run.fail_fast or transient(exc),
                 # no retry follows: the slots that wait for this one's hops stop waiting
-                final=lambda exc: isinstance(exc, NOT_RETRIED) or run.fail_fast or try_number > max_tries,
-                stop=self._stop)
+                final=lambda exc: (isinstance(exc, NOT_RETRIED) and not _may_come(exc)) or run.fail_fast
+                or try_number > max_tries,
+                stop=self._stop, stall_seconds=None if alone else stall_seconds())
+        except BlockIncompleteError as exc:
+            if not _may_come(exc) or run.fail_fast:
+                raise
+            # the slots it waited for are late or hung, not gone: a retry waits again (a TrainingError would not be)
+            raise AirflowException(str(exc)) from exc
         except SlotYielded as exc:
             # another block may hold the shard pools this block needs first: free this one's slot
             # for a while (a reschedule takes no try), at a random moment so two blocks do not meet again
@@ -133,3 +141,7 @@ class MopTrainShardOperator(MopBaseOperator):
         return {"trained": len(result.trained), "committed": len(result.committed),
                 "failed": sorted(r.config_id for r in result.failed), "dropped": len(result.dropped)}
 
+
+def _may_come(exc: BaseException) -> bool:
+    """A block left incomplete only by slots that may still come (late or hung, not ended for good)."""
+    return bool(getattr(exc, "retryable", False))
