@@ -194,6 +194,34 @@ class Store:
             return sorted("file://" + p for p in paths)
         return sorted(f"{self.protocol}://" + p.lstrip("/") for p in paths)
 
+    def names_after(self, folder_uri: str, after: str = "") -> list[str]:
+        """The names of the objects in ``folder_uri`` that sort after ``after``, sorted; none when the
+        folder is not there. On S3 one LIST request a thousand names, starting after ``after`` (no
+        cached listing): a poller that remembers the last name it saw pays for the new names only."""
+        path = self._path(folder_uri).rstrip("/")
+        if self.protocol == "s3":
+            return self._call("listing", folder_uri, lambda: self._s3_names_after(path, after))
+        try:
+            names = self._call("listing", folder_uri, lambda: [posixpath.basename(p.rstrip("/")) for p in
+                                                             self.fs.ls(path, detail=False)])
+        except FileNotFoundError:
+            return []
+        return sorted(n for n in names if n > after)
+
+    def _s3_names_after(self, path: str, after: str) -> list[str]:
+        bucket, key, _ = self.fs.split_path(path)
+        prefix = key + "/"
+        request: dict[str, Any] = {"Bucket": bucket, "Prefix": prefix}
+        if after:
+            request["StartAfter"] = prefix + after
+        names: list[str] = []
+        while True:
+            page = self.fs.call_s3("list_objects_v2", **request)
+            names += [item["Key"][len(prefix):] for item in page.get("Contents", [])]
+            if not page.get("IsTruncated"):
+                return names
+            request["ContinuationToken"] = page["NextContinuationToken"]
+
     def get_file(self, uri: str, local_path: str) -> None:
         """Copy one object to a local file atomically (for the shard cache)."""
         os.makedirs(os.path.dirname(local_path) or ".", exist_ok=True)

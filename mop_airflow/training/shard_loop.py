@@ -59,6 +59,7 @@ from mop_airflow.records import Assignment, BundleAssignment, HopRecord, Manifes
 from mop_airflow.records.layout import RunLayout
 from mop_airflow.training.model_hop import (Where, read_hashed, record_failure, sha256_of, state_after, train_hop,
                                             with_digest)
+from mop_airflow.training.slot_commits import Chains, CommitLog, CommitPoller, committed
 from mop_airflow.training.session import WARM_MODELS, TaskSession
 from mop_airflow.training.slot_status import Peer, StatusWriter
 from mop_airflow.training.watchdog import Watchdog
@@ -86,11 +87,6 @@ class SlotYielded(Exception):
     block may hold its pool). Its committed hops stay; try the task again later."""
 
 
-# Polling the store for committed hops: fast while hops arrive, backing off to the most when they
-# don't. A local store's look is a stat, so it stays quick (a GPU hop of the 1 M-weight CNN takes a
-# tenth of a second, and with as many configurations as shards each hop waits for another slot's
-# commit); an object store's is a request, so it backs off further.
-POLL_FIRST, POLL_MOST, POLL_MOST_REMOTE = 0.002, 0.05, 0.5
 # Hops trained and not yet committed, at most: one the writer commits while the next one trains
 # keeps both busy; a bound keeps the memory their taken states hold to two states.
 STATES_HELD = 2
@@ -230,7 +226,13 @@ class _Loop:
         # by priority (highest first), then the plan's order: what Airflow's scheduler ranked hop tasks by
         self.pending = sorted(own, key=lambda h: (-h.weight, h.order))
         self.owner = {(h.config_id, h.hop): (h.shard, h.slot) for h in hops}
-        self.chains = _Chains(layout, [h for h in hops if h.start is not None])
+        self.chains = Chains(layout, [h.start for h in hops if h.start is not None])
+        # the slots this one's hops come from (the previous shard's slot with the same configurations)
+        # and itself (what an earlier try committed): one listing each a poll
+        mine = {(h.shard, h.slot) for h in own}
+        self.poller = CommitPoller(layout, block, mine | {self.owner[h.config_id, h.hop - 1] for h in own
+                                                          if (h.config_id, h.hop - 1) in self.owner})
+        self.marks = CommitLog(layout, block, shard, slot, where.try_number)
         self.status = StatusWriter(layout, block, shard, slot, where, left=len(self.pending))
         self.result = SlotResult()
         self.peers: dict[tuple[int, int], Peer] = {}
@@ -242,13 +244,20 @@ class _Loop:
         result = self.result
         self.began = time.time()
         self.status.start()
+        self.poller.poll()  # what is committed already, earlier tries' hops included
+        self.poller.start()
+        try:
+            return self._train_all()
+        finally:
+            self.poller.stop()
+
+    def _train_all(self) -> SlotResult:
+        result = self.result
         with ThreadPoolExecutor(1, thread_name_prefix="mop-commit") as writer, \
                 ThreadPoolExecutor(1, thread_name_prefix="mop-read-ahead") as reader, \
                 ThreadPoolExecutor(1, thread_name_prefix="mop-hash") as hasher:
             commits: list[tuple[BlockHop, Assignment, Future]] = []
             ahead: dict[str, Future] = {}
-            poll = POLL_FIRST
-            local = self.layout.store.protocol == "file"
             while self.pending or commits:
                 if self.stop.is_set():
                     self._settle(commits, block=True, every=True)
@@ -258,20 +267,19 @@ class _Loop:
                 ready, waiting = self._ready()
                 if not ready:
                     if commits:  # its next hop waits for this slot's own commit, or for another slot's: whichever comes
-                        wait_for([commits[0][2]], timeout=poll)
-                        if not local:  # a look is a request there
-                            poll = min(poll * 2, POLL_MOST_REMOTE)
+                        wait_for([commits[0][2]], timeout=self.poller.first)
                         continue
                     if not waiting:
                         break
                     progress.tick()  # waiting for other slots is progress: they are judged by their own
                     self._give_up(waiting)
                     if self.pending:
-                        self.stop.wait(poll)  # a stop wakes the slot at once
-                        result.waited += poll
-                        poll = min(poll * 2, POLL_MOST if local else POLL_MOST_REMOTE)
+                        began = time.monotonic()
+                        self.poller.arrived.wait(1.0)  # a poll that finds a hop wakes the slot at once
+                        if self.stop.is_set():
+                            continue
+                        result.waited += time.monotonic() - began
                     continue
-                poll = POLL_FIRST
                 hop, state = ready[0]
                 self.joined = self.joined or hop.start is None
                 for _, later in ready[1:2]:  # read and hash the next ready model's checkpoint while this one trains
@@ -287,15 +295,17 @@ class _Loop:
                     self._settle(commits, block=True)
                 trained = self._train(hop, state, ahead, hasher)
                 if trained is not None:
-                    commits.append((hop, state, writer.submit(trained.commit)))
+                    commits.append((hop, state, writer.submit(self._commit, trained)))
             self._settle(commits, block=True, every=True)
         return result
 
     def _ready(self) -> tuple[list[tuple[BlockHop, Assignment]], list[BlockHop]]:
         """The pending hops whose input state is committed (in priority order), and those still waiting.
         A hop whose configuration failed before it, anywhere, is dropped, with the configuration's
-        later hops. Only each configuration's earliest pending hop is looked up in the store (its later
-        ones cannot be ready before it): one look per waiting configuration, not per hop."""
+        later hops. What the poller listed since is learnt first; a record is read when its marker
+        names the hop a configuration waits for (its earliest pending one: its later ones cannot be ready
+        before it), so a poll costs a listing, not a look per waiting configuration."""
+        self.chains.listen(self.poller.take())
         earliest: dict[str, int] = {}
         for hop in self.pending:
             earliest[hop.config_id] = min(earliest.get(hop.config_id, hop.hop), hop.hop)
@@ -303,7 +313,7 @@ class _Loop:
         for hop in self.pending:
             if hop.hop != earliest[hop.config_id]:
                 continue
-            state = self.chains.before(hop)
+            state = hop.start or self.chains.before(hop.config_id, hop.hop)
             if isinstance(state, HopRecord):
                 failed[hop.config_id] = state
             elif state is None:
@@ -316,12 +326,16 @@ class _Loop:
             self.result.dropped.append(hop.label)
             log.info("%s: dropped, %s %s at hop %d", hop.label, hop.config_id, record.status, record.t)
         waiting += [h for h in self.pending if h.hop != earliest[h.config_id] and h.config_id not in failed]
+        if waiting:
+            self.poller.wanted.set()
+        else:
+            self.poller.wanted.clear()
         return ready, waiting  # in the pending hops' order: by priority
 
     def _train(self, hop: BlockHop, state: Assignment, ahead: dict[str, Future], hasher: ThreadPoolExecutor) -> Any:
         """Train one hop (or find it committed by an earlier try); returns what to commit, or None."""
         layout, result = self.layout, self.result
-        earlier = committed(layout, state, hop.hop)
+        earlier = committed(layout, state, hop.hop, self.poller.known)
         if earlier is not None:
             result.committed.append(hop.label)
             if earlier.status != "ok":
@@ -378,11 +392,18 @@ class _Loop:
             if not every:
                 block = False
 
+    def _commit(self, trained: Any) -> HopRecord:
+        """On the writer thread: the hop's checkpoint and record, then its marker for the waiting slots."""
+        record = trained.commit()
+        self.marks.mark(record)
+        return record
+
     def _failed(self, hop: BlockHop, state: Assignment, exc: BaseException, where: Where) -> None:
         """Record configuration ``hop.config_id`` failed at ``hop``; the other configurations go on."""
         self.session.forget(self.run.config(hop.config_id))
         failure = record_failure(self.layout, state, t=hop.hop, shard=hop.shard, shards=self.run.schedule.shards,
                                  error=exc, where=where)
+        self.marks.mark(failure)
         self.result.failed.append(failure)
         self.chains.learn(failure)
         log.error("%s %s; its remaining hops are dropped, the other configurations go on", hop.label, failure.status,
@@ -405,7 +426,7 @@ class _Loop:
                 continue
             gone = self._peer(owner, now).gone(now, self.wait)
             # the peer may have committed the hop just before it stopped: its status is written after its records
-            if gone is not None and self.chains.before(hop) is None:
+            if gone is not None and self.chains.before(hop.config_id, hop.hop, look=True) is None:
                 why, for_good = gone
                 self.pending.remove(hop)
                 self.result.untrained[hop.label] = why
@@ -418,66 +439,3 @@ class _Loop:
         if peer is None:
             peer = self.peers[owner] = Peer(self.layout, self.status.block, *owner, began=self.began, since=now)
         return peer
-
-
-def committed(layout: RunLayout, state: Assignment, t: int) -> HopRecord | None:
-    """Hop ``t`` as an earlier try left it, when that try started from ``state``: a failure, or a
-    commit (its record written, and its checkpoint there, or already taken on by the next hop)."""
-    uri = layout.hop_record_uri(state.config_id, t)
-    store = layout.store
-    if not store.exists(uri):
-        return None
-    record = HopRecord.read(store, uri)
-    if record.input_sha256 != state.checkpoint_sha256:
-        return None  # it started from another state (a run cleared after its data or code changed)
-    if record.status != "ok" or (record.checkpoint and store.exists(record.checkpoint)):
-        return record
-    return record if store.exists(layout.hop_record_uri(state.config_id, t + 1)) else None
-
-
-class _Chains:
-    """Each configuration's state before each of its hops, followed through the hop records in the
-    store: a record counts only when it started from the state the one before it left."""
-
-    def __init__(self, layout: RunLayout, firsts: Iterable[BlockHop]) -> None:
-        self.layout = layout
-        # configuration -> global hop -> the state after it (verified along the chain from the block's start)
-        self.states: dict[str, dict[int, Assignment]] = {h.config_id: {h.start.t: h.start} for h in firsts
-                                                         if h.start is not None}
-        self.failed: dict[str, HopRecord] = {}
-
-    def learn(self, record: HopRecord) -> None:
-        """A hop this process committed or found committed."""
-        if record.status != "ok":
-            self.failed[record.config_id] = record
-        else:
-            self.states.setdefault(record.config_id, {})[record.t] = state_after(record)
-
-    def before(self, hop: BlockHop) -> Assignment | HopRecord | None:
-        """The state hop ``hop`` starts from; a failure record when the configuration failed before
-        it; None while the hop before it is not committed."""
-        if hop.start is not None:
-            return hop.start
-        cid = hop.config_id
-        failed = self.failed.get(cid)
-        if failed is not None and failed.t < hop.hop:
-            return failed
-        states = self.states.get(cid)
-        if not states:
-            return None
-        if hop.hop - 1 in states:
-            return states[hop.hop - 1]
-        known = states[max(states)]
-        store = self.layout.store
-        while known.t < hop.hop - 1:
-            uri = self.layout.hop_record_uri(cid, known.t + 1)
-            if not store.exists(uri):
-                return None
-            record = HopRecord.read(store, uri)
-            if record.input_sha256 != known.checkpoint_sha256:
-                return None  # left by an earlier run from another state: its hop will be trained again
-            if record.status != "ok":
-                self.failed[cid] = record
-                return record
-            known = states[record.t] = state_after(record)
-        return known if known.t == hop.hop - 1 else None
