@@ -64,9 +64,14 @@ class MopTrainShardOperator(MopBaseOperator):
         continuing = self.continuation(context)
         # a continuing run renders the same tasks for a later block: its hops are the search's start + t
         shift = 0 if self.relative or continuing is None else continuing.start
+        from mop_airflow.planning.bundling import model_key  # noqa: PLC0415
+
+        run = self.run_record(layout)
         hops = block_hops(self.bundles(), shards=self.shards, slots=self.slots, start=self.start, end=self.end,
                           relative=self.relative, rung_end=self.rung_end, priority=self.priority,
-                          chain_end=self.chain_end, shift=shift)
+                          chain_end=self.chain_end, shift=shift,
+                          # a model key's configurations on one slot: its compiled model serves them all
+                          key=lambda cid: model_key(run.config(cid)))
         alone = running_in_dag_test()  # tasks run one at a time: this one trains the whole block
         mine = hops if alone else [h for h in hops if (h.shard, h.slot) == (self.shard, self.slot)]
         if not mine:

@@ -1,6 +1,6 @@
 """A shard slot's faults cost seconds, on a real Airflow (api-server, scheduler, dag-processor).
 
-Sleepy models (0.1 s a batch, about 2.3 s a hop) on 2 shards:
+Sleepy models (0.15 s a batch, about 3.5 s a hop) on 2 shards:
 
 - shard 1 slot 1's train task SIGKILLed after its first hop (2 slots a shard): its retry trains the
   rest, the run ends within 60 s of an undisturbed run's time with no reschedule, and the same
@@ -8,7 +8,7 @@ Sleepy models (0.1 s a batch, about 2.3 s a hop) on 2 shards:
 - the same task stopped (SIGSTOP) after its first hop: its watchdog kills it after
   ``MOP_SHARD_STALL_SECONDS`` (20 s here), Airflow retries it, and the run ends within 3 minutes of
   the undisturbed one, with the same leaderboard;
-- shard 1's pool held by another DAG for longer than the wait bound (15 s here): shard 0's slot is
+- shard 1's pool held by another DAG for longer than the wait bound (20 s here): shard 0's slot is
   retried, never failed for good, keeping its hops, and the run succeeds;
 - shard 0's pool held the same way: shard 1's slot gives its pool slot back and is rescheduled
   (``AirflowRescheduleException``) until shard 0 starts, without a failed try.
@@ -39,14 +39,13 @@ SLEEPY = "mop_airflow.examples.timed_models:sleepy"
 UNDISTURBED, KILLED, STOPPED = "mop_slots_undisturbed", "mop_slots_killed", "mop_slots_stopped"
 LATE, YIELDING = "mop_slots_late_peer", "mop_slots_yielding"
 HOLD_SHARD_0, HOLD_SHARD_1 = "hold_mop_shard_0", "hold_mop_shard_1"
-HOLD_SECONDS = 45
 
 
 def _spec(root, *, slots):
     spec = tiny_spec(root / "digits.parquet", f"file://{root / 'store'}", iterations=1, slots_per_shard=slots)
     params = spec["search"]["space"]["params"]
     params.update(model=[SLEEPY], learning_rate=[1e-3, 3e-3, 1e-2, 3e-2])
-    params["hparams"] = {"units": [32], "seconds_per_batch": [0.1]}
+    params["hparams"] = {"units": [32], "seconds_per_batch": [0.15]}  # 3.5 s a hop: time to stop one mid-block
     return spec
 
 
@@ -60,12 +59,12 @@ def _mop_dag(folder, dag_id, spec, env=None, retries=2):
         " 'retry_exponential_backoff': 0})\n")
 
 
-def _holder(folder, dag_id, pool):
-    """A DAG whose one task holds both slots of ``pool`` for HOLD_SECONDS: another DAG's long task."""
+def _holder(folder, dag_id, pool, seconds):
+    """A DAG whose one task holds both slots of ``pool`` for ``seconds``: another DAG's long task."""
     (folder / f"{dag_id}.py").write_text(
         "import time\nfrom airflow.sdk import dag, task\n"
         f"@dag(dag_id={dag_id!r}, schedule=None)\ndef hold():\n"
-        f"    @task(pool={pool!r}, pool_slots=2)\n    def sleep():\n        time.sleep({HOLD_SECONDS})\n"
+        f"    @task(pool={pool!r}, pool_slots=2)\n    def sleep():\n        time.sleep({seconds})\n"
         "    sleep()\nhold()\n")
 
 
@@ -80,10 +79,10 @@ def airflow(tmp_path_factory):
         _mop_dag(dags, dag_id, two)
     _mop_dag(dags, STOPPED, two, {"MOP_SHARD_STALL_SECONDS": "20"})
     one = _spec(root, slots=1)
-    _mop_dag(dags, LATE, one, {"MOP_SHARD_WAIT_SECONDS": "15"}, retries=4)
+    _mop_dag(dags, LATE, one, {"MOP_SHARD_WAIT_SECONDS": "20"}, retries=4)
     _mop_dag(dags, YIELDING, one, {"MOP_SHARD_YIELD_SECONDS": "8"})
-    _holder(dags, HOLD_SHARD_0, "mop_shard_0")
-    _holder(dags, HOLD_SHARD_1, "mop_shard_1")
+    _holder(dags, HOLD_SHARD_0, "mop_shard_0", 45)
+    _holder(dags, HOLD_SHARD_1, "mop_shard_1", 75)  # shard 0's slot starts some 20 s after the trigger
     with LocalAirflow(root / "airflow", dags, extra_env={"MOP_AIRFLOW_HOME": str(root / "mop")}) as af:
         for dag_id in (UNDISTURBED, KILLED, STOPPED, LATE, YIELDING, HOLD_SHARD_0, HOLD_SHARD_1):
             af.wait_for_dag(dag_id)
@@ -128,17 +127,21 @@ def _reschedules(af, dag_id, run_id):
     return sorted(task_id for (task_id,) in rows)
 
 
-def _slot_pid(af, dag_id, run_id, shard, slot, *, trained=1, timeout=240):
-    """The pid of the slot's task process once it has committed ``trained`` hops (its status says both)."""
+def _slot_pid(af, dag_id, run_id, shard, slot, *, timeout=240):
+    """The pid of the slot's task process once it has committed a hop (its first commit marker is
+    there) and has more to train (its status says running, and which process it is)."""
     layout = RunLayout(af.store, dag_id, run_id)
     deadline = time.time() + timeout
     while time.time() < deadline:
-        for uri in af.store.glob(f"{layout.run_uri}/slots/*/shard_{shard:02d}_slot_{slot}.json"):
-            status = SlotStatus.read(af.store, uri)
-            if status.state == "running" and status.trained >= trained:
+        for block in af.store.glob(f"{layout.run_uri}/slots/*"):
+            marks = af.store.names_after(f"{block}/commits/shard_{shard:02d}_slot_{slot}")
+            status = af.store.read_if_there(f"{block}/shard_{shard:02d}_slot_{slot}.json")
+            if marks and status is not None:
+                status = SlotStatus.from_dict(json.loads(status))
+                assert status.state == "running", f"shard {shard} slot {slot} ended before it could be stopped"
                 return status.pid
-        time.sleep(0.2)
-    raise TimeoutError(f"shard {shard} slot {slot} of {dag_id} did not commit {trained} hop(s) in {timeout} s")
+        time.sleep(0.05)
+    raise TimeoutError(f"shard {shard} slot {slot} of {dag_id} did not commit a hop in {timeout} s")
 
 
 @pytest.fixture(scope="module")

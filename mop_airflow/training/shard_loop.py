@@ -60,7 +60,7 @@ from mop_airflow.records.layout import RunLayout
 from mop_airflow.training.model_hop import (Where, read_hashed, record_failure, sha256_of, state_after, train_hop,
                                             with_digest)
 from mop_airflow.training.slot_commits import Chains, CommitLog, CommitPoller, committed
-from mop_airflow.training.session import WARM_MODELS, TaskSession
+from mop_airflow.training.session import WARM_MODELS, TaskSession, out_of_memory
 from mop_airflow.training.slot_status import Peer, StatusWriter
 from mop_airflow.training.watchdog import Watchdog
 
@@ -117,7 +117,8 @@ class BlockHop:
 
 def block_hops(classes: Sequence[Sequence[BundleAssignment]], *, shards: int, slots: int, start: int, end: int,
                relative: bool = False, rung_end: bool = False, priority: str = DEFAULT_PRIORITY,
-               chain_end: int | None = None, shift: int = 0) -> list[BlockHop]:
+               chain_end: int | None = None, shift: int = 0,
+               key: Callable[[str], str] | None = None) -> list[BlockHop]:
     """Every hop of a block, on every shard slot, in the plan's order.
 
     ``classes[o]`` lists offset class ``o``'s configurations (as bundles), each with the state it
@@ -128,14 +129,18 @@ def block_hops(classes: Sequence[Sequence[BundleAssignment]], *, shards: int, sl
     classes in order) trains on slot ``i mod slots`` of every shard. ``rung_end``: the block's last
     hop ends a rung and evaluates. The priority rule ranks a slot's ready hops as Airflow ranked hop
     tasks (:func:`~mop_airflow.planning.schedule.priority_weight`; ``chain_end`` is where the search
-    ends, by default the block's end).
+    ends, by default the block's end). ``key(config_id)``: the configuration's model key; then the
+    configurations that share one go to the same slot where the slots stay balanced
+    (:func:`deal_slots`), so a slot's compiled models serve more of its hops.
     """
     hops: list[BlockHop] = []
     index = 0
+    dealt = None if key is None else deal_slots(
+        [[a.config_id for b in bundles for a in b.assignments] for bundles in classes], slots, key)
     for offset, bundles in enumerate(classes):
         for bundle in bundles:
             for assignment in bundle.assignments:
-                slot = index % max(1, slots)
+                slot = index % max(1, slots) if dealt is None else dealt[assignment.config_id]
                 index += 1
                 for step in range(start, end):
                     hops.append(BlockHop(
@@ -146,6 +151,36 @@ def block_hops(classes: Sequence[Sequence[BundleAssignment]], *, shards: int, sl
                         bundle=bundle.bundle, weight=priority_weight(priority, step, chain_end or end),
                         order=len(hops)))
     return hops
+
+
+def deal_slots(classes: Sequence[Sequence[str]], slots: int, key: Callable[[str], str]) -> dict[str, int]:
+    """The slot of each configuration (``classes[o]`` lists offset class ``o``'s), keeping those that
+    share a model key together. Each class puts on each slot what configuration ``i mod slots`` would
+    (the same count, so the slots stay as balanced as before, class by class); within that, a
+    configuration goes to the slot its model key first went to while it has room, else to the slot
+    with the most room left (the lowest first). Deterministic: every slot of the block deals the same."""
+    slots = max(1, slots)
+    home: dict[str, int] = {}
+    dealt: dict[str, int] = {}
+    index = 0
+    for members in classes:
+        room = [0] * slots
+        for i in range(index, index + len(members)):
+            room[i % slots] += 1
+        index += len(members)
+        order: dict[str, list[str]] = {}
+        for cid in members:
+            order.setdefault(key(cid), []).append(cid)
+        # the keys already at home first, so a newcomer never takes a place another key's configurations need
+        for model in sorted(order, key=lambda k: k not in home):
+            for cid in order[model]:
+                slot = home.get(model)
+                if slot is None or room[slot] == 0:
+                    slot = max(range(slots), key=lambda s: (room[s], -s))
+                home.setdefault(model, slot)
+                room[slot] -= 1
+                dealt[cid] = slot
+    return dealt
 
 
 @dataclass
@@ -359,13 +394,23 @@ class _Loop:
 
         log.info("%s on shard %d from %s", hop.label, hop.shard, state.checkpoint or "its initial weights")
         try:
-            return train_hop(layout, self.run, self.manifest, state, t=hop.hop, shard=hop.shard,
-                             rung_end=hop.rung_end, cache_dir=self.cache_dir, where=where, session=self.session,
-                             bundle=hop.bundle, read_checkpoint=read)
-        except Exception as exc:
-            if self.fatal(exc):
-                raise
-            self._failed(hop, state, exc, where)
+            for again in (False, True):
+                held = self.session.held
+                try:
+                    return train_hop(layout, self.run, self.manifest, state, t=hop.hop, shard=hop.shard,
+                                     rung_end=hop.rung_end, cache_dir=self.cache_dir, where=where,
+                                     session=self.session, bundle=hop.bundle, read_checkpoint=read)
+                except Exception as exc:
+                    if self.fatal(exc):
+                        raise
+                    # the models this process keeps may be what filled the device: let them go and train the
+                    # hop again before the configuration is blamed (its own model is built afresh)
+                    if again or not out_of_memory(exc) or held == 0:
+                        self._failed(hop, state, exc, where)
+                        return None
+                    log.warning("%s ran out of memory with %d compiled model(s) kept (%s): they are let go and the "
+                                "hop trains again", hop.label, held, exc)
+                    self.session.empty()
             return None
         finally:
             self.status.training = None
