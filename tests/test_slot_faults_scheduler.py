@@ -64,7 +64,7 @@ def _holder(folder, dag_id, pool, seconds):
     (folder / f"{dag_id}.py").write_text(
         "import time\nfrom airflow.sdk import dag, task\n"
         f"@dag(dag_id={dag_id!r}, schedule=None)\ndef hold():\n"
-        f"    @task(pool={pool!r}, pool_slots=2)\n    def sleep():\n        time.sleep({seconds})\n"
+        f"    @task(pool={pool!r}, pool_slots=2, priority_weight=1000000, weight_rule='absolute')\n    def sleep():\n        time.sleep({seconds})\n"
         "    sleep()\nhold()\n")
 
 
@@ -82,7 +82,7 @@ def airflow(tmp_path_factory):
     _mop_dag(dags, LATE, one, {"MOP_SHARD_WAIT_SECONDS": "20"}, retries=4)
     _mop_dag(dags, YIELDING, one, {"MOP_SHARD_YIELD_SECONDS": "8"})
     _holder(dags, HOLD_SHARD_0, "mop_shard_0", 45)
-    _holder(dags, HOLD_SHARD_1, "mop_shard_1", 75)  # shard 0's slot starts some 20 s after the trigger
+    _holder(dags, HOLD_SHARD_1, "mop_shard_1", 60)
     with LocalAirflow(root / "airflow", dags, extra_env={"MOP_AIRFLOW_HOME": str(root / "mop")}) as af:
         for dag_id in (UNDISTURBED, KILLED, STOPPED, LATE, YIELDING, HOLD_SHARD_0, HOLD_SHARD_1):
             af.wait_for_dag(dag_id)
@@ -185,20 +185,28 @@ def test_a_hung_train_task_is_killed_by_its_watchdog_and_retried(airflow, undist
     print(f"stopped: {took:.1f} s against {baseline:.1f} s undisturbed")
 
 
-def _held(airflow, holder):
-    """Trigger ``holder`` and return once its task runs (holding its pool)."""
-    run_id = airflow.trigger(holder)
-    deadline = time.time() + 120
-    while time.time() < deadline:
-        if any(ti["state"] == "running" for ti in airflow.task_instances(holder, run_id)):
-            return run_id
-        time.sleep(0.5)
-    raise TimeoutError(f"{holder} did not start")
+def _held_during(airflow, dag_id, stage, holder):
+    """Run ``dag_id`` with ``holder`` triggered while the run's ``stage`` task runs: every train task
+    waits for every stage task, so the holder (waiting for both slots of the stage's pool, at a higher
+    priority) takes the pool as the stage task ends, before that shard's train task can; returns the
+    run's id and seconds. The holder's run must succeed too."""
+    held = []
+
+    def hold(run_id):
+        deadline = time.time() + 240
+        while time.time() < deadline and not held:
+            if any(ti["task_id"] == stage and ti["state"] == "running" for ti in airflow.task_instances(dag_id, run_id)):
+                held.append(airflow.trigger(holder))
+            time.sleep(0.2)
+        assert held, f"{stage} of {dag_id} never ran"
+
+    run_id, took = _run(airflow, dag_id, during=hold)
+    assert airflow.wait_for_run(holder, held[0], timeout=180) == "success"
+    return run_id, took
 
 
 def test_a_late_peer_is_waited_for_and_never_fails_the_block_for_good(airflow):
-    holder = _held(airflow, HOLD_SHARD_1)
-    run_id, took = _run(airflow, LATE)
+    run_id, took = _held_during(airflow, LATE, "stage_shard_1", HOLD_SHARD_1)
     tries = _tries(airflow, LATE, run_id)
     assert tries["train_shard_1"] == 1 and tries["train_shard_0"] >= 2, tries  # retried while shard 1 was late
     log = airflow.task_log(LATE, run_id, "train_shard_0", 1)
@@ -207,15 +215,12 @@ def test_a_late_peer_is_waited_for_and_never_fails_the_block_for_good(airflow):
     # shard 0's first try committed its first hops; no later try trained them again
     assert sorted(h["try_number"] for h in hops if h["shard"] == 0 and h["t"] == 0) == [1, 1]
     assert len(hops) == 8 and all(h["status"] == "ok" for h in hops)
-    assert airflow.wait_for_run(HOLD_SHARD_1, holder, timeout=120) == "success"
     print(f"late peer: {took:.1f} s, shard 0 in {tries['train_shard_0']} tries")
 
 
 def test_a_slot_whose_earlier_slot_waits_for_its_pool_is_rescheduled_without_a_try(airflow):
-    holder = _held(airflow, HOLD_SHARD_0)
-    run_id, took = _run(airflow, YIELDING)
+    run_id, took = _held_during(airflow, YIELDING, "stage_shard_0", HOLD_SHARD_0)
     assert _tries(airflow, YIELDING, run_id) == {"train_shard_0": 1, "train_shard_1": 1}
-    assert "train_shard_1" in _reschedules(airflow, YIELDING, run_id)
-    assert "train_shard_0" not in _reschedules(airflow, YIELDING, run_id)  # the first slot never yields
-    assert airflow.wait_for_run(HOLD_SHARD_0, holder, timeout=120) == "success"
-    print(f"yielding: {took:.1f} s, {len(_reschedules(airflow, YIELDING, run_id))} reschedule(s)")
+    rescheduled = _reschedules(airflow, YIELDING, run_id)
+    assert "train_shard_1" in rescheduled and "train_shard_0" not in rescheduled  # the first slot never yields
+    print(f"yielding: {took:.1f} s, {len(rescheduled)} reschedule(s)")
