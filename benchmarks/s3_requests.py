@@ -23,7 +23,6 @@ import datetime as dt
 import json
 import os
 import platform
-import statistics
 import sys
 import tempfile
 import threading
@@ -42,17 +41,28 @@ class Counter:
 
     def __init__(self, app):
         self.app, self.counts, self.lock = app, collections.Counter(), threading.Lock()
+        self.detail = collections.Counter()
 
     def __call__(self, environ, start_response):
         method, query = environ["REQUEST_METHOD"], environ.get("QUERY_STRING", "")
         kind = "LIST" if method == "GET" and "list-type" in query else method
+        # what the request was for: hops, checkpoints, slots (statuses and commit markers)...
+        path = environ.get("PATH_INFO", "").split("/")
+        what = path[5] if len(path) > 5 else "bucket"
+        if what == "slots" and "commits" in path:
+            what = "markers"
         with self.lock:
             self.counts[kind] += 1
+            self.detail[f"{kind} {what}"] += 1
         return self.app(environ, start_response)
 
 
 def s3_endpoint():
+    import logging
+
     from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # a line a request otherwise
 
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
@@ -120,6 +130,7 @@ def one_block(root: str, options: dict | None, folder: Path, args, counter: Coun
     threads = [threading.Thread(target=slot, args=(s,)) for s in range(args.shards)]
     if counter is not None:
         counter.counts.clear()  # the block's requests only, not the data's sharding
+        counter.detail.clear()
     began = time.perf_counter()
     for thread in threads:
         thread.start()
@@ -130,7 +141,8 @@ def one_block(root: str, options: dict | None, folder: Path, args, counter: Coun
         raise errors[0]
     trained = sum(len(r.trained) for r in results.values())
     counts = dict(counter.counts) if counter is not None else {}
-    return {"hops": trained, "seconds": took, "requests": sum(counts.values()), "by_kind": counts,
+    detail = dict(sorted(counter.detail.items())) if counter is not None else {}
+    return {"hops": trained, "seconds": took, "requests": sum(counts.values()), "by_kind": counts, "detail": detail,
             "per_hop": sum(counts.values()) / trained if trained else None}
 
 
@@ -168,9 +180,9 @@ def main() -> None:
                              "per_hop_all": [round(r["per_hop"], 2) for r in runs if r["per_hop"]]}
             if name == "s3":
                 print(f"s3: {median['hops']} hops, {median['requests']} requests, {median['per_hop']:.2f} a hop "
-                      f"(runs: {figures[name]['per_hop_all']}), by kind {json.dumps(median['by_kind'])}; "
-                      f"block {median['seconds']:.1f} s (median of {statistics.median(r['seconds'] for r in runs):.1f}"
-                      f" / runs {figures[name]['seconds_all']})")
+                      f"(runs: {figures[name]['per_hop_all']}), by kind {json.dumps(median['by_kind'])}, "
+                      f"by kind and folder {json.dumps(median['detail'])}; "
+                      f"block {median['seconds']:.1f} s (median; runs {figures[name]['seconds_all']})")
             else:
                 print(f"local: {median['hops']} hops; block {median['seconds']:.1f} s (runs {figures[name]['seconds_all']})")
     finally:

@@ -158,11 +158,18 @@ class Store:
     def exists(self, uri: str) -> bool:
         return self._call("looking for", uri, lambda: self.fs.exists(self._path(uri)))
 
-    def read_bytes(self, uri: str, *, tally: bool = True) -> bytes:
+    def _cat(self, path: str, small: bool) -> bytes:
+        # s3fs asks an object's size (a HEAD) before each read, to read a large one in parallel ranges:
+        # a request too many for a record or a status of a few hundred bytes
+        if small and self.protocol == "s3":
+            return self.fs.cat_file(path, max_concurrency=1)
+        return self.fs.cat_file(path)
+
+    def read_bytes(self, uri: str, *, tally: bool = True, small: bool = False) -> bytes:
         """The object's bytes; ``tally=False`` leaves them out of ``bytes_read`` (a read ahead on
-        another thread, counted by whoever takes it)."""
+        another thread, counted by whoever takes it); ``small``: a record, read in one request."""
         try:
-            data = self._call("reading", uri, lambda: self.fs.cat_file(self._path(uri)))
+            data = self._call("reading", uri, lambda: self._cat(self._path(uri), small))
         except FileNotFoundError as exc:
             raise StoreError(f"not found in the store: {uri}") from exc
         if tally:
@@ -170,17 +177,17 @@ class Store:
         return data
 
     def read_if_there(self, uri: str) -> bytes | None:
-        """The object's bytes, or None when there is none: one request on S3 where a look and a read
+        """A small object's bytes, or None when there is none: one request on S3 where a look and a read
         are two (what a slot polling another slot's status pays every few seconds)."""
         try:
-            data = self._call("reading", uri, lambda: self.fs.cat_file(self._path(uri)))
+            data = self._call("reading", uri, lambda: self._cat(self._path(uri), True))
         except FileNotFoundError:
             return None
         self.bytes_read += len(data)
         return data
 
     def read_json(self, uri: str) -> Any:
-        return json.loads(self.read_bytes(uri))
+        return json.loads(self.read_bytes(uri, small=True))
 
     def disk_usage(self, uri: str) -> int:
         """Bytes stored at or under ``uri`` (0 when nothing is there)."""
@@ -289,6 +296,15 @@ class Store:
         path = self._path(uri)
         try:  # one call, not a look then a delete: every hop deletes a checkpoint that fell out of the kept ones
             self._call("deleting", uri, lambda: self.fs.rm(path, recursive=True))
+        except FileNotFoundError:
+            pass
+
+    def delete_file(self, uri: str) -> None:
+        """Remove the one object ``uri``; a missing one is not an error. One request on S3, where
+        :meth:`delete_tree` lists (and looks) first."""
+        path = self._path(uri)
+        try:
+            self._call("deleting", uri, lambda: self.fs.rm_file(path))
         except FileNotFoundError:
             pass
 

@@ -361,10 +361,8 @@ class _Loop:
             self.result.dropped.append(hop.label)
             log.info("%s: dropped, %s %s at hop %d", hop.label, hop.config_id, record.status, record.t)
         waiting += [h for h in self.pending if h.hop != earliest[h.config_id] and h.config_id not in failed]
-        if waiting:
-            self.poller.wanted.set()
-        else:
-            self.poller.wanted.clear()
+        for wanted, event in ((bool(waiting), self.poller.wanted), (not ready, self.poller.idle)):
+            event.set() if wanted else event.clear()
         return ready, waiting  # in the pending hops' order: by priority
 
     def _train(self, hop: BlockHop, state: Assignment, ahead: dict[str, Future], hasher: ThreadPoolExecutor) -> Any:

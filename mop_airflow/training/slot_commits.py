@@ -7,7 +7,8 @@ hops lists only the folders of the slots its hops come from (the previous shard'
 the same configurations: one, whatever the number of configurations), each from the last name it
 saw: on S3 one LIST request a poll that returns only the new names, where looking each waiting
 configuration's next record up cost a request per configuration per poll. A poller thread does the
-listing, backing off while nothing arrives, and the training thread only reads the sets it fills.
+listing, backing off while nothing arrives; while the slot has a hop to train it lists only every
+:data:`POLL_MOST_REMOTE` (0.5 s on S3), and the training thread only reads the sets it fills.
 
 Each configuration's chain of states (:class:`Chains`) is then followed through the hop records the
 markers name, a record counting only when it started from the state the one before it left.
@@ -67,7 +68,8 @@ class CommitPoller:
         self._fresh: set[Key] = set()  # seen since the loop last took them
         self._lock = threading.Lock()
         self.arrived = threading.Event()  # set when a poll finds something new
-        self.wanted = threading.Event()  # the loop waits for hops: poll
+        self.wanted = threading.Event()  # the loop has hops waiting for others: poll
+        self.idle = threading.Event()  # and nothing to train meanwhile: poll fast
         self._stop = threading.Event()
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
@@ -107,6 +109,7 @@ class CommitPoller:
     def stop(self) -> None:
         self._stop.set()
         self.wanted.set()  # wake it
+        self.idle.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
 
@@ -118,12 +121,17 @@ class CommitPoller:
             if self._stop.is_set():
                 return
             try:
-                interval = self.first if self.poll() else min(interval * 2, self.most)
+                found = self.poll()
             except BaseException as exc:  # noqa: BLE001 - the loop raises it (a store gone fails the task)
                 self._error = exc
                 self.arrived.set()
                 return
-            self._stop.wait(interval)
+            if self.idle.is_set():  # the loop has nothing to train and waits for this: fast, backing off
+                interval = self.first if found else min(interval * 2, self.most)
+                self._stop.wait(interval)
+            else:  # it trains: slowly, but at once when it runs out of work
+                interval = self.first
+                self.idle.wait(self.most)
 
 
 def committed(layout: RunLayout, state: Assignment, t: int, known: set[Key] | None = None) -> HopRecord | None:
