@@ -147,6 +147,10 @@ def one_block(root: str, options: dict | None, folder: Path, args, counter: Coun
 
 
 def main() -> None:
+    import faulthandler
+    import signal
+
+    faulthandler.register(signal.SIGUSR1)  # kill -USR1 <pid>: every thread's stack, to see where a block waits
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--configs", type=int, default=64)
     parser.add_argument("--shards", type=int, default=4)

@@ -10,8 +10,8 @@ configuration's next record up cost a request per configuration per poll. A poll
 listing, backing off while nothing arrives; while the slot has a hop to train it lists only every
 :data:`POLL_MOST_REMOTE` (0.5 s on S3), and the training thread only reads the sets it fills.
 
-Each configuration's chain of states (:class:`Chains`) is then followed through the hop records the
-markers name, a record counting only when it started from the state the one before it left.
+Each configuration's state before its next hop (:class:`Chains`) is then read from the hop record
+the marker names.
 """
 
 from __future__ import annotations
@@ -182,7 +182,13 @@ class Chains:
     def before(self, cid: str, t: int, *, look: bool = False) -> Assignment | HopRecord | None:
         """The state configuration ``cid``'s hop ``t`` starts from; a failure record when it failed
         before it; None while the hop before it is not committed (``look``: look in the store for a
-        record no marker named, before giving a hop up)."""
+        record no marker named, before giving a hop up).
+
+        The hop before it was trained by the previous shard's slot, whose markers this slot lists; the
+        hops between this slot's last knowledge of the configuration and that one were trained by slots
+        it does not list. So the record a marker names is taken as it is (its slot checked its own input
+        against the record before it), and checked here against the state before it when this slot
+        knows that state: walking the records between would cost a read per shard and hop."""
         failed = self.failed.get(cid)
         if failed is not None and failed.t < t:
             return failed
@@ -191,19 +197,17 @@ class Chains:
             return None
         if t - 1 in states:
             return states[t - 1]
-        known = states[max(states)]
-        store = self.layout.store
-        while known.t < t - 1:
-            key = (cid, known.t + 1)
-            uri = self.layout.hop_record_uri(*key)
-            if key not in self.listed and not (look and store.exists(uri)):
-                return None
-            record = HopRecord.read(store, uri)
-            self.listed.discard(key)  # read: a later marker of it (trained again) brings it back
-            if record.input_sha256 != known.checkpoint_sha256:
-                return None  # left by an earlier run from another state: its hop will be trained again
-            if record.status != "ok":
-                self.failed[cid] = record
-                return record
-            known = states[record.t] = state_after(record)
-        return known if known.t == t - 1 else None
+        key = (cid, t - 1)
+        uri = self.layout.hop_record_uri(*key)
+        if key not in self.listed and not (look and self.layout.store.exists(uri)):
+            return None
+        record = HopRecord.read(self.layout.store, uri)
+        self.listed.discard(key)  # read: a later marker of it (trained again) brings it back
+        known = states.get(t - 2)
+        if known is not None and record.input_sha256 != known.checkpoint_sha256:
+            return None  # left by an earlier run from another state: its hop will be trained again
+        if record.status != "ok":
+            self.failed[cid] = record
+            return record
+        states[record.t] = state_after(record)
+        return states[record.t]
