@@ -176,3 +176,41 @@ def test_the_stall_bound_is_read_from_the_environment():
     assert stall_seconds({}) == 300.0 and stall_seconds({"MOP_SHARD_STALL_SECONDS": "0"}) == 0.0
     with pytest.raises(ValueError, match=r"MOP_SHARD_STALL_SECONDS='soon': must be a number of seconds >= 0"):
         stall_seconds({"MOP_SHARD_STALL_SECONDS": "soon"})
+
+
+def test_slots_of_three_shards_learn_their_hops_from_the_previous_shards_markers(toy_data, tmp_path):
+    """With three shards a slot lists only the previous shard's markers: the hop two shards back is
+    another slot's it never lists, and the block must not wait for it."""
+    from mop_airflow.data.shard import shard_dataset
+    from mop_airflow.planning.resolve import resolve_run
+    from mop_airflow.planning.schedule import deal_classes
+    from mop_airflow.records import Assignment, BundleAssignment
+    from mop_airflow.records.layout import RunLayout
+    from mop_airflow.store import Store
+    from mop_airflow.training.shard_loop import block_hops
+
+    from .toys import toy_spec
+
+    run = resolve_run(toy_spec(tmp_path, *toy_data, shards=3, iterations=2), None, dag_id="d", run_id="r")
+    layout = RunLayout(Store(run.store.root), "d", "r")
+    manifest = shard_dataset(run.data, layout.store, "d", 3, run.schedule.seed)
+    ids = [c["config_id"] for c in run.configs]
+    classes = [[BundleAssignment.start(o, [Assignment(cid, -1, None) for cid in members])]
+               for o, members in enumerate(deal_classes(ids, shards=3, seed=run.schedule.seed))]
+    hops = block_hops(classes, shards=3, slots=1, start=0, end=6)
+    results, errors = {}, []
+
+    def slot(shard):
+        try:
+            results[shard] = run_slot(layout, run, manifest, hops, block="b0", shard=shard, slot=0,
+                                      cache_dir=run.store.local_cache, wait_seconds=60)
+        except BaseException as exc:  # noqa: BLE001 - asserted below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=slot, args=(s,)) for s in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=240)
+    assert errors == [] and sum(len(r.trained) for r in results.values()) == len(hops)
+    assert all(SlotStatus.read(layout.store, layout.slot_status_uri("b0", s, 0)).state == "done" for s in range(3))
