@@ -62,6 +62,7 @@ REPO = Path(__file__).resolve().parents[1]
 if __package__ in (None, ""):  # run as a script from a checkout: make the package importable
     sys.path.insert(0, str(REPO))
 
+from benchmarks.sim_vs_airflow import FEATURES, write_data  # noqa: E402  (the same two-class data)
 from mop_airflow.config import MopSpec  # noqa: E402
 from mop_airflow.records import BlockDecision, HopRecord, Plan, RunRecord  # noqa: E402
 from mop_airflow.records.layout import RunLayout  # noqa: E402
@@ -70,33 +71,12 @@ from mop_airflow.store import Store  # noqa: E402
 MODEL = "mop_airflow.examples.timed_models:sleepy"
 DAG_ID = "mop_hyperband_blocks"
 BATCH_SIZE = 32
-FEATURES = 8
 SAVED = "airflow_run.json"
 GOAL_BOUND = 3.0      # the search's wall within 3x the bound
 GOAL_ESTIMATE = 0.15  # the estimate within 15 % of the measured hop window
 
 
 # -- setup ---------------------------------------------------------------------------------------
-
-def write_data(folder: Path, *, train_rows: int, validation_rows: int, seed: int) -> tuple[str, str]:
-    """A two-class problem (sklearn make_classification) as train and validation Parquet files."""
-    import numpy as np
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-    from sklearn.datasets import make_classification
-
-    x, y = make_classification(n_samples=train_rows + validation_rows, n_features=FEATURES, n_informative=5,
-                               n_redundant=1, n_classes=2, random_state=seed)
-    folder.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for name, rows in (("train", slice(0, train_rows)), ("validation", slice(train_rows, None))):
-        columns = {f"x{i}": x[rows, i].astype(np.float32) for i in range(FEATURES)}
-        columns["label"] = y[rows].astype(np.int64)
-        path = folder / f"{name}.parquet"
-        pq.write_table(pa.table(columns), path)
-        paths.append(str(path))
-    return paths[0], paths[1]
-
 
 def make_spec(args: argparse.Namespace, train: str, validation: str, store_root: str) -> dict[str, Any]:
     return {
