@@ -29,7 +29,6 @@ DAG_ID = "mop_real_scheduler"
 CHECKED = "mop_pools_checked"  # the same DAG with pools="check"
 KILLED, UNDISTURBED = "mop_killed_hop", "mop_undisturbed"
 SPLIT, WHOLE = "mop_split_runs", "mop_one_run"  # 3 iterations: one per DAG run, or all in one
-HALF = "mop_half_iteration_runs"  # the same search, half an iteration (one hop of 2 shards) per DAG run
 
 # A builder whose training process SIGKILLs itself half-way through the first try of shard 1's train
 # task of the KILLED DAG (Airflow exports the task's ids into the environment): at its 40th training
@@ -62,7 +61,7 @@ def airflow(tmp_path_factory):
             "import datetime, json\nfrom mop_airflow import build_mop_dag\n"
             f"dag = build_mop_dag(json.loads({json.dumps(json.dumps(killer_spec))}), dag_id={dag_id!r},\n"
             "                    default_args={'retry_delay': datetime.timedelta(seconds=2)})\n")
-    for dag_id, per_run in ((SPLIT, 1), (WHOLE, "auto"), (HALF, 0.5)):
+    for dag_id, per_run in ((SPLIT, 1), (WHOLE, "auto")):
         split_spec = tiny_spec(root / "digits.parquet", f"file://{root / 'store'}", iterations=3,
                                iterations_per_run=per_run)
         # 4 configurations, the two 200 units wide fail at their first hop (in the first block)
@@ -71,7 +70,7 @@ def airflow(tmp_path_factory):
         dag_file(dags, dag_id, split_spec)
     env = {"MOP_AIRFLOW_HOME": str(root / "mop"), "PYTHONPATH": str(lib)}
     with LocalAirflow(root / "airflow", dags, extra_env=env) as af:
-        for dag_id in (DAG_ID, CHECKED, KILLED, UNDISTURBED, SPLIT, WHOLE, HALF):
+        for dag_id in (DAG_ID, CHECKED, KILLED, UNDISTURBED, SPLIT, WHOLE):
             af.wait_for_dag(dag_id)
         af.root = root
         yield af
@@ -277,28 +276,3 @@ def test_a_search_split_over_dag_runs_goes_on_run_after_run_and_ends_as_one_run(
         assert page.status_code == 200, page.text
         board = page.json()["leaderboard"]
         assert board["final"] and [r["config_id"] for r in board["leaderboard"]] == [r["config_id"] for r in split_board]
-
-
-@pytest.mark.slow
-def test_a_search_in_blocks_shorter_than_an_iteration_ends_as_one_run(airflow):
-    """Half an iteration a run: each run's classes start on the shard they have reached, so the
-    six runs visit the shards in the search's own order and end with the one run's leaderboard."""
-    store = Store(f"file://{airflow.root / 'store'}")
-    whole = airflow.trigger(WHOLE)
-    first = airflow.trigger(HALF)
-    assert airflow.wait_for_run(WHOLE, whole, timeout=420) == "success"
-    runs = [first] + [f"{first}__block_{b}" for b in range(1, 6)]
-    for run_id in runs:
-        assert airflow.wait_for_run(HALF, run_id, timeout=420) == "success", run_id
-    layout = RunLayout(store, HALF, first)
-    assert store.read_json(layout.chain_uri)["runs"] == runs
-    hops = [store.read_json(uri) for uri in store.glob(layout.hops_glob)]
-    whole_hops = [store.read_json(uri) for uri in store.glob(RunLayout(store, WHOLE, whole).hops_glob)]
-    assert sorted((h["config_id"], h["t"], h["shard"]) for h in hops if h["status"] == "ok") == \
-        sorted((h["config_id"], h["t"], h["shard"]) for h in whole_hops if h["status"] == "ok")
-    half_board = store.read_json(layout.report_uri("leaderboard.json"))["leaderboard"]
-    whole_board = store.read_json(RunLayout(store, WHOLE, whole).report_uri("leaderboard.json"))["leaderboard"]
-    assert [(r["config_id"], r["status"]) for r in half_board] == [(r["config_id"], r["status"]) for r in whole_board]
-    for a, b in zip(half_board, whole_board):
-        if a["status"] == "finished":
-            assert a["val_accuracy"] == pytest.approx(b["val_accuracy"], abs=1e-6)
