@@ -192,9 +192,14 @@ def logged_in(browser, airflow, user="admin"):
     page.goto(f"{airflow.base_url}/auth/login/")
     page.fill("#username", user)
     page.fill("#password", password(user))
+    # The click submits the form; waiting for "networkidle" right after it can return before the
+    # POST has even started (the login page itself is idle), so wait for the cookie the answer sets.
     page.click("input[type=submit], button[type=submit]")
+    deadline = time.monotonic() + 60
+    while "_token" not in {c["name"] for c in context.cookies()}:
+        assert time.monotonic() < deadline, f"logging in as {user} set no _token cookie within 60 s (at {page.url})"
+        page.wait_for_timeout(200)
     page.wait_for_load_state("networkidle")
-    assert "_token" in {c["name"] for c in context.cookies()}
     return page
 
 

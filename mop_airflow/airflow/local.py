@@ -103,7 +103,11 @@ def airflow_env(home: Path, dags_folder: Path, port: int, extra: Mapping[str, st
         "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
         "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True",
         "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{base}/execution/",
-        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home}/airflow.db",
+        # SQLite lets one writer in at a time and makes the others wait up to `timeout` seconds
+        # (Python's default: 5) before "database is locked". On a busy machine the scheduler, the
+        # dag-processor, the API server and every task's heartbeat write at once, and 5 s ran out:
+        # the API answered a PATCH of a DAG run with 500 "Database error". 60 s rides that out.
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home}/airflow.db?timeout=60",
         "AIRFLOW__API__BASE_URL": base,
         "AIRFLOW__API__PORT": str(port),
         "AIRFLOW__API__HOST": "127.0.0.1",
