@@ -202,13 +202,28 @@ def failed_logs(af, dag_id: str, run_id: str) -> str:
     return f"{run_id}: failed {failed}\n" + "\n".join(af.task_log(dag_id, run_id, t)[-3000:] for t in failed[:2])
 
 
-def pytest_collection_modifyitems(config, items):
-    """The files holding a slow test first, in the order collected.
+# Seconds a file took in a whole `make test` on a 2-core machine (setup, calls and teardown;
+# 2026-11-27, from --durations), for the files of a minute or more: the longest go first.
+FILE_SECONDS = {
+    "test_command_line.py": 415, "test_celery_howto.py": 385, "test_slot_faults_scheduler.py": 300,
+    "test_results_page.py": 300, "test_real_scheduler.py": 270, "test_task_group.py": 260,
+    "test_shard_loop.py": 230, "test_distributed.py": 215, "test_asha_runs.py": 175, "test_end_to_end.py": 160,
+    "test_hyperband_blocks.py": 155, "test_pbt_runs.py": 150, "test_champion.py": 145, "test_jax_backend.py": 130,
+    "test_retraining_dags.py": 125, "test_credentials.py": 110, "test_shared_compile.py": 85,
+    "test_group_runs.py": 60, "test_fused.py": 60,
+}
 
-    `make test` hands whole files to two workers, one at a time as each finishes. xdist's own order
-    (most tests first) left the files of one long test, such as the Celery how-to's five minutes, for
-    last, with the other worker idle: taking the long files first took the suite from 22:03 to 19:27
-    on a 2-core machine (two whole runs, 2026-11-26).
+
+def pytest_collection_modifyitems(config, items):
+    """The longest files first: those measured (:data:`FILE_SECONDS`), longest first, then the
+    other files holding a slow test, then the rest, each group in the order collected.
+
+    `make test` hands whole files to two workers, one at a time as each finishes, so the suite ends
+    when the worker that took the last long file ends it. xdist's own order (most tests first) left
+    the files of one long test, such as the Celery how-to's five minutes, for last, with the other
+    worker idle: taking the long files first took the suite from 22:03 to 19:27 on a 2-core machine
+    (two whole runs, 2026-11-26).
     """
     slow = {item.path for item in items if item.get_closest_marker("slow")}
-    items.sort(key=lambda item: item.path not in slow)  # stable: the order within each group stays
+    # stable: the order within each group stays
+    items.sort(key=lambda item: (-FILE_SECONDS.get(item.path.name, 0), item.path not in slow))
