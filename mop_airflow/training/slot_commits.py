@@ -16,9 +16,9 @@ the marker names.
 
 from __future__ import annotations
 
-import itertools
 import logging
 import threading
+import time
 from typing import Iterable
 
 from mop_airflow.records import Assignment, HopRecord
@@ -42,11 +42,18 @@ class CommitLog:
     def __init__(self, layout: RunLayout, block: str, shard: int, slot: int, try_number: int) -> None:
         self.layout, self.try_number = layout, try_number
         self.folder = layout.slot_commits_uri(block, shard, slot)
-        self._sequence = itertools.count()  # next() is atomic: the writer thread and the training thread share it
+        # The sequence is the wall clock in ns, kept rising: pollers list each folder from the last name
+        # they saw, so a later try's names must sort after an earlier try's even when both have the same
+        # try number (a run re-run outside Airflow, dag.test()). A count from 0 sorted before and went unseen.
+        self._last = 0
+        self._lock = threading.Lock()  # the writer thread and the training thread both mark
 
     def mark(self, record: HopRecord) -> None:
         """Say hop ``record`` is recorded; only after its record is written."""
-        name = f"{self.try_number:04d}.{next(self._sequence):07d}.{record.config_id}.{record.t}"
+        with self._lock:
+            self._last = max(self._last + 1, time.time_ns())
+            sequence = self._last
+        name = f"{self.try_number:04d}.{sequence:020d}.{record.config_id}.{record.t}"
         self.layout.store.write_bytes(f"{self.folder}/{name}", b"")
 
 
