@@ -88,14 +88,23 @@ class TrainingError(MopError):
 
 class BlockIncompleteError(TrainingError):
     """A shard slot's task ended its block with hops it could not train: the configuration's previous
-    hop belongs to another shard slot that failed for good or stopped answering."""
+    hop belongs to another shard slot that failed for good, or made no progress within the wait bound.
+    ``retryable``: every such slot may still come (late or hung, not ended), so the task is retried
+    (its committed hops stay) instead of failing the block for good."""
 
-    def __init__(self, shard: int, slot: int, untrained: dict[str, str]):
+    def __init__(self, shard: int, slot: int, untrained: dict[str, str], *, for_good: Iterable[str] | None = None):
         self.shard = shard
         self.slot = slot
         self.untrained = dict(untrained)  # "c003-e000a6 t=5" -> why
+        # the hops whose slot ended for good (None: all of them, as before the distinction)
+        self.for_good = set(self.untrained if for_good is None else for_good)
+        self.retryable = not self.for_good
         lines = "\n".join(f"  - {hop}: {why}" for hop, why in sorted(self.untrained.items()))
+        fix = ("Airflow retries this task, which waits again; the hops committed stay. If it keeps failing, "
+               "check that the slots named above get their pool slots (another DAG may hold them) and are not hung"
+               if self.retryable else
+               "read the log of the shard task named above, fix its cause, then clear the failed shard tasks of "
+               "this run: they skip the hops already committed and train the rest")
         super().__init__(
             f"shard {shard} slot {slot} trained every hop it could, but {len(self.untrained)} of its hops never "
-            f"became ready:\n{lines}\nFix: read the log of the shard task named above, fix its cause, then clear "
-            "the failed shard tasks of this run: they skip the hops already committed and train the rest")
+            f"became ready:\n{lines}\nFix: {fix}")

@@ -159,19 +159,36 @@ class Store:
     def exists(self, uri: str) -> bool:
         return self._call("looking for", uri, lambda: self.fs.exists(self._path(uri)))
 
-    def read_bytes(self, uri: str, *, tally: bool = True) -> bytes:
+    def _cat(self, path: str, small: bool) -> bytes:
+        # s3fs asks an object's size (a HEAD) before each read, to read a large one in parallel ranges:
+        # a request too many for a record or a status of a few hundred bytes
+        if small and self.protocol == "s3":
+            return self.fs.cat_file(path, max_concurrency=1)
+        return self.fs.cat_file(path)
+
+    def read_bytes(self, uri: str, *, tally: bool = True, small: bool = False) -> bytes:
         """The object's bytes; ``tally=False`` leaves them out of ``bytes_read`` (a read ahead on
-        another thread, counted by whoever takes it)."""
+        another thread, counted by whoever takes it); ``small``: a record, read in one request."""
         try:
-            data = self._call("reading", uri, lambda: self.fs.cat_file(self._path(uri)))
+            data = self._call("reading", uri, lambda: self._cat(self._path(uri), small))
         except FileNotFoundError as exc:
             raise StoreError(f"not found in the store: {uri}") from exc
         if tally:
             self.bytes_read += len(data)
         return data
 
+    def read_if_there(self, uri: str) -> bytes | None:
+        """A small object's bytes, or None when there is none: one request on S3 where a look and a read
+        are two (what a slot polling another slot's status pays every few seconds)."""
+        try:
+            data = self._call("reading", uri, lambda: self._cat(self._path(uri), True))
+        except FileNotFoundError:
+            return None
+        self.bytes_read += len(data)
+        return data
+
     def read_json(self, uri: str) -> Any:
-        return json.loads(self.read_bytes(uri))
+        return json.loads(self.read_bytes(uri, small=True))
 
     def disk_usage(self, uri: str) -> int:
         """Bytes stored at or under ``uri`` (0 when nothing is there)."""
@@ -184,6 +201,34 @@ class Store:
         if self.protocol == "file":
             return sorted("file://" + p for p in paths)
         return sorted(f"{self.protocol}://" + p.lstrip("/") for p in paths)
+
+    def names_after(self, folder_uri: str, after: str = "") -> list[str]:
+        """The names of the objects in ``folder_uri`` that sort after ``after``, sorted; none when the
+        folder is not there. On S3 one LIST request a thousand names, starting after ``after`` (no
+        cached listing): a poller that remembers the last name it saw pays for the new names only."""
+        path = self._path(folder_uri).rstrip("/")
+        if self.protocol == "s3":
+            return self._call("listing", folder_uri, lambda: self._s3_names_after(path, after))
+        try:
+            names = self._call("listing", folder_uri, lambda: [posixpath.basename(p.rstrip("/")) for p in
+                                                             self.fs.ls(path, detail=False)])
+        except FileNotFoundError:
+            return []
+        return sorted(n for n in names if n > after)
+
+    def _s3_names_after(self, path: str, after: str) -> list[str]:
+        bucket, key, _ = self.fs.split_path(path)
+        prefix = key + "/"
+        request: dict[str, Any] = {"Bucket": bucket, "Prefix": prefix}
+        if after:
+            request["StartAfter"] = prefix + after
+        names: list[str] = []
+        while True:
+            page = self.fs.call_s3("list_objects_v2", **request)
+            names += [item["Key"][len(prefix):] for item in page.get("Contents", [])]
+            if not page.get("IsTruncated"):
+                return names
+            request["ContinuationToken"] = page["NextContinuationToken"]
 
     def get_file(self, uri: str, local_path: str) -> None:
         """Copy one object to a local file atomically (for the shard cache)."""
@@ -283,6 +328,15 @@ class Store:
         path = self._path(uri)
         try:  # one call, not a look then a delete: every hop deletes a checkpoint that fell out of the kept ones
             self._call("deleting", uri, lambda: self.fs.rm(path, recursive=True))
+        except FileNotFoundError:
+            pass
+
+    def delete_file(self, uri: str) -> None:
+        """Remove the one object ``uri``; a missing one is not an error. One request on S3, where
+        :meth:`delete_tree` lists (and looks) first."""
+        path = self._path(uri)
+        try:
+            self._call("deleting", uri, lambda: self.fs.rm_file(path))
         except FileNotFoundError:
             pass
 

@@ -84,9 +84,14 @@ class MopTrainShardOperator(MopBaseOperator):
             classes = [[BundleAssignment.from_dict(b) for b in listed] for listed in decision_classes(layout, decision)]
         else:  # a plain search: each class as its stage task listed it
             classes = self.bundles()
+        from mop_airflow.planning.bundling import model_key  # noqa: PLC0415
+
+        run = self.run_record(layout)
         hops = block_hops(classes, shards=self.shards, slots=self.slots, start=self.start, end=end,
                           relative=self.relative, rung_end=self.rung_end, priority=self.priority,
-                          chain_end=chain_end, shift=shift, ends=ends)
+                          chain_end=chain_end, shift=shift, ends=ends,
+                          # a model key's configurations on one slot: its compiled model serves them all
+                          key=lambda cid: model_key(run.config(cid)))
         alone = running_in_dag_test()  # tasks run one at a time: this one trains the whole block
         mine = hops if alone else [h for h in hops if (h.shard, h.slot) == (self.shard, self.slot)]
         if not mine:
@@ -102,7 +107,9 @@ class MopTrainShardOperator(MopBaseOperator):
         # without MOP_GPUS or CUDA_VISIBLE_DEVICES, is left exactly as it is).
         from mop_airflow.training.devices import place_this_process  # noqa: PLC0415
         from mop_airflow.training.model_hop import Where  # noqa: PLC0415
+        from mop_airflow.errors import BlockIncompleteError  # noqa: PLC0415
         from mop_airflow.training.shard_loop import SlotYielded, run_slot  # noqa: PLC0415
+        from mop_airflow.training.watchdog import stall_seconds  # noqa: PLC0415
 
         placement = place_this_process()
         if placement is not None and placement.gpu is not None:
@@ -139,8 +146,14 @@ class MopTrainShardOperator(MopBaseOperator):
                 # the store or Airflow itself, search.fail_fast, or a worker going away: the task fails and retries
                 fatal=lambda exc: isinstance(exc, RETRIED) or run.fail_fast or transient(exc),
                 # no retry follows: the slots that wait for this one's hops stop waiting
-                final=lambda exc: isinstance(exc, NOT_RETRIED) or run.fail_fast or try_number > max_tries,
-                stop=self._stop, more=more)
+                final=lambda exc: (isinstance(exc, NOT_RETRIED) and not _may_come(exc)) or run.fail_fast
+                or try_number > max_tries,
+                stop=self._stop, stall_seconds=None if alone else stall_seconds(), more=more)
+        except BlockIncompleteError as exc:
+            if not _may_come(exc) or run.fail_fast:
+                raise
+            # the slots it waited for are late or hung, not gone: a retry waits again (a TrainingError would not be)
+            raise AirflowException(str(exc)) from exc
         except SlotYielded as exc:
             # another block may hold the shard pools this block needs first: free this one's slot
             # for a while (a reschedule takes no try), at a random moment so two blocks do not meet again
@@ -159,3 +172,7 @@ class MopTrainShardOperator(MopBaseOperator):
         return {"trained": len(result.trained), "committed": len(result.committed),
                 "failed": sorted(r.config_id for r in result.failed), "dropped": len(result.dropped)}
 
+
+def _may_come(exc: BaseException) -> bool:
+    """A block left incomplete only by slots that may still come (late or hung, not ended for good)."""
+    return bool(getattr(exc, "retryable", False))

@@ -73,6 +73,11 @@ class RunLayout:
         """What shard ``shard``'s slot ``slot`` last said in block ``block`` (:class:`~mop_airflow.records.SlotStatus`)."""
         return self._at("slots", safe_segment(block), f"shard_{shard:02d}_slot_{slot}.json")
 
+    def slot_commits_uri(self, block: str, shard: int, slot: int) -> str:
+        """The folder of empty markers a slot leaves after each hop it records, in order: what the slots
+        waiting for its hops list (one listing a poll, :mod:`mop_airflow.training.slot_commits`)."""
+        return self._at("slots", safe_segment(block), "commits", f"shard_{shard:02d}_slot_{slot}")
+
     def slots_glob(self, run_id: str) -> str:
         """The slot status files of the blocks DAG run ``run_id`` trains (:func:`block_name`)."""
         return self._at("slots", f"{safe_segment(run_id)}.*", "shard_*_slot_*.json")

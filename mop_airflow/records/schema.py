@@ -478,7 +478,8 @@ class SlotStatus(Record):
 
     ``state``: "running" (``heartbeat`` is refreshed every few seconds while the process lives),
     "done", "yielded" (it gave its pool slot back and comes again), or "failed" (``final``: no retry
-    follows, so hops that wait for this slot never come).
+    follows, so hops that wait for this slot never come). A try never writes "running" after its
+    own final state, and the readers ignore a status of a try older than one they have seen.
     """
 
     block: str
@@ -496,6 +497,9 @@ class SlotStatus(Record):
     left: int = 0        # hops of this slot still to train
     training: str | None = None  # the hop on the slot now: "c003-e000a6 t=5"
     error: str | None = None
+    # the process's training count (batches, commits, looks for hops): the slots waiting for this one
+    # judge it by this moving, since a hung process may still heartbeat
+    progress: int = 0
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ class AshaSource:
     def __init__(self, layout: RunLayout, run: RunRecord, *, shard: int, slot: int, shards: int, slots: int,
                  alone: bool = False) -> None:
         self.ledger = Ledger(layout, run, shards, slots)
-        self.shard, self.slot, self.shards, self.alone = shard, slot, shards, alone
+        self.shard, self.slot, self.shards, self.slots, self.alone = shard, slot, shards, slots, alone
         self.every = EVERY_LOCAL if layout.store.protocol == "file" else EVERY_REMOTE
         self.read_at = self.decided_at = 0.0
         self.taken = 0  # decisions already turned into hops

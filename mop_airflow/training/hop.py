@@ -15,6 +15,7 @@ import keras
 import numpy as np
 
 from mop_airflow.errors import TrainingError
+from mop_airflow.training import progress
 from mop_airflow.training.steps import (as_keras_arrays, evaluate_arrays, evaluate_batches, stepwise_supported,
                                         train_batches, train_pass)
 
@@ -50,7 +51,7 @@ def train_on_shard(model: keras.Model, x: Any, y: np.ndarray, *, batch_size: int
         if stepwise:
             return train_pass(model, _take(x, order), y[order], batch_size=batch_size)
         return _last_epoch(model.fit(_take(x, order), y[order], batch_size=batch_size, epochs=1, shuffle=False,
-                                     verbose=0, callbacks=[keras.callbacks.TerminateOnNaN()]))
+                                     verbose=0, callbacks=[keras.callbacks.TerminateOnNaN(), _Ticks()]))
 
     return _train(model, len(y), epochs, one_pass, iteration=iteration, shard=shard)
 
@@ -74,9 +75,17 @@ def train_streamed(model: keras.Model, path: str, load: Any, *, batch_size: int,
         if stepwise:
             return train_batches(model, batches)
         return _last_epoch(model.fit(batches, steps_per_epoch=math.ceil(n_rows / batch_size), epochs=1, shuffle=False,
-                                     verbose=0, callbacks=[keras.callbacks.TerminateOnNaN()]))
+                                     verbose=0, callbacks=[keras.callbacks.TerminateOnNaN(), _Ticks()]))
 
     return _train(model, n_rows, epochs, one_pass, iteration=iteration, shard=shard)
+
+
+class _Ticks(keras.callbacks.Callback):
+    """Counts ``fit``'s batches as progress (:mod:`~mop_airflow.training.progress`), as the step-by-step
+    path does: a shard slot's watchdog would take a long pass for a hang."""
+
+    def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+        progress.tick()
 
 
 def _train(model: keras.Model, n_rows: int, epochs: int, one_pass: Any, *, iteration: int,

@@ -105,7 +105,7 @@ class TrainedHop:
         self.state = {}  # the values may hold device memory: let them go
         # Only once this hop is recorded: a retry of it still finds the state it started from.
         for old in stale_checkpoints(t, self.run.store.keep_checkpoints, record.best_t, self.assignment.best_t):
-            store.delete_tree(self.layout.checkpoint_uri(cid, old))
+            store.delete_file(self.layout.checkpoint_uri(cid, old))  # one object: one request on S3
         return record
 
 

@@ -7,13 +7,23 @@ for one configuration is reused by every later configuration with the same
 variable (weights, seed-generator states, step, learning rate, moments) is overwritten from the
 configuration's own checkpoint, or, at its first hop, from a fresh build with its own seed.
 Keras then runs the train step it already traced.
+
+The models kept are bounded by their bytes as well as their count (:func:`cache_bytes`): a quarter
+of the accelerator's memory, or on the CPU a sixteenth of the machine's memory up to 1 GiB, shared
+by the slots of the machine (``MOP_MODEL_CACHE_BYTES`` sets it). A device that runs out of memory
+all the same empties the cache before a configuration is blamed (:func:`out_of_memory`).
 """
 
 from __future__ import annotations
 
+import gc
+import logging
+import math
 import os
 from collections import OrderedDict
 from typing import Any
+
+from mop_airflow.errors import SpecError
 
 from mop_airflow.records import Manifest, RunRecord
 
@@ -23,6 +33,9 @@ MAX_MODELS = 4
 # (a compiled model of the demo's CNN with Adam's moments is a few MB; rebuilding and tracing one
 # costs 0.5-2 s on a CPU, several seconds of compilation on a GPU).
 WARM_MODELS = 32
+CACHE_BYTES_ENV = "MOP_MODEL_CACHE_BYTES"
+HOST_CACHE_MOST = 1 << 30  # on the CPU, at most 1 GiB of models kept per process
+log = logging.getLogger(__name__)
 HOPS_PER_WORKER_ENV = "MOP_AIRFLOW_HOPS_PER_WORKER"
 COMPILATION_CACHE_ENV = "MOP_COMPILATION_CACHE"  # "0": JAX compiles every hop's steps afresh
 DEVICE_ARRAYS_ENV = "MOP_DEVICE_ARRAYS"  # "0": shards stay in host memory; "1": on the device, the CPU too
@@ -111,12 +124,70 @@ def on_accelerator(x: Any, y: Any, environ: Any = os.environ) -> tuple[Any, Any]
     return jax.device_put((x, y))
 
 
+def model_bytes(model: Any) -> int:
+    """What a compiled model holds: its variables' and its optimizer's (weights, moments, step)."""
+    import numpy as np  # noqa: PLC0415
+
+    optimizer = getattr(model, "optimizer", None)
+    variables = [*model.variables, *(getattr(optimizer, "variables", None) or [])]
+    return sum(math.prod(v.shape) * np.dtype(v.dtype).itemsize for v in variables)
+
+
+def cache_bytes(slots: int = 1, environ: Any = os.environ) -> int:
+    """The bytes of compiled models one process keeps: ``MOP_MODEL_CACHE_BYTES``; else on a JAX
+    accelerator a quarter of its memory, shared by the ``slots`` that share it; else (the CPU, or a
+    device whose size Keras does not say) a sixteenth of the machine's memory, at most 1 GiB, shared
+    the same way. Evicting a model costs a build and a trace when it comes back, never a result."""
+    value = (environ.get(CACHE_BYTES_ENV) or "").strip()
+    if value:
+        if not value.isdigit():
+            raise SpecError(CACHE_BYTES_ENV, value, "must be a number of bytes",
+                            f"set {CACHE_BYTES_ENV}=536870912 (512 MiB) or unset it")
+        return int(value)
+    device = _device_memory()
+    if device:
+        return device // 4 // max(1, slots)
+    try:
+        host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        host = 16 * HOST_CACHE_MOST
+    return min(HOST_CACHE_MOST, host // 16) // max(1, slots)
+
+
+def _device_memory() -> int | None:
+    import keras  # noqa: PLC0415
+
+    if keras.config.backend() != "jax":
+        return None
+    from mop_airflow.training.steps import jax_accelerator  # noqa: PLC0415
+
+    if not jax_accelerator():
+        return None
+    import jax  # noqa: PLC0415
+
+    stats = jax.devices()[0].memory_stats() or {}
+    return int(stats.get("bytes_limit") or 0) or None
+
+
+def out_of_memory(exc: BaseException) -> bool:
+    """Whether ``exc`` says the device (or the host) ran out of memory: TensorFlow's
+    ResourceExhaustedError, XLA's RESOURCE_EXHAUSTED, a MemoryError."""
+    if isinstance(exc, MemoryError):
+        return True
+    name, text = type(exc).__name__, str(exc)
+    return "ResourceExhausted" in name or "RESOURCE_EXHAUSTED" in text or (
+        name in ("XlaRuntimeError", "JaxRuntimeError") and "out of memory" in text.lower())
+
+
 class TaskSession:
     """Per task process: the loaded shard and validation arrays, and compiled models by key."""
 
-    def __init__(self, run: RunRecord, manifest: Manifest, cache_dir: str, *, max_models: int = MAX_MODELS) -> None:
+    def __init__(self, run: RunRecord, manifest: Manifest, cache_dir: str, *, max_models: int = MAX_MODELS,
+                 max_bytes: int | None = None) -> None:
         self.run = run
         self.max_models = max_models
+        self.max_bytes = max_bytes  # None: cache_bytes(), once the backend has started
+        self.emptied = 0  # times a device out of memory emptied the cache
         self.manifest = manifest
         self.cache_dir = cache_dir
         self.threads: int | None = None
@@ -124,6 +195,7 @@ class TaskSession:
         self._compile_dir: str | None = None  # JAX's persistent cache in use: where slots share compilations
         self._arrays: dict[str, Any] = {}
         self._models: OrderedDict[str, Any] = OrderedDict()
+        self._bytes: dict[str, int] = {}
 
     def start_backend(self) -> int | None:
         """Thread pools and compilation cache, once per task, before the backend's first op."""
@@ -155,6 +227,7 @@ class TaskSession:
         cached = self._models.get(key)
         if cached is not None and not fresh:
             self._models.move_to_end(key)
+            self._bytes[key] = model_bytes(cached)  # its optimizer's variables exist once it has trained
             return cached, True
         manifest = self.manifest
         built = build_model(config, input_shapes=input_shapes(manifest_inputs(manifest)),
@@ -177,9 +250,30 @@ class TaskSession:
         """Drop a model a configuration left in an unknown state (its hop failed half-way)."""
         from mop_airflow.planning.bundling import model_key  # noqa: PLC0415
 
-        self._models.pop(model_key(config), None)
+        key = model_key(config)
+        self._models.pop(key, None)
+        self._bytes.pop(key, None)
+
+    @property
+    def held(self) -> int:
+        """Compiled models kept."""
+        return len(self._models)
+
+    def empty(self) -> None:
+        """Let every compiled model go (a device ran out of memory): what they held is freed."""
+        self._models.clear()
+        self._bytes.clear()
+        self.emptied += 1
+        gc.collect()
 
     def _remember(self, key: str, model: Any) -> None:
         self._models[key] = model
-        while len(self._models) > self.max_models:
-            self._models.popitem(last=False)
+        if self.max_bytes is None:
+            self.max_bytes = cache_bytes(self.run.schedule.slots_per_shard)
+        self._bytes[key] = model_bytes(model)
+        # the newest stays whatever its size: the hop in progress trains it
+        while len(self._models) > 1 and (len(self._models) > self.max_models
+                                         or sum(self._bytes.values()) > self.max_bytes):
+            old, _ = self._models.popitem(last=False)
+            log.info("compiled model %s let go: %d kept, %d bytes at most", old, len(self._models), self.max_bytes)
+            self._bytes.pop(old, None)

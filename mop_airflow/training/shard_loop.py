@@ -20,19 +20,23 @@ The guarantees of a task per hop are kept:
 - a configuration that fails (its builder raises, its loss diverges) is recorded; its later hops
   are dropped wherever they were due, and every other hop goes on;
 - a retried task skips the hops an earlier try committed (same input state, record written);
-- a slot that waits for a slot which failed for good, or which showed no sign of life for
-  ``MOP_SHARD_WAIT_SECONDS`` (600 s by default: longer than Airflow takes to find a lost task and
-  retry it), gives those hops up, trains everything else, and fails naming the slot and the hops
-  left untrained (:class:`~mop_airflow.errors.BlockIncompleteError`).
+- a slot that waits for a slot which failed for good gives those hops up, trains everything else,
+  and fails naming the slot and the hops left untrained (:class:`~mop_airflow.errors.BlockIncompleteError`);
+  one that waits for a slot whose progress stopped for ``MOP_SHARD_WAIT_SECONDS`` (600 s by default)
+  does the same, but its task is retried: that slot may be late (its pool held elsewhere) or hung, and
+  comes back;
+- a slot whose own progress stops (a step that hangs, a stalled mount, a stopped process) is killed by
+  its watchdog after ``MOP_SHARD_STALL_SECONDS`` (:mod:`~mop_airflow.training.watchdog`), and retried.
 
 A block's slots wait for each other's hops, so they must all run at once. Two blocks that share
 the shard pools at once (two selections, two DAGs) could each hold some of them and wait for the
 rest; so a slot waiting while a slot of its block ranked before it (by shard, then slot) has not
 started within ``MOP_SHARD_YIELD_SECONDS`` (30 s) gives its pool slot back (:class:`SlotYielded`;
-the operator reschedules the task; what it committed stays) and tries again later. The block
-holding the first shard's slot keeps every slot it gets, so it always gets the rest (with one slot
-per shard; with several, two blocks may each hold a slot of the first shard and wait, up to the
-wait bound).
+the operator reschedules the task; what it committed stays) and tries again later. A slot that has
+trained a hop another slot of its block handed it, or whose slots ranked before it run or ended their
+block, keeps its pool slot: its block holds the pools. The block holding the first shard's slot keeps
+every slot it gets, so it always gets the rest (with one slot per shard; with several, two blocks may
+each hold a slot of the first shard and wait, up to the wait bound).
 
 Runs and is tested without Airflow; the shard operator maps Airflow's context onto :func:`run_slot`.
 """
@@ -41,7 +45,6 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -50,21 +53,24 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Collection, Iterable, Sequence
 
 from mop_airflow.errors import BlockIncompleteError
+from mop_airflow.training import progress
 from mop_airflow.planning.schedule import DEFAULT_PRIORITY, priority_weight, shard_at
-from mop_airflow.records import Assignment, BundleAssignment, HopRecord, Manifest, RunRecord, SlotStatus
+from mop_airflow.records import Assignment, BundleAssignment, HopRecord, Manifest, RunRecord
 from mop_airflow.records.layout import RunLayout
 from mop_airflow.training.model_hop import (Where, read_hashed, record_failure, sha256_of, state_after, train_hop,
                                             with_digest)
-from mop_airflow.training.session import WARM_MODELS, TaskSession
+from mop_airflow.training.slot_commits import Chains, CommitLog, CommitPoller, committed
+from mop_airflow.training.session import WARM_MODELS, TaskSession, out_of_memory
+from mop_airflow.training.slot_status import Peer, StatusWriter
+from mop_airflow.training.watchdog import Watchdog
 
 log = logging.getLogger(__name__)
 
 WAIT_ENV = "MOP_SHARD_WAIT_SECONDS"
-# How long a slot waits for a slot that shows no sign of life before it gives up the hops that
-# depend on it. Longer than Airflow needs to find a lost task instance (its heartbeat timeout, 300 s
-# by default) and start its retry (10 s, then 20 s).
+# How long a slot waits for a slot whose progress stopped before it gives up the hops that depend on
+# it (and is retried). Longer than Airflow needs to find a lost task instance (its heartbeat timeout,
+# 300 s by default) and start its retry (10 s, then 20 s), and than a hung slot's watchdog takes.
 WAIT_SECONDS = 600.0
-HEARTBEAT_SECONDS = 5.0  # how often a slot refreshes its status while it lives
 YIELD_ENV = "MOP_SHARD_YIELD_SECONDS"
 # How long a slot that has trained nothing waits for the slots of its block ranked before it to
 # start, before it gives its pool slot back: longer than a task takes to start when slots are free.
@@ -81,11 +87,6 @@ class SlotYielded(Exception):
     block may hold its pool). Its committed hops stay; try the task again later."""
 
 
-# Polling the store for committed hops: fast while hops arrive, backing off to the most when they
-# don't. A local store's look is a stat, so it stays quick (a GPU hop of the 1 M-weight CNN takes a
-# tenth of a second, and with as many configurations as shards each hop waits for another slot's
-# commit); an object store's is a request, so it backs off further.
-POLL_FIRST, POLL_MOST, POLL_MOST_REMOTE = 0.002, 0.05, 0.5
 # Hops trained and not yet committed, at most: one the writer commits while the next one trains
 # keeps both busy; a bound keeps the memory their taken states hold to two states.
 STATES_HELD = 2
@@ -116,7 +117,8 @@ class BlockHop:
 
 def block_hops(classes: Sequence[Sequence[BundleAssignment]], *, shards: int, slots: int, start: int, end: int,
                relative: bool = False, rung_end: bool = False, priority: str = DEFAULT_PRIORITY,
-               chain_end: int | None = None, shift: int = 0, ends: Collection[str] | None = None) -> list[BlockHop]:
+               chain_end: int | None = None, shift: int = 0, ends: Collection[str] | None = None,
+               key: Callable[[str], str] | None = None) -> list[BlockHop]:
     """Every hop of a block, on every shard slot, in the plan's order.
 
     ``classes[o]`` lists offset class ``o``'s configurations (as bundles), each with the state it
@@ -127,14 +129,20 @@ def block_hops(classes: Sequence[Sequence[BundleAssignment]], *, shards: int, sl
     classes in order) trains on slot ``i mod slots`` of every shard. ``rung_end``: the block's last
     hop ends a rung and evaluates. The priority rule ranks a slot's ready hops as Airflow ranked hop
     tasks (:func:`~mop_airflow.planning.schedule.priority_weight`; ``chain_end`` is where the search
-    ends, by default the block's end).
+    ends, by default the block's end). ``key(config_id)``: the configuration's model key; then the
+    configurations that share one go to the same slot where the slots stay balanced
+    (:func:`deal_slots`), so a slot's compiled models serve more of its hops. ``ends``: with
+    ``rung_end``, the configurations whose rung ends at the block's end (the others go on past it, in
+    the next block); None: every one.
     """
     hops: list[BlockHop] = []
     index = 0
+    dealt = None if key is None else deal_slots(
+        [[a.config_id for b in bundles for a in b.assignments] for bundles in classes], slots, key)
     for offset, bundles in enumerate(classes):
         for bundle in bundles:
             for assignment in bundle.assignments:
-                slot = index % max(1, slots)
+                slot = index % max(1, slots) if dealt is None else dealt[assignment.config_id]
                 index += 1
                 for step in range(start, end):
                     hops.append(BlockHop(
@@ -146,6 +154,36 @@ def block_hops(classes: Sequence[Sequence[BundleAssignment]], *, shards: int, sl
                         bundle=bundle.bundle, weight=priority_weight(priority, step, chain_end or end),
                         order=len(hops)))
     return hops
+
+
+def deal_slots(classes: Sequence[Sequence[str]], slots: int, key: Callable[[str], str]) -> dict[str, int]:
+    """The slot of each configuration (``classes[o]`` lists offset class ``o``'s), keeping those that
+    share a model key together. Each class puts on each slot what configuration ``i mod slots`` would
+    (the same count, so the slots stay as balanced as before, class by class); within that, a
+    configuration goes to the slot its model key first went to while it has room, else to the slot
+    with the most room left (the lowest first). Deterministic: every slot of the block deals the same."""
+    slots = max(1, slots)
+    home: dict[str, int] = {}
+    dealt: dict[str, int] = {}
+    index = 0
+    for members in classes:
+        room = [0] * slots
+        for i in range(index, index + len(members)):
+            room[i % slots] += 1
+        index += len(members)
+        order: dict[str, list[str]] = {}
+        for cid in members:
+            order.setdefault(key(cid), []).append(cid)
+        # the keys already at home first, so a newcomer never takes a place another key's configurations need
+        for model in sorted(order, key=lambda k: k not in home):
+            for cid in order[model]:
+                slot = home.get(model)
+                if slot is None or room[slot] == 0:
+                    slot = max(range(slots), key=lambda s: (room[s], -s))
+                home.setdefault(model, slot)
+                room[slot] -= 1
+                dealt[cid] = slot
+    return dealt
 
 
 @dataclass
@@ -166,7 +204,8 @@ def run_slot(layout: RunLayout, run: RunRecord, manifest: Manifest, hops: Sequen
              final: Callable[[BaseException], bool] = lambda exc: True,
              wait_seconds: float | None = None, yield_seconds: float | None = None,
              session: TaskSession | None = None, on_hop: Callable[[HopRecord], object] | None = None,
-             stop: threading.Event | None = None, more: Any = None) -> SlotResult:
+             stop: threading.Event | None = None, stall_seconds: float | None = None,
+             more: Any = None) -> SlotResult:
     """Train the hops of ``hops`` (the whole block) that fall on ``(shard, slot)``, or ``mine``.
 
     ``mine`` lets one process train more than its slot: every hop of the block when tasks run one
@@ -177,9 +216,12 @@ def run_slot(layout: RunLayout, run: RunRecord, manifest: Manifest, hops: Sequen
     called as each hop is committed (the task's log). Raises :class:`SlotYielded` when the slot gives
     its pool slot back (``yield_seconds``, by default ``MOP_SHARD_YIELD_SECONDS``; never with ``mine``).
     ``stop`` set (the task's ``on_kill``): the slot ends after its hop in progress and its commits,
-    raising :class:`SlotStopped`. ``more``: where hops decided while the block trains come from (an
-    ASHA search, :class:`~mop_airflow.training.asha_source.AshaSource`): the slot asks it for new hops
-    as it polls, and to decide when it has nothing ready, until it says the search has ended.
+    raising :class:`SlotStopped`. ``stall_seconds``: a watchdog process kills this process when its
+    progress stops that long (:mod:`~mop_airflow.training.watchdog`; a task of its own only, never the
+    caller's process of ``dag.test()``; None or 0: none). ``more``: where hops decided while the block
+    trains come from (an ASHA search, :class:`~mop_airflow.training.asha_source.AshaSource`): the slot
+    asks it for new hops as it polls, and to decide when it has nothing ready, until it says the
+    search has ended.
     """
     own = list(mine) if mine is not None else [h for h in hops if h.shard == shard and h.slot == slot]
     loop = _Loop(layout, run, manifest, hops, own, block=block, shard=shard, slot=slot, cache_dir=cache_dir,
@@ -188,6 +230,7 @@ def run_slot(layout: RunLayout, run: RunRecord, manifest: Manifest, hops: Sequen
                  give_back=None if mine is not None else (
                      yield_seconds if yield_seconds is not None else float(os.environ.get(YIELD_ENV) or YIELD_SECONDS)),
                  stop=stop, more=more)
+    watchdog = Watchdog(stall_seconds) if stall_seconds and mine is None else None
     try:
         result = loop.train_all()
     except SlotYielded as exc:
@@ -198,9 +241,12 @@ def run_slot(layout: RunLayout, run: RunRecord, manifest: Manifest, hops: Sequen
         loop.status.stop("failed", final=not isinstance(exc, SlotStopped) and final(exc),
                          error=f"{type(exc).__name__}: {exc}"[:1000])
         raise
+    finally:
+        if watchdog is not None:
+            watchdog.stop()
     if result.untrained:
-        error = BlockIncompleteError(shard, slot, result.untrained)
-        loop.status.stop("failed", final=True, error=str(error)[:1000])
+        error = BlockIncompleteError(shard, slot, result.untrained, for_good=loop.for_good)
+        loop.status.stop("failed", final=final(error), error=str(error)[:1000])
         raise error
     loop.status.stop("done")
     return result
@@ -222,25 +268,45 @@ class _Loop:
         # by priority (highest first), then the plan's order: what Airflow's scheduler ranked hop tasks by
         self.pending = sorted(own, key=lambda h: (-h.weight, h.order))
         self.owner = {(h.config_id, h.hop): (h.shard, h.slot) for h in hops}
-        self.chains = _Chains(layout, [h for h in hops if h.start is not None])
-        self.status = _Status(layout, block, shard, slot, where, left=len(self.pending))
-        self.result = SlotResult()
-        self.peers: dict[tuple[int, int], _Peer] = {}
+        self.chains = Chains(layout, [h.start for h in hops if h.start is not None])
+        # the slots this one's hops come from (the previous shard's slot with the same configurations)
+        # and itself (what an earlier try committed): one listing each a poll
+        mine = {(h.shard, h.slot) for h in own}
         self.more = more
         self.slot_of = (shard, slot)
         self.alone = give_back is None  # this process trains every slot's hops (dag.test())
+        if more is not None:  # ASHA: a leg's hops keep the deciding slot's index, so they come from the previous shard's
+            p = more.shards
+            mine = ({(s, k) for s in range(p) for k in range(more.slots)} if self.alone
+                    else {(shard, slot), ((shard - 1) % p, slot)})
+        self.poller = CommitPoller(layout, block, mine | {self.owner[h.config_id, h.hop - 1] for h in own
+                                                          if (h.config_id, h.hop - 1) in self.owner})
+        self.marks = CommitLog(layout, block, shard, slot, where.try_number)
+        self.status = StatusWriter(layout, block, shard, slot, where, left=len(self.pending))
+        self.result = SlotResult()
+        self.peers: dict[tuple[int, int], Peer] = {}
+        self.for_good: set[str] = set()  # hops given up because their slot ended for good
+        # it took a hop another slot of its block handed it: the block runs, and this slot keeps its pool slot
+        self.joined = False
 
     def train_all(self) -> SlotResult:
         result = self.result
         self.began = time.time()
         self.status.start()
+        self.poller.poll()  # what is committed already, earlier tries' hops included
+        self.poller.start()
+        try:
+            return self._train_all()
+        finally:
+            self.poller.stop()
+
+    def _train_all(self) -> SlotResult:
+        result = self.result
         with ThreadPoolExecutor(1, thread_name_prefix="mop-commit") as writer, \
                 ThreadPoolExecutor(1, thread_name_prefix="mop-read-ahead") as reader, \
                 ThreadPoolExecutor(1, thread_name_prefix="mop-hash") as hasher:
-            commits: list[tuple[BlockHop, Future]] = []
+            commits: list[tuple[BlockHop, Assignment, Future]] = []
             ahead: dict[str, Future] = {}
-            poll = POLL_FIRST
-            local = self.layout.store.protocol == "file"
             while self.pending or commits or (self.more is not None and not self.more.ended):
                 if self.stop.is_set():
                     self._settle(commits, block=True, every=True)
@@ -252,9 +318,7 @@ class _Loop:
                 ready, waiting = self._ready()
                 if not ready:
                     if commits:  # its next hop waits for this slot's own commit, or for another slot's: whichever comes
-                        wait_for([commits[0][1]], timeout=poll)
-                        if not local:  # a look is a request there
-                            poll = min(poll * 2, POLL_MOST_REMOTE)
+                        wait_for([commits[0][2]], timeout=self.poller.first)
                         continue
                     if self.more is not None and not self.more.ended:  # nothing ready: what trains next?
                         self.more.idle()
@@ -263,14 +327,17 @@ class _Loop:
                             continue
                     elif not waiting:
                         break
+                    progress.tick()  # waiting for other slots is progress: they are judged by their own
                     self._give_up(waiting)
                     if self.pending or self.more is not None:
-                        self.stop.wait(poll)  # a stop wakes the slot at once
-                        result.waited += poll
-                        poll = min(poll * 2, POLL_MOST if local else POLL_MOST_REMOTE)
+                        began = time.monotonic()
+                        self.poller.arrived.wait(1.0)  # a poll that finds a hop wakes the slot at once
+                        if self.stop.is_set():
+                            continue
+                        result.waited += time.monotonic() - began
                     continue
-                poll = POLL_FIRST
                 hop, state = ready[0]
+                self.joined = self.joined or hop.start is None
                 for _, later in ready[1:2]:  # read and hash the next ready model's checkpoint while this one trains
                     if later.checkpoint and later.checkpoint not in ahead:
                         # not tallied on that thread: the hop that takes it counts it (store.bytes_read
@@ -284,7 +351,7 @@ class _Loop:
                     self._settle(commits, block=True)
                 trained = self._train(hop, state, ahead, hasher)
                 if trained is not None:
-                    commits.append((hop, writer.submit(trained.commit)))
+                    commits.append((hop, state, writer.submit(self._commit, trained)))
             self._settle(commits, block=True, every=True)
         return result
 
@@ -306,8 +373,10 @@ class _Loop:
     def _ready(self) -> tuple[list[tuple[BlockHop, Assignment]], list[BlockHop]]:
         """The pending hops whose input state is committed (in priority order), and those still waiting.
         A hop whose configuration failed before it, anywhere, is dropped, with the configuration's
-        later hops. Only each configuration's earliest pending hop is looked up in the store (its later
-        ones cannot be ready before it): one look per waiting configuration, not per hop."""
+        later hops. What the poller listed since is learnt first; a record is read when its marker
+        names the hop a configuration waits for (its earliest pending one: its later ones cannot be ready
+        before it), so a poll costs a listing, not a look per waiting configuration."""
+        self.chains.listen(self.poller.take())
         earliest: dict[str, int] = {}
         for hop in self.pending:
             earliest[hop.config_id] = min(earliest.get(hop.config_id, hop.hop), hop.hop)
@@ -315,7 +384,7 @@ class _Loop:
         for hop in self.pending:
             if hop.hop != earliest[hop.config_id]:
                 continue
-            state = self.chains.before(hop)
+            state = hop.start or self.chains.before(hop.config_id, hop.hop)
             if isinstance(state, HopRecord):
                 failed[hop.config_id] = state
             elif state is None:
@@ -328,12 +397,14 @@ class _Loop:
             self.result.dropped.append(hop.label)
             log.info("%s: dropped, %s %s at hop %d", hop.label, hop.config_id, record.status, record.t)
         waiting += [h for h in self.pending if h.hop != earliest[h.config_id] and h.config_id not in failed]
+        for wanted, event in ((bool(waiting), self.poller.wanted), (not ready, self.poller.idle)):
+            event.set() if wanted else event.clear()
         return ready, waiting  # in the pending hops' order: by priority
 
     def _train(self, hop: BlockHop, state: Assignment, ahead: dict[str, Future], hasher: ThreadPoolExecutor) -> Any:
         """Train one hop (or find it committed by an earlier try); returns what to commit, or None."""
         layout, result = self.layout, self.result
-        earlier = committed(layout, state, hop.hop)
+        earlier = committed(layout, state, hop.hop, self.poller.known)
         if earlier is not None:
             result.committed.append(hop.label)
             if earlier.status != "ok":
@@ -357,29 +428,41 @@ class _Loop:
 
         log.info("%s on shard %d from %s", hop.label, hop.shard, state.checkpoint or "its initial weights")
         try:
-            return train_hop(layout, self.run, self.manifest, state, t=hop.hop, shard=hop.shard,
-                             rung_end=hop.rung_end, cache_dir=self.cache_dir, where=where, session=self.session,
-                             bundle=hop.bundle, read_checkpoint=read)
-        except Exception as exc:
-            if self.fatal(exc):
-                raise
-            self.session.forget(self.run.config(hop.config_id))
-            failure = record_failure(layout, state, t=hop.hop, shard=hop.shard, shards=self.run.schedule.shards,
-                                     error=exc, where=where)
-            result.failed.append(failure)
-            self.chains.learn(failure)
-            log.exception("%s %s; its remaining hops are dropped, the other configurations go on", hop.label,
-                          failure.status)
+            for again in (False, True):
+                held = self.session.held
+                try:
+                    return train_hop(layout, self.run, self.manifest, state, t=hop.hop, shard=hop.shard,
+                                     rung_end=hop.rung_end, cache_dir=self.cache_dir, where=where,
+                                     session=self.session, bundle=hop.bundle, read_checkpoint=read)
+                except Exception as exc:
+                    if self.fatal(exc):
+                        raise
+                    # the models this process keeps may be what filled the device: let them go and train the
+                    # hop again before the configuration is blamed (its own model is built afresh)
+                    if again or not out_of_memory(exc) or held == 0:
+                        self._failed(hop, state, exc, where)
+                        return None
+                    log.warning("%s ran out of memory with %d compiled model(s) kept (%s): they are let go and the "
+                                "hop trains again", hop.label, held, exc)
+                    self.session.empty()
             return None
         finally:
             self.status.training = None
 
-    def _settle(self, commits: list[tuple[BlockHop, Future]], *, block: bool, every: bool = False) -> None:
-        """Take the finished commits (``block``: wait for the oldest, ``every``: for all); a commit
-        that failed (the store went away) fails the task."""
-        while commits and (commits[0][1].done() or block):
-            hop, future = commits.pop(0)
-            record = future.result()
+    def _settle(self, commits: list[tuple[BlockHop, Assignment, Future]], *, block: bool, every: bool = False) -> None:
+        """Take the finished commits (``block``: wait for the oldest, ``every``: for all). A commit that
+        failed goes the way of a hop that failed: a fatal error (the store went away) ends the task, any
+        other fails its configuration."""
+        while commits and (commits[0][2].done() or block):
+            hop, state, future = commits.pop(0)
+            try:
+                record = future.result()
+            except Exception as exc:
+                if self.fatal(exc):
+                    raise
+                self._failed(hop, state, exc, replace(self.where, started_at=time.time()))
+                continue
+            progress.tick()
             self.result.trained.append(record)
             self.chains.learn(record)
             self.status.hop_done()
@@ -388,17 +471,31 @@ class _Loop:
             if not every:
                 block = False
 
+    def _commit(self, trained: Any) -> HopRecord:
+        """On the writer thread: the hop's checkpoint and record, then its marker for the waiting slots."""
+        record = trained.commit()
+        self.marks.mark(record)
+        return record
+
+    def _failed(self, hop: BlockHop, state: Assignment, exc: BaseException, where: Where) -> None:
+        """Record configuration ``hop.config_id`` failed at ``hop``; the other configurations go on."""
+        self.session.forget(self.run.config(hop.config_id))
+        failure = record_failure(self.layout, state, t=hop.hop, shard=hop.shard, shards=self.run.schedule.shards,
+                                 error=exc, where=where)
+        self.marks.mark(failure)
+        self.result.failed.append(failure)
+        self.chains.learn(failure)
+        log.error("%s %s; its remaining hops are dropped, the other configurations go on", hop.label, failure.status,
+                  exc_info=exc)
+
     def _give_up(self, waiting: list[BlockHop]) -> None:
-        """Drop the waiting hops whose input comes from a slot that failed for good or shows no sign of
-        life; give the pool slot back when nothing trained yet and a slot ranked before this one has
-        not started."""
+        """Drop the waiting hops whose input comes from a slot that ended for good or made no progress
+        within the wait bound; give the pool slot back (:class:`SlotYielded`) when this slot has taken no
+        hop from another slot and a slot ranked before it neither runs nor ended its block."""
         now = time.time()
-        self.status.beat()
-        if self.give_back is not None and now - self.began > self.give_back:
-            for owner in self.before:
-                peer = self.peers.setdefault(owner, _Peer(self.layout, self.status.block, *owner, began=self.began,
-                                                          since=now))
-                if not peer.started(now):
+        if self.give_back is not None and not self.joined and now - self.began > self.give_back:
+            for owner in self.before:  # each read until seen started, then never again
+                if not self._peer(owner, now).started(now):
                     raise SlotYielded(f"shard {owner[0]} slot {owner[1]} of this block has not started within "
                                       f"{self.give_back:.0f} s: this slot gives its pool slot back and tries again "
                                       "later, so a block that holds the shards before it can finish")
@@ -406,170 +503,18 @@ class _Loop:
             owner = self.owner.get((hop.config_id, hop.hop - 1))
             if owner is None:
                 continue
-            peer = self.peers.setdefault(owner, _Peer(self.layout, self.status.block, *owner, began=self.began,
-                                                      since=now))
-            why = peer.gone(now, self.wait)
+            gone = self._peer(owner, now).gone(now, self.wait)
             # the peer may have committed the hop just before it stopped: its status is written after its records
-            if why is not None and self.chains.before(hop) is None:
+            if gone is not None and self.chains.before(hop.config_id, hop.hop, look=True) is None:
+                why, for_good = gone
                 self.pending.remove(hop)
                 self.result.untrained[hop.label] = why
+                if for_good:
+                    self.for_good.add(hop.label)
                 log.error("%s: given up, %s", hop.label, why)
 
-
-def committed(layout: RunLayout, state: Assignment, t: int) -> HopRecord | None:
-    """Hop ``t`` as an earlier try left it, when that try started from ``state``: a failure, or a
-    commit (its record written, and its checkpoint there, or already taken on by the next hop)."""
-    uri = layout.hop_record_uri(state.config_id, t)
-    store = layout.store
-    if not store.exists(uri):
-        return None
-    record = HopRecord.read(store, uri)
-    if record.input_sha256 != state.checkpoint_sha256:
-        return None  # it started from another state (a run cleared after its data or code changed)
-    if record.status != "ok" or (record.checkpoint and store.exists(record.checkpoint)):
-        return record
-    return record if store.exists(layout.hop_record_uri(state.config_id, t + 1)) else None
-
-
-class _Chains:
-    """Each configuration's state before each of its hops, followed through the hop records in the
-    store: a record counts only when it started from the state the one before it left."""
-
-    def __init__(self, layout: RunLayout, firsts: Iterable[BlockHop]) -> None:
-        self.layout = layout
-        # configuration -> global hop -> the state after it (verified along the chain from the block's start)
-        self.states: dict[str, dict[int, Assignment]] = {h.config_id: {h.start.t: h.start} for h in firsts
-                                                         if h.start is not None}
-        self.failed: dict[str, HopRecord] = {}
-
-    def learn(self, record: HopRecord) -> None:
-        """A hop this process committed or found committed."""
-        if record.status != "ok":
-            self.failed[record.config_id] = record
-        else:
-            self.states.setdefault(record.config_id, {})[record.t] = state_after(record)
-
-    def before(self, hop: BlockHop) -> Assignment | HopRecord | None:
-        """The state hop ``hop`` starts from; a failure record when the configuration failed before
-        it; None while the hop before it is not committed."""
-        if hop.start is not None:
-            return hop.start
-        cid = hop.config_id
-        failed = self.failed.get(cid)
-        if failed is not None and failed.t < hop.hop:
-            return failed
-        states = self.states.get(cid)
-        if not states:
-            return None
-        if hop.hop - 1 in states:
-            return states[hop.hop - 1]
-        known = states[max(states)]
-        store = self.layout.store
-        while known.t < hop.hop - 1:
-            uri = self.layout.hop_record_uri(cid, known.t + 1)
-            if not store.exists(uri):
-                return None
-            record = HopRecord.read(store, uri)
-            if record.input_sha256 != known.checkpoint_sha256:
-                return None  # left by an earlier run from another state: its hop will be trained again
-            if record.status != "ok":
-                self.failed[cid] = record
-                return record
-            known = states[record.t] = state_after(record)
-        return known if known.t == hop.hop - 1 else None
-
-
-class _Status:
-    """This slot's :class:`~mop_airflow.records.SlotStatus`, refreshed by a thread while the process lives."""
-
-    def __init__(self, layout: RunLayout, block: str, shard: int, slot: int, where: Where, *, left: int) -> None:
-        self.layout, self.block, self.shard, self.slot, self.where = layout, block, shard, slot, where
-        self.uri = layout.slot_status_uri(block, shard, slot)
-        self.trained = 0
-        self.left = left
-        self.training: str | None = None
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._last = 0.0
-
-    def start(self) -> None:
-        self.write("running")
-        self._thread = threading.Thread(target=self._beat_forever, name="mop-slot-heartbeat", daemon=True)
-        self._thread.start()
-
-    def hop_done(self) -> None:
-        self.trained += 1
-        self.left -= 1
-
-    def beat(self) -> None:
-        if time.time() - self._last >= HEARTBEAT_SECONDS:
-            self.write("running")
-
-    def _beat_forever(self) -> None:
-        while not self._stop.wait(HEARTBEAT_SECONDS):
-            try:
-                self.write("running")
-            except Exception:  # noqa: BLE001 - a missed heartbeat is retried; the hops' own writes report the store
-                log.warning("could not refresh the status of shard %d slot %d", self.shard, self.slot, exc_info=True)
-
-    def stop(self, state: str, *, final: bool = False, error: str | None = None) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=HEARTBEAT_SECONDS)
-        try:
-            self.write(state, final=final, error=error)
-        except Exception:  # noqa: BLE001 - the task's own error is the one to report
-            log.warning("could not record shard %d slot %d as %s", self.shard, self.slot, state, exc_info=True)
-
-    def write(self, state: str, *, final: bool = False, error: str | None = None) -> None:
-        self._last = time.time()
-        SlotStatus(block=self.block, shard=self.shard, slot=self.slot, state=state, heartbeat=self._last,
-                   try_number=self.where.try_number, final=final, host=self.where.host or socket.getfqdn(),
-                   pid=os.getpid(), task_id=self.where.task_id, trained=self.trained, left=max(0, self.left),
-                   training=self.training, error=error).write(self.layout.store, self.uri)
-
-
-class _Peer:
-    """Another slot of the block, as its status file shows it; read at most once per heartbeat."""
-
-    def __init__(self, layout: RunLayout, block: str, shard: int, slot: int, *, began: float, since: float) -> None:
-        self.layout, self.shard, self.slot = layout, shard, slot
-        self.uri = layout.slot_status_uri(block, shard, slot)
-        self.began = began - 1.0  # when the waiting slot's task began (a second for clocks apart)
-        self.alive_at = since  # the last sign of life (or when the waiting slot began to wait for it)
-        self.read_at = 0.0
-        self.status: SlotStatus | None = None
-        self.seen = False  # it ran since the waiting slot's task began
-
-    def started(self, now: float) -> bool:
-        """Whether the peer has run (or ended its block) since the waiting slot's task began: a slot
-        that gave its pool slot back has not."""
-        self._refresh(now, HEARTBEAT_SECONDS)
-        self.seen = self.seen or (self.status is not None and self.status.state != "yielded"
-                                  and self.status.heartbeat >= self.began)
-        return self.seen
-
-    def _refresh(self, now: float, every: float) -> None:
-        if now - self.read_at >= every:
-            self.read_at = now
-            if self.layout.store.exists(self.uri):
-                status = SlotStatus.read(self.layout.store, self.uri)
-                if status.state == "running":
-                    self.alive_at = max(self.alive_at, status.heartbeat)
-                # an end said before the waiting slot's task began may be an earlier try's of a run cleared since:
-                # only its heartbeat counts then, and the peer's new try says more soon
-                self.status = status if status.state == "running" or status.heartbeat >= self.began else None
-
-    def gone(self, now: float, wait: float) -> str | None:
-        """Why the hops this slot waits for from the peer will never come, or None while they may."""
-        self._refresh(now, min(HEARTBEAT_SECONDS, wait / 2))
-        status = self.status
-        name = f"shard {self.shard} slot {self.slot}"
-        if status is not None and status.state == "failed" and status.final:
-            return (f"{name} failed for good on its try {status.try_number} "
-                    f"({(status.error or 'no error recorded').splitlines()[0]})")
-        if status is not None and status.state == "done":
-            return f"{name} finished its block without this hop's input (it lost it too)"
-        if now - self.alive_at > wait:
-            return f"{name} showed no sign of life for {now - self.alive_at:.0f} s (the bound is {wait:.0f} s)"
-        return None
+    def _peer(self, owner: tuple[int, int], now: float) -> Peer:
+        peer = self.peers.get(owner)
+        if peer is None:
+            peer = self.peers[owner] = Peer(self.layout, self.status.block, *owner, began=self.began, since=now)
+        return peer

@@ -40,6 +40,8 @@ from typing import Any, Callable, Iterable, Iterator
 import keras
 import numpy as np
 
+from mop_airflow.training.progress import tick
+
 
 def stepwise_supported(model: keras.Model) -> bool:
     """Whether :func:`train_pass` and :func:`evaluate_arrays` give exactly what ``fit``/``evaluate`` give."""
@@ -101,6 +103,7 @@ def train_batches(model: keras.Model, batches: Iterable[tuple[Any, np.ndarray]])
     model.reset_metrics()
     logs: Any = {}
     for batch in batches:
+        tick()  # a shard slot's watchdog and its peers judge it by this moving
         batch = as_keras_arrays(*batch)
         logs = _step_function(model, "train", batch)(batch)
         loss = logs.get("loss") if isinstance(logs, dict) else None
@@ -124,6 +127,7 @@ def evaluate_batches(model: keras.Model, batches: Iterable[tuple[Any, np.ndarray
     model.reset_metrics()
     logs: Any = {}
     for batch in batches:
+        tick()
         batch = as_keras_arrays(*batch)
         logs = _step_function(model, "test", batch)(batch)
     return epoch_logs(model, logs)
@@ -152,6 +156,7 @@ def _jax_pass(model: keras.Model, batches: Iterable[tuple[Any, np.ndarray]], kin
     logs: Any = {}
     try:
         for batch in itertools.chain([first], batches):
+            tick()
             logs, state = step(state, iter([as_keras_arrays(*batch)]))
     finally:  # the variables get their values back whatever happened, as fit's own finally does
         model._jax_state = dict(zip(names, state))

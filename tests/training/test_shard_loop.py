@@ -240,7 +240,7 @@ def test_a_slot_waits_for_a_silent_slot_only_within_its_bound(toy_data, tmp_path
     run, layout, manifest = _setup(tmp_path, toy_data, "store")
     hops = _hops(run)
     started = time.monotonic()
-    with pytest.raises(BlockIncompleteError, match=r"shard 1 slot 0 showed no sign of life for \d+ s"):
+    with pytest.raises(BlockIncompleteError, match=r"shard 1 slot 0 made no progress for \d+ s"):
         run_slot(layout, run, manifest, hops, block="b0", shard=0, slot=0, cache_dir=run.store.local_cache,
                  wait_seconds=2)
     assert time.monotonic() - started < 60

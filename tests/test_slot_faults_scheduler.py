@@ -1,0 +1,226 @@
+"""A shard slot's faults cost seconds, on a real Airflow (api-server, scheduler, dag-processor).
+
+Sleepy models (0.15 s a batch, about 3.5 s a hop) on 2 shards:
+
+- shard 1 slot 1's train task SIGKILLed after its first hop (2 slots a shard): its retry trains the
+  rest, the run ends within 60 s of an undisturbed run's time with no reschedule, and the same
+  leaderboard;
+- the same task stopped (SIGSTOP) after its first hop: its watchdog kills it after
+  ``MOP_SHARD_STALL_SECONDS`` (20 s here), Airflow retries it, and the run ends within 3 minutes of
+  the undisturbed one, with the same leaderboard;
+- shard 1's pool held by another DAG for longer than the wait bound (20 s here): shard 0's slot is
+  retried, never failed for good, keeping its hops, and the run succeeds;
+- shard 0's pool held the same way: shard 1's slot gives its pool slot back and is rescheduled
+  (``AirflowRescheduleException``) until shard 0 starts, without a failed try.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+
+import pytest
+
+from mop_airflow.airflow.local import LocalAirflow
+from mop_airflow.records import SlotStatus
+from mop_airflow.records.layout import RunLayout
+from mop_airflow.store import Store
+from tests.test_end_to_end import tiny_spec, write_digits
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+SLEEPY = "mop_airflow.examples.timed_models:sleepy"
+UNDISTURBED, KILLED, STOPPED = "mop_slots_undisturbed", "mop_slots_killed", "mop_slots_stopped"
+LATE, YIELDING = "mop_slots_late_peer", "mop_slots_yielding"
+HOLD_SHARD_0, HOLD_SHARD_1 = "hold_mop_shard_0", "hold_mop_shard_1"
+
+
+def _spec(root, *, slots):
+    spec = tiny_spec(root / "digits.parquet", f"file://{root / 'store'}", iterations=1, slots_per_shard=slots)
+    params = spec["search"]["space"]["params"]
+    params.update(model=[SLEEPY], learning_rate=[1e-3, 3e-3, 1e-2, 3e-2])
+    params["hparams"] = {"units": [32], "seconds_per_batch": [0.15]}  # 3.5 s a hop: time to stop one mid-block
+    return spec
+
+
+def _mop_dag(folder, dag_id, spec, env=None, retries=2):
+    # The task process parses its DAG file before it runs: an environment set here reaches its slot only.
+    (folder / f"{dag_id}.py").write_text(
+        "import datetime, json, os\nfrom mop_airflow import build_mop_dag\n"
+        f"os.environ.update({dict(env or {})!r})\n"
+        f"dag = build_mop_dag(json.loads({json.dumps(json.dumps(spec))}), dag_id={dag_id!r},\n"
+        f"    default_args={{'retries': {retries}, 'retry_delay': datetime.timedelta(seconds=2),"
+        " 'retry_exponential_backoff': 0})\n")
+
+
+def _holder(folder, dag_id, pool, seconds):
+    """A DAG whose one task holds both slots of ``pool`` for ``seconds``: another DAG's long task."""
+    (folder / f"{dag_id}.py").write_text(
+        "import time\nfrom airflow.sdk import dag, task\n"
+        f"@dag(dag_id={dag_id!r}, schedule=None)\ndef hold():\n"
+        f"    @task(pool={pool!r}, pool_slots=2, priority_weight=1000000, weight_rule='absolute')\n    def sleep():\n        time.sleep({seconds})\n"
+        "    sleep()\nhold()\n")
+
+
+@pytest.fixture(scope="module")
+def airflow(tmp_path_factory):
+    root = tmp_path_factory.mktemp("slots")
+    dags = root / "dags"
+    dags.mkdir()
+    write_digits(root / "digits.parquet")
+    two = _spec(root, slots=2)
+    for dag_id in (UNDISTURBED, KILLED):
+        _mop_dag(dags, dag_id, two)
+    _mop_dag(dags, STOPPED, two, {"MOP_SHARD_STALL_SECONDS": "20"})
+    one = _spec(root, slots=1)
+    _mop_dag(dags, LATE, one, {"MOP_SHARD_WAIT_SECONDS": "20"}, retries=4)
+    _mop_dag(dags, YIELDING, one, {"MOP_SHARD_YIELD_SECONDS": "8"})
+    _holder(dags, HOLD_SHARD_0, "mop_shard_0", 45)
+    _holder(dags, HOLD_SHARD_1, "mop_shard_1", 60)
+    with LocalAirflow(root / "airflow", dags, extra_env={"MOP_AIRFLOW_HOME": str(root / "mop")}) as af:
+        for dag_id in (UNDISTURBED, KILLED, STOPPED, LATE, YIELDING, HOLD_SHARD_0, HOLD_SHARD_1):
+            af.wait_for_dag(dag_id)
+        sync = subprocess.run([sys.executable, "-m", "mop_airflow.cli.main", "pools", "sync", "--shards", "2",
+                               "--slots", "2"], env=af.env, capture_output=True, text=True)
+        assert sync.returncode == 0, sync.stderr
+        af.root = root
+        af.store = Store(f"file://{root / 'store'}")
+        yield af
+
+
+def _run(af, dag_id, *, during=None, timeout=420):
+    """Trigger ``dag_id``, call ``during(run_id)`` while it runs, and return (run id, seconds it took)."""
+    run_id = af.trigger(dag_id)
+    if during is not None:
+        during(run_id)
+    assert af.wait_for_run(dag_id, run_id, timeout=timeout) == "success", _failures(af, dag_id, run_id)
+    run = af.api("GET", f"/dags/{dag_id}/dagRuns/{run_id}")
+    took = dt.datetime.fromisoformat(run["end_date"]) - dt.datetime.fromisoformat(run["start_date"])
+    return run_id, took.total_seconds()
+
+
+def _failures(af, dag_id, run_id):
+    return [(ti["task_id"], ti["state"], ti["try_number"]) for ti in af.task_instances(dag_id, run_id)]
+
+
+def _board(af, dag_id, run_id):
+    layout = RunLayout(af.store, dag_id, run_id)
+    return [(r["config_id"], r["val_accuracy"], r["val_loss"])
+            for r in af.store.read_json(layout.report_uri("leaderboard.json"))["leaderboard"]]
+
+
+def _tries(af, dag_id, run_id):
+    return {ti["task_id"]: ti["try_number"] for ti in af.task_instances(dag_id, run_id)
+            if ti["task_id"].startswith("train_shard_")}
+
+
+def _reschedules(af, dag_id, run_id):
+    with sqlite3.connect(f"file:{af.home / 'airflow.db'}?mode=ro", uri=True) as db:
+        rows = db.execute("SELECT ti.task_id FROM task_reschedule tr JOIN task_instance ti ON tr.ti_id = ti.id "
+                          "WHERE ti.dag_id = ? AND ti.run_id = ?", (dag_id, run_id)).fetchall()
+    return sorted(task_id for (task_id,) in rows)
+
+
+def _slot_pid(af, dag_id, run_id, shard, slot, *, timeout=240):
+    """The pid of the slot's task process once it has committed a hop (its first commit marker is
+    there) and has more to train (its status says running, and which process it is)."""
+    layout = RunLayout(af.store, dag_id, run_id)
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        for block in af.store.glob(f"{layout.run_uri}/slots/*"):
+            marks = af.store.names_after(f"{block}/commits/shard_{shard:02d}_slot_{slot}")
+            status = af.store.read_if_there(f"{block}/shard_{shard:02d}_slot_{slot}.json")
+            if marks and status is not None:
+                status = SlotStatus.from_dict(json.loads(status))
+                assert status.state == "running", f"shard {shard} slot {slot} ended before it could be stopped"
+                return status.pid
+        time.sleep(0.05)
+    raise TimeoutError(f"shard {shard} slot {slot} of {dag_id} did not commit a hop in {timeout} s")
+
+
+@pytest.fixture(scope="module")
+def undisturbed(airflow):
+    run_id, took = _run(airflow, UNDISTURBED)
+    assert _tries(airflow, UNDISTURBED, run_id) == {f"train_shard_{s}_slot_{k}": 1 for s in (0, 1) for k in (0, 1)}
+    return _board(airflow, UNDISTURBED, run_id), took
+
+
+def test_a_train_task_killed_mid_block_costs_seconds_and_changes_nothing(airflow, undisturbed):
+    board, baseline = undisturbed
+    run_id, took = _run(airflow, KILLED, during=lambda run_id: os.kill(_slot_pid(airflow, KILLED, run_id, 1, 1),
+                                                                       signal.SIGKILL))
+    tries = _tries(airflow, KILLED, run_id)
+    assert tries.pop("train_shard_1_slot_1") == 2 and set(tries.values()) == {1}
+    assert _reschedules(airflow, KILLED, run_id) == []  # no slot gave its pool slot back for it
+    assert _board(airflow, KILLED, run_id) == board
+    assert took <= baseline + 60, (took, baseline)
+    print(f"killed: {took:.1f} s against {baseline:.1f} s undisturbed")
+
+
+def test_a_hung_train_task_is_killed_by_its_watchdog_and_retried(airflow, undisturbed):
+    board, baseline = undisturbed
+    stopped = []
+
+    def stop(run_id):
+        stopped.append(_slot_pid(airflow, STOPPED, run_id, 1, 1))
+        os.kill(stopped[0], signal.SIGSTOP)  # every thread of it stops: heartbeats and all
+
+    try:
+        run_id, took = _run(airflow, STOPPED, during=stop)
+    finally:
+        try:  # never leave a stopped process behind, whatever happened
+            os.kill(stopped[0], signal.SIGKILL)
+        except (ProcessLookupError, IndexError):
+            pass
+    tries = _tries(airflow, STOPPED, run_id)
+    assert tries.pop("train_shard_1_slot_1") == 2 and set(tries.values()) == {1}
+    assert _board(airflow, STOPPED, run_id) == board
+    assert took <= baseline + 180, (took, baseline)
+    print(f"stopped: {took:.1f} s against {baseline:.1f} s undisturbed")
+
+
+def _held_during(airflow, dag_id, stage, holder):
+    """Run ``dag_id`` with ``holder`` triggered while the run's ``stage`` task runs: every train task
+    waits for every stage task, so the holder (waiting for both slots of the stage's pool, at a higher
+    priority) takes the pool as the stage task ends, before that shard's train task can; returns the
+    run's id and seconds. The holder's run must succeed too."""
+    held = []
+
+    def hold(run_id):
+        deadline = time.time() + 240
+        while time.time() < deadline and not held:
+            if any(ti["task_id"] == stage and ti["state"] == "running" for ti in airflow.task_instances(dag_id, run_id)):
+                held.append(airflow.trigger(holder))
+            time.sleep(0.2)
+        assert held, f"{stage} of {dag_id} never ran"
+
+    run_id, took = _run(airflow, dag_id, during=hold)
+    assert airflow.wait_for_run(holder, held[0], timeout=180) == "success"
+    return run_id, took
+
+
+def test_a_late_peer_is_waited_for_and_never_fails_the_block_for_good(airflow):
+    run_id, took = _held_during(airflow, LATE, "stage_shard_1", HOLD_SHARD_1)
+    tries = _tries(airflow, LATE, run_id)
+    assert tries["train_shard_1"] == 1 and tries["train_shard_0"] >= 2, tries  # retried while shard 1 was late
+    log = airflow.task_log(LATE, run_id, "train_shard_0", 1)
+    assert "shard 1 slot 0 made no progress for" in log and "Airflow retries this task" in log
+    hops = [airflow.store.read_json(u) for u in airflow.store.glob(RunLayout(airflow.store, LATE, run_id).hops_glob)]
+    # shard 0's first try committed its first hops; no later try trained them again
+    assert sorted(h["try_number"] for h in hops if h["shard"] == 0 and h["t"] == 0) == [1, 1]
+    assert len(hops) == 8 and all(h["status"] == "ok" for h in hops)
+    print(f"late peer: {took:.1f} s, shard 0 in {tries['train_shard_0']} tries")
+
+
+def test_a_slot_whose_earlier_slot_waits_for_its_pool_is_rescheduled_without_a_try(airflow):
+    run_id, took = _held_during(airflow, YIELDING, "stage_shard_0", HOLD_SHARD_0)
+    assert _tries(airflow, YIELDING, run_id) == {"train_shard_0": 1, "train_shard_1": 1}
+    rescheduled = _reschedules(airflow, YIELDING, run_id)
+    assert "train_shard_1" in rescheduled and "train_shard_0" not in rescheduled  # the first slot never yields
+    print(f"yielding: {took:.1f} s, {len(rescheduled)} reschedule(s)")

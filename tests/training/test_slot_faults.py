@@ -1,0 +1,216 @@
+"""A shard slot's faults cost seconds: the yield rule, final statuses that stay final, late peers
+retried rather than failed for good, a failed commit that fails only its configuration, and a
+watchdog that kills a process whose progress stopped."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from mop_airflow.errors import BlockIncompleteError
+from mop_airflow.records import HopRecord, SlotStatus
+from mop_airflow.training import slot_status
+from mop_airflow.training.model_hop import Where
+from mop_airflow.training.shard_loop import run_slot
+from mop_airflow.training.slot_status import Peer, StatusWriter
+from mop_airflow.training.watchdog import Watchdog, stall_seconds
+
+from .test_shard_loop import _hops, _setup
+
+
+def _status(layout, shard, slot, state, *, ago=0.0, try_number=1, final=False, progress=0):
+    SlotStatus(block="b0", shard=shard, slot=slot, state=state, heartbeat=time.time() - ago, try_number=try_number,
+               final=final, progress=progress).write(layout.store, layout.slot_status_uri("b0", shard, slot))
+
+
+def test_a_retried_slot_whose_earlier_peers_ended_keeps_its_pool_slot(toy_data, tmp_path):
+    """Slot 1 of shard 1, retried after shard 0 slot 0 and shard 1 slot 0 finished their block: they
+    ended before this try began, which is not 'not started'. It waits for shard 0 slot 1 (running, then
+    silent), and is retried for it, instead of giving its pool slot back every 30 s."""
+    run, layout, manifest = _setup(tmp_path, toy_data, "store")
+    hops = _hops(run, slots=2)
+    _status(layout, 0, 0, "done", ago=600)
+    _status(layout, 1, 0, "done", ago=600)
+    _status(layout, 0, 1, "running")
+    with pytest.raises(BlockIncompleteError) as caught:
+        run_slot(layout, run, manifest, hops, block="b0", shard=1, slot=1, cache_dir=run.store.local_cache,
+                 yield_seconds=0.5, wait_seconds=3, final=lambda exc: not exc.retryable)  # as the operator says
+    assert caught.value.retryable and caught.value.for_good == set()
+    assert all("shard 0 slot 1 made no progress for" in why for why in caught.value.untrained.values())
+    status = SlotStatus.read(layout.store, layout.slot_status_uri("b0", 1, 1))
+    assert status.state == "failed" and not status.final  # a retry follows: its peers keep waiting
+
+
+def test_a_slot_that_took_a_hop_from_another_slot_never_gives_its_pool_slot_back(toy_data, tmp_path):
+    run, layout, manifest = _setup(tmp_path, toy_data, "store")
+    hops = _hops(run)
+    # shard 0 trains the hops it can, then gives up waiting for shard 1 (retryable: shard 1 never came)
+    with pytest.raises(BlockIncompleteError) as first:
+        run_slot(layout, run, manifest, hops, block="b0", shard=0, slot=0, cache_dir=run.store.local_cache,
+                 wait_seconds=1)
+    assert first.value.retryable
+    layout.store.delete_tree(layout.slot_status_uri("b0", 0, 0))  # as if shard 0 never ran in this block
+    # shard 1 takes class 0's second hops from shard 0's commits: its block runs, it waits and never yields
+    with pytest.raises(BlockIncompleteError) as second:
+        run_slot(layout, run, manifest, hops, block="b0", shard=1, slot=0, cache_dir=run.store.local_cache,
+                 yield_seconds=0.2, wait_seconds=2)
+    assert second.value.retryable
+    status = SlotStatus.read(layout.store, layout.slot_status_uri("b0", 1, 0))
+    assert status.state == "failed" and status.trained == 4  # class 1's first hops and class 0's second
+
+
+def test_a_peer_that_failed_for_good_fails_the_block_for_good(toy_data, tmp_path):
+    run, layout, manifest = _setup(tmp_path, toy_data, "store")
+    _status(layout, 1, 0, "failed", final=True, ago=-2)
+    with pytest.raises(BlockIncompleteError) as caught:
+        run_slot(layout, run, manifest, _hops(run), block="b0", shard=0, slot=0, cache_dir=run.store.local_cache,
+                 wait_seconds=30)
+    assert not caught.value.retryable and caught.value.for_good == set(caught.value.untrained)
+    assert SlotStatus.read(layout.store, layout.slot_status_uri("b0", 0, 0)).final
+
+
+class _SlowStore:
+    """A store whose "running" writes take ``delay`` seconds (an S3 write retrying)."""
+
+    def __init__(self, store, delay):
+        self.store, self.delay, self.writes = store, delay, []
+
+    def __getattr__(self, name):
+        return getattr(self.store, name)
+
+    def write_json(self, uri, obj):
+        if obj["state"] == "running":
+            time.sleep(self.delay)
+        self.writes.append(obj["state"])
+        return self.store.write_json(uri, obj)
+
+
+def test_a_heartbeat_in_flight_never_lands_after_the_final_status(toy_data, tmp_path, monkeypatch):
+    import dataclasses
+
+    run, layout, _ = _setup(tmp_path, toy_data, "store")
+    monkeypatch.setattr(slot_status, "HEARTBEAT_SECONDS", 0.05)
+    slow = dataclasses.replace(layout, store=_SlowStore(layout.store, 0.5))
+    writer = StatusWriter(slow, "b0", 0, 0, Where(try_number=2), left=3)
+    writer.start()
+    time.sleep(0.2)  # a heartbeat is being written now
+    writer.stop("failed", final=True, error="boom")
+    time.sleep(0.8)  # long after any heartbeat could have landed
+    status = SlotStatus.read(layout.store, layout.slot_status_uri("b0", 0, 0))
+    assert (status.state, status.final, status.error, status.try_number) == ("failed", True, "boom", 2)
+    assert slow.store.writes == ["running", "running", "failed"]  # the one in flight landed first; none after
+
+
+def test_a_peer_reads_progress_not_heartbeats_and_ignores_an_older_try(toy_data, tmp_path):
+    run, layout, _ = _setup(tmp_path, toy_data, "store")
+    now = time.time()
+    peer = Peer(layout, "b0", 1, 0, began=now, since=now - 100)
+    _status(layout, 1, 0, "running", try_number=2, progress=7)
+    assert peer.gone(now, 50) is None  # first read: alive now
+    _status(layout, 1, 0, "running", try_number=2, progress=7)  # a fresh heartbeat, no progress
+    assert peer.gone(now + 60, 50)[0].startswith("shard 1 slot 0 made no progress for 60 s")
+    _status(layout, 1, 0, "failed", try_number=1, final=True)  # try 1's late word: ignored
+    assert peer.gone(now + 70, 50)[1] is False
+    _status(layout, 1, 0, "running", try_number=2, progress=8)
+    assert peer.gone(now + 80, 50) is None
+
+
+def test_a_failed_commit_fails_its_configuration_only(toy_data, tmp_path, monkeypatch):
+    from mop_airflow.training import model_hop
+
+    run, layout, manifest = _setup(tmp_path, toy_data, "store")
+    hops = _hops(run)
+    victim = hops[0].config_id
+    commit = model_hop.TrainedHop.commit
+
+    def failing_commit(self):
+        if self.assignment.config_id == victim:
+            raise ValueError("cannot pack this state")
+        return commit(self)
+
+    monkeypatch.setattr(model_hop.TrainedHop, "commit", failing_commit)
+    result = run_slot(layout, run, manifest, hops, block="b0", shard=0, slot=0, mine=hops,
+                      cache_dir=run.store.local_cache)
+    assert [r.config_id for r in result.failed] == [victim]
+    record = HopRecord.read(layout.store, layout.hop_record_uri(victim, 0))
+    assert record.status == "failed" and "ValueError: cannot pack this state" in record.error
+    assert len(result.trained) == len(hops) - 4 and len(result.dropped) == 3
+    # a fatal one (the store gone) ends the slot, saying whether a retry follows
+    monkeypatch.setattr(model_hop.TrainedHop, "commit", lambda self: (_ for _ in ()).throw(OSError("gone")))
+    run2, layout2, manifest2 = _setup(tmp_path, toy_data, "store2")
+    with pytest.raises(OSError, match="gone"):
+        run_slot(layout2, run2, manifest2, _hops(run2), block="b0", shard=0, slot=0, mine=_hops(run2),
+                 cache_dir=run2.store.local_cache, fatal=lambda exc: True, final=lambda exc: False)
+    status = SlotStatus.read(layout2.store, layout2.slot_status_uri("b0", 0, 0))
+    assert status.state == "failed" and not status.final and "OSError: gone" in status.error
+
+
+def _sleeper():
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+
+
+def test_the_watchdog_kills_a_process_whose_progress_stopped_and_spares_one_that_moves():
+    stuck, moving = _sleeper(), _sleeper()
+    counter = [0]
+
+    def moves():
+        counter[0] += 1
+        return counter[0]
+
+    dogs = [Watchdog(1.5, count=lambda: 5, target=stuck.pid), Watchdog(1.5, count=moves, target=moving.pid)]
+    try:
+        assert stuck.wait(timeout=10) == -9
+        assert moving.poll() is None
+    finally:
+        for dog in dogs:
+            dog.stop()
+        moving.kill()
+    assert all(dog.process.poll() is not None for dog in dogs)  # they end with the pipe
+
+
+def test_the_stall_bound_is_read_from_the_environment():
+    assert stall_seconds({}) == 300.0 and stall_seconds({"MOP_SHARD_STALL_SECONDS": "0"}) == 0.0
+    with pytest.raises(ValueError, match=r"MOP_SHARD_STALL_SECONDS='soon': must be a number of seconds >= 0"):
+        stall_seconds({"MOP_SHARD_STALL_SECONDS": "soon"})
+
+
+def test_slots_of_three_shards_learn_their_hops_from_the_previous_shards_markers(toy_data, tmp_path):
+    """With three shards a slot lists only the previous shard's markers: the hop two shards back is
+    another slot's it never lists, and the block must not wait for it."""
+    from mop_airflow.data.shard import shard_dataset
+    from mop_airflow.planning.resolve import resolve_run
+    from mop_airflow.planning.schedule import deal_classes
+    from mop_airflow.records import Assignment, BundleAssignment
+    from mop_airflow.records.layout import RunLayout
+    from mop_airflow.store import Store
+    from mop_airflow.training.shard_loop import block_hops
+
+    from .toys import toy_spec
+
+    run = resolve_run(toy_spec(tmp_path, *toy_data, shards=3, iterations=2), None, dag_id="d", run_id="r")
+    layout = RunLayout(Store(run.store.root), "d", "r")
+    manifest = shard_dataset(run.data, layout.store, "d", 3, run.schedule.seed)
+    ids = [c["config_id"] for c in run.configs]
+    classes = [[BundleAssignment.start(o, [Assignment(cid, -1, None) for cid in members])]
+               for o, members in enumerate(deal_classes(ids, shards=3, seed=run.schedule.seed))]
+    hops = block_hops(classes, shards=3, slots=1, start=0, end=6)
+    results, errors = {}, []
+
+    def slot(shard):
+        try:
+            results[shard] = run_slot(layout, run, manifest, hops, block="b0", shard=shard, slot=0,
+                                      cache_dir=run.store.local_cache, wait_seconds=60)
+        except BaseException as exc:  # noqa: BLE001 - asserted below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=slot, args=(s,)) for s in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=240)
+    assert errors == [] and sum(len(r.trained) for r in results.values()) == len(hops)
+    assert all(SlotStatus.read(layout.store, layout.slot_status_uri("b0", s, 0)).state == "done" for s in range(3))
