@@ -69,6 +69,7 @@ REPO = Path(__file__).resolve().parents[1]
 if __package__ in (None, ""):  # run as a script from a checkout: make the package importable
     sys.path.insert(0, str(REPO))
 
+from memory_watch import MemoryWatch  # noqa: E402  (benchmarks/, beside this script)
 from mop_airflow.records.layout import RunLayout  # noqa: E402
 from mop_airflow.records import HopRecord, Plan, RunRecord  # noqa: E402
 from mop_airflow.config import MopSpec  # noqa: E402
@@ -229,13 +230,20 @@ def run_on_airflow(args: argparse.Namespace, home: Path, began: float) -> dict[s
     with LoadSampler() as load, LocalAirflow(home / "airflow", home / "dags", extra_env=env) as af:
         af.wait_for_dag(DAG_ID)
         load_at_trigger = os.getloadavg()
-        run_id, state, _ = run_and_watch(af, DAG_ID, timeout=args.timeout, started=began)
+        # what the deployment holds while the run trains: its processes' PSS (the train tasks fork from
+        # a scheduler that preloaded the backend, so RSS would count shared pages once per slot)
+        with MemoryWatch([p.pid for p in af.processes.values()]) as watch:
+            run_id, state, _ = run_and_watch(af, DAG_ID, timeout=args.timeout, started=began)
         load_at_end = os.getloadavg()
         tis = af.task_instances(DAG_ID, run_id)
         run = af.api("GET", f"/dags/{DAG_ID}/dagRuns/{run_id}")
+    memory = {"idle_tree_pss": watch.idle_tree_pss, "peak_tree_pss": watch.peak_tree_pss,
+              "peak_machine": watch.peak_machine, "peak_process_rss": watch.peak_process_rss,
+              "processes_at_peak": len(watch.at_peak),
+              "at_peak": [(rss, pss, cmd[:120]) for rss, pss, cmd in watch.at_peak]}
     return {"run_id": run_id, "state": state, "task_instances": tis, "dag_run": run, "train_rows": train_rows,
             "load": {"start": load_at_start, "trigger": load_at_trigger, "end": load_at_end,
-                     "samples": load.samples}}
+                     "samples": load.samples}, "memory": memory}
 
 
 def main() -> int:
@@ -381,6 +389,16 @@ def main() -> int:
     train_starts = sorted(ts(ti["start_date"]) - stages_end for ti in trains.values())
     print(f"  start: the stage tasks were done {first - stages_end:.2f}s before the first hop was taken; the train "
           f"tasks started {', '.join(f'{v:.2f}' for v in train_starts)}s after them")
+    memory = saved.get("memory")  # a working folder kept before memory was sampled has none
+    if memory:
+        gib = 2 ** 30
+        trains_at_peak = [pss for _, pss, cmd in memory["at_peak"] if "train_shard_" in cmd]
+        print(f"memory (PSS, sampled while the run trained): the deployment {memory['idle_tree_pss'] / gib:.2f} GiB "
+              f"before the trigger, {memory['peak_tree_pss'] / gib:.2f} GiB at its peak; the machine "
+              f"+{memory['peak_machine'] / gib:.2f} GiB; largest process RSS {memory['peak_process_rss'] / gib:.2f} GiB; "
+              f"{memory['processes_at_peak']} process(es) over 200 MB RSS at the peak"
+              + (f", {len(trains_at_peak)} of them train tasks, PSS median {statistics.median(trains_at_peak) / 2 ** 20:.0f}"
+                 f" MiB, max {max(trains_at_peak) / 2 ** 20:.0f} MiB" if trains_at_peak else ""))
     dag_wall = ts(run["end_date"]) - ts(run["start_date"])
     print(f"DAG run wall time {dag_wall:.1f}s (trigger to success); hop window {measured:.1f}s (first hop taken to "
           f"last committed; to the last released {last_released - first:.1f}s)")
