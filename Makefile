@@ -20,7 +20,7 @@ demo: setup
 	$(BIN)/mop-airflow demo
 
 test: setup
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=25
 
 # The documentation site (docs/, mkdocs.yml): built strict, so a broken link or a missing object fails.
 docs: setup
