@@ -239,8 +239,7 @@ def run_on_airflow(args: argparse.Namespace, home: Path, began: float) -> dict[s
         run = af.api("GET", f"/dags/{DAG_ID}/dagRuns/{run_id}")
     memory = {"idle_tree_pss": watch.idle_tree_pss, "peak_tree_pss": watch.peak_tree_pss,
               "peak_machine": watch.peak_machine, "peak_process_rss": watch.peak_process_rss,
-              "processes_at_peak": len(watch.at_peak),
-              "at_peak": [(rss, pss, cmd[:120]) for rss, pss, cmd in watch.at_peak]}
+              "processes_at_peak": len(watch.at_peak)}
     return {"run_id": run_id, "state": state, "task_instances": tis, "dag_run": run, "train_rows": train_rows,
             "load": {"start": load_at_start, "trigger": load_at_trigger, "end": load_at_end,
                      "samples": load.samples}, "memory": memory}
@@ -392,13 +391,14 @@ def main() -> int:
     memory = saved.get("memory")  # a working folder kept before memory was sampled has none
     if memory:
         gib = 2 ** 30
-        trains_at_peak = [pss for _, pss, cmd in memory["at_peak"] if "train_shard_" in cmd]
+        # a task process's title does not name its task on the LocalExecutor: a slot's share is what the
+        # deployment grew by while the block's train tasks ran, over the slots (with their supervisors)
+        per_slot = (memory["peak_tree_pss"] - memory["idle_tree_pss"]) / (p * slots)
         print(f"memory (PSS, sampled while the run trained): the deployment {memory['idle_tree_pss'] / gib:.2f} GiB "
-              f"before the trigger, {memory['peak_tree_pss'] / gib:.2f} GiB at its peak; the machine "
-              f"+{memory['peak_machine'] / gib:.2f} GiB; largest process RSS {memory['peak_process_rss'] / gib:.2f} GiB; "
-              f"{memory['processes_at_peak']} process(es) over 200 MB RSS at the peak"
-              + (f", {len(trains_at_peak)} of them train tasks, PSS median {statistics.median(trains_at_peak) / 2 ** 20:.0f}"
-                 f" MiB, max {max(trains_at_peak) / 2 ** 20:.0f} MiB" if trains_at_peak else ""))
+              f"before the trigger, {memory['peak_tree_pss'] / gib:.2f} GiB at its peak, {per_slot / gib:.2f} GiB a "
+              f"shard slot; the machine +{memory['peak_machine'] / gib:.2f} GiB; largest process RSS "
+              f"{memory['peak_process_rss'] / gib:.2f} GiB; {memory['processes_at_peak']} process(es) over 200 MB "
+              "RSS at the peak")
     dag_wall = ts(run["end_date"]) - ts(run["start_date"])
     print(f"DAG run wall time {dag_wall:.1f}s (trigger to success); hop window {measured:.1f}s (first hop taken to "
           f"last committed; to the last released {last_released - first:.1f}s)")
