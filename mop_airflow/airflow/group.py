@@ -27,7 +27,8 @@ from mop_airflow.operators.preflight import TEMPLATED_DATA
 from mop_airflow.planning.schedule import DEFAULT_PRIORITY
 from mop_airflow.records.selection import selection_id, task_id_in
 from mop_airflow.config import MopSpec
-from mop_airflow.planning.task_plan import spec_task_plan
+from mop_airflow.planning.shape import dag_shape
+from mop_airflow.planning.task_plan import plan_tasks
 from mop_airflow.config.form import form_fields
 
 
@@ -73,8 +74,9 @@ class MopTaskGroup(TaskGroup):
         for name, param in group_params(parsed, full).items():
             dag.params[name] = param
         with self:
-            ops = render_selection(parsed, spec_task_plan(parsed, priority, result=True), dag=dag,
-                                   group=full, pools=pools, builder_modules=builder_modules, kubernetes=kubernetes)
+            shape = dag_shape(parsed, priority, result=True)
+            ops = render_selection(parsed, plan_tasks(shape), dag=dag, group=full, pools=pools, kubernetes=kubernetes,
+                                   builder_modules=shape.builder_modules if builder_modules is None else builder_modules)
         for task in upstream:  # the tasks data.source / data.validation pull from run first
             task >> ops["preflight"]
         self.output = ops["result"].output

@@ -19,7 +19,6 @@ from airflow.sdk import Asset, TaskGroup
 from airflow.sdk.definitions.param import ParamsDict
 
 from mop_airflow.airflow.shard_pods import ShardPods, executor_config
-from mop_airflow.planning import resolve
 from mop_airflow.serving.champion import champion_asset_uri
 from mop_airflow.operators.check_models import MopCheckModelsOperator
 from mop_airflow.operators.data import MopListDataOperator, MopScatterOperator, MopShardOperator
@@ -51,21 +50,21 @@ def champion_asset(selection: str) -> Asset:
     return Asset(uri=champion_asset_uri(selection), name=champion_asset_uri(selection), group="mop_airflow")
 
 
-def render_selection(spec: MopSpec, plan: TaskPlan, *, dag: Any, group: str | None = None, pools: str = "create",
-                     builder_modules: Sequence[str] | None = None,
+def render_selection(spec: MopSpec, plan: TaskPlan, *, dag: Any, builder_modules: Sequence[str],
+                     group: str | None = None, pools: str = "create",
                      kubernetes: ShardPods | Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Instantiate ``plan`` in the current DAG or task group of ``dag``; returns the operators by plan task id.
 
+    ``builder_modules``: the modules a trigger conf may take model builders from.
     ``group`` is the MopTaskGroup's id (None for a whole MOP DAG). ``kubernetes``: run each shard's
     stage and train tasks as pods on its volume and GPUs (:class:`~mop_airflow.airflow.shard_pods.ShardPods`).
     """
-    allowed = list(builder_modules) if builder_modules is not None else resolve.builder_modules(spec)
     pods = None
     if kubernetes is not None:
         pods = ShardPods.of(kubernetes)
         pods.check_fits(spec.schedule.slots_per_shard)
     renderer = _Renderer(plan, spec.to_dict(), dag_id=dag.dag_id, group=group, pools=pools,
-                         builder_modules=allowed, pods=pods)
+                         builder_modules=list(builder_modules), pods=pods)
     with dag_params_set_aside(dag):
         renderer.render()
     return renderer.ops
@@ -101,6 +100,7 @@ class _Renderer:
         self.builder_modules = builder_modules
         self.ops: dict[str, Any] = {}
         self.containers: dict[str, TaskGroup] = {}
+        self.groups = {group.group_id: group for group in plan.groups}
 
     def render(self) -> None:
         for spec in self.plan.tasks:
@@ -165,7 +165,7 @@ class _Renderer:
 
     def _train(self, spec: TaskSpec) -> Any:
         """A block's train task for one shard slot: it reads what every class's source task lists."""
-        groups = self.plan.block_groups(spec)
+        groups = [self.groups[group_id] for group_id in spec.args["classes"]]
         args = {key: value for key, value in spec.args.items() if key != "classes"}
         slots = f" slot {args['slot']}" if self.plan.slots > 1 else ""
         container = self._container(spec.task_id.rpartition(".")[0])

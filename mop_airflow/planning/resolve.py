@@ -17,11 +17,6 @@ from mop_airflow.records import RunRecord
 from mop_airflow.config import MopSpec
 from mop_airflow.config.trigger import apply_conf
 
-def builder_modules(spec: MopSpec) -> list[str]:
-    """The modules a DAG's own spec takes builders from: by default, the only ones a trigger conf may name."""
-    return sorted({path.split(":", 1)[0] for path in spec.search.space.builders()})
-
-
 def resolve_run(spec: MopSpec | Mapping[str, Any], conf: Any, *, dag_id: str, run_id: str,
                 allowed_modules: Sequence[str] | None = None) -> RunRecord:
     """The run's effective spec (the trigger ``conf`` applied to the DAG's spec, see

@@ -46,11 +46,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from mop_airflow.search.adaptive import in_slots
-from mop_airflow.planning.blocks import block_capacity
-from mop_airflow.errors import SpecError
-from mop_airflow.planning.run_chain import hops_per_run
-from mop_airflow.planning.schedule import DEFAULT_PRIORITY, priority_weight
+from mop_airflow.planning.schedule import DEFAULT_PRIORITY
+from mop_airflow.planning.shape import DagShape, dag_shape, shape_of
 
 # The report runs even when every train task was skipped: it then says why each configuration stopped.
 REPORT_JOIN = "none_failed"
@@ -122,22 +119,30 @@ class TaskPlan:
         return sum(1 for spec in self.tasks if spec.kind == "train")
 
 
-def build_task_plan(shards: int, iterations: int, adaptive: Any = None, *,
-                    priority: str = DEFAULT_PRIORITY, publish: bool = True, slots: int = 1, result: bool = False,
-                    hops_per_run: int | None = None, blocks_setting: int | str = "auto",
-                    in_slots: bool = False) -> TaskPlan:
-    """The task plan for ``shards`` shards and ``iterations`` iterations, or an adaptive plan's rungs.
+def build_task_plan(shards: int, iterations: int, adaptive: Any = None, **shape: Any) -> TaskPlan:
+    """The task plan for ``shards`` shards and ``iterations`` iterations, or an adaptive plan's blocks
+    (``shape``: the other fields of :func:`~mop_airflow.planning.shape.shape_of`)."""
+    return plan_tasks(shape_of(shards, iterations, adaptive, **shape))
 
-    ``adaptive`` is a :class:`~mop_airflow.search.hyperband.HyperbandPlan` or ``Bracket``;
-    ``publish`` adds the task after the report that publishes a winner as the DAG's champion.
-    ``hops_per_run`` (a plain search): the hops one DAG run renders, when fewer than the search's;
-    the DAG's later runs train the rest (:mod:`mop_airflow.planning.run_chain`). A block may be
-    shorter than an iteration (a divisor of ``shards``): a class's chains then start each run on the
-    shard the class's configurations have reached. ``in_slots``: an ASHA search decided inside the
-    shard slots (:mod:`mop_airflow.planning.asha_slots`), one block. ``blocks_setting``: a search decided between
-    blocks, the blocks one run holds (:func:`blocks_per_run`).
+
+def spec_task_plan(spec: Any, priority: str = DEFAULT_PRIORITY, *, result: bool = False) -> TaskPlan:
+    """The task plan a :class:`~mop_airflow.config.MopSpec` renders (``result``: a MopTaskGroup's)."""
+    return plan_tasks(dag_shape(spec, priority, result=result))
+
+
+def plan_tasks(shape: DagShape) -> TaskPlan:
+    """The tasks of a DAG of shape ``shape`` (:mod:`mop_airflow.planning.shape`).
+
+    ``shape.adaptive`` is a :class:`~mop_airflow.search.hyperband.HyperbandPlan`, ``Bracket``,
+    ``AshaPlan`` or ``PbtPlan``; ``shape.publish`` adds the task after the report that publishes a
+    winner as the DAG's champion, ``shape.result`` the task a MopTaskGroup returns its winner from. A
+    plain search whose run trains fewer hops than the search's (``shape.hops_per_run``) ends its run in
+    ``next_run``; the DAG's later runs train the rest (:mod:`mop_airflow.planning.run_chain`). An ASHA
+    search decided inside the shard slots (``shape.in_slots``, :mod:`mop_airflow.planning.asha_slots`)
+    is one block; any other adaptive search renders ``shape.blocks`` blocks, each then its decision.
     """
-    builder = _Builder(shards, priority, slots)
+    shards, slots = shape.shards, shape.slots
+    builder = _Builder(shards, slots)
     builder.add("preflight", "preflight")
     builder.add("list_data", "list_data", ("preflight",))
     builder.add("scatter", "scatter", ("list_data",))  # mapped over the slices list_data returns
@@ -152,20 +157,19 @@ def build_task_plan(shards: int, iterations: int, adaptive: Any = None, *,
     ready = [*stages, builder.add("check_models", "check_models", ("plan", "preflight"),
                                   trigger_rule=AFTER_PLAN_OR_SKIP)]
     report_args: dict[str, Any] = {}
-    if adaptive is None:
-        hops = iterations * shards
-        end = hops_per_run or hops
+    if shape.adaptive is None:
+        end = shape.hops_per_run
         groups = [builder.group(f"class_{o}", source=stages[o], offset=o, start=0, end=end)
                   for o in range(shards)]
-        finals = builder.train("", groups, wait_for=ready, chain_end=end)
-        if end < hops:
+        finals = builder.train("", groups, wait_for=ready, chain_end=end, weight=shape.train_weight)
+        if end < shape.hops:
             finals = [builder.add("next_run", "next_run", tuple(finals), trigger_rule=REPORT_JOIN,
-                                  args={"hops_per_run": end, "hops": hops})]
-            report_args = {"last_start": hops - end}  # the report waits for the run whose block starts there
-    elif in_slots:  # one block, whose slots decide what trains next as they go: no decide step, no DAG run per block
+                                  args={"hops_per_run": end, "hops": shape.hops})]
+            report_args = {"last_start": shape.hops - end}  # the report waits for the run whose block starts there
+    elif shape.in_slots:  # one block, whose slots decide what trains next as they go: no decide step, no DAG run per block
         finals = builder.decided("", tuple(ready), asha=True)
     else:  # blocks to the next decision point; each decide step says what the next block trains
-        count, whole = blocks_per_run(adaptive, shards, slots, blocks_setting)
+        count, whole = shape.blocks, shape.whole
         finals = builder.decided("", tuple(ready), block=0)
         if count == 1 and not whole:  # one block a run: the decide step starts the DAG's next run
             finals = [builder.add("decide", "decide", tuple(finals), trigger_rule=REPORT_JOIN)]
@@ -179,82 +183,12 @@ def build_task_plan(shards: int, iterations: int, adaptive: Any = None, *,
         # reports only in the run whose (last) decide step found nothing left
         report_args = {"decided": True, **({"blocks": count} if count > 1 or whole else {})}
     last = builder.add("report", "report", tuple(finals), trigger_rule=REPORT_JOIN, args=report_args)
-    if publish:
+    if shape.publish:
         last = builder.add("publish", "publish", ("report",))
-    if result:
+    if shape.result:
         builder.add("result", "result", (last,), trigger_rule=REPORT_JOIN)
-    return TaskPlan(shards=shards, tasks=tuple(builder.tasks), groups=tuple(builder.groups), priority=priority,
+    return TaskPlan(shards=shards, tasks=tuple(builder.tasks), groups=tuple(builder.groups), priority=shape.priority,
                     slots=slots)
-
-
-def blocks_per_run(adaptive: Any, shards: int, slots: int, setting: int | str = "auto") -> tuple[int, bool]:
-    """How many blocks one DAG run of an adaptive search renders, and whether they are the whole search.
-
-    ``"auto"``: all of them when their number is known up front (:func:`~mop_airflow.search.adaptive.most_blocks`:
-    Hyperband and successive halving, one block per rung end; PBT, one per segment; a model-based random
-    search or an ASHA budget) and their tasks stay within ``RUN_TASK_BUDGET``, so ``dag.test()`` and
-    ``airflow dags test`` run the search whole; otherwise one, and each block's decide step starts the
-    DAG's next run. A whole number (``schedule.iterations_per_run``) sets the count.
-    """
-    from mop_airflow.search.adaptive import most_blocks  # noqa: PLC0415
-
-    per_block = shards * slots + shards + 1  # a block's train tasks, its deal tasks and its decision
-    bound = most_blocks(adaptive, block_capacity(shards, slots, adaptive))
-    if setting != "auto":
-        count = int(setting) if bound is None else min(int(setting), bound)
-    elif bound is not None and bound * per_block <= RUN_TASK_BUDGET:
-        count = bound
-    else:
-        count = 1
-    return count, bound is not None and count >= bound
-
-
-# The most task instances the blocks of one DAG run may hold: Airflow's scheduler examines every
-# waiting task instance in every loop (apache/airflow #31185). Hyperband R=81, eta=3 on 16 shards of
-# one slot renders 5 blocks of 33 tasks; 64 shards of 5 slots, 5 blocks of 385.
-RUN_TASK_BUDGET = 2000
-
-
-def configuration_count(spec: Any) -> int:
-    """How many configurations a plain search's own space gives (a trigger conf may change it per run)."""
-    space = spec.search.space
-    return space.size() if space.method == "grid" else int(space.num_samples)
-
-
-def spec_task_plan(spec: Any, priority: str = DEFAULT_PRIORITY, *, result: bool = False) -> TaskPlan:
-    """The task plan a :class:`~mop_airflow.config.MopSpec` renders: its shape, and how many chains each
-    class holds for the spec's own search space (``result``: see :func:`build_task_plan`)."""
-    adaptive = spec.adaptive_plan()
-    schedule = spec.schedule
-    slots_decide = in_slots(adaptive, spec.search.space.sampler)
-    if result and adaptive is not None and not slots_decide and not blocks_per_run(
-            adaptive, schedule.shards, schedule.slots_per_shard, schedule.iterations_per_run)[1]:
-        raise SpecError("search.adaptive.method", spec.search.adaptive["method"],
-                        "has no number of blocks known up front here (ASHA without a budget), so each block's "
-                        "decision starts the DAG's next run, and a MopTaskGroup's search runs inside your DAG's one run",
-                        "use hyperband, successive_halving, pbt or an ASHA with a budget in a MopTaskGroup, or "
-                        "build_mop_dag for a whole MOP DAG of its own")
-    return build_task_plan(schedule.shards, schedule.iterations, adaptive, priority=priority,
-                           publish=spec.publish.enabled, slots=schedule.slots_per_shard, result=result,
-                           hops_per_run=runs_split(spec, chained=adaptive is None and not result),
-                           blocks_setting=schedule.iterations_per_run, in_slots=slots_decide)
-
-
-def runs_split(spec: Any, *, chained: bool) -> int:
-    """The hops one DAG run of ``spec`` trains (:func:`mop_airflow.planning.run_chain.hops_per_run`).
-
-    Only a whole MOP DAG's plain search is split (``chained``): an adaptive search's blocks already
-    end in decide tasks, and a MopTaskGroup's run is the user's DAG run, whose other tasks must not
-    run once per block.
-    """
-    schedule = spec.schedule
-    if not chained:
-        if schedule.iterations_per_run not in ("auto", schedule.iterations) and not spec.adaptive_plan():
-            raise SpecError("schedule.iterations_per_run", schedule.iterations_per_run,
-                            "cannot split a MopTaskGroup's search over several DAG runs: the run is your DAG's, and "
-                            "its other tasks would run once per block", "leave schedule.iterations_per_run out")
-        return schedule.iterations * schedule.shards
-    return hops_per_run(schedule.iterations, schedule.shards, schedule.iterations_per_run)
 
 
 def train_task_id(prefix: str, shard: int, slot: int, slots: int) -> str:
@@ -263,11 +197,9 @@ def train_task_id(prefix: str, shard: int, slot: int, slots: int) -> str:
 
 
 class _Builder:
-    def __init__(self, shards: int, priority: str, slots: int = 1) -> None:
+    def __init__(self, shards: int, slots: int = 1) -> None:
         self.shards = shards
         self.slots = slots
-        self.priority = priority
-        priority_weight(priority, 0, 1)  # reject an unknown rule before building anything
         self.tasks: list[TaskSpec] = []
         self.groups: list[ClassGroup] = []
         self.position: dict[str, int] = {}  # task id -> its index in tasks
@@ -297,14 +229,15 @@ class _Builder:
                                                  {"rung_end": True, "relative": True, "block": block})})
                 for s in range(self.shards) for k in range(self.slots)]
 
-    def train(self, prefix: str, groups: list[ClassGroup], *, chain_end: int, wait_for: Any = ()) -> list[str]:
+    def train(self, prefix: str, groups: list[ClassGroup], *, chain_end: int, weight: int,
+              wait_for: Any = ()) -> list[str]:
         """The block's train tasks, one per shard slot: each waits for the block's source tasks (and
         ``wait_for``) and trains every hop of the block on its shard slot. Returns their ids."""
         sources = tuple(group.source for group in groups)
         start, end = groups[0].start, groups[0].end
         return [self.add(train_task_id(prefix, s, k, self.slots), "train", (*sources, *wait_for),
                          pool=shard_pool(s), queue=shard_pool(s), trigger_rule=TRAIN_JOIN,
-                         weight=priority_weight(self.priority, start, chain_end),
+                         weight=weight,
                          args={"shard": s, "slot": k, "start": start, "end": end, "chain_end": chain_end,
                                "classes": [g.group_id for g in groups]})
                 for s in range(self.shards) for k in range(self.slots)]
