@@ -46,7 +46,8 @@ from mop_airflow.planning.resolve import resolve_run
 from mop_airflow.records import Assignment
 from mop_airflow.records.layout import RunLayout
 from mop_airflow.store import Store
-from mop_airflow.training.fused import fuse_groups, train_fused_hop
+from mop_airflow.planning.fusing import fuse_groups
+from mop_airflow.training.fused import train_fused_hop
 from mop_airflow.training.model_hop import state_after, train_hop
 from mop_airflow.training.session import TaskSession, WARM_MODELS
 

@@ -20,6 +20,10 @@ release, commit excluded: the commit runs beside the next hop), against plain Ke
     KERAS_BACKEND=jax JAX_PLATFORMS=cpu python benchmarks/warm_shards.py [--model cnn1m] [--configs 4]
         [--iterations 10] [--images 20000] [--no-trials] [--out DIR]
     python benchmarks/warm_shards.py --model cnn --iterations 3          # TensorFlow on the CPU, MNIST-1D
+    KERAS_BACKEND=jax JAX_PLATFORMS=cpu python benchmarks/warm_shards.py --model mlp --configs 16 --fuse 8
+
+``--fuse N`` runs the slots a second time with ``schedule.fuse: N`` (the classes dealt as the plan task
+deals them, each fused group whole in one), beside the unfused slots, in the same run.
 
 Generated data is written to a temporary folder and deleted afterwards. ``--out`` keeps the figures
 (``warm_shards.json``) and every hop's timestamps and parts (``slots.json``).
@@ -47,7 +51,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 SHARDS = int(os.environ.get("MOP_BENCH_SHARDS") or 4)
-RATES = [1e-3, 3e-3, 1e-2, 3e-2, 1e-4, 3e-4, 2e-3, 5e-3]
+RATES = [1e-3, 3e-3, 1e-2, 3e-2, 1e-4, 3e-4, 2e-3, 5e-3, 7e-4, 1.5e-3, 4e-3, 6e-3, 8e-3, 2e-4, 5e-4, 2e-2]
 
 
 # --- the processes --------------------------------------------------------------------------------
@@ -71,14 +75,19 @@ def slot_main(args: argparse.Namespace) -> None:
     run = RunRecord.read(store, state["run"])
     layout = RunLayout(store, run.dag_id, run.run_id)
     shards = run.schedule.shards
-    hops = block_hops(classes(state), shards=shards, slots=1, start=0, end=run.schedule.iterations * shards)
+    from mop_airflow.planning.fusing import fuse_groups, fuse_limit
+
+    fuse = run.schedule.fuse
+    hops = block_hops(classes(state), shards=shards, slots=1, start=0, end=run.schedule.iterations * shards,
+                      fuse=(lambda cids: fuse_groups([run.config(c) for c in cids], fuse, "jax"))
+                      if fuse_limit(fuse) > 1 else None)
     result = run_slot(layout, run, Manifest.read(store, state["manifest"]), hops, block="bench", shard=args.shard,
                       slot=0, cache_dir=state["cache"], where=Where(task_id=f"train_shard_{args.shard}"))
     print("SLOT " + json.dumps({"shard": args.shard, "spawned": args.spawned, "waited": result.waited,
                                 "hops": [{"config_id": r.config_id, "t": r.t, "iteration": r.iteration,
                                           "started_at": r.started_at,
                                           "released_at": r.released_at, "saved_at": r.saved_at,
-                                          "reused": r.model_reused, "timings": r.timings,
+                                          "reused": r.model_reused, "timings": r.timings, "fused": r.fused,
                                           "train": r.timings["train"]} for r in result.trained]}), flush=True)
 
 
@@ -155,8 +164,9 @@ def whole_data(state: dict, manifest) -> tuple:
 
 def plain_main(args: argparse.Namespace) -> None:
     """Plain Keras in one process: every configuration one after another over the whole data, for the
-    same passes (``fit``, one epoch a call); each configuration's epochs after its first are steady."""
-    from mop_airflow.data.cache import manifest_inputs
+    same passes (``fit``, one epoch a call, validating when the slots do); each configuration's epochs
+    after its first are steady."""
+    from mop_airflow.data.cache import cached_shard, load_shard, manifest_inputs
     from mop_airflow.data.inputs import input_shapes
     from mop_airflow.records import Manifest, RunRecord
     from mop_airflow.store import Store
@@ -170,15 +180,19 @@ def plain_main(args: argparse.Namespace) -> None:
     run = RunRecord.read(store, state["run"])
     manifest = Manifest.read(store, state["manifest"])
     x, y = whole_data(state, manifest)
+    validation = load_shard(cached_shard(store, manifest.validation, state["cache"], manifest=manifest), manifest)
     began = time.time()
     epochs = []
     for config in run.configs:
         model = build_model(config, input_shapes=input_shapes(manifest_inputs(manifest)),
                             num_classes=len(manifest.classes), seed=1, task=manifest.task)
         mine = []
-        for _ in range(run.schedule.iterations):
+        for iteration in range(run.schedule.iterations):
             at = time.time()
-            model.fit(x, y, batch_size=config["batch_size"], epochs=1, shuffle=True, verbose=0)
+            # validated when the slots validate, in batches as large as theirs: the same work as theirs
+            model.fit(x, y, batch_size=config["batch_size"], epochs=1, shuffle=True, verbose=0,
+                      validation_data=validation if run.schedule.evaluates_after(iteration) else None,
+                      validation_batch_size=max(config["batch_size"], 256))
             mine.append(time.time() - at)
         epochs.append(mine)
     print("PLAIN " + json.dumps({"epochs": epochs, "train_wall": time.time() - began,
@@ -187,39 +201,47 @@ def plain_main(args: argparse.Namespace) -> None:
 
 # --- the driver -----------------------------------------------------------------------------------
 
-def prepare(work: Path, model: str, configs: int, iterations: int, images: int, shards: int) -> Path:
-    """Data, the run record, the shards and the offset classes, in this process."""
+def prepare(work: Path, model: str, configs: int, iterations: int, images: int, shards: int, fuse: int = 1,
+            name: str = "state") -> Path:
+    """Data, the run record, the shards and the offset classes, in this process (``fuse``: schedule.fuse,
+    the classes dealt as the plan task deals them, each fused group whole in one)."""
     from benchmarks.gpu_hops import MODELS, write_images
     from mop_airflow.data.shard import shard_dataset
     from mop_airflow.examples.mnist1d_data import write_mnist1d
     from mop_airflow.examples.mnist1d_spec import mnist1d_data_spec
+    from mop_airflow.planning.plan import deal_run
     from mop_airflow.planning.resolve import resolve_run
     from mop_airflow.planning.schedule import deal_classes
     from mop_airflow.records.layout import RunLayout
     from mop_airflow.store import Store
 
     data_name, params = MODELS[model]
-    if data_name == "images":
+    if (work / "data").exists():  # the unfused run's data, for the fused one
+        data = json.loads((work / "data.json").read_text())
+    elif data_name == "images":
         data = write_images(work / "data" / "images.parquet", images)
     else:
         write_mnist1d(str(work / "data"))
         data = mnist1d_data_spec(str(work / "data"))
+    (work / "data.json").write_text(json.dumps(data))
     grid = {"model": [params["model"]], "optimizer": "adam", "learning_rate": RATES[:configs],
             "batch_size": [params["batch_size"]], "metrics": ["accuracy"]}
     if params.get("hparams"):
         grid["hparams"] = {name: [value] for name, value in params["hparams"].items()}
     root = f"file://{work / 'store'}"
     spec = {"data": data, "search": {"space": {"method": "grid", "params": grid}, "metric": "val_accuracy"},
-            "schedule": {"shards": shards, "iterations": iterations, "seed": 42},
+            "schedule": {"shards": shards, "iterations": iterations, "seed": 42, **({"fuse": fuse} if fuse > 1 else {})},
             "store": {"root": root, "cache_dir": str(work / "cache")}}
-    run = resolve_run(spec, None, dag_id=f"warm_{model}", run_id="bench")
+    run = resolve_run(spec, None, dag_id=f"warm_{model}", run_id=name)
     store = Store(root)
     run_uri = run.write(store, RunLayout(store, run.dag_id, run.run_id).run_record_uri)
     manifest = shard_dataset(run.data, store, run.dag_id, shards, run.schedule.seed)
     ids = [c["config_id"] for c in run.configs]
     state = {"store": root, "run": run_uri, "manifest": manifest.write(store, f"{root}/manifest.json"),
-             "cache": str(work / "cache"), "classes": [list(c) for c in deal_classes(ids, shards=shards, seed=42)]}
-    path = work / "state.json"
+             "cache": str(work / "cache"),
+             "classes": deal_run(run, ids, rows=None, seed=42) if fuse > 1 else [
+                 list(c) for c in deal_classes(ids, shards=shards, seed=42)]}
+    path = work / f"{name}.json"
     path.write_text(json.dumps(state))
     return path
 
@@ -278,6 +300,8 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=10)
     parser.add_argument("--images", type=int, default=20000, help="rows of generated images (cnn1m)")
     parser.add_argument("--out", default=None, help="folder for warm_shards.json")
+    parser.add_argument("--fuse", type=int, default=1, help="also run the slots with schedule.fuse set to this "
+                        "(JAX), beside the unfused ones")
     parser.add_argument("--no-trials", action="store_true", help="leave the task-parallel pattern out (a second "
                         "run of the slots, on other code, beside a full one)")
     args = parser.parse_args()
@@ -294,6 +318,15 @@ def main() -> None:
                         "SLOT")
         print(f"warm shard slots done in {time.time() - began:.1f} s", flush=True)
         warm_wall = time.time() - began
+        fused, fused_wall = [], float("nan")
+        if args.fuse > 1:
+            fused_state = prepare(work, args.model, args.configs, args.iterations, args.images, args.shards,
+                                  fuse=args.fuse, name="fused")
+            began = time.time()
+            fused = collect([launch("slot", fused_state, "--shard", str(s), sharing=args.shards)
+                             for s in range(args.shards)], "SLOT")
+            fused_wall = time.time() - began
+            print(f"fused shard slots done in {fused_wall:.1f} s", flush=True)
         trials, trial_wall = [], float("nan")
         if not args.no_trials:
             began = time.time()
@@ -302,12 +335,12 @@ def main() -> None:
             trial_wall = time.time() - began
             print(f"task-parallel trials done in {trial_wall:.1f} s", flush=True)
         (plain,) = collect([launch("plain", state, sharing=1)], "PLAIN")
-        report(args, slots, warm_wall, trials, trial_wall, plain)
+        report(args, slots, warm_wall, trials, trial_wall, plain, fused, fused_wall)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def report(args, slots, warm_wall, trials, trial_wall, plain) -> None:
+def report(args, slots, warm_wall, trials, trial_wall, plain, fused=(), fused_wall=float("nan")) -> None:
     import keras
 
     hops = [h for s in slots for h in s["hops"]]
@@ -344,6 +377,12 @@ def report(args, slots, warm_wall, trials, trial_wall, plain) -> None:
     print(f"  warm shard slots, {args.shards} processes    wall {warm_wall:7.1f} s  (start-up to the first hop "
           f"{figures['warm']['startup']:.1f} s, waiting {figures['warm']['waited']:.1f} s a slot, {len(hops)} hops, "
           f"median hop {figures['warm']['hop_median']:.3f} s)")
+    if fused:
+        fused_hops = [h for s in fused for h in s["hops"]]
+        figures["fused"] = {"wall": fused_wall, "limit": args.fuse, "hops": len(fused_hops),
+                            "group_median": statistics.median(h["fused"] for h in fused_hops)}
+        print(f"  fused shard slots (fuse {args.fuse})        wall {fused_wall:7.1f} s  ({len(fused_hops)} hops, "
+              f"median group {figures['fused']['group_median']:.0f}) = {fused_wall / warm_wall:.2f}x the unfused slots")
     if trials:
         print(f"  task-parallel, {args.configs} processes     wall {trial_wall:7.1f} s  (process start "
               f"{figures['task_parallel']['process']:.1f} s, first epoch {figures['task_parallel']['first_epoch']:.2f} s, "

@@ -362,7 +362,7 @@ class ScheduleSpec:
             an integer >= 1, ``"auto"`` (8, measured on the CPU) or ``"off"`` (or ``false``: every
             configuration alone, the default). A fused configuration learns what it learns alone up to
             float rounding, so turning it on changes a leaderboard's last digits; every run records it.
-            Not yet used by the shard slots.
+            The plan deals each group whole into one offset class and slot; the slot trains it as one.
     """
 
     shards: int = 4

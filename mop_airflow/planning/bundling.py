@@ -72,6 +72,19 @@ def deal(config_ids: Sequence[str], costs: Mapping[str, float], keys: Mapping[st
     return grouped if costliest(grouped) < costliest(dealt) else dealt
 
 
+def deal_groups(groups: Sequence[Sequence[str]], *, shards: int, seed: int) -> list[list[str]]:
+    """Fused groups (:func:`~mop_airflow.planning.fusing.fuse_groups`) dealt whole into offset classes, so
+    a group's members reach every shard at the same hop: the largest first, those of a size in the seeded
+    order of their first members, each to the class with the fewest configurations, the lowest first (so
+    the classes stay as even as the groups let them). Groups of one deal as
+    :func:`~mop_airflow.planning.schedule.deal_classes` deals configurations. Deterministic."""
+    first = {group[0]: group for group in groups}
+    classes: list[list[str]] = [[] for _ in range(shards)]
+    for leader in sorted(seeded_order(list(first), seed=seed), key=lambda c: -len(first[c])):  # stable
+        min(classes, key=len).extend(first[leader])  # min keeps the lowest of equals
+    return classes
+
+
 def _lined_up(members: Sequence[str], costs: Mapping[str, float], keys: Mapping[str, str]) -> list[str]:
     """By model key (configurations sharing a compiled model side by side), then longest first, then id."""
     return sorted(members, key=lambda c: (keys[c], -costs[c], c))

@@ -401,6 +401,7 @@ class HopRecord(Record):
     bundle: int | None = None  # the bundle whose task trained it (mop_airflow.planning.bundling)
     threads: int | None = None  # the backend's intra-op threads in that task (None on JAX): CPU results depend on it
     model_reused: bool = False  # trained in a compiled model another configuration of the bundle built
+    fused: int = 1  # configurations trained as one compiled program in this hop, this one included (schedule.fuse)
     # the sha256 of the checkpoint the hop started from (None: the builder's initial weights): a
     # retried bundle hop skips a configuration only when its record started from the same state
     input_sha256: str | None = None

@@ -21,71 +21,39 @@ program, and each member is evaluated and handed back as its own
 
 from __future__ import annotations
 
-import json
-import math
 import time
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from mop_airflow.config.spec import check_fuse
-
-# Optimizer settings a fused group may vary: the learning rate is an optimizer variable; weight decay a
-# float read once per trace and multiplied in as it is cast (so the same step either way).
-FUSABLE_SCALARS = ("learning_rate", "weight_decay")
-# schedule.fuse "auto": measured with benchmarks/fused_cpu.py on the demo's MLP (docs/performance.md).
-AUTO_LIMIT = 8
+from mop_airflow.planning.fusing import FUSABLE_SCALARS, fuse_groups, fuse_key, fuse_limit
 
 
-def fuse_limit(setting: int | str | bool) -> int:
-    """How many configurations a fused group may hold under ``schedule.fuse`` (1: none fuse)."""
-    check_fuse(setting)
-    return 1 if setting in ("off", False) else AUTO_LIMIT if setting == "auto" else int(setting)
+def fuses_here(run: Any, manifest: Any, shards: Iterable[int]) -> bool:
+    """Whether this process trains fused groups on ``shards``: ``schedule.fuse`` above 1, Keras on JAX,
+    and every one of the shards read whole (one that streams trains its configurations alone)."""
+    if fuse_limit(run.schedule.fuse) == 1:
+        return False
+    import keras  # noqa: PLC0415 - this process trains with it next
+
+    from mop_airflow.training.model_hop import streams  # noqa: PLC0415
+
+    return keras.config.backend() == "jax" and not any(streams(manifest.shards[s], run) for s in shards)
 
 
-def fuse_key(config: Mapping[str, Any]) -> str | None:
-    """What must be equal for configurations to fuse, as a string; None for one that trains alone."""
-    params = dict(config.get("optimizer_params") or {})
-    if params.get("use_ema"):
-        return None  # fit swaps the averaged weights in at the end of every pass: not a step's work
-    for name in FUSABLE_SCALARS:
-        value = params.pop(name, None)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
-            return None  # a schedule or another object: its own program
-        if name != "learning_rate":
-            params[f"{name} is set"] = value is not None  # None turns the decay off: another program
-    rest = {k: v for k, v in config.items() if k not in ("config_id", "optimizer_params")}
-    return json.dumps([rest, params], sort_keys=True, default=str)
-
-
-def fuse_groups(configs: Iterable[Mapping[str, Any]], limit: int | str | bool, backend: str) -> list[list[str]]:
-    """The configurations' ids in fused groups of at most ``limit`` (``schedule.fuse``), each group one
-    :func:`fuse_key`, in the order of their first member; a configuration that cannot fuse is a group of
-    its own. Groups of one key are cut into sizes that differ by at most one (10 with a limit of 8: 5
-    and 5, not 8 and 2: the same program's work, half the slowest group's). Nothing fuses on a backend
-    but ``"jax"``. Deterministic: the configurations' order decides."""
-    size = fuse_limit(limit)
-    configs = list(configs)
-    keys = {c["config_id"]: (fuse_key(c) if backend == "jax" and size > 1 else None) for c in configs}
-    by_key: dict[str, list[str]] = {}
-    leaders: list[tuple[str, str | None]] = []  # (first member, key) in order
-    for config in configs:
-        cid, key = config["config_id"], keys[config["config_id"]]
-        if key is None:
-            leaders.append((cid, None))
-        elif key not in by_key:
-            by_key[key] = [cid]
-            leaders.append((cid, key))
-        else:
-            by_key[key].append(cid)
-    groups: list[list[str]] = []
-    for cid, key in leaders:
-        if key is None:
-            groups.append([cid])
-            continue
-        members = by_key[key]
-        count = math.ceil(len(members) / size)
-        bounds = [len(members) * i // count for i in range(count + 1)]
-        groups.extend(members[a:b] for a, b in zip(bounds, bounds[1:]))
-    return groups
+def fused_partners(places: Iterable[tuple[str, int, Any]], run: Any) -> dict[tuple[str, int], frozenset[str]]:
+    """Which hops train fused. ``places``: each hop as ``(config_id, hop, place)``, the place being
+    what must be the same for hops to train as one program besides their configurations (shard, slot,
+    rung end). The hops of one place cut into :func:`~mop_airflow.planning.fusing.fuse_groups` in their
+    order; each hop of a group of two or more -> its group's configurations. From the plan alone, so
+    the same spec trains the same groups every run."""
+    by_place: dict[tuple[int, Any], list[str]] = {}
+    for cid, hop, place in places:
+        by_place.setdefault((hop, place), []).append(cid)
+    partners: dict[tuple[str, int], frozenset[str]] = {}
+    for (hop, _), cids in by_place.items():
+        for group in fuse_groups([run.config(c) for c in cids], run.schedule.fuse, "jax"):
+            if len(group) > 1:
+                partners.update(((cid, hop), frozenset(group)) for cid in group)
+    return partners
 
 
 def varied_scalars(configs: Sequence[Mapping[str, Any]]) -> dict[str, list[float]]:
@@ -180,6 +148,7 @@ def train_fused_hop(layout: Any, run: Any, manifest: Any, assignments: Sequence[
             train=train_metrics[slot], val=val, bundle=bundle, threads=threads, reused=reused[slot],
             bytes_read={"metadata": data.metadata_bytes, "data": data.data_bytes + val_bytes,
                         "checkpoint": bytes_in[slot]})
+        results[index].record["fused"] = len(live)
     return results
 
 

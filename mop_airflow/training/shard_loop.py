@@ -57,6 +57,7 @@ from mop_airflow.training import progress
 from mop_airflow.planning.schedule import DEFAULT_PRIORITY, priority_weight, shard_at
 from mop_airflow.records import Assignment, BundleAssignment, HopRecord, Manifest, RunRecord
 from mop_airflow.records.layout import RunLayout
+from mop_airflow.training.fused import fused_partners, fuses_here, train_fused_hop
 from mop_airflow.training.model_hop import (Where, read_hashed, record_failure, sha256_of, state_after, train_hop,
                                             with_digest)
 from mop_airflow.training.slot_commits import Chains, CommitLog, CommitPoller, committed
@@ -118,7 +119,8 @@ class BlockHop:
 def block_hops(classes: Sequence[Sequence[BundleAssignment]], *, shards: int, slots: int, start: int, end: int,
                relative: bool = False, rung_end: bool = False, priority: str = DEFAULT_PRIORITY,
                chain_end: int | None = None, shift: int = 0, ends: Collection[str] | None = None,
-               key: Callable[[str], str] | None = None) -> list[BlockHop]:
+               key: Callable[[str], str] | None = None,
+               fuse: Callable[[Sequence[str]], list[list[str]]] | None = None) -> list[BlockHop]:
     """Every hop of a block, on every shard slot, in the plan's order.
 
     ``classes[o]`` lists offset class ``o``'s configurations (as bundles), each with the state it
@@ -131,14 +133,17 @@ def block_hops(classes: Sequence[Sequence[BundleAssignment]], *, shards: int, sl
     tasks (:func:`~mop_airflow.planning.schedule.priority_weight`; ``chain_end`` is where the search
     ends, by default the block's end). ``key(config_id)``: the configuration's model key; then the
     configurations that share one go to the same slot where the slots stay balanced
-    (:func:`deal_slots`), so a slot's compiled models serve more of its hops. ``ends``: with
+    (:func:`deal_slots`), so a slot's compiled models serve more of its hops. ``fuse(config_ids)``: a
+    class's configurations in the groups that may train fused (``schedule.fuse``); then each group goes
+    whole to one slot (:func:`deal_fused_slots`), whatever ``key`` says. ``ends``: with
     ``rung_end``, the configurations whose rung ends at the block's end (the others go on past it, in
     the next block); None: every one.
     """
     hops: list[BlockHop] = []
     index = 0
-    dealt = None if key is None else deal_slots(
-        [[a.config_id for b in bundles for a in b.assignments] for bundles in classes], slots, key)
+    ids = [[a.config_id for b in bundles for a in b.assignments] for bundles in classes]
+    dealt = (deal_fused_slots(ids, slots, fuse) if fuse is not None and slots > 1
+             else None if key is None else deal_slots(ids, slots, key))
     for offset, bundles in enumerate(classes):
         for bundle in bundles:
             for assignment in bundle.assignments:
@@ -183,6 +188,21 @@ def deal_slots(classes: Sequence[Sequence[str]], slots: int, key: Callable[[str]
                 home.setdefault(model, slot)
                 room[slot] -= 1
                 dealt[cid] = slot
+    return dealt
+
+
+def deal_fused_slots(classes: Sequence[Sequence[str]], slots: int,
+                     fuse: Callable[[Sequence[str]], list[list[str]]]) -> dict[str, int]:
+    """The slot of each configuration (``classes[o]`` lists offset class ``o``'s), each fused group of a
+    class whole on one: the group to the slot with the fewest configurations of the block so far, the
+    lowest first, so configurations alone deal as ``i mod slots`` does. Deterministic."""
+    load = [0] * slots
+    dealt: dict[str, int] = {}
+    for members in classes:
+        for group in fuse(members):
+            slot = min(range(slots), key=lambda k: (load[k], k))
+            load[slot] += len(group)
+            dealt.update((cid, slot) for cid in group)
     return dealt
 
 
@@ -284,6 +304,9 @@ class _Loop:
         self.marks = CommitLog(layout, block, shard, slot, where.try_number)
         self.status = StatusWriter(layout, block, shard, slot, where, left=len(self.pending))
         self.result = SlotResult()
+        # schedule.fuse: this slot's hops that train as one program (ASHA's, decided as it goes, train alone)
+        self.partners = (fused_partners(((h.config_id, h.hop, (h.shard, h.slot, h.rung_end)) for h in own), run)
+                         if more is None and fuses_here(run, manifest, {h.shard for h in own}) else {})
         self.peers: dict[tuple[int, int], Peer] = {}
         self.for_good: set[str] = set()  # hops given up because their slot ended for good
         # it took a hop another slot of its block handed it: the block runs, and this slot keeps its pool slot
@@ -316,6 +339,8 @@ class _Loop:
                 if self.more is not None:
                     self._extend(self.more.new_hops())
                 ready, waiting = self._ready()
+                if self.partners:
+                    ready = self._whole_groups(ready, waiting)
                 if not ready:
                     if commits:  # its next hop waits for this slot's own commit, or for another slot's: whichever comes
                         wait_for([commits[0][2]], timeout=self.poller.first)
@@ -337,21 +362,28 @@ class _Loop:
                         result.waited += time.monotonic() - began
                     continue
                 hop, state = ready[0]
+                group = self.partners.get((hop.config_id, hop.hop))
+                members = [(h, s) for h, s in ready if (h.config_id in group and h.hop == hop.hop)] if group else [
+                    (hop, state)]
                 self.joined = self.joined or hop.start is None
-                for _, later in ready[1:2]:  # read and hash the next ready model's checkpoint while this one trains
+                for _, later in [r for r in ready if r not in members][:1]:  # read and hash the next ready model's checkpoint while this one trains
                     if later.checkpoint and later.checkpoint not in ahead:
                         # not tallied on that thread: the hop that takes it counts it (store.bytes_read
                         # deltas are a hop's own reads)
                         ahead[later.checkpoint] = reader.submit(read_hashed, self.layout.store, later.checkpoint,
                                                                 tally=False)
-                self.pending.remove(hop)
+                for member, _ in members:
+                    self.pending.remove(member)
                 # a trained hop holds its taken state (on a GPU, in its memory) until its commit packs it:
-                # at most STATES_HELD at once, so a store slower than training slows the slot instead
-                if len(commits) >= STATES_HELD:
+                # at most STATES_HELD at once (a fused group's, and one more), so a store slower than
+                # training slows the slot instead
+                while len(commits) >= STATES_HELD:
                     self._settle(commits, block=True)
-                trained = self._train(hop, state, ahead, hasher)
-                if trained is not None:
-                    commits.append((hop, state, writer.submit(self._commit, trained)))
+                trained = (self._train_fused(members, ahead, hasher) if len(members) > 1
+                           else [(hop, state, self._train(hop, state, ahead, hasher))])
+                for member, member_state, done in trained:
+                    if done is not None:
+                        commits.append((member, member_state, writer.submit(self._commit, done)))
             self._settle(commits, block=True, every=True)
         return result
 
@@ -403,29 +435,13 @@ class _Loop:
 
     def _train(self, hop: BlockHop, state: Assignment, ahead: dict[str, Future], hasher: ThreadPoolExecutor) -> Any:
         """Train one hop (or find it committed by an earlier try); returns what to commit, or None."""
-        layout, result = self.layout, self.result
-        earlier = committed(layout, state, hop.hop, self.poller.known)
-        if earlier is not None:
-            result.committed.append(hop.label)
-            if earlier.status != "ok":
-                result.failed.append(earlier)
-            self.chains.learn(earlier)
-            log.info("%s: already committed by try %d of %s; not trained again", hop.label, earlier.try_number,
-                     earlier.task_id or "an earlier task")
+        layout = self.layout
+        if self._committed_before(hop, state):
             return None
         taken = time.time()
         self.status.training = hop.label
         where = replace(self.where, started_at=taken)
-
-        def read(uri: str) -> tuple[bytes, Callable[[], str]]:
-            future = ahead.pop(uri, None)
-            if future is None:  # hashed on another thread (hashlib lets go of the GIL) while the bytes are decoded
-                data = layout.store.read_bytes(uri)
-                return data, hasher.submit(sha256_of, data).result
-            data, sha256 = future.result()
-            layout.store.bytes_read += len(data)
-            return with_digest(data, sha256)
-
+        read = self._reader(ahead, hasher)
         log.info("%s on shard %d from %s", hop.label, hop.shard, state.checkpoint or "its initial weights")
         try:
             for again in (False, True):
@@ -448,6 +464,80 @@ class _Loop:
             return None
         finally:
             self.status.training = None
+
+    def _train_fused(self, members: list[tuple[BlockHop, Assignment]], ahead: dict[str, Future],
+                     hasher: ThreadPoolExecutor) -> list[tuple[BlockHop, Assignment, Any]]:
+        """Train a fused group's hops (``schedule.fuse``: one shard, one hop, one program) and return each
+        member's to commit (None: committed before, or failed and recorded). A member whose input does not
+        restore or whose loss diverges fails alone; if the group's program itself fails, its members
+        train alone."""
+        todo = [(hop, state) for hop, state in members if not self._committed_before(hop, state)]
+        if len(todo) < 2:
+            return [(hop, state, self._train(hop, state, ahead, hasher)) for hop, state in todo]
+        first = todo[0][0]
+        where = replace(self.where, started_at=time.time())
+        self.status.training = ", ".join(hop.label for hop, _ in todo)
+        log.info("%s fused on shard %d", self.status.training, first.shard)
+        try:
+            results = train_fused_hop(self.layout, self.run, self.manifest, [state for _, state in todo], t=first.hop,
+                                      shard=first.shard, rung_end=first.rung_end, cache_dir=self.cache_dir,
+                                      where=where, session=self.session, bundle=first.bundle,
+                                      read_checkpoint=self._reader(ahead, hasher))
+        except Exception as exc:
+            if self.fatal(exc):
+                raise
+            log.warning("%s: the fused program failed (%s: %s); its members train alone", self.status.training,
+                        type(exc).__name__, exc)
+            self.session.empty()
+            return [(hop, state, self._train(hop, state, ahead, hasher)) for hop, state in todo]
+        finally:
+            self.status.training = None
+        out = []
+        for (hop, state), result in zip(todo, results):
+            if isinstance(result, Exception):
+                if self.fatal(result):
+                    raise result
+                self._failed(hop, state, result, where)
+                result = None
+            out.append((hop, state, result))
+        return out
+
+    def _whole_groups(self, ready: list[tuple[BlockHop, Assignment]],
+                      waiting: list[BlockHop]) -> list[tuple[BlockHop, Assignment]]:
+        """The ready hops less those of a fused group with a member still waiting at the same hop: a group
+        trains whole, so its members train the same program whatever order their inputs came in."""
+        late = {(hop.config_id, hop.hop) for hop in waiting}
+        return [(hop, state) for hop, state in ready
+                if not any((cid, hop.hop) in late for cid in self.partners.get((hop.config_id, hop.hop), ()))]
+
+    def _committed_before(self, hop: BlockHop, state: Assignment) -> bool:
+        """Whether an earlier try committed ``hop`` (then learnt here, and not trained again)."""
+        earlier = committed(self.layout, state, hop.hop, self.poller.known)
+        if earlier is None:
+            return False
+        self.result.committed.append(hop.label)
+        if earlier.status != "ok":
+            self.result.failed.append(earlier)
+        self.chains.learn(earlier)
+        log.info("%s: already committed by try %d of %s; not trained again", hop.label, earlier.try_number,
+                 earlier.task_id or "an earlier task")
+        return True
+
+    def _reader(self, ahead: dict[str, Future], hasher: ThreadPoolExecutor) -> Callable[[str], tuple[bytes, Any]]:
+        """How a hop reads its input checkpoint: read and hashed ahead (``ahead``), or hashed on another thread
+        (hashlib lets go of the GIL) while the bytes are decoded."""
+        store = self.layout.store
+
+        def read(uri: str) -> tuple[bytes, Callable[[], str]]:
+            future = ahead.pop(uri, None)
+            if future is None:
+                data = store.read_bytes(uri)
+                return data, hasher.submit(sha256_of, data).result
+            data, sha256 = future.result()
+            store.bytes_read += len(data)
+            return with_digest(data, sha256)
+
+        return read
 
     def _settle(self, commits: list[tuple[BlockHop, Assignment, Future]], *, block: bool, every: bool = False) -> None:
         """Take the finished commits (``block``: wait for the oldest, ``every``: for all). A commit that

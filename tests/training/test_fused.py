@@ -17,7 +17,8 @@ import pytest
 
 from mop_airflow.config.spec import ScheduleSpec
 from mop_airflow.errors import SpecError
-from mop_airflow.training.fused import AUTO_LIMIT, fuse_groups, fuse_key, fuse_limit, varied_scalars
+from mop_airflow.planning.fusing import AUTO_LIMIT, fuse_groups, fuse_key, fuse_limit
+from mop_airflow.training.fused import varied_scalars
 
 REPO = Path(__file__).resolve().parents[2]
 CNN = "mop_airflow.examples.mnist1d_models:cnn"
@@ -96,7 +97,8 @@ from mop_airflow.planning.resolve import resolve_run
 from mop_airflow.records import Assignment
 from mop_airflow.records.layout import RunLayout
 from mop_airflow.store import Store
-from mop_airflow.training.fused import fuse_groups, train_fused_hop
+from mop_airflow.planning.fusing import fuse_groups
+from mop_airflow.training.fused import train_fused_hop
 from mop_airflow.training.model_hop import run_hop, state_after
 from mop_airflow.training.session import TaskSession, WARM_MODELS
 
@@ -199,3 +201,131 @@ def test_a_fused_group_trains_to_the_same_bits_every_time_without_tensorflow(fus
     assert {k: r["sha256"] for k, r in fused["records"].items()} == \
         {k: r["sha256"] for k, r in again["records"].items()}
     assert not fused_runs["tensorflow"]
+
+
+def test_fused_groups_are_dealt_whole_into_classes_and_slots_and_groups_of_one_as_before():
+    from mop_airflow.planning.bundling import deal_groups
+    from mop_airflow.planning.schedule import deal_classes
+    from mop_airflow.training.shard_loop import deal_fused_slots
+
+    ids = [f"c{i}" for i in range(11)]
+    for shards in (1, 2, 3, 4):  # configurations alone: the seeded deal of a search without schedule.fuse
+        assert deal_groups([[c] for c in ids], shards=shards, seed=5) == [
+            list(c) for c in deal_classes(ids, shards=shards, seed=5)]
+        assert deal_fused_slots([ids], shards, lambda cids: [[c] for c in cids]) == {
+            c: i % shards for i, c in enumerate(ids)}
+    classes = deal_groups([["a", "b", "c"], ["d"], ["e", "f"], ["g", "h"]], shards=2, seed=1)
+    assert sorted(map(len, classes)) == [4, 4]
+    for group in (["a", "b", "c"], ["e", "f"], ["g", "h"]):
+        assert sum(set(group) <= set(members) for members in classes) == 1
+    # two slots: each group whole on the slot holding the fewest configurations of the block so far
+    pairs = {"a": "ab", "b": "ab", "c": "c", "d": "de", "e": "de"}
+    groups = lambda cids: [[c for c in cids if pairs[c] == p] for p in dict.fromkeys(pairs[c] for c in cids)]
+    assert deal_fused_slots([["a", "b", "c"], ["d", "e"]], 2, groups) == {"a": 0, "b": 0, "c": 1, "d": 1, "e": 1}
+
+
+def test_fused_partners_come_from_the_plan_per_shard_slot_and_hop():
+    from types import SimpleNamespace
+
+    from mop_airflow.training.fused import fused_partners
+
+    configs = {c["config_id"]: c for c in [config(f"a{i}", learning_rate=10 ** -(1 + i)) for i in range(5)]
+               + [config("b64", batch_size=64)]}
+    run = SimpleNamespace(config=configs.__getitem__, schedule=SimpleNamespace(fuse=2))
+    places = [(cid, 0, (0, 0, False)) for cid in ["a0", "a1", "a2", "b64"]] + [("a3", 0, (0, 1, False)),
+                                                                             ("a4", 0, (0, 1, False))]
+    partners = fused_partners(places, run)
+    # a limit of 2: a0..a2 of one key on one slot cut 1 + 2; b64 alone; a3, a4 on the other slot together
+    assert partners == {("a1", 0): {"a1", "a2"}, ("a2", 0): {"a1", "a2"}, ("a3", 0): {"a3", "a4"},
+                        ("a4", 0): {"a3", "a4"}}
+
+
+SLOTS = r"""
+import glob, json, sys
+from mop_airflow.data.shard import shard_dataset
+from mop_airflow.planning.fusing import fuse_groups
+from mop_airflow.planning.plan import make_plan
+from mop_airflow.planning.resolve import resolve_run
+from mop_airflow.planning.schedule import shard_at
+from mop_airflow.records import Assignment, BundleAssignment, HopRecord
+from mop_airflow.records.layout import RunLayout
+from mop_airflow.store import Store
+from mop_airflow.training.model_hop import run_hop
+from mop_airflow.training.shard_loop import block_hops, run_slot
+from mop_airflow.training.session import TaskSession, WARM_MODELS
+
+spec = json.loads(sys.argv[1])
+p, hops = spec["schedule"]["shards"], spec["schedule"]["shards"] * spec["schedule"]["iterations"]
+out = {}
+for run_id in ("fused", "fused_again", "alone"):
+    run = resolve_run(spec, None, dag_id="d", run_id=run_id)
+    layout = RunLayout(Store(run.store.root), "d", run_id)
+    manifest = shard_dataset(run.data, layout.store, "d", p, run.schedule.seed)
+    classes = make_plan(run).classes
+    if run_id == "alone":  # the reference: each configuration by itself on the shards its class visits
+        for o, members in enumerate(classes):
+            for cid in members:
+                state = Assignment(cid, -1, None)
+                for t in range(hops):
+                    _, state = run_hop(layout, run, manifest, state, t=t, shard=shard_at(o, t, p),
+                                       cache_dir=run.store.cache_dir)
+    else:
+        blocks = block_hops([[BundleAssignment.start(o, [Assignment(c, -1, None) for c in m])]
+                             for o, m in enumerate(classes)], shards=p, slots=2, start=0, end=hops,
+                            fuse=lambda cids: fuse_groups([run.config(c) for c in cids], run.schedule.fuse, "jax"))
+        run_slot(layout, run, manifest, blocks, block="b", shard=0, slot=0, cache_dir=run.store.cache_dir,
+                 mine=blocks, session=TaskSession(run, manifest, run.store.cache_dir, max_models=WARM_MODELS))
+    records = [HopRecord.read(layout.store, uri) for uri in layout.store.glob(layout.hops_glob)]
+    out[run_id] = {"classes": classes, "batch": {c["config_id"]: c["batch_size"] for c in run.configs}, "records": {f"{r.config_id}/{r.t}": {
+        "train": r.train_metrics, "val": r.val_metrics, "sha256": r.checkpoint_sha256, "fused": r.fused,
+        "shard": r.shard} for r in records}}
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def slot_runs(tmp_path_factory):
+    """Eight configurations of the demo's MLP on scikit-learn's digits, 2 shards x 2 slots, 2 iterations,
+    ``schedule.fuse`` 4: two fuse keys (batch sizes 32 and 64) of four learning rates each, trained by
+    the shard loop twice, and each configuration alone on the same shards as the reference."""
+    pytest.importorskip("jax")
+    from sklearn.datasets import load_digits
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    folder = tmp_path_factory.mktemp("slots")
+    x, y = load_digits(return_X_y=True)
+    pq.write_table(pa.table({**{f"f{i:02d}": (x[:, i] / 16).astype("float32") for i in range(64)}, "y": y}),
+                   folder / "digits.parquet")
+    spec = {"data": {"source": str(folder / "digits.parquet"), "label": "y", "features": "f*",
+                     "classes": list(range(10)), "validation": 0.2},
+            "search": {"space": {"method": "grid", "params": {
+                "model": [MLP], "optimizer": "adam", "learning_rate": [1e-3, 2e-3, 3e-3, 5e-3],
+                "batch_size": [32, 64]}}},
+            "schedule": {"shards": 2, "iterations": 2, "seed": 3, "fuse": 4},
+            "store": {"root": f"file://{folder / 'store'}", "cache_dir": str(folder / "cache")}}
+    env = {**os.environ, "KERAS_BACKEND": "jax", "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(REPO)}
+    done = subprocess.run([sys.executable, "-c", SLOTS, json.dumps(spec)], env=env, capture_output=True, text=True,
+                          cwd=REPO, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_the_shard_slots_train_each_fused_group_as_one_and_record_each_member_as_alone(slot_runs):
+    fused, alone = slot_runs["fused"], slot_runs["alone"]
+    # each fuse key's four configurations dealt whole into one offset class
+    assert sorted(sorted(fused["batch"][c] for c in members) for members in fused["classes"]) == [[32] * 4, [64] * 4]
+    assert set(fused["records"]) == set(alone["records"]) and len(alone["records"]) == 8 * 4
+    assert {r["fused"] for r in fused["records"].values()} == {4} and {r["fused"] for r in alone["records"].values()} == {1}
+    for key, expected in alone["records"].items():
+        got = fused["records"][key]
+        assert got["shard"] == expected["shard"]
+        assert got["train"]["steps"] == expected["train"]["steps"]
+        for name in ("loss", "accuracy"):
+            assert got["train"][name] == pytest.approx(expected["train"][name], abs=ATOL), (key, name)
+        assert (got["val"] is None) == (expected["val"] is None)
+        for name, value in (expected["val"] or {}).items():
+            assert got["val"][name] == pytest.approx(value, abs=ATOL), (key, name)
+    assert {k: r["sha256"] for k, r in fused["records"].items()} == {
+        k: r["sha256"] for k, r in slot_runs["fused_again"]["records"].items()}
