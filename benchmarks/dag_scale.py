@@ -189,7 +189,7 @@ def expected_instances(shape: Shape, configs: int | None = None) -> dict[str, in
     hand) has that many per run. ``hop_instances`` are the train tasks, ``model_hops`` the hops they
     train; ``empty`` stays 0 (no task is rendered for a hop any more)."""
     plan, adaptive, _ = plan_of(shape)
-    control = len(plan.tasks) - plan.hop_tasks
+    control = len(plan.tasks) - plan.train_tasks
     runs = 1
     if adaptive is None:
         n = configs
@@ -203,8 +203,8 @@ def expected_instances(shape: Shape, configs: int | None = None) -> dict[str, in
         # ASHA's promotions depend on the metrics, so only its synchronous-halving guide is known ahead
         model_hops = (adaptive.expected_iterations() * shape.shards if isinstance(adaptive, AshaPlan)
                       else adaptive.total_hops)
-    return {"configs": n, "control": control, "model_hops": model_hops, "hop_instances": plan.hop_tasks,
-            "empty": 0, "total": control + plan.hop_tasks, "runs": runs}
+    return {"configs": n, "control": control, "model_hops": model_hops, "hop_instances": plan.train_tasks,
+            "empty": 0, "total": control + plan.train_tasks, "runs": runs}
 
 
 # -- the DAG file ----------------------------------------------------------------------------------
@@ -848,8 +848,8 @@ def print_size(shape: Shape, configs: list[int]) -> dict[str, Any]:
     plan, adaptive, plan_seconds = plan_of(shape)
     p = shape.shards
     blocks = len({t.task_id.rpartition(".")[0] for t in plan.tasks if t.kind == "train"})
-    say(f"  tasks in the DAG: {len(plan.tasks)}  (train tasks {plan.hop_tasks}: one per shard slot in each of "
-        f"{blocks} block(s); other {len(plan.tasks) - plan.hop_tasks})")
+    say(f"  tasks in the DAG: {len(plan.tasks)}  (train tasks {plan.train_tasks}: one per shard slot in each of "
+        f"{blocks} block(s); other {len(plan.tasks) - plan.train_tasks})")
     if adaptive is None:
         hops = shape.iterations * p
         runs = expected_instances(shape, max(configs))["runs"]
@@ -867,7 +867,7 @@ def print_size(shape: Shape, configs: list[int]) -> dict[str, Any]:
             f"(promoted configurations resume)")
         say(f"  task instances of a run: {e['total']}  (= {e['control']} control + {e['hop_instances']} train tasks, "
             f"in which {e['model_hops']} model hops train over the search's runs)")
-    return {"tasks": len(plan.tasks), "hop_tasks": plan.hop_tasks, "plan_seconds_inproc": plan_seconds}
+    return {"tasks": len(plan.tasks), "train_tasks": plan.train_tasks, "plan_seconds_inproc": plan_seconds}
 
 
 def print_parse(parse: dict[str, Any]) -> None:

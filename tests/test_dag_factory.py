@@ -265,7 +265,7 @@ def test_a_search_of_known_shape_renders_a_block_per_decision_point(adaptive, bl
     assert len(decision_points(plan)) == blocks
     tasks = build_task_plan(p, 0, plan)
     assert sum(1 for t in tasks.tasks if t.kind == "decide") == blocks
-    assert tasks.hop_tasks == blocks * p
+    assert tasks.train_tasks == blocks * p
 
 
 def test_every_task_retries_twice_with_backoff_unless_the_dag_says_otherwise():
@@ -330,4 +330,4 @@ def test_an_adaptive_search_renders_its_blocks_whatever_its_size(adaptive, shard
     if adaptive["method"] == "asha":
         two = build_task_plan(shards, 0, plan, blocks_setting=2)  # schedule.iterations_per_run: 2 blocks a run
         assert [t.task_id for t in two.tasks if t.kind == "decide"] == ["block_1.decide", "decide"]
-        assert two.hop_tasks == 2 * tasks.hop_tasks
+        assert two.train_tasks == 2 * tasks.train_tasks

@@ -43,7 +43,7 @@ def test_a_small_search_renders_every_block_and_a_large_one_a_block_a_run(tmp_pa
     assert [t.args for t in small.tasks if t.kind == "report"] == [{"decided": True, "blocks": 3}]
     large = spec_task_plan(MopSpec.from_dict(pbt("x.parquet", "memory://a", population=8, iterations=2000)))
     # too large for one run: one block a run, its decide step starts the DAG's next run
-    assert [t.task_id for t in large.tasks if t.kind == "decide"] == ["decide"] and large.hop_tasks < 100
+    assert [t.task_id for t in large.tasks if t.kind == "decide"] == ["decide"] and large.train_tasks < 100
     # a model-based random search: ceil(5 / 4) waves of one iteration, 4 configurations a block
     assert [t.task_id for t in spec_task_plan(MopSpec.from_dict(tpe("x.parquet", "memory://a"))).tasks
             if t.kind == "decide"] == ["block_1.decide", "decide"]

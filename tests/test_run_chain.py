@@ -47,14 +47,14 @@ def test_the_size_of_the_systems_we_compare_with_runs_whole_in_one_run():
     """256 configurations x 16 shards x 10 iterations: as hop tasks that was 2,560 task instances, split
     over 10 runs; one train task per shard trains every hop of its shard, so the run holds all 160."""
     plan = spec_task_plan(random_spec(256, 16, 10))
-    assert plan.hop_tasks == 16 and "next_run" not in {t.task_id for t in plan.tasks}
+    assert plan.train_tasks == 16 and "next_run" not in {t.task_id for t in plan.tasks}
     by_id = {t.task_id: t for t in plan.tasks}
     assert set(by_id["report"].upstream) == {f"train_shard_{s}" for s in range(16)}
     assert {(t.args["start"], t.args["end"]) for t in plan.tasks if t.kind == "train"} == {(0, 160)}
     assert len(plan.tasks) == 16 + 16 + 8  # train and stage per shard; preflight ... check_models, report, publish
     # 64 shards: 64 train tasks a run, where 256 configurations rendered 329 tasks a run over 160 runs
     wide = spec_task_plan(random_spec(256, 64, 10))
-    assert wide.hop_tasks == 64 and len(wide.tasks) == 64 + 64 + 8
+    assert wide.train_tasks == 64 and len(wide.tasks) == 64 + 64 + 8
     # a split set by hand still ends each run in next_run, the report after the last
     split = spec_task_plan(random_spec(256, 16, 10, iterations_per_run=5))
     by_id = {t.task_id: t for t in split.tasks}

@@ -114,7 +114,7 @@ class TaskPlan:
         return [named[group_id] for group_id in spec.args["classes"]]
 
     @property
-    def hop_tasks(self) -> int:
+    def train_tasks(self) -> int:
         """The task instances that train: one per shard slot per block."""
         return sum(1 for spec in self.tasks if spec.kind == "train")
 
