@@ -75,12 +75,10 @@ def slot_main(args: argparse.Namespace) -> None:
     run = RunRecord.read(store, state["run"])
     layout = RunLayout(store, run.dag_id, run.run_id)
     shards = run.schedule.shards
-    from mop_airflow.planning.fusing import fuse_groups, fuse_limit
+    from mop_airflow.planning.fusing import grouping
 
-    fuse = run.schedule.fuse
     hops = block_hops(classes(state), shards=shards, slots=1, start=0, end=run.schedule.iterations * shards,
-                      fuse=(lambda cids: fuse_groups([run.config(c) for c in cids], fuse, "jax"))
-                      if fuse_limit(fuse) > 1 else None)
+                      fuse=grouping(run))
     result = run_slot(layout, run, Manifest.read(store, state["manifest"]), hops, block="bench", shard=args.shard,
                       slot=0, cache_dir=state["cache"], where=Where(task_id=f"train_shard_{args.shard}"))
     print("SLOT " + json.dumps({"shard": args.shard, "spawned": args.spawned, "waited": result.waited,

@@ -85,18 +85,16 @@ class MopTrainShardOperator(MopBaseOperator):
         else:  # a plain search: each class as its stage task listed it
             classes = self.bundles()
         from mop_airflow.planning.bundling import model_key  # noqa: PLC0415
-        from mop_airflow.planning.fusing import fuse_groups, fuse_limit  # noqa: PLC0415
+        from mop_airflow.planning.fusing import grouping  # noqa: PLC0415
 
         run = self.run_record(layout)
-        fuse = run.schedule.fuse
         hops = block_hops(classes, shards=self.shards, slots=self.slots, start=self.start, end=end,
                           relative=self.relative, rung_end=self.rung_end, priority=self.priority,
                           chain_end=chain_end, shift=shift, ends=ends,
                           # a model key's configurations on one slot: its compiled model serves them all
                           key=lambda cid: model_key(run.config(cid)),
                           # and a group that may train fused whole on one
-                          fuse=(lambda cids: fuse_groups([run.config(c) for c in cids], fuse, "jax"))
-                          if fuse_limit(fuse) > 1 else None)
+                          fuse=grouping(run))
         alone = running_in_dag_test()  # tasks run one at a time: this one trains the whole block
         mine = hops if alone else [h for h in hops if (h.shard, h.slot) == (self.shard, self.slot)]
         if not mine:

@@ -100,7 +100,6 @@ class _Renderer:
         self.builder_modules = builder_modules
         self.ops: dict[str, Any] = {}
         self.containers: dict[str, TaskGroup] = {}
-        self.groups = {group.group_id: group for group in plan.groups}
 
     def render(self) -> None:
         for spec in self.plan.tasks:
@@ -165,7 +164,7 @@ class _Renderer:
 
     def _train(self, spec: TaskSpec) -> Any:
         """A block's train task for one shard slot: it reads what every class's source task lists."""
-        groups = [self.groups[group_id] for group_id in spec.args["classes"]]
+        groups = self.plan.block_groups(spec)
         args = {key: value for key, value in spec.args.items() if key != "classes"}
         slots = f" slot {args['slot']}" if self.plan.slots > 1 else ""
         container = self._container(spec.task_id.rpartition(".")[0])

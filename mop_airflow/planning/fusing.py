@@ -7,9 +7,10 @@ offset class, so its members reach the same shard at the same hop. Pure: no Kera
 
 from __future__ import annotations
 
+import functools
 import json
 import math
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from mop_airflow.config.spec import check_fuse
 
@@ -71,3 +72,17 @@ def fuse_groups(configs: Iterable[Mapping[str, Any]], limit: int | str | bool, b
         bounds = [len(members) * i // count for i in range(count + 1)]
         groups.extend(members[a:b] for a, b in zip(bounds, bounds[1:]))
     return groups
+
+
+def groups_of(run: Any, config_ids: Sequence[str]) -> list[list[str]]:
+    """``config_ids`` of ``run`` (a :class:`~mop_airflow.records.RunRecord`) in the groups its
+    ``schedule.fuse`` allows, in their order. Cut as on JAX whatever the workers' backend: the plan deals
+    them together either way, and a worker on another backend trains each alone."""
+    configs = {c["config_id"]: c for c in run.configs}
+    return fuse_groups([configs[c] for c in config_ids], run.schedule.fuse, "jax")
+
+
+def grouping(run: Any) -> Callable[[Sequence[str]], list[list[str]]] | None:
+    """:func:`groups_of` for ``run``, as the shard loop's ``block_hops(fuse=...)`` takes it; None when
+    ``schedule.fuse`` is off."""
+    return functools.partial(groups_of, run) if fuse_limit(run.schedule.fuse) > 1 else None

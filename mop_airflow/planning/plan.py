@@ -9,7 +9,7 @@ rung's members with :func:`rung_classes`.
 from __future__ import annotations
 
 from mop_airflow.planning.bundling import deal_configs, deal_groups, line_up
-from mop_airflow.planning.fusing import fuse_groups, fuse_limit
+from mop_airflow.planning.fusing import fuse_limit, groups_of
 from mop_airflow.planning.schedule import DEFAULT_PRIORITY, hash_seed, visit_order
 from mop_airflow.records import Plan, RunRecord
 from mop_airflow.search.adaptive import LADDERS, adaptive_plan, brackets_of, in_slots, split_by_bracket
@@ -54,13 +54,11 @@ def bundle_classes(run: RunRecord, classes: list[list[str]], *, rows: int | None
 
 def deal_run(run: RunRecord, config_ids: list[str], *, rows: int | None, seed: int) -> list[list[str]]:
     """``config_ids`` of ``run`` dealt into offset classes (:func:`mop_airflow.planning.bundling.deal`); with
-    ``schedule.fuse``, each group that may train fused whole in one class (:func:`~mop_airflow.planning.bundling.deal_groups`).
-    The backend is the workers' business: the groups are dealt together whichever it is."""
-    configs = {c["config_id"]: c for c in run.configs}
+    ``schedule.fuse``, each group that may train fused whole in one class (:func:`~mop_airflow.planning.bundling.deal_groups`)."""
     if fuse_limit(run.schedule.fuse) > 1:
-        groups = fuse_groups([configs[c] for c in config_ids], run.schedule.fuse, "jax")
-        return deal_groups(groups, shards=run.schedule.shards, seed=seed)
-    return deal_configs(config_ids, configs, rows=rows or ROWS_UNKNOWN, shards=run.schedule.shards, seed=seed)
+        return deal_groups(groups_of(run, config_ids), shards=run.schedule.shards, seed=seed)
+    return deal_configs(config_ids, {c["config_id"]: c for c in run.configs}, rows=rows or ROWS_UNKNOWN,
+                        shards=run.schedule.shards, seed=seed)
 
 
 def rung_classes(run: RunRecord, config_ids: list[str], *, rows: int | None, seed: int, bracket: int,

@@ -24,7 +24,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from mop_airflow.planning.fusing import FUSABLE_SCALARS, fuse_groups, fuse_key, fuse_limit
+from mop_airflow.planning.fusing import FUSABLE_SCALARS, fuse_key, fuse_limit, groups_of
 
 
 def fuses_here(run: Any, manifest: Any, shards: Iterable[int]) -> bool:
@@ -42,7 +42,7 @@ def fuses_here(run: Any, manifest: Any, shards: Iterable[int]) -> bool:
 def fused_partners(places: Iterable[tuple[str, int, Any]], run: Any) -> dict[tuple[str, int], frozenset[str]]:
     """Which hops train fused. ``places``: each hop as ``(config_id, hop, place)``, the place being
     what must be the same for hops to train as one program besides their configurations (shard, slot,
-    rung end). The hops of one place cut into :func:`~mop_airflow.planning.fusing.fuse_groups` in their
+    rung end). The hops of one place cut into :func:`~mop_airflow.planning.fusing.groups_of` in their
     order; each hop of a group of two or more -> its group's configurations. From the plan alone, so
     the same spec trains the same groups every run."""
     by_place: dict[tuple[int, Any], list[str]] = {}
@@ -50,7 +50,7 @@ def fused_partners(places: Iterable[tuple[str, int, Any]], run: Any) -> dict[tup
         by_place.setdefault((hop, place), []).append(cid)
     partners: dict[tuple[str, int], frozenset[str]] = {}
     for (hop, _), cids in by_place.items():
-        for group in fuse_groups([run.config(c) for c in cids], run.schedule.fuse, "jax"):
+        for group in groups_of(run, cids):
             if len(group) > 1:
                 partners.update(((cid, hop), frozenset(group)) for cid in group)
     return partners

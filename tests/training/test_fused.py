@@ -137,34 +137,44 @@ print(json.dumps(out))
 """
 
 
+def digits_data(folder: Path) -> dict:
+    """scikit-learn's digits written to ``folder/digits.parquet`` (64 features in [0, 1]), as a spec's data section."""
+    from sklearn.datasets import load_digits
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    x, y = load_digits(return_X_y=True)
+    pq.write_table(pa.table({**{f"f{i:02d}": (x[:, i] / 16).astype("float32") for i in range(64)}, "y": y}),
+                   folder / "digits.parquet")
+    return {"source": str(folder / "digits.parquet"), "label": "y", "features": "f*", "classes": list(range(10)),
+            "validation": 0.2}
+
+
+def run_jax(script: str, spec: dict) -> dict:
+    """``script`` run with ``spec`` on JAX's CPU backend in a process of its own; the JSON its last line prints."""
+    env = {**os.environ, "KERAS_BACKEND": "jax", "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(REPO)}
+    done = subprocess.run([sys.executable, "-c", script, json.dumps(spec)], env=env, capture_output=True, text=True,
+                          cwd=REPO, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 @pytest.fixture(scope="module")
 def fused_runs(tmp_path_factory):
     """Four configurations of the demo's CNN (dropout 0.25, AdamW: learning rates 1e-3 and 3e-3 x weight
     decays 0.004 and 0.04, each its own seed) on scikit-learn's digits in 2 shards, 2 hops: alone, then
     fused as one group, twice."""
     pytest.importorskip("jax")
-    from sklearn.datasets import load_digits
-
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     folder = tmp_path_factory.mktemp("fused")
-    x, y = load_digits(return_X_y=True)
-    pq.write_table(pa.table({**{f"f{i:02d}": (x[:, i] / 16).astype("float32") for i in range(64)}, "y": y}),
-                   folder / "digits.parquet")
-    spec = {"data": {"source": str(folder / "digits.parquet"), "label": "y", "features": "f*",
-                     "classes": list(range(10)), "validation": 0.2},
+    spec = {"data": digits_data(folder),
             "search": {"space": {"method": "grid", "params": {
                 "model": [CNN], "optimizer": "adamw", "learning_rate": [1e-3, 3e-3],
                 "optimizer_params": {"weight_decay": [0.004, 0.04]}, "batch_size": [32],
                 "hparams": {"dropout": [0.25]}}}},
             "schedule": {"shards": 2, "iterations": 1, "seed": 3},
             "store": {"root": f"file://{folder / 'store'}", "cache_dir": str(folder / "cache")}}
-    env = {**os.environ, "KERAS_BACKEND": "jax", "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(REPO)}
-    done = subprocess.run([sys.executable, "-c", FUSED, json.dumps(spec)], env=env, capture_output=True, text=True,
-                          cwd=REPO, timeout=900)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return run_jax(FUSED, spec)
 
 
 # Measured on the 2-core machine (2026-11-27), these four configurations: after two hops the largest
@@ -229,9 +239,8 @@ def test_fused_partners_come_from_the_plan_per_shard_slot_and_hop():
 
     from mop_airflow.training.fused import fused_partners
 
-    configs = {c["config_id"]: c for c in [config(f"a{i}", learning_rate=10 ** -(1 + i)) for i in range(5)]
-               + [config("b64", batch_size=64)]}
-    run = SimpleNamespace(config=configs.__getitem__, schedule=SimpleNamespace(fuse=2))
+    configs = [config(f"a{i}", learning_rate=10 ** -(1 + i)) for i in range(5)] + [config("b64", batch_size=64)]
+    run = SimpleNamespace(configs=configs, schedule=SimpleNamespace(fuse=2))
     places = [(cid, 0, (0, 0, False)) for cid in ["a0", "a1", "a2", "b64"]] + [("a3", 0, (0, 1, False)),
                                                                              ("a4", 0, (0, 1, False))]
     partners = fused_partners(places, run)
@@ -243,7 +252,7 @@ def test_fused_partners_come_from_the_plan_per_shard_slot_and_hop():
 SLOTS = r"""
 import glob, json, sys
 from mop_airflow.data.shard import shard_dataset
-from mop_airflow.planning.fusing import fuse_groups
+from mop_airflow.planning.fusing import grouping
 from mop_airflow.planning.plan import make_plan
 from mop_airflow.planning.resolve import resolve_run
 from mop_airflow.planning.schedule import shard_at
@@ -272,7 +281,7 @@ for run_id in ("fused", "fused_again", "alone"):
     else:
         blocks = block_hops([[BundleAssignment.start(o, [Assignment(c, -1, None) for c in m])]
                              for o, m in enumerate(classes)], shards=p, slots=2, start=0, end=hops,
-                            fuse=lambda cids: fuse_groups([run.config(c) for c in cids], run.schedule.fuse, "jax"))
+                            fuse=grouping(run))
         run_slot(layout, run, manifest, blocks, block="b", shard=0, slot=0, cache_dir=run.store.cache_dir,
                  mine=blocks, session=TaskSession(run, manifest, run.store.cache_dir, max_models=WARM_MODELS))
     records = [HopRecord.read(layout.store, uri) for uri in layout.store.glob(layout.hops_glob)]
@@ -289,27 +298,14 @@ def slot_runs(tmp_path_factory):
     ``schedule.fuse`` 4: two fuse keys (batch sizes 32 and 64) of four learning rates each, trained by
     the shard loop twice, and each configuration alone on the same shards as the reference."""
     pytest.importorskip("jax")
-    from sklearn.datasets import load_digits
-
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     folder = tmp_path_factory.mktemp("slots")
-    x, y = load_digits(return_X_y=True)
-    pq.write_table(pa.table({**{f"f{i:02d}": (x[:, i] / 16).astype("float32") for i in range(64)}, "y": y}),
-                   folder / "digits.parquet")
-    spec = {"data": {"source": str(folder / "digits.parquet"), "label": "y", "features": "f*",
-                     "classes": list(range(10)), "validation": 0.2},
+    spec = {"data": digits_data(folder),
             "search": {"space": {"method": "grid", "params": {
                 "model": [MLP], "optimizer": "adam", "learning_rate": [1e-3, 2e-3, 3e-3, 5e-3],
                 "batch_size": [32, 64]}}},
             "schedule": {"shards": 2, "iterations": 2, "seed": 3, "fuse": 4},
             "store": {"root": f"file://{folder / 'store'}", "cache_dir": str(folder / "cache")}}
-    env = {**os.environ, "KERAS_BACKEND": "jax", "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(REPO)}
-    done = subprocess.run([sys.executable, "-c", SLOTS, json.dumps(spec)], env=env, capture_output=True, text=True,
-                          cwd=REPO, timeout=900)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return run_jax(SLOTS, spec)
 
 
 def test_the_shard_slots_train_each_fused_group_as_one_and_record_each_member_as_alone(slot_runs):
