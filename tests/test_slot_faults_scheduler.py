@@ -185,20 +185,33 @@ def test_a_hung_train_task_is_killed_by_its_watchdog_and_retried(airflow, undist
     print(f"stopped: {took:.1f} s against {baseline:.1f} s undisturbed")
 
 
-def _held_during(airflow, dag_id, stage, holder):
-    """Run ``dag_id`` with ``holder`` triggered while the run's ``stage`` task runs: every train task
-    waits for every stage task, so the holder (waiting for both slots of the stage's pool, at a higher
-    priority) takes the pool as the stage task ends, before that shard's train task can; returns the
-    run's id and seconds. The holder's run must succeed too."""
+def _held_during(airflow, dag_id, stage, holder, pool):
+    """Run ``dag_id`` with ``holder`` holding ``pool`` (the stage's shard pool, both slots) from the
+    end of the run's ``stage`` task, before that shard's train task can start; returns the run's id and
+    seconds. The holder's run must succeed too.
+
+    Every train task waits for every stage task, so once ``stage`` runs, nothing of this run asks for
+    ``pool`` until the stage ends. The pool is closed (0 slots) while the holder is triggered and until
+    the scheduler has it waiting for the pool; opened again, the pool goes to the holder first (its
+    priority is higher) however long the holder's run took to be created: triggering alone raced the
+    stage's end on a busy machine, and the train task sometimes started first."""
     held = []
 
     def hold(run_id):
         deadline = time.time() + 240
-        while time.time() < deadline and not held:
-            if any(ti["task_id"] == stage and ti["state"] == "running" for ti in airflow.task_instances(dag_id, run_id)):
-                held.append(airflow.trigger(holder))
+        while time.time() < deadline and not any(ti["task_id"] == stage and ti["state"] == "running"
+                                                 for ti in airflow.task_instances(dag_id, run_id)):
             time.sleep(0.2)
-        assert held, f"{stage} of {dag_id} never ran"
+        assert time.time() < deadline, f"{stage} of {dag_id} never ran"
+        airflow.api("PATCH", f"/pools/{pool}", json={"slots": 0}, params={"update_mask": "slots"})
+        try:
+            held.append(airflow.trigger(holder))
+            while time.time() < deadline and not any(ti["state"] == "scheduled"
+                                                     for ti in airflow.task_instances(holder, held[0])):
+                time.sleep(0.2)
+            assert time.time() < deadline, f"{holder} never waited for {pool}"
+        finally:
+            airflow.api("PATCH", f"/pools/{pool}", json={"slots": 2}, params={"update_mask": "slots"})
 
     run_id, took = _run(airflow, dag_id, during=hold)
     assert airflow.wait_for_run(holder, held[0], timeout=180) == "success"
@@ -206,7 +219,7 @@ def _held_during(airflow, dag_id, stage, holder):
 
 
 def test_a_late_peer_is_waited_for_and_never_fails_the_block_for_good(airflow):
-    run_id, took = _held_during(airflow, LATE, "stage_shard_1", HOLD_SHARD_1)
+    run_id, took = _held_during(airflow, LATE, "stage_shard_1", HOLD_SHARD_1, "mop_shard_1")
     tries = _tries(airflow, LATE, run_id)
     assert tries["train_shard_1"] == 1 and tries["train_shard_0"] >= 2, tries  # retried while shard 1 was late
     log = airflow.task_log(LATE, run_id, "train_shard_0", 1)
@@ -219,7 +232,7 @@ def test_a_late_peer_is_waited_for_and_never_fails_the_block_for_good(airflow):
 
 
 def test_a_slot_whose_earlier_slot_waits_for_its_pool_is_rescheduled_without_a_try(airflow):
-    run_id, took = _held_during(airflow, YIELDING, "stage_shard_0", HOLD_SHARD_0)
+    run_id, took = _held_during(airflow, YIELDING, "stage_shard_0", HOLD_SHARD_0, "mop_shard_0")
     assert _tries(airflow, YIELDING, run_id) == {"train_shard_0": 1, "train_shard_1": 1}
     rescheduled = _reschedules(airflow, YIELDING, run_id)
     assert "train_shard_1" in rescheduled and "train_shard_0" not in rescheduled  # the first slot never yields
