@@ -23,6 +23,10 @@ os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
 os.environ["AIRFLOW__CORE__DAGS_FOLDER"] = str(_SESSION / "dags")
 os.environ["MOP_AIRFLOW_HOME"] = str(_SESSION / "mop")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# Every embedded Airflow of the session copies one migrated metadata database instead of migrating
+# its own (mop_airflow.airflow.local.MIGRATED_DB_ENV). setdefault: xdist's workers inherit the
+# folder of the process that started them, which removes it when the session ends.
+os.environ.setdefault("MOP_AIRFLOW_MIGRATED_DB_DIR", str(_SESSION / "migrated"))
 
 REPO = Path(__file__).resolve().parents[1]
 
