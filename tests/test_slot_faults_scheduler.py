@@ -197,13 +197,17 @@ def _held_during(airflow, dag_id, stage, holder, pool):
     stage's end on a busy machine, and the train task sometimes started first."""
     held = []
 
+    def resize(slots):  # Airflow validates the whole pool, though the mask changes its slots alone
+        airflow.api("PATCH", f"/pools/{pool}", json={"pool": pool, "slots": slots, "include_deferred": False},
+                    params={"update_mask": "slots"})
+
     def hold(run_id):
         deadline = time.time() + 240
         while time.time() < deadline and not any(ti["task_id"] == stage and ti["state"] == "running"
                                                  for ti in airflow.task_instances(dag_id, run_id)):
             time.sleep(0.2)
         assert time.time() < deadline, f"{stage} of {dag_id} never ran"
-        airflow.api("PATCH", f"/pools/{pool}", json={"slots": 0}, params={"update_mask": "slots"})
+        resize(0)
         try:
             held.append(airflow.trigger(holder))
             while time.time() < deadline and not any(ti["state"] == "scheduled"
@@ -211,7 +215,7 @@ def _held_during(airflow, dag_id, stage, holder, pool):
                 time.sleep(0.2)
             assert time.time() < deadline, f"{holder} never waited for {pool}"
         finally:
-            airflow.api("PATCH", f"/pools/{pool}", json={"slots": 2}, params={"update_mask": "slots"})
+            resize(2)
 
     run_id, took = _run(airflow, dag_id, during=hold)
     assert airflow.wait_for_run(holder, held[0], timeout=180) == "success"

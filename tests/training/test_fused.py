@@ -182,6 +182,10 @@ def fused_runs(tmp_path_factory):
 # for the MLP), 1.2e-7 in a metric: float rounding of the batched products and sums. At a learning rate of
 # 1e-2 Adam amplified it in weights whose gradients are about 0 (up to a few thousandths after two hops).
 ATOL = 1e-5
+# Over the four hops of the slot test, Adam compounds that rounding: a member's train loss at its fourth
+# hop was 6.1e-5 from alone's (0.23469 against 0.23475; 2026-11-27, a loaded 2-core machine), and its
+# checkpoint differs by as much. The loop's own claims there (groups, records, order) are exact.
+HOPS_RTOL = 1e-3
 
 
 def test_a_fused_member_learns_what_it_learns_alone_to_float_rounding(fused_runs):
@@ -319,9 +323,9 @@ def test_the_shard_slots_train_each_fused_group_as_one_and_record_each_member_as
         assert got["shard"] == expected["shard"]
         assert got["train"]["steps"] == expected["train"]["steps"]
         for name in ("loss", "accuracy"):
-            assert got["train"][name] == pytest.approx(expected["train"][name], abs=ATOL), (key, name)
+            assert got["train"][name] == pytest.approx(expected["train"][name], rel=HOPS_RTOL, abs=ATOL), (key, name)
         assert (got["val"] is None) == (expected["val"] is None)
         for name, value in (expected["val"] or {}).items():
-            assert got["val"][name] == pytest.approx(value, abs=ATOL), (key, name)
+            assert got["val"][name] == pytest.approx(value, rel=HOPS_RTOL, abs=ATOL), (key, name)
     assert {k: r["sha256"] for k, r in fused["records"].items()} == {
         k: r["sha256"] for k, r in slot_runs["fused_again"]["records"].items()}
