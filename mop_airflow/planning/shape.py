@@ -21,7 +21,7 @@ from mop_airflow.search.adaptive import in_slots as _in_slots, most_blocks
 
 # The most task instances the blocks of one DAG run may hold: Airflow's scheduler examines every
 # waiting task instance in every loop (apache/airflow #31185). Hyperband R=81, eta=3 on 16 shards of
-# one slot renders 5 blocks of 33 tasks; 64 shards of 5 slots, 5 blocks of 385.
+# one slot renders 5 blocks of 17 tasks; 64 shards of 5 slots, 5 blocks of 321.
 RUN_TASK_BUDGET = 2000
 
 
@@ -63,7 +63,7 @@ def shape_of(shards: int, iterations: int, adaptive: Any = None, *, priority: st
     count, whole = 1, False
     if adaptive is not None and not in_slots:
         bound = most_blocks(adaptive, block_capacity(shards, slots, adaptive))
-        per_block = shards * slots + shards + 1  # a block's train tasks, its deal tasks and its decision
+        per_block = shards * slots + 1  # a block's train tasks (one per shard slot) and its decision
         if blocks_setting != "auto":
             count = int(blocks_setting) if bound is None else min(int(blocks_setting), bound)
         elif bound is not None and bound * per_block <= RUN_TASK_BUDGET:
