@@ -118,10 +118,13 @@ CLI_BATCH = """
 import json, sys
 from airflow import configuration
 from airflow.cli import cli_parser
+from airflow.cli.utils import redirect_stdout_log_handlers_to_stderr
 parser = cli_parser.get_parser()
 for argv in json.loads(sys.argv[1]):
-    print("airflow", *argv, flush=True)
+    print("airflow", *argv, file=sys.stderr, flush=True)
     args = parser.parse_args(argv)
+    if hasattr(args, "output"):  # as airflow's main(): the log stays out of structured output
+        redirect_stdout_log_handlers_to_stderr()
     args.func(args)
 """
 
@@ -447,7 +450,7 @@ def test_no_path_reaches_outside_the_runs_report_folder(airflow, finished, path)
 
 
 def test_the_plugin_is_registered_with_its_views(airflow):
-    listed = json.loads(cli(airflow, "plugins", "--output", "json"))
+    listed = json.loads(cli(airflow, ["plugins", "--output", "json"]))
     plugin = next(p for p in listed if p["name"] == "mop_airflow")
     assert {(v["destination"], v["url_route"]) for v in plugin["external_views"]} == {
         ("dag_run", "mop-results"), ("nav", "mop-runs")}
