@@ -43,7 +43,7 @@ order      hops at the same position of their shard slot's sequence (its train t
 
     python benchmarks/sim_vs_airflow.py [--shards 4] [--iterations 2] [--configs 8] [--batches 20]
                                         [--min-hop 1] [--max-hop 8] [--home DIR] [--keep]
-                                        [--reanalyze DIR]
+                                        [--reanalyze DIR] [--project-shards N]
 
 Exits 0 when the Airflow run succeeded, whatever the error; 1 when the run failed.
 """
@@ -259,6 +259,11 @@ def main() -> int:
     parser.add_argument("--home", default=None, help="working folder (default: a new temporary folder)")
     parser.add_argument("--keep", action="store_true", help="keep the temporary folder (Airflow logs, store)")
     parser.add_argument("--reanalyze", metavar="DIR", help="compare again from a kept working folder, no new run")
+    parser.add_argument("--project-shards", type=int, default=0, metavar="N",
+                        help="also simulate N shards (same slots, rows per shard and configurations) with the "
+                             "costs this run measured, and scale its memory per slot: a size past this machine")
+    parser.add_argument("--project-configs", type=int, default=0, metavar="M",
+                        help="with --project-shards: M configurations, the measured ones' hop costs in turn")
     args = parser.parse_args()
 
     began = time.time()
@@ -426,11 +431,45 @@ def main() -> int:
           f"within 10 %: {'yes' if abs(error) <= TOLERANCE else 'no'}")
     print(f"replay (E, measured durations) {window(variants[4][1]):.1f}s: error {replay_error:+.1%}; "
           f"within 10 %: {'yes' if abs(replay_error) <= TOLERANCE else 'no'}")
+    if args.project_shards:
+        measured_ids = sorted(spb)
+        cost = {f"p{k:05d}": statistics.mean(batches) * spb[measured_ids[k % len(measured_ids)]] + fixed + overhead + latency
+                for k in range(args.project_configs or len(measured_ids))}
+        project(args.project_shards, run_record.spec, plan_record.priority, list(cost), slots=slots, hop=cost.__getitem__,
+                task_seconds=task_startup, per_slot=(memory["peak_tree_pss"] - memory["idle_tree_pss"]) / (p * slots)
+                if memory else None, hops_per_config=iterations)
     keep = args.keep or args.home or args.reanalyze
     print(f"benchmark took {time.time() - began:.0f}s; working folder {'kept' if keep else 'removed'}")
     if not keep:
         shutil.rmtree(home, ignore_errors=True)
     return 0
+
+
+def project(shards: int, spec: Mapping[str, Any], priority: str, config_ids: list[str], *, slots: int,
+            hop: Callable[[str], float], task_seconds: float, per_slot: float | None, hops_per_config: int) -> None:
+    """Simulate the same search on ``shards`` shards (its iterations, slots and configurations; every shard
+    as large as the measured ones) with the measured costs of variant C, and scale the memory a slot took."""
+    from mop_airflow.planning.schedule import deal_classes  # noqa: PLC0415
+
+    spec = json.loads(json.dumps(spec))
+    spec["schedule"]["shards"] = shards
+    plan = spec_task_plan(MopSpec.from_dict(spec), priority)
+    classes = deal_classes(config_ids, shards=shards, seed=spec["schedule"].get("seed", 0))
+    started = time.time()
+    simulation = simulate(plan, lambda group, expanded: classes[group.offset], lambda cid, t, shard: hop(cid),
+                          slots=slots, task_seconds=task_seconds)
+    hops = len(config_ids) * hops_per_config * shards
+    bound = lower_bound({c: hop(c) for c in config_ids}, {c: hops_per_config * shards for c in config_ids},
+                        shards=shards, slots=slots)
+    print(f"\nprojected to {shards} shards x {slots} slot(s) (simulated in {time.time() - started:.1f}s, variant C's "
+          f"costs: each hop its controlled training + fixed cost + overhead + hand-off; task start-up "
+          f"{task_seconds:.2f}s): {len(config_ids)} configurations, {hops} hops, {shards * slots} train tasks at once")
+    print(f"  makespan {window(simulation):.1f}s, slots busy {busy(simulation):.1%}, bound with those costs "
+          f"{bound:.1f}s (every slot busy)")
+    if per_slot is not None:
+        gib = 2 ** 30
+        print(f"  memory: {shards * slots} shard slots x {per_slot / gib:.2f} GiB = {shards * slots * per_slot / gib:.1f} "
+              f"GiB of task processes across the workers; Airflow's [core] parallelism at least {shards * slots + 1}")
 
 
 def same_order(hops: Mapping[tuple[str, int], Mapping[str, Any]], simulation: Simulation) -> int:
