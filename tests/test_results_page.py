@@ -116,7 +116,7 @@ class Api:
 # command. One process for six commands instead of six: each `airflow` process spent 5-10 s importing.
 CLI_BATCH = """
 import json, sys
-from airflow import configuration
+from airflow import configuration  # first, as airflow's __main__ imports it: no import cycles
 from airflow.cli import cli_parser
 from airflow.cli.utils import redirect_stdout_log_handlers_to_stderr
 parser = cli_parser.get_parser()

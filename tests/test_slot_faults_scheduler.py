@@ -28,6 +28,7 @@ import time
 import pytest
 
 from mop_airflow.airflow.local import LocalAirflow
+from mop_airflow.planning.task_plan import shard_pool
 from mop_airflow.records import SlotStatus
 from mop_airflow.records.layout import RunLayout
 from mop_airflow.store import Store
@@ -38,7 +39,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 SLEEPY = "mop_airflow.examples.timed_models:sleepy"
 UNDISTURBED, KILLED, STOPPED = "mop_slots_undisturbed", "mop_slots_killed", "mop_slots_stopped"
 LATE, YIELDING = "mop_slots_late_peer", "mop_slots_yielding"
-HOLD_SHARD_0, HOLD_SHARD_1 = "hold_mop_shard_0", "hold_mop_shard_1"
+HOLDERS = ("hold_mop_shard_0", "hold_mop_shard_1")  # each holds its shard's pool
 
 
 def _spec(root, *, slots):
@@ -81,10 +82,10 @@ def airflow(tmp_path_factory):
     one = _spec(root, slots=1)
     _mop_dag(dags, LATE, one, {"MOP_SHARD_WAIT_SECONDS": "20"}, retries=4)
     _mop_dag(dags, YIELDING, one, {"MOP_SHARD_YIELD_SECONDS": "8"})
-    _holder(dags, HOLD_SHARD_0, "mop_shard_0", 45)
-    _holder(dags, HOLD_SHARD_1, "mop_shard_1", 60)
+    _holder(dags, HOLDERS[0], shard_pool(0), 45)
+    _holder(dags, HOLDERS[1], shard_pool(1), 60)
     with LocalAirflow(root / "airflow", dags, extra_env={"MOP_AIRFLOW_HOME": str(root / "mop")}) as af:
-        for dag_id in (UNDISTURBED, KILLED, STOPPED, LATE, YIELDING, HOLD_SHARD_0, HOLD_SHARD_1):
+        for dag_id in (UNDISTURBED, KILLED, STOPPED, LATE, YIELDING, *HOLDERS):
             af.wait_for_dag(dag_id)
         sync = subprocess.run([sys.executable, "-m", "mop_airflow.cli.main", "pools", "sync", "--shards", "2",
                                "--slots", "2"], env=af.env, capture_output=True, text=True)
@@ -185,9 +186,9 @@ def test_a_hung_train_task_is_killed_by_its_watchdog_and_retried(airflow, undist
     print(f"stopped: {took:.1f} s against {baseline:.1f} s undisturbed")
 
 
-def _held_during(airflow, dag_id, stage, holder, pool):
-    """Run ``dag_id`` with ``holder`` holding ``pool`` (the stage's shard pool, both slots) from the
-    end of the run's ``stage`` task, before that shard's train task can start; returns the run's id and
+def _held_during(airflow, dag_id, shard):
+    """Run ``dag_id`` with shard ``shard``'s holder DAG holding its pool (both slots) from the end of the
+    run's stage task of that shard, before that shard's train task can start; returns the run's id and
     seconds. The holder's run must succeed too.
 
     Every train task waits for every stage task, so once ``stage`` runs, nothing of this run asks for
@@ -195,6 +196,7 @@ def _held_during(airflow, dag_id, stage, holder, pool):
     the scheduler has it waiting for the pool; opened again, the pool goes to the holder first (its
     priority is higher) however long the holder's run took to be created: triggering alone raced the
     stage's end on a busy machine, and the train task sometimes started first."""
+    stage, pool, holder = f"stage_shard_{shard}", shard_pool(shard), HOLDERS[shard]
     held = []
 
     def resize(slots):  # Airflow validates the whole pool, though the mask changes its slots alone
@@ -223,7 +225,7 @@ def _held_during(airflow, dag_id, stage, holder, pool):
 
 
 def test_a_late_peer_is_waited_for_and_never_fails_the_block_for_good(airflow):
-    run_id, took = _held_during(airflow, LATE, "stage_shard_1", HOLD_SHARD_1, "mop_shard_1")
+    run_id, took = _held_during(airflow, LATE, 1)
     tries = _tries(airflow, LATE, run_id)
     assert tries["train_shard_1"] == 1 and tries["train_shard_0"] >= 2, tries  # retried while shard 1 was late
     log = airflow.task_log(LATE, run_id, "train_shard_0", 1)
@@ -236,7 +238,7 @@ def test_a_late_peer_is_waited_for_and_never_fails_the_block_for_good(airflow):
 
 
 def test_a_slot_whose_earlier_slot_waits_for_its_pool_is_rescheduled_without_a_try(airflow):
-    run_id, took = _held_during(airflow, YIELDING, "stage_shard_0", HOLD_SHARD_0, "mop_shard_0")
+    run_id, took = _held_during(airflow, YIELDING, 0)
     assert _tries(airflow, YIELDING, run_id) == {"train_shard_0": 1, "train_shard_1": 1}
     rescheduled = _reschedules(airflow, YIELDING, run_id)
     assert "train_shard_1" in rescheduled and "train_shard_0" not in rescheduled  # the first slot never yields
