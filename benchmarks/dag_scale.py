@@ -195,7 +195,7 @@ def expected_instances(shape: Shape, configs: int | None = None) -> dict[str, in
         n = configs
         hops_per_class = shape.iterations * shape.shards
         trains = [t for t in plan.tasks if t.kind == "train"]
-        per_run = trains[0].args["end"] - trains[0].args["start"]
+        per_run = trains[0].args["end"]
         runs = hops_per_class // per_run
         model_hops = n * per_run
     else:

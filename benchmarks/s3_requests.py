@@ -101,7 +101,7 @@ def one_block(root: str, options: dict | None, folder: Path, args, counter: Coun
     from mop_airflow.data.shard import shard_dataset
     from mop_airflow.planning.resolve import resolve_run
     from mop_airflow.planning.schedule import deal_classes
-    from mop_airflow.records import Assignment, BundleAssignment
+    from mop_airflow.records import Assignment
     from mop_airflow.records.layout import RunLayout
     from mop_airflow.store import Store
     from mop_airflow.training.model_hop import Where
@@ -114,8 +114,8 @@ def one_block(root: str, options: dict | None, folder: Path, args, counter: Coun
     layout = RunLayout(store, "bench", run_id)
     manifest = shard_dataset(run.data, store, "bench", args.shards, run.schedule.seed)
     ids = [c["config_id"] for c in run.configs]
-    classes = [[BundleAssignment.start(o, [Assignment(cid, -1, None) for cid in members])]
-               for o, members in enumerate(deal_classes(ids, shards=args.shards, seed=run.schedule.seed))]
+    classes = [[Assignment(cid, -1, None) for cid in members]
+               for members in deal_classes(ids, shards=args.shards, seed=run.schedule.seed)]
     hops = block_hops(classes, shards=args.shards, slots=1, start=0, end=args.iterations * args.shards)
     errors, results = [], {}
 

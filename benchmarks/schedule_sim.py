@@ -139,9 +139,7 @@ Policy = Callable[[Workload], Result]
 def run_mop(w: Workload, priority: str = "remaining") -> Result:
     """This DAG: the task plan replayed by the library's own simulator."""
     plan = build_task_plan(w.shards, w.iterations, priority=priority, slots=w.slots)
-    classes = w.classes
-    sim = simulate(plan, lambda group, expanded: classes[group.offset], lambda cid, t, shard: w.cost[cid],
-                   slots=w.slots)
+    sim = simulate(plan, w.classes, lambda cid, t, shard: w.cost[cid], slots=w.slots)
     return Result(sim.makespan, sim.events)
 
 

@@ -324,14 +324,11 @@ def main() -> int:
     task_startup = statistics.median(startup.values())
 
     plan = spec_task_plan(MopSpec.from_dict(run_record.spec), plan_record.priority)  # the DAG's own plan
-    # The shard loop's units are configurations, in the block's order: class by class, bundle by bundle.
-    per_class = [[cid for bundle in per for cid in bundle] for per in plan_record.class_bundles()]
-
-    def members(group: Any, expanded: Any) -> list[str]:
-        return per_class[group.offset]
+    # The shard loop's units are configurations, in the block's order: class by class, in the plan's lineup.
+    per_class = plan_record.class_lineup()
 
     def sim(seconds: Callable[[str, int, int], float], task_seconds: float) -> Simulation:
-        return simulate(plan, members, seconds, slots=slots, task_seconds=task_seconds)
+        return simulate(plan, per_class, seconds, slots=slots, task_seconds=task_seconds)
 
     def predicted(each: float) -> Callable[[str, int, int], float]:
         return lambda cid, t, shard: controlled(cid, t, shard) + each
@@ -456,8 +453,7 @@ def project(shards: int, spec: Mapping[str, Any], priority: str, config_ids: lis
     plan = spec_task_plan(MopSpec.from_dict(spec), priority)
     classes = deal_classes(config_ids, shards=shards, seed=spec["schedule"].get("seed", 0))
     started = time.time()
-    simulation = simulate(plan, lambda group, expanded: classes[group.offset], lambda cid, t, shard: hop(cid),
-                          slots=slots, task_seconds=task_seconds)
+    simulation = simulate(plan, classes, lambda cid, t, shard: hop(cid), slots=slots, task_seconds=task_seconds)
     hops = len(config_ids) * hops_per_config * shards
     bound = lower_bound({c: hop(c) for c in config_ids}, {c: hops_per_config * shards for c in config_ids},
                         shards=shards, slots=slots)

@@ -90,10 +90,9 @@ def slot_main(args: argparse.Namespace) -> None:
 
 
 def classes(state: dict) -> list:
-    from mop_airflow.records import Assignment, BundleAssignment
+    from mop_airflow.records import Assignment
 
-    return [[BundleAssignment.start(o, [Assignment(cid, -1, None) for cid in members])]
-            for o, members in enumerate(state["classes"])]
+    return [[Assignment(cid, -1, None) for cid in members] for members in state["classes"]]
 
 
 def trial_main(args: argparse.Namespace) -> None:

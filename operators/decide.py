@@ -4,7 +4,7 @@ nothing is left, let this run report.
 
 The decision is :func:`mop_airflow.planning.blocks.decide_next_block`: the block's completions in the
 order their hops were saved, the method's jobs for the capacity they freed, and the next block's
-offset classes and bundles, written to the store before the next run exists (a retried task decides
+offset classes and their lineup, written to the store before the next run exists (a retried task decides
 the same: the records it reads do not change).
 """
 

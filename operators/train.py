@@ -1,9 +1,10 @@
 """A block's hops on one shard slot, in one task: the MOP training operator.
 
-A block (a plain search's run, a rung, or one iteration decided between blocks) renders one such
-task per shard slot, on the shard's pool and queue. Each reads the configurations every offset
-class of the block lists (the classes' source tasks' XComs), then trains, in one process that stays
-warm, every hop the block puts on its shard slot (:func:`mop_airflow.training.shard_loop.run_slot`).
+A block (a plain search's run, or the hops to the next decision of an adaptive search) renders one
+such task per shard slot, on the shard's pool and queue. Each reads what the block trains from the
+store as it starts (the plan's offset classes, or the block's decision, with every configuration's
+starting point: :mod:`mop_airflow.planning.resume`), then trains, in one process that stays warm,
+every hop the block puts on its shard slot (:func:`mop_airflow.training.shard_loop.run_slot`).
 This operator maps Airflow's context onto it and its outcome onto task states.
 """
 
@@ -16,7 +17,7 @@ from airflow.sdk.exceptions import AirflowException, AirflowSkipException
 
 from mop_airflow.errors import StoreError
 from mop_airflow.planning.schedule import DEFAULT_PRIORITY
-from mop_airflow.records import BundleAssignment, Manifest
+from mop_airflow.records import Manifest, Plan
 from mop_airflow.records.layout import block_name
 from mop_airflow.store import transient
 
@@ -30,20 +31,15 @@ YIELD_DELAY = 10.0  # a slot that gave its pool slot back is tried again 10-20 s
 
 
 class MopTrainShardOperator(MopBaseOperator):
-    template_fields = ("classes",)
     ui_color = "#fbe3e0"
 
-    def __init__(self, *, classes: Any, shard: int, slot: int, start: int, end: int, chain_end: int,
-                 shards: int, slots: int = 1, rung_end: bool = False, relative: bool = False,
-                 block: int | None = None, asha: bool = False, priority: str = DEFAULT_PRIORITY,
-                 **kwargs: Any) -> None:
+    def __init__(self, *, shard: int, slot: int, end: int, shards: int, slots: int = 1, rung_end: bool = False,
+                 relative: bool = False, block: int | None = None, asha: bool = False,
+                 priority: str = DEFAULT_PRIORITY, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.classes = classes  # per offset class of the block, its source task's list of bundles
         self.shard = shard
         self.slot = slot
-        self.start = start
-        self.end = end
-        self.chain_end = chain_end
+        self.end = end  # the block's hops: a plain search's run (an adaptive block's decision says its own)
         self.shards = shards
         self.slots = slots
         self.rung_end = rung_end  # the block ends a rung: its last hop always evaluates
@@ -70,27 +66,28 @@ class MopTrainShardOperator(MopBaseOperator):
         continuing = self.continuation(context)
         # a continuing run renders the same tasks for a later block: its hops are the search's start + t
         shift = 0 if self.relative or continuing is None else continuing.start
-        end, chain_end, ends = self.end, self.chain_end, None
+        end, ends = self.end, None
         if self.block is not None:  # every configuration trains to the next decision point, as its decision says
             from mop_airflow.planning.blocks import decision_or_end  # noqa: PLC0415
+            from mop_airflow.planning.resume import decision_classes  # noqa: PLC0415
 
             decision = decision_or_end(layout, (continuing.block if continuing else 0) + self.block)
             if decision is None or decision.finished:
                 raise AirflowSkipException("the search ended before this block: nothing is left to train")
-            end = chain_end = decision.length(self.shards)
+            end = decision.length(self.shards)
             ends = set(decision.ends) if decision.hops else None  # one-iteration blocks of older decisions: every one
-            from mop_airflow.planning.resume import decision_classes  # noqa: PLC0415
+            classes = decision_classes(layout, decision)
+        else:  # a plain search: the plan's classes, from where the block starts
+            from mop_airflow.planning.resume import plain_classes  # noqa: PLC0415
 
-            classes = [[BundleAssignment.from_dict(b) for b in listed] for listed in decision_classes(layout, decision)]
-        else:  # a plain search: each class as its stage task listed it
-            classes = self.bundles()
-        from mop_airflow.planning.bundling import model_key  # noqa: PLC0415
+            classes = plain_classes(layout, Plan.read(layout.store, layout.plan_uri), shift, self._stopped)
+        from mop_airflow.planning.lineup import model_key  # noqa: PLC0415
         from mop_airflow.planning.fusing import grouping  # noqa: PLC0415
 
         run = self.run_record(layout)
-        hops = block_hops(classes, shards=self.shards, slots=self.slots, start=self.start, end=end,
+        hops = block_hops(classes, shards=self.shards, slots=self.slots, start=0, end=end,
                           relative=self.relative, rung_end=self.rung_end, priority=self.priority,
-                          chain_end=chain_end, shift=shift, ends=ends,
+                          shift=shift, ends=ends,
                           # a model key's configurations on one slot: its compiled model serves them all
                           key=lambda cid: model_key(run.config(cid)),
                           # and a group that may train fused whole on one
@@ -101,9 +98,8 @@ class MopTrainShardOperator(MopBaseOperator):
             raise AirflowSkipException(f"the block has no hop on shard {self.shard} slot {self.slot}")
         return self._train(context, layout, hops, mine, alone)
 
-    def bundles(self) -> list[list[BundleAssignment]]:
-        """Each class's bundles as its source task listed them (a skipped source lists none)."""
-        return [[BundleAssignment.from_dict(b) for b in listed or []] for listed in self.classes]
+    def _stopped(self, config_id: str, hop: int) -> None:
+        self.log.info("%s did not finish hop %d (it failed earlier): it trains no further", config_id, hop)
 
     def _train(self, context: Any, layout: Any, hops: Sequence[Any], mine: Sequence[Any], alone: bool) -> dict:
         # This slot's GPU, before the backend starts its devices in this task process (a CPU worker,
@@ -123,9 +119,9 @@ class MopTrainShardOperator(MopBaseOperator):
         try_number, max_tries = getattr(ti, "try_number", 1), getattr(ti, "max_tries", 0)
         where = Where(task_id=self.task_id, host=getattr(ti, "hostname", None), queue=self.queue, pool=self.pool,
                       map_index=getattr(ti, "map_index", -1), try_number=try_number)
-        self.log.info("%s %d hop(s) of %d configuration(s) on shard %d slot %d, hops %d..%d of the block",
+        self.log.info("%s %d hop(s) of %d configuration(s) on shard %d slot %d",
                       "training every shard's" if alone else "training", len(mine), len({h.config_id for h in mine}),
-                      self.shard, self.slot, self.start, self.end - 1)
+                      self.shard, self.slot)
 
         def committed(record: Any) -> None:
             self.log.info("%s hop t=%d (iteration %d, hop %d) on shard %d: loss %.4f%s; %.2f s training, %.2f s in all, "

@@ -49,13 +49,13 @@ def test_a_block_after_the_search_ended_in_the_same_run_deals_nothing_and_a_miss
     from mop_airflow.store import Store
 
     layout = RunLayout(Store(f"file://{tmp_path}"), "d", "r")
-    BlockDecision(block=0, capacity=2, training={"a": 0}, offsets={"a": 0}, bundles=[[["a"]], []]).write(
+    BlockDecision(block=0, capacity=2, training={"a": 0}, offsets={"a": 0}, lineup=[["a"], []]).write(
         layout.store, layout.block_decision_uri(0))
     items = decision_classes(layout, decision_or_end(layout, 0))
-    assert [[[a["config_id"] for a in item["assignments"]] for item in per] for per in items] == [[["a"]], []]
+    assert [[(a.config_id, a.t, a.checkpoint) for a in per] for per in items] == [[("a", -1, None)], []]
     with pytest.raises(StoreError, match="no decision for block 2 .* Fix: clear the decide task of block 1"):
         decision_or_end(layout, 1)
-    BlockDecision(block=1, capacity=2, finished=True, bundles=[[], []]).write(layout.store, layout.block_decision_uri(1))
+    BlockDecision(block=1, capacity=2, finished=True, lineup=[[], []]).write(layout.store, layout.block_decision_uri(1))
     assert decision_or_end(layout, 1).finished and decision_or_end(layout, 2) is None
     assert decision_or_end(layout, 5) is None
 

@@ -128,11 +128,11 @@ def test_the_rendered_dag_is_exactly_the_task_plan(adaptive):
         if s.queue:
             assert task.queue == s.queue
     for s in plan.tasks:
-        if s.kind == "train":  # labelled by its shard; it reads every class of its block from the classes' sources
+        if s.kind == "train":  # labelled by its shard; it reads what its block trains from the store, not an XCom
             task = dag.get_task(s.task_id)
             assert task.task_display_name == f"train on shard {s.args['shard']}"
-            assert [arg.operator.task_id for arg in task.classes] == [g.source for g in plan.block_groups(s)]
-            assert (task.shard, task.slot, task.start, task.end) == (s.args["shard"], 0, s.args["start"], s.args["end"])
+            assert not task.template_fields
+            assert (task.shard, task.slot, task.end) == (s.args["shard"], 0, s.args["end"])
     assert not any(type(t).__name__ == "MappedOperator" for t in hops(dag))
 
 
@@ -164,10 +164,9 @@ def test_a_block_is_one_train_task_per_shard_after_every_stage(shards, iteration
     for s in range(shards):
         task = dag.get_task(f"train_shard_{s}")
         assert task.pool == task.queue == shard_pool(s)
-        # every class's list comes from its stage task; every shard is staged and every model built
-        # once on the data's shapes first
+        # every shard is staged and every model built once on the data's shapes first
         assert task.upstream_task_ids == stages | {"check_models"}
-        assert (task.start, task.end, task.chain_end) == (0, end, end)
+        assert task.end == end
         assert task.priority_weight == end  # the plan's weight of the block's first hop
     assert dag.get_task("report").upstream_task_ids == {f"train_shard_{s}" for s in range(shards)}
     # a run continuing a search skips list_data ... plan from preflight and stages after it alone

@@ -119,7 +119,6 @@ def test_once_the_data_is_listed_the_provisional_plan_is_the_one_the_plan_task_w
     assert expected_shard_rows(sharding, run.data) == rows == 719  # 1,797 rows, 360 held out, 2 shards
     final = make_plan(run, rows=rows)
     assert page["classes"] == final.classes and page["visit_order"] == final.visit_order
-    assert page["bundles"] == [b for per in final.class_bundles() for b in per]
 
 
 def test_while_training_progress_provisional_leaderboard_curves_and_busy_fractions(store):

@@ -7,8 +7,7 @@ import pytest
 
 from benchmarks.schedule_sim import make_workload, run_group_rotation, run_mop
 from mop_airflow.planning.schedule import PRIORITY_RULES, deal_classes, priority_weight, shard_at, visit_order
-from mop_airflow.planning.simulation import (estimate_seconds, lower_bound, simulate, simulate_blocks, stand_in_blocks,
-                                            stand_in_members)
+from mop_airflow.planning.simulation import estimate_seconds, lower_bound, simulate, simulate_blocks, stand_in_blocks
 from mop_airflow.search.adaptive import adaptive_plan
 from mop_airflow.planning.task_plan import build_task_plan
 
@@ -22,7 +21,7 @@ def uneven(ids):
 
 def run(classes, cost, *, shards, iterations, slots=1, priority="remaining"):
     plan = build_task_plan(shards, iterations, priority=priority, slots=slots)
-    return simulate(plan, lambda group, expanded: classes[group.offset], lambda cid, t, shard: cost[cid], slots=slots)
+    return simulate(plan, classes, lambda cid, t, shard: cost[cid], slots=slots)
 
 
 def by_config(events):
@@ -156,14 +155,13 @@ def test_priority_weight_values_and_unknown_rules():
 
 
 def test_train_tasks_rank_their_hops_by_the_rules_weights():
-    from mop_airflow.records import Assignment, BundleAssignment
+    from mop_airflow.records import Assignment
     from mop_airflow.training.shard_loop import block_hops
 
     plan = build_task_plan(3, 2)
     trains = [spec for spec in plan.tasks if spec.kind == "train"]
-    assert [(spec.args["shard"], spec.args["start"], spec.args["end"], spec.args["chain_end"]) for spec in trains] == [
-        (s, 0, 6, 6) for s in range(3)]
-    classes = [[BundleAssignment.start(o, [Assignment(f"c{o}", -1, None)])] for o in range(3)]
+    assert [(spec.args["shard"], spec.args["end"]) for spec in trains] == [(s, 6) for s in range(3)]
+    classes = [[Assignment(f"c{o}", -1, None)] for o in range(3)]
     for rule, weights in (("remaining", [6, 5, 4, 3, 2, 1]), ("done", [1, 2, 3, 4, 5, 6]), ("none", [1] * 6)):
         hops = [h for h in block_hops(classes, shards=3, slots=1, start=0, end=6, priority=rule) if h.offset == 1]
         assert [(h.step, h.shard, h.weight) for h in hops] == list(zip(range(6), [1, 2, 0, 1, 2, 0], weights))

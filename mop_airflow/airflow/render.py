@@ -103,7 +103,7 @@ class _Renderer:
 
     def render(self) -> None:
         for spec in self.plan.tasks:
-            self.ops[spec.task_id] = self._train(spec) if spec.kind == "train" else self._operator(spec)
+            self.ops[spec.task_id] = self._operator(spec)
 
     def _common(self, spec: TaskSpec) -> dict[str, Any]:
         return {"task_id": spec.task_id.rsplit(".", 1)[-1], "store": self.spec["store"], "selection": self.group,
@@ -130,6 +130,10 @@ class _Renderer:
                                       builder_modules=self.builder_modules, **kwargs)
         elif spec.kind == "plan":
             op = MopPlanOperator(priority=self.plan.priority, **kwargs)
+        elif spec.kind == "train":  # one shard slot of a block: it reads what the block trains as it starts
+            slot = f" slot {spec.args['slot']}" if self.plan.slots > 1 else ""
+            op = MopTrainShardOperator(slots=self.plan.slots, shards=self.plan.shards, priority=self.plan.priority,
+                                       task_display_name=f"train on shard {spec.args['shard']}{slot}", **kwargs)
         elif spec.kind == "publish":  # its outlet: the Asset downstream DAGs schedule on
             op = MopPublishOperator(outlets=[champion_asset(self.selection)], **kwargs)
         elif spec.kind == "scatter":  # one instance per slice of files that list_data returns
@@ -161,20 +165,3 @@ class _Renderer:
         k = int(parts[0].split("_")[1])
         return (f"block {k + 1}", f"Block {k + 1}: every configuration the decision after block {k} kept trains to "
                                   "the next decision point (a rung's end, a PBT boundary); then the next decision")
-
-    def _train(self, spec: TaskSpec) -> Any:
-        """A block's train task for one shard slot: it reads what every class's source task lists."""
-        groups = self.plan.block_groups(spec)
-        args = {key: value for key, value in spec.args.items() if key != "classes"}
-        slots = f" slot {args['slot']}" if self.plan.slots > 1 else ""
-        container = self._container(spec.task_id.rpartition(".")[0])
-        op = MopTrainShardOperator(
-            classes=[self.ops[group.source].output for group in groups], slots=self.plan.slots,
-            shards=self.plan.shards, priority=self.plan.priority,
-            task_display_name=f"train on shard {args['shard']}{slots}",
-            **({"task_group": container} if container is not None else {}), **self._common(spec), **args)
-        sources = {group.source for group in groups}  # their XComArgs above set those edges
-        for up in spec.upstream:
-            if up not in sources:
-                self.ops[up] >> op
-        return op

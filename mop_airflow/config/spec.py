@@ -627,7 +627,7 @@ class MopSpec:
     Attributes:
         data: Required. Where the training data is and what its columns mean (:class:`DataSpec`).
         search: Required. What to search and how to rank (:class:`SearchSpec`).
-        schedule: Shards, iterations, passes per hop and bundles (:class:`ScheduleSpec`).
+        schedule: Shards, iterations, passes per hop, slots and fusing (:class:`ScheduleSpec`).
         store: Where shards, checkpoints and reports live (:class:`StoreSpec`).
         publish: Champion and challenger (:class:`PublishSpec`).
     """

@@ -19,8 +19,9 @@ per ``interval``, and ASHA a block each time one of its jobs ends. Between block
    so new jobs go to the classes with the fewest configurations.
 
 :func:`first_block` (the plan task) and :func:`decide_next_block` (the ``decide`` task at the end of
-every block's run) write each block's :class:`~mop_airflow.records.BlockDecision`; the stage tasks of
-the block's run hand its bundles to the chains. Reads and writes records only: no Airflow, no TensorFlow.
+every block's run) write each block's :class:`~mop_airflow.records.BlockDecision`, which the block's
+train tasks read as they start (:func:`mop_airflow.planning.resume.decision_classes`). Reads and writes
+records only: no Airflow, no TensorFlow.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import math
 from typing import Any, Mapping, Sequence
 
 from mop_airflow.errors import StoreError
-from mop_airflow.planning.plan import bundle_classes, rung_classes
+from mop_airflow.planning.plan import lineup_classes, rung_classes
 from mop_airflow.records import BlockDecision, HopRecord, Plan, RunRecord
 from mop_airflow.records.layout import RunLayout, with_proposed
 from mop_airflow.search.adaptive import LADDERS, adaptive_plan, brackets_of, split_by_bracket
@@ -135,7 +136,7 @@ def first_block(layout: RunLayout, run: RunRecord, plan: Plan) -> BlockDecision:
 
 def decide_next_block(layout: RunLayout, run: RunRecord, plan: Plan, block: int) -> BlockDecision:
     """After block ``block`` trained: its completions, the method's jobs for the capacity they freed,
-    and block ``block + 1``'s classes and bundles, written to the store (and returned). Configurations
+    and block ``block + 1``'s classes and their lineup, written to the store (and returned). Configurations
     made here (PBT's copies) are added to the search's ``proposed.json`` and copies' checkpoints
     written before the decision that names them."""
     store = layout.store
@@ -223,11 +224,10 @@ def _decision(run: RunRecord, plan: Plan, *, block: int, previous: BlockDecision
                                     rotation=previous.offsets if previous else {},
                                     placed=None if isinstance(method, LADDERS) else _rung_deal(run, plan, handed))
     length, ends = block_length(training, [*jobs_so_far, *handed], shards)
-    bundles = bundle_classes(run, classes, rows=plan.shard_rows)
     return BlockDecision(block=block, capacity=capacity, jobs=[j.to_dict() for j in handed], hops=length, start=start,
                          ends=ends,
                          completions=[dataclasses.asdict(c) for c in seen], training=training, offsets=offsets,
-                         bundles=bundles, finished=not training, members=members,
+                         lineup=lineup_classes(run, classes, rows=plan.shard_rows), finished=not training, members=members,
                          copies=[dataclasses.asdict(c) for c in copies],
                          proposed=[c["config_id"] for c in made]), made
 

@@ -1,5 +1,6 @@
 """The hop plan of a resolved run: a plain search's configurations dealt into offset classes, each
-class split into bundles; an adaptive search's brackets, whose blocks are decided as it trains.
+class lined up in the order its shard slots take it; an adaptive search's brackets, whose blocks are
+decided as it trains.
 
 The plan task calls :func:`make_plan` once; later tasks read :class:`~mop_airflow.records.Plan`
 from the store; an adaptive search's block decisions (:mod:`mop_airflow.planning.blocks`) deal each
@@ -8,7 +9,7 @@ rung's members with :func:`rung_classes`.
 
 from __future__ import annotations
 
-from mop_airflow.planning.bundling import deal_configs, deal_groups, line_up
+from mop_airflow.planning.lineup import deal_configs, deal_groups, line_up
 from mop_airflow.planning.fusing import fuse_limit, groups_of
 from mop_airflow.planning.schedule import DEFAULT_PRIORITY, hash_seed, visit_order
 from mop_airflow.records import Plan, RunRecord
@@ -19,7 +20,7 @@ from mop_airflow.search.pbt import PbtPlan
 
 def make_plan(run: RunRecord, priority: str = DEFAULT_PRIORITY, *, rows: int | None = None) -> Plan:
     """Deal the configurations into offset classes (a plain search) or brackets (an adaptive one),
-    each class lined up by model (:mod:`mop_airflow.planning.bundling`); ``rows`` is a shard's row
+    each class lined up by model (:mod:`mop_airflow.planning.lineup`); ``rows`` is a shard's row
     count (for the cost estimate; unknown before the data is sharded)."""
     schedule = run.schedule
     p, seed = schedule.shards, schedule.seed
@@ -30,7 +31,7 @@ def make_plan(run: RunRecord, priority: str = DEFAULT_PRIORITY, *, rows: int | N
         return Plan(shards=p, iterations=schedule.iterations, seed=seed, priority=priority,
                     model_hops_total=len(ids) * end, classes=classes,
                     visit_order=visit_order(classes, start=0, end=end, shards=p),
-                    bundles=bundle_classes(run, classes, rows=rows), shard_rows=rows)
+                    lineup=lineup_classes(run, classes, rows=rows), shard_rows=rows)
     # no classes up front: the plan task decides block 0 and each block's decide step the next
     adaptive = adaptive_plan(run.adaptive, p)
     asha = isinstance(adaptive, LADDERS)  # no brackets: ASHA's ladder, PBT's population
@@ -47,14 +48,14 @@ def make_plan(run: RunRecord, priority: str = DEFAULT_PRIORITY, *, rows: int | N
 ROWS_UNKNOWN = 1000
 
 
-def bundle_classes(run: RunRecord, classes: list[list[str]], *, rows: int | None) -> list[list[list[str]]]:
-    """``classes`` as their train tasks take them, one bundle each (:func:`mop_airflow.planning.bundling.line_up`)."""
+def lineup_classes(run: RunRecord, classes: list[list[str]], *, rows: int | None) -> list[list[str]]:
+    """``classes`` in the order their shard slots take them (:func:`mop_airflow.planning.lineup.line_up`)."""
     return line_up(classes, {c["config_id"]: c for c in run.configs}, rows=rows or ROWS_UNKNOWN)
 
 
 def deal_run(run: RunRecord, config_ids: list[str], *, rows: int | None, seed: int) -> list[list[str]]:
-    """``config_ids`` of ``run`` dealt into offset classes (:func:`mop_airflow.planning.bundling.deal`); with
-    ``schedule.fuse``, each group that may train fused whole in one class (:func:`~mop_airflow.planning.bundling.deal_groups`)."""
+    """``config_ids`` of ``run`` dealt into offset classes (:func:`mop_airflow.planning.lineup.deal`); with
+    ``schedule.fuse``, each group that may train fused whole in one class (:func:`~mop_airflow.planning.lineup.deal_groups`)."""
     if fuse_limit(run.schedule.fuse) > 1:
         return deal_groups(groups_of(run, config_ids), shards=run.schedule.shards, seed=seed)
     return deal_configs(config_ids, {c["config_id"]: c for c in run.configs}, rows=rows or ROWS_UNKNOWN,

@@ -1,22 +1,37 @@
-"""Where each configuration of a bundle resumes: from scratch, or from its state after a hop.
+"""Where each configuration of a block starts: from scratch, or from its state after a hop.
 
-The stage and deal tasks hand each chain its bundle with every configuration's starting point; a
-block of a split search, or a rung of an adaptive one, resumes from the checkpoint (and the
-checksum, best hop and best metric) that the configuration's hop record holds. Pure: reads records.
+A block's train tasks read the configurations every offset class of the block holds, each with its
+starting point: a plain search's from the plan (a block of a split search resumes each from the
+checkpoint, checksum, best hop and best metric its hop record holds), a search decided between
+blocks from the block's decision. Pure: reads records.
 """
 
 from __future__ import annotations
 
 from typing import Any, Callable
 
-from mop_airflow.records import Assignment, BundleAssignment, HopRecord
+from mop_airflow.records import Assignment, HopRecord
 
 
-def bundle_items(bundles: list[list[str]], first: int, resume: Callable[[str], Assignment]) -> list[dict[str, Any]]:
-    """What a class's chains take: one item per bundle (``first`` is its first global index), each
-    configuration's assignment from ``resume(config_id)``."""
-    return [BundleAssignment.start(first + j, [resume(cid) for cid in members]).to_dict()
-            for j, members in enumerate(bundles)]
+def plain_classes(layout: Any, plan: Any, start: int = 0,
+                  stopped: Callable[[str, int], None] | None = None) -> list[list[Assignment]]:
+    """A plain search's block that begins at the search's hop ``start``: entry ``o`` lists the
+    configurations on shard ``o`` at the block's first hop (offset class ``(o - start) mod shards``),
+    in the plan's lineup, each from its state after hop ``start - 1``. A configuration that did not
+    finish that hop (it failed earlier) trains no further: ``stopped(config_id, hop)`` hears of it."""
+    lineup, shards = plan.class_lineup(), plan.shards
+    classes = []
+    for o in range(shards):
+        members = lineup[(o - start) % shards]
+        if start == 0:
+            classes.append([Assignment(config_id=cid, t=-1, checkpoint=None) for cid in members])
+            continue
+        resumed = {cid: resume_after(layout, cid, start - 1) for cid in members}
+        for cid in members:
+            if resumed[cid] is None and stopped is not None:
+                stopped(cid, start - 1)
+        classes.append([a for a in resumed.values() if a is not None])
+    return classes
 
 
 def resume_at(layout: Any, cid: str, last: int, record: HopRecord | None = None) -> Assignment:
@@ -51,10 +66,7 @@ def resume_in_block(layout: Any, decision: Any, cid: str) -> Assignment:
     return resume_at(layout, cid, decision.training[cid] - 1)
 
 
-def decision_classes(layout: Any, decision: Any) -> list[list[dict[str, Any]]]:
-    """Every offset class's bundles of the block ``decision`` says trains (a search decided between
-    blocks), each configuration resuming where it stands (:func:`resume_in_block`)."""
-    per_class = decision.bundles
-    return [bundle_items(bundles, sum(len(b) for b in per_class[:offset]),
-                         lambda cid: resume_in_block(layout, decision, cid))
-            for offset, bundles in enumerate(per_class)]
+def decision_classes(layout: Any, decision: Any) -> list[list[Assignment]]:
+    """Every offset class of the block ``decision`` says trains (a search decided between blocks), in
+    its lineup, each configuration resuming where it stands (:func:`resume_in_block`)."""
+    return [[resume_in_block(layout, decision, cid) for cid in members] for members in decision.lineup]

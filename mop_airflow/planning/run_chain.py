@@ -9,7 +9,7 @@ say); then the DAG renders the hops of ``iterations_per_run`` iterations, and it
 * its ``next_run`` task then triggers the DAG's next run with a conf that says which search it
   continues and from which hop (:class:`Continuation`), and leaves a pointer in that run's folder;
 * a continuing run reads the first run's records (its folder holds the whole search), resumes each
-  bundle from its configurations' checkpoints, and trains the next block; the last block reports.
+  configuration from its checkpoint, and trains the next block; the last block reports.
 
 So the search's records, checkpoints, report and champion live under the first run's id; any run
 of the chain resolves to that folder (:func:`mop_airflow.records.layout.run_folder`). Pure: no Airflow.

@@ -1,7 +1,7 @@
 """Which configuration trains on which shard at which hop, and in which order. Pure and seeded.
 
 Configurations are dealt (in a seeded order) into ``p`` **offset classes** (the plan task may regroup
-them by model: :func:`mop_airflow.planning.bundling.deal`). A configuration of class
+them by model: :func:`mop_airflow.planning.lineup.deal`). A configuration of class
 ``o`` trains on shard ``(o + t) mod p`` at its global hop ``t``: in every iteration (``p`` hops) it
 visits every shard exactly once. Each configuration's hops form its own chain: a hop waits only for
 the same configuration's previous hop and for a free slot in its shard's pool, never for other

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 from mop_airflow.planning.schedule import deal_classes, priority_weight
-from mop_airflow.planning.task_plan import ClassGroup, TaskPlan, TaskSpec
+from mop_airflow.planning.task_plan import TaskPlan, TaskSpec
+
 
 @dataclass(frozen=True)
 class HopEvent:
@@ -45,22 +46,18 @@ class Simulation:
         return work / (self.makespan * self.shards * self.slots) if self.makespan else 1.0
 
 
-Members = Callable[[ClassGroup, Mapping[str, Sequence[str]]], Sequence[str]]
-"""``members(group, expanded)``: what class ``group`` carries (configurations, or bundles trained as
-one), given what every group expanded before it carries (a later rung's survivors come from its
-previous rung's groups)."""
 Seconds = Callable[[str, int, int], float]
 
 
-def simulate(plan: TaskPlan, members: Members, seconds: Seconds, *, slots: int,
+def simulate(plan: TaskPlan, classes: Sequence[Sequence[str]], seconds: Seconds, *, slots: int,
              task_seconds: float = 0.0, block_ends: Mapping[str, int] | None = None,
              block_starts: Mapping[str, int] | None = None,
              block_classes: Mapping[str, Sequence[Sequence[str]]] | None = None) -> Simulation:
     """Replay ``plan`` as Airflow runs it and return every model-hop's start and end.
 
-    - ``members(group, expanded)`` lists what a class group carries (configurations, or bundles
-      trained as one), asked when its source task finishes (see :data:`Members`).
-    - ``seconds(unit, t, shard)`` is the training time of one hop of a unit; every task pays
+    - ``classes[o]`` lists the configurations of a plain search's offset class ``o``, in the order
+      its shard slots take them (an adaptive search's blocks: ``block_classes``).
+    - ``seconds(unit, t, shard)`` is the training time of one hop of a configuration; every task pays
       ``task_seconds`` of fixed cost (Airflow's start-up) once, a train task included, and then
       trains its hops back to back.
     - A shard pool runs at most ``slots`` tasks at once (its Airflow pool's slots; the plan's own
@@ -73,8 +70,7 @@ def simulate(plan: TaskPlan, members: Members, seconds: Seconds, *, slots: int,
     - ``block_ends``: where each block of an adaptive search ends (its train tasks' group, ``""`` for
       the first block, ``block_1`` ...), as its decision says at run time; by default the plan's own end;
       ``block_starts``: the hop of the search each begins at (a hop's ``t`` in the events);
-      ``block_classes``: what each block's offset classes carry, as its decision deals them (an
-      adaptive search's train tasks read it from the decision, not from a class group's source task).
+      ``block_classes``: what each block's offset classes carry, as its decision deals them.
     Raises when tasks never run: a block whose train tasks cannot all run at once deadlocks, in
     Airflow as here.
     """
@@ -86,11 +82,6 @@ def simulate(plan: TaskPlan, members: Members, seconds: Seconds, *, slots: int,
     for spec in plan.tasks:
         for up in spec.upstream:
             downstream[up].append(spec.task_id)
-    sourced: dict[str, list[ClassGroup]] = defaultdict(list)
-    for group in plan.groups:
-        sourced[group.source].append(group)
-
-    expanded: dict[str, list[str]] = {}   # group id -> what it carries, once its source finished
     waiting = {spec.task_id: len(spec.upstream) for spec in plan.tasks}
     done: set[str] = set()
     ready: dict[str, list[tuple[int, int, str]]] = defaultdict(list)   # pool -> heap of tasks
@@ -115,14 +106,12 @@ def simulate(plan: TaskPlan, members: Members, seconds: Seconds, *, slots: int,
         while stack:
             task_id = stack.pop()
             done.add(task_id)
-            for group in sourced[task_id]:
-                expanded[group.group_id] = list(members(group, dict(expanded)))
             for down in downstream[task_id]:
                 waiting[down] -= 1
                 if waiting[down]:
                     continue
                 spec = tasks[down]
-                if spec.kind == "train" and not _block_hops(plan, spec, expanded, ends, dealt):
+                if spec.kind == "train" and not _block_hops(plan, spec, classes, ends, dealt):
                     stack.append(down)  # nothing to train on this slot: skipped, takes no slot
                 else:
                     heapq.heappush(ready[pool_of(spec)], (-spec.priority_weight, order[down], down))
@@ -152,7 +141,7 @@ def simulate(plan: TaskPlan, members: Members, seconds: Seconds, *, slots: int,
                 spec = tasks[task_id]
                 slot = slots_here.pop(0) if slots_here is not None else -1
                 if spec.kind == "train":
-                    processes[task_id] = _Process(spec, _block_hops(plan, spec, expanded, ends, dealt), slot,
+                    processes[task_id] = _Process(spec, _block_hops(plan, spec, classes, ends, dealt), slot,
                                                   (block_starts or {}).get(task_id.rpartition(".")[0], 0))
                     push(now + task_seconds, "live", task_id)
                 else:
@@ -192,23 +181,21 @@ def simulate(plan: TaskPlan, members: Members, seconds: Seconds, *, slots: int,
 Hop = tuple  # (unit, step, shard, weight, order)
 
 
-def _block_hops(plan: TaskPlan, spec: TaskSpec, expanded: Mapping[str, Sequence[str]],
+def _block_hops(plan: TaskPlan, spec: TaskSpec, plain: Sequence[Sequence[str]],
                 ends: Mapping[str, int], dealt: Mapping[str, Sequence[Sequence[str]]]) -> list[Hop]:
     """The hops of a train task's block on its shard slot, as :func:`~mop_airflow.training.shard_loop.block_hops`
     places them: unit ``i`` of the block on slot ``i mod slots``, hop ``t`` of class ``o`` on shard ``(o + t) mod p``."""
     args, hops, index = spec.args, [], 0
     prefix = spec.task_id.rpartition(".")[0]
     end = ends.get(prefix, args["end"])
-    classes = (dealt.get(prefix, ()) if args.get("relative") else
-               [expanded.get(group.group_id, ()) for group in plan.block_groups(spec)])
+    classes = dealt.get(prefix, ()) if args.get("relative") else plain
     for offset, units in enumerate(classes):
         for unit in units:
             slot, index = index % plan.slots, index + 1
-            for step in range(args["start"], end):
+            for step in range(end):
                 shard = (offset + step) % plan.shards
                 if (shard, slot) == (args["shard"], args["slot"]):
-                    hops.append((unit, step, shard, priority_weight(plan.priority, step, max(end, args["chain_end"])),
-                                 len(hops)))
+                    hops.append((unit, step, shard, priority_weight(plan.priority, step, end), len(hops)))
     return hops
 
 
@@ -218,7 +205,6 @@ class _Process:
     def __init__(self, spec: TaskSpec, hops: list[Hop], pool_slot: int, shift: int = 0) -> None:
         self.shift = shift  # the search's hop the block starts at
         self.block = spec.task_id.rpartition(".")[0]
-        self.start = spec.args["start"]
         self.pending = sorted(hops, key=lambda h: (-h[3], h[4]))
         self.pool_slot = pool_slot
         self.live = False  # started up
@@ -227,7 +213,7 @@ class _Process:
     def next_ready(self, hop_ends: Mapping[tuple[str, Any, int], float]) -> Hop | None:
         for hop in self.pending:
             unit, step = hop[0], hop[1]
-            if step == self.start or (self.block, unit, step - 1) in hop_ends:
+            if step == 0 or (self.block, unit, step - 1) in hop_ends:
                 return hop
         return None
 
@@ -239,13 +225,6 @@ def lower_bound(hop_seconds: Mapping[str, float], hops: Mapping[str, int], *, sh
     """No schedule beats max(total work / slots, the longest configuration's own chain)."""
     total = sum(hop_seconds[c] * hops[c] for c in hops)
     return max(total / (shards * slots), max((hop_seconds[c] * hops[c] for c in hops), default=0.0))
-
-
-def stand_in_members(plan: TaskPlan, config_ids: Sequence[str], *, seed: int = 0) -> Members:
-    """Who each class of a plain search carries when nobody has trained yet: the configurations dealt
-    as the plan task deals them."""
-    classes = deal_classes(config_ids, shards=plan.shards, seed=seed)
-    return lambda group, expanded: classes[group.offset]
 
 
 def stand_in_blocks(adaptive: Any, config_ids: Sequence[str], *, shards: int, seed: int = 0
@@ -308,7 +287,8 @@ def estimate_seconds(plan: TaskPlan, configurations: int, *, seconds_per_hop: fl
         return seconds_per_hop
 
     if adaptive is None:
-        return simulate(plan, stand_in_members(plan, ids, seed=seed), seconds, slots=slots, task_seconds=task_seconds)
+        return simulate(plan, deal_classes(ids, shards=plan.shards, seed=seed), seconds, slots=slots,
+                        task_seconds=task_seconds)
     return simulate_blocks(plan, stand_in_blocks(adaptive, ids, shards=plan.shards, seed=seed), seconds, slots=slots,
                            task_seconds=task_seconds)
 
@@ -321,6 +301,6 @@ def simulate_blocks(plan: TaskPlan, blocks: Sequence[tuple[int, Sequence[Sequenc
                       key=lambda prefix: int(prefix.split("_")[1]) if prefix else 0)
     by_prefix = dict(zip(prefixes, blocks))
     starts = dict(zip(prefixes, itertools.accumulate((hops for hops, _ in blocks), initial=0)))
-    return simulate(plan, lambda group, expanded: (), seconds, slots=slots, task_seconds=task_seconds,
+    return simulate(plan, (), seconds, slots=slots, task_seconds=task_seconds,
                     block_ends={prefix: hops for prefix, (hops, _) in by_prefix.items()}, block_starts=starts,
                     block_classes={prefix: classes for prefix, (_, classes) in by_prefix.items()})

@@ -10,12 +10,13 @@ Shape of a plain search (``p`` shards, ``T = iterations * p`` hops, ``m`` slots 
     preflight >> list_data >> scatter[k] >> shard >> plan >> stage_shard_<s>     (s = 0..p-1)
                 scatter is mapped over the source's slices of files (validate + write parts)
     plan >> check_models     builds each distinct model once on the data's shapes
-    stage_shard_<o>          lists offset class o's configurations (as bundles); class o's hop t
-                             is on shard (o + t) mod p
+    stage_shard_<s>          copies shard s (and the validation rows) into its worker's cache
     train_shard_<s>          one task per shard slot (``train_shard_<s>_slot_<k>`` when m > 1) on
-                             pool and queue mop_shard_<s>: a warm process that trains every hop of
-                             the block on its shard slot, each as soon as its configuration's
-                             previous hop is committed (:mod:`mop_airflow.training.shard_loop`)
+                             pool and queue mop_shard_<s>, after the stage tasks and check_models:
+                             a warm process that reads the plan (offset class o's hop t is on shard
+                             (o + t) mod p) and trains every hop of the block on its shard slot,
+                             each as soon as its configuration's previous hop is committed
+                             (:mod:`mop_airflow.training.shard_loop`)
     every train task >> report >> publish
     publish     emits the DAG's champion Asset event when the run's winner beats the champion
 
@@ -70,10 +71,7 @@ def shard_pool(shard: int) -> str:
 
 @dataclass(frozen=True)
 class TaskSpec:
-    """One task: ``task_id`` is the full id, group prefixes included (``block_1.decide``).
-
-    A ``train`` task's ``args["classes"]`` names the class groups (:class:`ClassGroup`) of its block.
-    """
+    """One task: ``task_id`` is the full id, group prefixes included (``block_1.decide``)."""
 
     task_id: str
     kind: str  # preflight, list_data, scatter, shard, plan, stage, check_models, train, decide,
@@ -88,30 +86,11 @@ class TaskSpec:
 
 
 @dataclass(frozen=True)
-class ClassGroup:
-    """Offset class ``offset``'s hops ``start``..``end - 1``."""
-
-    group_id: str
-    source: str  # the task whose return value lists the class's configurations, as bundles
-    offset: int
-    start: int
-    end: int
-    bracket: int | None = None
-    rung: int = 0
-
-
-@dataclass(frozen=True)
 class TaskPlan:
     shards: int
     tasks: tuple[TaskSpec, ...]
-    groups: tuple[ClassGroup, ...]
     priority: str = DEFAULT_PRIORITY
     slots: int = 1  # per shard: a block's train tasks per shard
-
-    def block_groups(self, spec: TaskSpec) -> list[ClassGroup]:
-        """The class groups a train task's block trains, in offset order."""
-        named = {group.group_id: group for group in self.groups}
-        return [named[group_id] for group_id in spec.args["classes"]]
 
     @property
     def train_tasks(self) -> int:
@@ -159,9 +138,7 @@ def plan_tasks(shape: DagShape) -> TaskPlan:
     report_args: dict[str, Any] = {}
     if shape.adaptive is None:
         end = shape.hops_per_run
-        groups = [builder.group(f"class_{o}", source=stages[o], offset=o, start=0, end=end)
-                  for o in range(shards)]
-        finals = builder.train("", groups, wait_for=ready, chain_end=end, weight=shape.train_weight)
+        finals = builder.train(tuple(ready), end=end, weight=shape.train_weight)
         if end < shape.hops:
             finals = [builder.add("next_run", "next_run", tuple(finals), trigger_rule=REPORT_JOIN,
                                   args={"hops_per_run": end, "hops": shape.hops})]
@@ -187,8 +164,7 @@ def plan_tasks(shape: DagShape) -> TaskPlan:
         last = builder.add("publish", "publish", ("report",))
     if shape.result:
         builder.add("result", "result", (last,), trigger_rule=REPORT_JOIN)
-    return TaskPlan(shards=shards, tasks=tuple(builder.tasks), groups=tuple(builder.groups), priority=shape.priority,
-                    slots=slots)
+    return TaskPlan(shards=shards, tasks=tuple(builder.tasks), priority=shape.priority, slots=slots)
 
 
 def train_task_id(prefix: str, shard: int, slot: int, slots: int) -> str:
@@ -201,22 +177,14 @@ class _Builder:
         self.shards = shards
         self.slots = slots
         self.tasks: list[TaskSpec] = []
-        self.groups: list[ClassGroup] = []
         self.position: dict[str, int] = {}  # task id -> its index in tasks
 
     def add(self, task_id: str, kind: str, upstream: tuple[str, ...] = (), **fields: Any) -> str:
-        # Control tasks outrank the train tasks: a decide or deal step gates whole blocks.
+        # Control tasks outrank the train tasks: a decide step gates whole blocks.
         self.position[task_id] = len(self.tasks)
         self.tasks.append(TaskSpec(task_id, kind, tuple(dict.fromkeys(upstream)),
                                    priority_weight=fields.pop("weight", 10**6), **fields))
         return task_id
-
-    def group(self, group_id: str, *, source: str, offset: int, start: int, end: int,
-              bracket: int | None = None, rung: int = 0) -> ClassGroup:
-        """Offset class ``offset``'s hops ``start``..``end - 1``, listed by the ``source`` task."""
-        group = ClassGroup(group_id, source, offset, start, end, bracket, rung)
-        self.groups.append(group)
-        return group
 
     def decided(self, prefix: str, after: tuple[str, ...], *, block: int | None = None, asha: bool = False) -> list[str]:
         """A block of an adaptive search: one train task per shard slot, after ``after``, each reading
@@ -224,20 +192,13 @@ class _Builder:
         the one block of an ASHA search, whose slots decide as they go (``asha``)."""
         return [self.add(train_task_id(prefix, s, k, self.slots), "train", after, pool=shard_pool(s),
                          queue=shard_pool(s), trigger_rule=TRAIN_JOIN, weight=1,
-                         args={"shard": s, "slot": k, "start": 0, "end": self.shards, "chain_end": self.shards,
-                               "classes": [], **({"asha": True} if asha else
-                                                 {"rung_end": True, "relative": True, "block": block})})
+                         args={"shard": s, "slot": k, "end": self.shards,
+                               **({"asha": True} if asha else {"rung_end": True, "relative": True, "block": block})})
                 for s in range(self.shards) for k in range(self.slots)]
 
-    def train(self, prefix: str, groups: list[ClassGroup], *, chain_end: int, weight: int,
-              wait_for: Any = ()) -> list[str]:
-        """The block's train tasks, one per shard slot: each waits for the block's source tasks (and
-        ``wait_for``) and trains every hop of the block on its shard slot. Returns their ids."""
-        sources = tuple(group.source for group in groups)
-        start, end = groups[0].start, groups[0].end
-        return [self.add(train_task_id(prefix, s, k, self.slots), "train", (*sources, *wait_for),
-                         pool=shard_pool(s), queue=shard_pool(s), trigger_rule=TRAIN_JOIN,
-                         weight=weight,
-                         args={"shard": s, "slot": k, "start": start, "end": end, "chain_end": chain_end,
-                               "classes": [g.group_id for g in groups]})
+    def train(self, after: tuple[str, ...], *, end: int, weight: int) -> list[str]:
+        """A plain search's block, one train task per shard slot, after ``after``: each reads the plan
+        as it starts and trains the block's hops ``0..end - 1`` on its shard slot. Returns their ids."""
+        return [self.add(train_task_id("", s, k, self.slots), "train", after, pool=shard_pool(s), queue=shard_pool(s),
+                         trigger_rule=TRAIN_JOIN, weight=weight, args={"shard": s, "slot": k, "end": end})
                 for s in range(self.shards) for k in range(self.slots)]

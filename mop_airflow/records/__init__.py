@@ -2,7 +2,7 @@
 (:mod:`.layout`), and which model selection they belong to (:mod:`.selection`). No Airflow, no TensorFlow."""
 
 from mop_airflow.records.schema import (  # noqa: F401 - the package's names
-    NAME_CHARS, Record, RunRecord, Plan, Assignment, BundleAssignment, ShardEntry, SourceFile, SourceListing,
+    Record, RunRecord, Plan, Assignment, ShardEntry, SourceFile, SourceListing,
     DataSlice, ShardingPlan, SliceResult, Manifest, HopRecord, RungDecision, BlockDecision, StageRecord, Continuation,
-    RunChain, SlotStatus, bundle_name,
+    RunChain, SlotStatus,
 )

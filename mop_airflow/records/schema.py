@@ -4,7 +4,8 @@ A run is resolved once: the first task freezes the effective spec (the DAG's spe
 conf applied) and the configurations into a :class:`RunRecord`; the plan task adds the hop plan
 (:class:`Plan`); the shard task the data :class:`Manifest`. Later tasks read these records and
 never re-expand the search space or re-derive the plan. Every hop leaves a :class:`HopRecord`,
-every rung a :class:`RungDecision`, every shard's staging a :class:`StageRecord`. Each record is a
+every decision of an adaptive search a :class:`BlockDecision` (searches recorded before blocks ran to
+the next decision hold a :class:`RungDecision` per rung), every shard's staging a :class:`StageRecord`. Each record is a
 dataclass with a JSON round trip (``to_dict`` / ``from_dict``, ``write`` / ``read``).
 """
 
@@ -12,14 +13,13 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Mapping, Sequence, TypeVar
+from typing import TYPE_CHECKING, Any, Mapping, TypeVar
 
 if TYPE_CHECKING:
     from mop_airflow.config import DataSpec, PublishSpec, ScheduleSpec, StoreSpec
     from mop_airflow.store import Store
 
 R = TypeVar("R", bound="Record")
-NAME_CHARS = 200  # Airflow shows the rendered map index in the grid; keep it readable
 
 
 class Record:
@@ -116,11 +116,13 @@ class RunRecord(Record):
 
 @dataclass(frozen=True)
 class Plan(Record):
-    """The hop plan: offset classes (plain search) or each bracket's configurations (adaptive).
+    """The hop plan: which shard each configuration starts on and in which order the shard slots
+    take them (plain search), or each bracket's configurations (adaptive: each block's
+    :class:`BlockDecision` says what trains).
 
-    A configuration of class ``o`` trains on shard ``(o + t) mod shards`` at global hop ``t``.
-    In an adaptive search, rung 0 of bracket ``s`` trains ``rung0_classes[s]`` and every later
-    rung the classes its :class:`RungDecision` dealt.
+    ``classes[o]`` lists the configurations that start on shard ``o`` (offset class ``o``): one trains
+    on shard ``(o + t) mod shards`` at global hop ``t``. ``lineup[o]`` is the same configurations in
+    the order the shard slots take them (:func:`mop_airflow.planning.lineup.line_up`).
     """
 
     shards: int
@@ -130,18 +132,14 @@ class Plan(Record):
     model_hops_total: int
     classes: list[list[str]] = field(default_factory=list)
     brackets: dict[str, list[str]] = field(default_factory=dict)
-    rung0_classes: dict[str, list[list[str]]] = field(default_factory=dict)
     adaptive: dict[str, Any] | None = None
     visit_order: dict[str, list[int]] = field(default_factory=dict)
-    # Which configurations hop together (mop_airflow.planning.bundling): bundles[o] lists offset class o's
-    # bundles, each one task instance per hop; rung0_bundles the same per bracket. Plans written
-    # before bundling read as one bundle per configuration.
-    bundles: list[list[list[str]]] = field(default_factory=list)
-    rung0_bundles: dict[str, list[list[list[str]]]] = field(default_factory=dict)
-    # Plans written before bundles and chains were retired carry these two; nothing reads them.
-    bundle_size: int | str = 1
-    chains: dict[str, int] = field(default_factory=dict)
+    lineup: list[list[str]] = field(default_factory=list)
     shard_rows: int | None = None  # a shard's rows, which the deal's cost estimate used
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "Plan":
+        return cls(**_known(cls, data), **_lineup_of(data))
 
     @property
     def decided_between_blocks(self) -> bool:
@@ -155,15 +153,9 @@ class Plan(Record):
         one block, no decision before it."""
         return bool(self.adaptive) and bool(self.adaptive.get("in_slots"))
 
-    def class_bundles(self) -> list[list[list[str]]]:
-        """The bundles of each offset class of a plain search."""
-        return self.bundles or [[[cid] for cid in members] for members in self.classes]
-
-    def bundle_of(self) -> dict[str, int]:
-        """config id -> the global index of its bundle (plain search, or rung 0 of an adaptive one)."""
-        groups = ([b for s in sorted(self.rung0_bundles, key=int) for b in _flat(self.rung0_bundles[s])]
-                  if self.adaptive else _flat(self.class_bundles()))
-        return {cid: i for i, members in enumerate(groups) for cid in members}
+    def class_lineup(self) -> list[list[str]]:
+        """Each offset class of a plain search in the order its shard slots take it."""
+        return self.lineup or [list(members) for members in self.classes]
 
 
 @dataclass(frozen=True)
@@ -178,33 +170,12 @@ class Assignment(Record):
     best_metric: float | None = None
 
 
-@dataclass(frozen=True)
-class BundleAssignment(Record):
-    """What travels through XCom from one hop of a bundle to its next: its name and, per
-    configuration still training, its :class:`Assignment`."""
-
-    bundle: int
-    name: str
-    assignments: list[Assignment]
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "BundleAssignment":
-        fields = _known(cls, data)
-        fields["assignments"] = [Assignment.from_dict(a) for a in data.get("assignments") or []]
-        return cls(**fields)
-
-    @classmethod
-    def start(cls, bundle: int, assignments: list[Assignment]) -> "BundleAssignment":
-        return cls(bundle=bundle, name=bundle_name(bundle, [a.config_id for a in assignments]),
-                   assignments=assignments)
-
-    @property
-    def config_ids(self) -> list[str]:
-        return [a.config_id for a in self.assignments]
-
-
-def _flat(per_class: list[list[list[str]]]) -> list[list[str]]:
-    return [bundle for bundles in per_class for bundle in bundles]
+def _lineup_of(data: Mapping[str, Any]) -> dict[str, Any]:
+    """``lineup`` from a record written while each offset class was listed as ``bundles`` (one bundle
+    a class since bundles stopped being task units; several before): their configurations in order."""
+    if "lineup" in data or not data.get("bundles"):
+        return {}
+    return {"lineup": [[cid for bundle in per_class for cid in bundle] for per_class in data["bundles"]]}
 
 
 @dataclass(frozen=True)
@@ -398,12 +369,11 @@ class HopRecord(Record):
     checkpoint_sha256: str | None = None
     best_t: int | None = None  # as in Assignment: the configuration's best evaluated hop so far
     best_metric: float | None = None
-    bundle: int | None = None  # the bundle whose task trained it (mop_airflow.planning.bundling)
     threads: int | None = None  # the backend's intra-op threads in that task (None on JAX): CPU results depend on it
-    model_reused: bool = False  # trained in a compiled model another configuration of the bundle built
+    model_reused: bool = False  # trained in a compiled model another configuration of the slot built
     fused: int = 1  # configurations trained as one compiled program in this hop, this one included (schedule.fuse)
     # the sha256 of the checkpoint the hop started from (None: the builder's initial weights): a
-    # retried bundle hop skips a configuration only when its record started from the same state
+    # retried slot skips a configuration's hop only when its record started from the same state
     input_sha256: str | None = None
 
 
@@ -422,7 +392,6 @@ class RungDecision(Record):
     promoted: list[str]
     pruned: list[dict[str, Any]]
     next_classes: list[list[str]] = field(default_factory=list)
-    next_bundles: list[list[list[str]]] = field(default_factory=list)  # the next rung's bundles per class
 
 
 @dataclass(frozen=True)
@@ -431,7 +400,7 @@ class BlockDecision(Record):
     before it (the plan task for block 0). ``jobs``: what the method handed out here, with what it
     saw (``completions``, in the order they happened); ``training``: every configuration of the
     block with the hops it had trained; ``offsets``: each one's rotation (hop ``t`` on shard
-    ``(offset + t) mod shards``); ``bundles[o]``: offset class ``o``'s bundles. ``finished``: nothing
+    ``(offset + t) mod shards``); ``lineup[o]``: offset class ``o`` in the order the slots take it. ``finished``: nothing
     is left to train, and this block's run reports. ``proposed``: the configurations this decision
     made (their full records are in the search's ``proposed.json``)."""
 
@@ -441,7 +410,7 @@ class BlockDecision(Record):
     completions: list[dict[str, Any]] = field(default_factory=list)
     training: dict[str, int] = field(default_factory=dict)
     offsets: dict[str, int] = field(default_factory=dict)
-    bundles: list[list[list[str]]] = field(default_factory=list)
+    lineup: list[list[str]] = field(default_factory=list)
     finished: bool = False
     # Population-based training: each member's configuration now, and the copies made at this
     # decision (mop_airflow.search.pbt.Exploit, with the copied checkpoint's uri and sha256).
@@ -455,6 +424,10 @@ class BlockDecision(Record):
     hops: int = 0
     start: int = 0
     ends: list[str] = field(default_factory=list)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "BlockDecision":
+        return cls(**_known(cls, data), **_lineup_of(data))
 
     def length(self, shards: int) -> int:
         """The hops every configuration of the block trains."""
@@ -522,16 +495,3 @@ class RunChain(Record):
 
     def with_run(self, run_id: str) -> "RunChain":
         return self if run_id in self.runs else RunChain([*self.runs, run_id])
-
-
-def bundle_name(index: int, config_ids: Sequence[str]) -> str:
-    """What Airflow shows for a bundle's task instance: ``b2: c001-6e7014, c005-0c54d0``."""
-    name = f"b{index}: " + ", ".join(config_ids)
-    if len(name) <= NAME_CHARS:
-        return name
-    shown: list[str] = []
-    for cid in config_ids:
-        if len(f"b{index}: " + ", ".join([*shown, cid])) + 12 > NAME_CHARS:
-            break
-        shown.append(cid)
-    return f"b{index}: " + ", ".join(shown) + f" +{len(config_ids) - len(shown)} more"

@@ -174,12 +174,10 @@ def planned_hops(plan: Plan, config_ids: Sequence[str]) -> dict[str, int]:
 def configurations(run: RunRecord, plan: Plan) -> list[dict[str, Any]]:
     bracket = {cid: int(s) for s, members in plan.brackets.items() for cid in members}
     offset = {cid: o for o, members in enumerate(plan.classes) for cid in members}
-    bundle = plan.bundle_of()  # the bundle it trains in (rung 0 of an adaptive search: promote re-bundles)
     return [{"config_id": c["config_id"], "label": config_label(c), "model": c["model"],
              "optimizer": c["optimizer"], "learning_rate": c["optimizer_params"].get("learning_rate"),
              "batch_size": c["batch_size"], "epochs_per_hop": c["epochs_per_hop"], "hparams": c["hparams"],
-             "bracket": bracket.get(c["config_id"]), "offset_class": offset.get(c["config_id"]),
-             "bundle": bundle.get(c["config_id"])}
+             "bracket": bracket.get(c["config_id"]), "offset_class": offset.get(c["config_id"])}
             for c in run.configs]
 
 
@@ -201,9 +199,7 @@ def plan_view(run: RunRecord, plan: Plan, recorded: bool, decisions: Sequence[Ru
             "model_hops_total": plan.model_hops_total, "configurations": len(run.configs),
             "method": run.spec["search"]["space"].get("method"),
             "adaptive": {k: v for k, v in (plan.adaptive or {}).items() if k != "brackets"} or None,
-            "classes": plan.classes, "visit_order": plan.visit_order, "brackets": brackets,
-            "bundles": [b for per in plan.class_bundles() for b in per] if not plan.adaptive else
-            [b for s in sorted(plan.rung0_bundles, key=int) for per in plan.rung0_bundles[s] for b in per]}
+            "classes": plan.classes, "visit_order": plan.visit_order, "brackets": brackets}
 
 
 def block_view(decisions: Sequence[BlockDecision]) -> list[dict[str, Any]]:

@@ -68,7 +68,6 @@ def varied_scalars(configs: Sequence[Mapping[str, Any]]) -> dict[str, list[float
 
 def train_fused_hop(layout: Any, run: Any, manifest: Any, assignments: Sequence[Any], *, t: int, shard: int,
                     rung_end: bool = False, cache_dir: str, where: Any = None, session: Any = None,
-                    bundle: int | None = None,
                     read_checkpoint: Callable[[str], tuple[bytes, Callable[[], str]]] | None = None) -> list[Any]:
     """:func:`~mop_airflow.training.model_hop.train_hop` for a fused group (one :func:`fuse_key`, on the JAX
     backend) at global hop ``t`` on ``shard``: one result per assignment, in order, a
@@ -145,7 +144,7 @@ def train_fused_hop(layout: Any, run: Any, manifest: Any, assignments: Sequence[
         own["evaluated"] = time.time()
         results[index] = model_hop.trained_hop(
             layout, run, assignments[index], model, t=t, shard=shard, where=where, clock=own,
-            train=train_metrics[slot], val=val, bundle=bundle, threads=threads, reused=reused[slot],
+            train=train_metrics[slot], val=val, threads=threads, reused=reused[slot],
             bytes_read={"metadata": data.metadata_bytes, "data": data.data_bytes + val_bytes,
                         "checkpoint": bytes_in[slot]})
         results[index].record["fused"] = len(live)

@@ -34,7 +34,7 @@ def train_on_shard(model: keras.Model, x: Any, y: np.ndarray, *, batch_size: int
     model's traced train step batch by batch (:mod:`~mop_airflow.training.steps`): exactly the
     optimizer steps, losses and metrics of ``model.fit(shuffle=False)`` on the permuted arrays
     (tested bit for bit), without the ~0.1 s of input pipeline ``fit`` builds per call, which a
-    bundle would pay per pass and per configuration. ``stepwise=False`` runs ``fit`` itself (the
+    slot would pay per pass and per configuration. ``stepwise=False`` runs ``fit`` itself (the
     reference; also taken where the step-by-step path is not known to be exact).
     Returns the hop's mean training loss and compiled metrics (Keras epoch means, averaged over the
     passes, which all have the same number of batches), optimizer ``steps``, ``samples`` and

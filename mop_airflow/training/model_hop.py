@@ -47,15 +47,15 @@ class Where:
 
 
 def run_hop(layout: RunLayout, run: RunRecord, manifest: Manifest, assignment: Assignment, *, t: int, shard: int,
-            rung_end: bool = False, cache_dir: str, where: Where = Where(), session: TaskSession | None = None,
-            bundle: int | None = None) -> tuple[HopRecord, Assignment]:
+            rung_end: bool = False, cache_dir: str, where: Where = Where(), session: TaskSession | None = None
+            ) -> tuple[HopRecord, Assignment]:
     """Train ``assignment``'s configuration for its global hop ``t`` on ``shard``, and commit it.
 
     ``session`` holds what the hops of one task process share (the shard read once, compiled
     models); without one, the hop reads and builds everything itself.
     """
     trained = train_hop(layout, run, manifest, assignment, t=t, shard=shard, rung_end=rung_end, cache_dir=cache_dir,
-                        where=where, session=session, bundle=bundle)
+                        where=where, session=session)
     record = trained.commit()
     return record, state_after(record)
 
@@ -111,7 +111,6 @@ class TrainedHop:
 
 def train_hop(layout: RunLayout, run: RunRecord, manifest: Manifest, assignment: Assignment, *, t: int, shard: int,
               rung_end: bool = False, cache_dir: str, where: Where = Where(), session: TaskSession | None = None,
-              bundle: int | None = None,
               read_checkpoint: Callable[[str], tuple[bytes, Callable[[], str]]] | None = None) -> TrainedHop:
     """:func:`run_hop` up to the commit: load, train, evaluate, and take the state out of the model.
 
@@ -155,7 +154,7 @@ def train_hop(layout: RunLayout, run: RunRecord, manifest: Manifest, assignment:
     return trained_hop(layout, run, assignment, model, t=t, shard=shard, where=where, clock=clock, train=train,
                        val=val, bytes_read={"metadata": data.metadata_bytes, "data": data.data_bytes + val_bytes,
                                             "checkpoint": checkpoint_bytes},
-                       bundle=bundle, threads=threads, reused=reused)
+                       threads=threads, reused=reused)
 
 
 def check_arrival(assignment: Assignment, t: int) -> None:
@@ -241,7 +240,7 @@ def validate_when_due(model: Any, store: Any, manifest: Manifest, run: RunRecord
 
 def trained_hop(layout: RunLayout, run: RunRecord, assignment: Assignment, model: Any, *, t: int, shard: int,
                 where: Where, clock: dict[str, float], train: dict[str, Any], val: dict[str, float] | None,
-                bytes_read: dict[str, int], bundle: int | None, threads: int | None, reused: bool) -> TrainedHop:
+                bytes_read: dict[str, int], threads: int | None, reused: bool) -> TrainedHop:
     """The hop ``model`` (holding its trained state) has trained, as :meth:`TrainedHop.commit` takes it:
     the state taken out of the model, its record's fields. ``clock`` holds the hop's moments by name."""
     from mop_airflow.training.checkpoint import take_state  # noqa: PLC0415
@@ -263,7 +262,7 @@ def trained_hop(layout: RunLayout, run: RunRecord, assignment: Assignment, model
                  "checkpoint_load": c["loaded"] - c["built"], "train": c["trained"] - c["loaded"],
                  "evaluate": c["evaluated"] - c["trained"], "serialize": serialized - c["evaluated"]},
         train_metrics=train, val_metrics=val, checkpoint=layout.checkpoint_uri(cid, t), bytes_read=bytes_read,
-        best_t=best_t, best_metric=best_metric, bundle=bundle, threads=threads,
+        best_t=best_t, best_metric=best_metric, threads=threads,
         model_reused=reused, input_sha256=assignment.checkpoint_sha256,
     )
     return TrainedHop(layout=layout, run=run, assignment=assignment, state=state, record=record,

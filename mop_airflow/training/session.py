@@ -1,9 +1,9 @@
-"""What the configurations of one bundle task share: the shard read once, compiled models, threads.
+"""What the hops of one shard slot's task process share: the shard read once, compiled models, threads.
 
-A bundle's hop trains each of its configurations in turn on one shard. Building a Keras model
+A shard slot trains the hops of many configurations in turn on one shard. Building a Keras model
 and tracing its train step costs 0.5-2 s on a CPU, more than many hops train; so a model compiled
 for one configuration is reused by every later configuration with the same
-:func:`~mop_airflow.planning.bundling.model_key`. Reuse never changes a result: every model and optimizer
+:func:`~mop_airflow.planning.lineup.model_key`. Reuse never changes a result: every model and optimizer
 variable (weights, seed-generator states, step, learning rate, moments) is overwritten from the
 configuration's own checkpoint, or, at its first hop, from a fresh build with its own seed.
 Keras then runs the train step it already traced.
@@ -27,7 +27,7 @@ from mop_airflow.errors import SpecError
 
 from mop_airflow.records import Manifest, RunRecord
 
-# Compiled models kept per task: a bundle mixing many architectures keeps the most recently used.
+# Compiled models kept per task: a slot training many architectures keeps the most recently used.
 MAX_MODELS = 4
 # A shard slot's warm process trains every configuration of its block: it keeps more of them
 # (a compiled model of the demo's CNN with Adam's moments is a few MB; rebuilding and tracing one
@@ -218,7 +218,7 @@ class TaskSession:
     def model(self, config: dict[str, Any], *, seed: int, fresh: bool) -> tuple[Any, bool]:
         """A compiled model for ``config`` and whether it was reused. ``fresh``: give it the initial state
         a new build with ``seed`` has (a first hop); else the caller restores a checkpoint into it."""
-        from mop_airflow.planning.bundling import model_key  # noqa: PLC0415
+        from mop_airflow.planning.lineup import model_key  # noqa: PLC0415
         from mop_airflow.data.cache import manifest_inputs  # noqa: PLC0415
         from mop_airflow.data.inputs import input_shapes  # noqa: PLC0415
         from mop_airflow.training.builder import build_model  # noqa: PLC0415
@@ -248,7 +248,7 @@ class TaskSession:
 
     def forget(self, config: dict[str, Any]) -> None:
         """Drop a model a configuration left in an unknown state (its hop failed half-way)."""
-        from mop_airflow.planning.bundling import model_key  # noqa: PLC0415
+        from mop_airflow.planning.lineup import model_key  # noqa: PLC0415
 
         key = model_key(config)
         self._models.pop(key, None)

@@ -55,7 +55,7 @@ from typing import Any, Callable, Collection, Iterable, Sequence
 from mop_airflow.errors import BlockIncompleteError
 from mop_airflow.training import progress
 from mop_airflow.planning.schedule import DEFAULT_PRIORITY, priority_weight, shard_at
-from mop_airflow.records import Assignment, BundleAssignment, HopRecord, Manifest, RunRecord
+from mop_airflow.records import Assignment, HopRecord, Manifest, RunRecord
 from mop_airflow.records.layout import RunLayout
 from mop_airflow.training.fused import fused_partners, fuses_here, train_fused_hop
 from mop_airflow.training.model_hop import (Where, read_hashed, record_failure, sha256_of, state_after, train_hop,
@@ -107,7 +107,6 @@ class BlockHop:
     hop: int      # the configuration's own global hop
     rung_end: bool = False
     start: Assignment | None = None
-    bundle: int | None = None
     weight: int = 1
     order: int = 0
 
@@ -116,22 +115,21 @@ class BlockHop:
         return f"{self.config_id} t={self.hop}"
 
 
-def block_hops(classes: Sequence[Sequence[BundleAssignment]], *, shards: int, slots: int, start: int, end: int,
+def block_hops(classes: Sequence[Sequence[Assignment]], *, shards: int, slots: int, start: int, end: int,
                relative: bool = False, rung_end: bool = False, priority: str = DEFAULT_PRIORITY,
-               chain_end: int | None = None, shift: int = 0, ends: Collection[str] | None = None,
+               shift: int = 0, ends: Collection[str] | None = None,
                key: Callable[[str], str] | None = None,
                fuse: Callable[[Sequence[str]], list[list[str]]] | None = None) -> list[BlockHop]:
     """Every hop of a block, on every shard slot, in the plan's order.
 
-    ``classes[o]`` lists offset class ``o``'s configurations (as bundles), each with the state it
+    ``classes[o]`` lists offset class ``o``'s configurations in the order the slots take them, each with the state it
     enters the block in. Its hop at step ``t`` (``start <= t < end``) is on shard ``(o + t) mod shards``;
     with ``relative`` the steps count within the block and the configuration's own hop follows its
     state (a search decided between blocks); else its global hop is ``shift + t`` (a run continuing a
     search renders its block's steps from 0). Configuration ``i`` of the block (counted over the
     classes in order) trains on slot ``i mod slots`` of every shard. ``rung_end``: the block's last
     hop ends a rung and evaluates. The priority rule ranks a slot's ready hops as Airflow ranked hop
-    tasks (:func:`~mop_airflow.planning.schedule.priority_weight`; ``chain_end`` is where the search
-    ends, by default the block's end). ``key(config_id)``: the configuration's model key; then the
+    tasks (:func:`~mop_airflow.planning.schedule.priority_weight`, counted to the block's end). ``key(config_id)``: the configuration's model key; then the
     configurations that share one go to the same slot where the slots stay balanced
     (:func:`deal_slots`), so a slot's compiled models serve more of its hops. ``fuse(config_ids)``: a
     class's configurations in the groups that may train fused (``schedule.fuse``); then each group goes
@@ -141,23 +139,21 @@ def block_hops(classes: Sequence[Sequence[BundleAssignment]], *, shards: int, sl
     """
     hops: list[BlockHop] = []
     index = 0
-    ids = [[a.config_id for b in bundles for a in b.assignments] for bundles in classes]
+    ids = [[a.config_id for a in members] for members in classes]
     dealt = (deal_fused_slots(ids, slots, fuse) if fuse is not None and slots > 1
              else None if key is None else deal_slots(ids, slots, key))
-    for offset, bundles in enumerate(classes):
-        for bundle in bundles:
-            for assignment in bundle.assignments:
-                slot = index % max(1, slots) if dealt is None else dealt[assignment.config_id]
-                index += 1
-                for step in range(start, end):
-                    hops.append(BlockHop(
-                        config_id=assignment.config_id, offset=offset, step=step,
-                        shard=shard_at(offset, step, shards), slot=slot,
-                        hop=assignment.t + 1 + (step - start) if relative else shift + step,
-                        rung_end=rung_end and step == end - 1 and (ends is None or assignment.config_id in ends),
-                        start=assignment if step == start else None,
-                        bundle=bundle.bundle, weight=priority_weight(priority, step, chain_end or end),
-                        order=len(hops)))
+    for offset, members in enumerate(classes):
+        for assignment in members:
+            slot = index % max(1, slots) if dealt is None else dealt[assignment.config_id]
+            index += 1
+            for step in range(start, end):
+                hops.append(BlockHop(
+                    config_id=assignment.config_id, offset=offset, step=step,
+                    shard=shard_at(offset, step, shards), slot=slot,
+                    hop=assignment.t + 1 + (step - start) if relative else shift + step,
+                    rung_end=rung_end and step == end - 1 and (ends is None or assignment.config_id in ends),
+                    start=assignment if step == start else None,
+                    weight=priority_weight(priority, step, end), order=len(hops)))
     return hops
 
 
@@ -449,7 +445,7 @@ class _Loop:
                 try:
                     return train_hop(layout, self.run, self.manifest, state, t=hop.hop, shard=hop.shard,
                                      rung_end=hop.rung_end, cache_dir=self.cache_dir, where=where,
-                                     session=self.session, bundle=hop.bundle, read_checkpoint=read)
+                                     session=self.session, read_checkpoint=read)
                 except Exception as exc:
                     if self.fatal(exc):
                         raise
@@ -481,7 +477,7 @@ class _Loop:
         try:
             results = train_fused_hop(self.layout, self.run, self.manifest, [state for _, state in todo], t=first.hop,
                                       shard=first.shard, rung_end=first.rung_end, cache_dir=self.cache_dir,
-                                      where=where, session=self.session, bundle=first.bundle,
+                                      where=where, session=self.session,
                                       read_checkpoint=self._reader(ahead, hasher))
         except Exception as exc:
             if self.fatal(exc):

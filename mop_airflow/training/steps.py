@@ -1,8 +1,8 @@
 """Train and evaluate in-memory arrays one batch at a time on the step Keras traced for the model.
 
 ``model.fit`` and ``model.evaluate`` build a tf.data pipeline, its iterator, data adapters and a
-callback list on every call: about 0.1 s a call on a CPU, paid per pass and per configuration of a
-bundle, often more than the training itself on a small shard. Here the model's own
+callback list on every call: about 0.1 s a call on a CPU, paid per pass and per configuration a
+slot trains, often more than the training itself on a small shard. Here the model's own
 ``train_step`` / ``test_step`` (what the ``tf.function`` that ``fit`` and ``train_on_batch`` run
 calls), traced once as a concrete function, is called on numpy slices of the very batches
 ``fit(shuffle=False)`` would make, in the same order, with the same metric resets: the same
@@ -167,7 +167,7 @@ def _jax_pass(model: keras.Model, batches: Iterable[tuple[Any, np.ndarray]], kin
     return epoch_logs(model, logs)
 
 
-# A model's traced steps, kept as long as the model (a bundle reuses a compiled model across configurations):
+# A model's traced steps, kept as long as the model (a slot reuses a compiled model across configurations):
 # the tf.function per kind, and its concrete function per batch signature.
 _STEPS: "weakref.WeakKeyDictionary[keras.Model, dict[str, Callable[[Any], Any]]]" = weakref.WeakKeyDictionary()
 _CONCRETE: "weakref.WeakKeyDictionary[keras.Model, dict[tuple, Callable[[Any], Any]]]" = weakref.WeakKeyDictionary()

@@ -492,7 +492,7 @@
         ", decided between blocks of one iteration" : "") : "") + ") \u00b7 " + plan.shards + " shard(s) \u00d7 " +
       plan.slots_per_shard + " slot(s) \u00b7 " + plan.iterations + " iteration(s) of " + plan.epochs_per_hop +
       " pass(es) per hop \u00b7 " + plan.model_hops_total + " model hops \u00b7 seed " + plan.seed + " \u00b7 " +
-      (plan.recorded ? "as recorded in plan.json." : "provisional: the plan task writes the plan once the data is sharded (before the data is listed, the shards' rows are assumed, and the classes and bundles may still change).");
+      (plan.recorded ? "as recorded in plan.json." : "provisional: the plan task writes the plan once the data is sharded (before the data is listed, the shards' rows are assumed, and the offset classes may still change).");
     if (plan.brackets.length) {
       holder.appendChild(el("table", {id: "brackets"},
         el("thead", {}, el("tr", {}, ["Bracket", "Rung", "Configurations", "Iterations", "Hops each", "Keep", "Decision"]

@@ -218,7 +218,7 @@ def test_a_fused_group_trains_to_the_same_bits_every_time_without_tensorflow(fus
 
 
 def test_fused_groups_are_dealt_whole_into_classes_and_slots_and_groups_of_one_as_before():
-    from mop_airflow.planning.bundling import deal_groups
+    from mop_airflow.planning.lineup import deal_groups
     from mop_airflow.planning.schedule import deal_classes
     from mop_airflow.training.shard_loop import deal_fused_slots
 
@@ -260,7 +260,7 @@ from mop_airflow.planning.fusing import grouping
 from mop_airflow.planning.plan import make_plan
 from mop_airflow.planning.resolve import resolve_run
 from mop_airflow.planning.schedule import shard_at
-from mop_airflow.records import Assignment, BundleAssignment, HopRecord
+from mop_airflow.records import Assignment, HopRecord
 from mop_airflow.records.layout import RunLayout
 from mop_airflow.store import Store
 from mop_airflow.training.model_hop import run_hop
@@ -283,8 +283,7 @@ for run_id in ("fused", "fused_again", "alone"):
                     _, state = run_hop(layout, run, manifest, state, t=t, shard=shard_at(o, t, p),
                                        cache_dir=run.store.cache_dir)
     else:
-        blocks = block_hops([[BundleAssignment.start(o, [Assignment(c, -1, None) for c in m])]
-                             for o, m in enumerate(classes)], shards=p, slots=2, start=0, end=hops,
+        blocks = block_hops([[Assignment(c, -1, None) for c in m] for m in classes], shards=p, slots=2, start=0, end=hops,
                             fuse=grouping(run))
         run_slot(layout, run, manifest, blocks, block="b", shard=0, slot=0, cache_dir=run.store.cache_dir,
                  mine=blocks, session=TaskSession(run, manifest, run.store.cache_dir, max_models=WARM_MODELS))

@@ -94,12 +94,12 @@ def test_a_rung_decision_promotes_the_best_and_records_the_failure(run_setup, tm
     layout = RunLayout(layout.store, "d", "hb")
     plan = make_plan(adaptive_run)
     start = first_block(layout, adaptive_run, plan)
-    classes = start.bundles  # per offset class, its bundles
-    members = [c for per in classes for bundle in per for c in bundle]
+    classes = start.lineup  # per offset class, in the order its slots take it
+    members = [c for per in classes for c in per]
     assert sorted(members) == sorted(c["config_id"] for c in adaptive_run.configs) == sorted(start.training)
     failing, *trained = sorted(members)
     for cid in trained:  # one iteration = hops 0 and 1; the class decides which shard comes first
-        offset = next(o for o, per in enumerate(classes) if any(cid in bundle for bundle in per))
+        offset = next(o for o, per in enumerate(classes) if cid in per)
         assignment = Assignment(cid, -1, None)
         for t in range(2):
             _, assignment = run_hop(layout, adaptive_run, manifest, assignment, t=t, shard=(offset + t) % 2,

@@ -15,7 +15,7 @@ from mop_airflow.data.shard import shard_dataset
 from mop_airflow.errors import BlockIncompleteError
 from mop_airflow.planning.resolve import resolve_run
 from mop_airflow.planning.schedule import deal_classes, shard_at
-from mop_airflow.records import Assignment, BundleAssignment, HopRecord, SlotStatus
+from mop_airflow.records import Assignment, HopRecord, SlotStatus
 from mop_airflow.records.layout import RunLayout
 from mop_airflow.store import Store
 from mop_airflow.training.model_hop import run_hop
@@ -39,8 +39,8 @@ def _setup(folder, toy_data, name, models=(TOY_MODEL,)):
 
 def _classes(run):
     ids = [c["config_id"] for c in run.configs]
-    return [[BundleAssignment.start(o, [Assignment(cid, -1, None) for cid in members])]
-            for o, members in enumerate(deal_classes(ids, shards=SHARDS, seed=run.schedule.seed))]
+    return [[Assignment(cid, -1, None) for cid in members]
+            for members in deal_classes(ids, shards=SHARDS, seed=run.schedule.seed)]
 
 
 def _hops(run, slots=1):
@@ -104,7 +104,7 @@ def test_block_hops_follow_the_rotation_and_deal_slots(toy_data, tmp_path):
     slots = {h.config_id: h.slot for h in hops}
     assert sorted(slots.values()) == [0, 0, 1, 1]  # configuration i of the block on slot i mod 2, on every shard
     assert all(h.slot == slots[h.config_id] for h in hops)
-    relative = block_hops([[BundleAssignment.start(0, [Assignment("c", 6, "x")])]], shards=2, slots=1, start=0,
+    relative = block_hops([[Assignment("c", 6, "x")]], shards=2, slots=1, start=0,
                           end=2, relative=True, rung_end=True)
     assert [(h.step, h.hop, h.shard, h.rung_end) for h in relative] == [(0, 7, 0, False), (1, 8, 1, True)]
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from mop_airflow.errors import SpecError
-from mop_airflow.records import Assignment, BundleAssignment, HopRecord
+from mop_airflow.records import Assignment, HopRecord
 from mop_airflow.training import session as session_module
 from mop_airflow.training.session import TaskSession, cache_bytes, model_bytes, out_of_memory
 from mop_airflow.training.shard_loop import block_hops, deal_slots, run_slot
@@ -28,11 +28,10 @@ def test_configurations_that_share_a_model_key_go_to_one_slot_and_the_slots_stay
     # one key only: balanced all the same
     assert sorted(deal_slots([["x", "y", "z"]], 2, lambda c: "K").values()) == [0, 0, 1]
     # block_hops deals so, and without a key as before (configuration i on slot i mod slots)
-    bundles = [[BundleAssignment.start(o, [Assignment(c, -1, None) for c in members])]
-               for o, members in enumerate(classes)]
-    hops = block_hops(bundles, shards=2, slots=2, start=0, end=2, key=keys.__getitem__)
+    starts = [[Assignment(c, -1, None) for c in members] for members in classes]
+    hops = block_hops(starts, shards=2, slots=2, start=0, end=2, key=keys.__getitem__)
     assert {h.config_id: h.slot for h in hops} == dealt
-    plain = block_hops(bundles, shards=2, slots=2, start=0, end=2)
+    plain = block_hops(starts, shards=2, slots=2, start=0, end=2)
     assert [h.slot for h in plain if h.step == 0] == [0, 1, 0, 1, 0, 1, 0, 1]
 
 

@@ -184,7 +184,7 @@ def test_slots_of_three_shards_learn_their_hops_from_the_previous_shards_markers
     from mop_airflow.data.shard import shard_dataset
     from mop_airflow.planning.resolve import resolve_run
     from mop_airflow.planning.schedule import deal_classes
-    from mop_airflow.records import Assignment, BundleAssignment
+    from mop_airflow.records import Assignment
     from mop_airflow.records.layout import RunLayout
     from mop_airflow.store import Store
     from mop_airflow.training.shard_loop import block_hops
@@ -195,8 +195,8 @@ def test_slots_of_three_shards_learn_their_hops_from_the_previous_shards_markers
     layout = RunLayout(Store(run.store.root), "d", "r")
     manifest = shard_dataset(run.data, layout.store, "d", 3, run.schedule.seed)
     ids = [c["config_id"] for c in run.configs]
-    classes = [[BundleAssignment.start(o, [Assignment(cid, -1, None) for cid in members])]
-               for o, members in enumerate(deal_classes(ids, shards=3, seed=run.schedule.seed))]
+    classes = [[Assignment(cid, -1, None) for cid in members]
+               for members in deal_classes(ids, shards=3, seed=run.schedule.seed)]
     hops = block_hops(classes, shards=3, slots=1, start=0, end=6)
     results, errors = {}, []
 

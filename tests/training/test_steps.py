@@ -81,7 +81,7 @@ def test_float64_rows_and_targets_are_cast_as_keras_casts_them_for_fit(toy_data)
 
 
 def test_a_model_reused_with_another_batch_size_still_equals_a_fresh_fit(toy_data):
-    """A bundle's compiled model is traced for the first configuration's batches and reused by the next."""
+    """A slot's compiled model is traced for the first configuration's batches and reused by the next."""
     x, y = toy_data
     reused = build_model(make_config(batch_size=8), input_shapes={"features": (6,)}, num_classes=3, seed=SEED + 1)
     train_on_shard(reused, x, y, batch_size=8, epochs=1, seed=SEED, iteration=0, shard=0)

@@ -1,13 +1,12 @@
-"""Which configurations share an offset class, and in which order a class's train tasks take them.
-Pure and seeded; no Airflow, no TensorFlow.
+"""Which configurations share an offset class (start on the same shard), and in which order the
+shard slots take a class's configurations. Pure and seeded; no Airflow, no TensorFlow.
 
-A block is one train task per shard slot that trains every hop of the block on its slot as soon as
-it is ready, so nothing is bundled into a task any more (``schedule.bundle_size`` is gone). What is
-left: which configurations share an offset class (:func:`deal`: the seeded deal, or each model's
-configurations together when hops are short next to building a model), and the order a class's
-configurations are listed in (:func:`line_up`: by model, so a slot trains the configurations that
-share a compiled model one after another). Each class is listed as one bundle of the records'
-``bundles`` (the shape records written before kept).
+A block is one warm train task per shard slot that trains every hop the block puts on its slot as
+soon as it is ready (:mod:`mop_airflow.training.shard_loop`). What the plan decides for it: which
+configurations share an offset class (:func:`deal`: the seeded deal, or each model's configurations
+together when hops are short next to building a model), and the order a class's configurations are
+taken in (:func:`line_up`: by model, so a slot trains the configurations that share a compiled model
+one after another). The plan records that order as its ``lineup``.
 """
 
 from __future__ import annotations
@@ -103,10 +102,9 @@ def deal_configs(config_ids: Sequence[str], configs: Mapping[str, Mapping[str, A
 
 
 def line_up(classes: Sequence[Sequence[str]], configs: Mapping[str, Mapping[str, Any]], *,
-            rows: int) -> list[list[list[str]]]:
-    """Every offset class as its train tasks take it, one bundle each: its configurations by model key
+            rows: int) -> list[list[str]]:
+    """Every offset class in the order the shard slots take it: its configurations by model key
     (those that share a compiled model side by side), then longest estimated hop first, then id."""
     costs = {cid: hop_cost(configs[cid], rows) for cls in classes for cid in cls}
     keys = {cid: model_key(configs[cid]) for cls in classes for cid in cls}
-    return [[_lined_up(cls, costs, keys)] if cls else [] for cls in classes]
-
+    return [_lined_up(cls, costs, keys) for cls in classes]

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from mop_airflow.records import bundle_name
-from mop_airflow.planning.bundling import BUILD_SECONDS, deal, deal_configs, hop_cost, line_up, model_key
+from mop_airflow.planning.lineup import BUILD_SECONDS, deal, deal_configs, hop_cost, line_up, model_key
 from mop_airflow.errors import SpecError
 from mop_airflow.planning.schedule import deal_classes
 from mop_airflow.config import ScheduleSpec
@@ -71,20 +70,14 @@ def test_the_learning_rate_is_not_part_of_the_model_key():
                                                                                       "clipnorm": 1.0}})
 
 
-def test_each_class_is_taken_as_one_bundle_lined_up_by_model_then_longest_first():
+def test_each_class_is_lined_up_by_model_then_longest_first():
     classes = [["a", "b", "c", "d"], [], ["e"]]
     configs = {"a": _config("a", model="m:b"), "b": _config("b", model="m:a", batch=8),
                "c": _config("c", model="m:b", batch=8), "d": _config("d", model="m:a"), "e": _config("e")}
     lined = line_up(classes, configs, rows=4000)
     # m:a before m:b (by key), and inside a model the smaller batch (more steps: the longer hop) first
-    assert lined == [[["b", "d", "c", "a"]], [], [["e"]]]
+    assert lined == [["b", "d", "c", "a"], [], ["e"]]
     assert line_up(classes, configs, rows=4000) == lined  # deterministic
-
-
-def test_bundle_names_stay_readable():
-    assert bundle_name(3, ["c001-aaaaaa", "c002-bbbbbb"]) == "b3: c001-aaaaaa, c002-bbbbbb"
-    long = bundle_name(1, [f"c{i:03d}-abcdef" for i in range(64)])
-    assert len(long) <= 200 and long.endswith("more") and long.startswith("b1: c000-abcdef, c001-abcdef")
 
 
 @pytest.mark.parametrize("value", [0, -1, "many", 1.5, True])
