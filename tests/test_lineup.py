@@ -100,3 +100,18 @@ def test_bundle_size_is_refused_saying_it_no_longer_exists_and_what_replaced_it(
     assert err.value.fix == "remove schedule.bundle_size"
 
 
+
+
+def test_records_written_with_bundles_read_their_order_as_the_lineup():
+    """A plan or block decision written while each offset class was listed as bundles (a search that
+    began before the upgrade) reads as the same order, so its later blocks train as planned."""
+    from mop_airflow.records import BlockDecision, Plan
+
+    old = {"shards": 2, "iterations": 1, "seed": 0, "priority": "remaining", "model_hops_total": 6,
+           "classes": [["a", "b"], ["c"]], "bundles": [[["b"], ["a"]], [["c"]]], "bundle_size": 1, "chains": {}}
+    plan = Plan.from_dict(old)
+    assert plan.lineup == plan.class_lineup() == [["b", "a"], ["c"]]
+    assert Plan.from_dict({**old, "bundles": []}).class_lineup() == [["a", "b"], ["c"]]  # before bundling: the deal
+    assert Plan.from_dict(plan.to_dict()) == plan  # written again, it keeps the lineup
+    decision = BlockDecision.from_dict({"block": 1, "capacity": 2, "bundles": [[["a", "b"]], []]})
+    assert decision.lineup == [["a", "b"], []]
