@@ -8,8 +8,12 @@ models hopping through the store. Beside it, on the same data and the same confi
   task-parallel   what a Ray Tune trial does: a process per configuration over the whole data
                   (model.fit for the same passes, validating after each as the slots do), all
                   configurations at once
-  plain Keras     one process, one model, the whole data: the steady epoch (the second one), the
-                  floor a configuration-epoch is held against
+  one slot alone  the fair sequential baseline: the slots' own loop in one process over the whole
+                  data as one shard, every configuration one after another (the data held on the
+                  device as the slots hold theirs, the same steps, validating after each pass, a
+                  checkpoint a pass): what the slots cost without hopping and without sharing
+  plain Keras     one process, one model at a time, the whole data, ``model.fit`` on host arrays:
+                  the steady epoch (the second one) a configuration-epoch is also held against
 
 Every TensorFlow process trains with one thread (``threads_per_hop: 1``, the default); JAX keeps its
 own thread pool. Prints per pattern the wall time, and for the warm loop where a slot's seconds went (start-up:
@@ -23,7 +27,13 @@ release, commit excluded: the commit runs beside the next hop), against plain Ke
     KERAS_BACKEND=jax JAX_PLATFORMS=cpu python benchmarks/warm_shards.py --model mlp --configs 16 --fuse 8
 
 ``--fuse N`` runs the slots a second time with ``schedule.fuse: N`` (the classes dealt as the plan task
-deals them, each fused group whole in one), beside the unfused slots, in the same run.
+deals them, each fused group whole in one), beside the unfused slots, in the same run. ``--runs N``
+repeats every pattern N times, one after another in turn, and prints each pattern's median and range.
+On a GPU, ``nvidia-smi`` samples the GPU's busy share (``utilization.gpu``) every 100 ms while each
+pattern runs. The issue's search of CIFAR-10's size, on one GPU::
+
+    KERAS_BACKEND=jax python benchmarks/warm_shards.py --model cnn1m --images 50000 --configs 16 \
+        --iterations 10 --fuse 16 --runs 3 --out out/
 
 Generated data is written to a temporary folder and deleted afterwards. ``--out`` keeps the figures
 (``warm_shards.json``) and every hop's timestamps and parts (``slots.json``).
@@ -46,6 +56,7 @@ import sys  # noqa: E402
 import tempfile  # noqa: E402
 import threading  # noqa: E402
 from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -234,7 +245,7 @@ def prepare(work: Path, model: str, configs: int, iterations: int, images: int, 
     run_uri = run.write(store, RunLayout(store, run.dag_id, run.run_id).run_record_uri)
     manifest = shard_dataset(run.data, store, run.dag_id, shards, run.schedule.seed)
     ids = [c["config_id"] for c in run.configs]
-    state = {"store": root, "run": run_uri, "manifest": manifest.write(store, f"{root}/manifest.json"),
+    state = {"store": root, "run": run_uri, "manifest": manifest.write(store, f"{root}/{name}-manifest.json"),
              "cache": str(work / "cache"),
              "classes": deal_run(run, ids, rows=None, seed=42) if fuse > 1 else [
                  list(c) for c in deal_classes(ids, shards=shards, seed=42)]}
@@ -289,6 +300,39 @@ def collect(processes: list[subprocess.Popen], tag: str) -> list[dict]:
     return out
 
 
+class GpuBusy:
+    """The GPU's busy share while a pattern runs: ``nvidia-smi`` prints ``utilization.gpu`` (the share of
+    the last sample period in which a kernel ran) every 100 ms; the mean over the pattern. None without
+    an NVIDIA GPU (or with JAX held on the CPU)."""
+
+    def __init__(self) -> None:
+        self.samples: list[float] = []
+        self.process: subprocess.Popen | None = None
+
+    def __enter__(self) -> "GpuBusy":
+        if CHILD_GPUS[0]:
+            self.process = subprocess.Popen(["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits",
+                                             "-lms", "100"], stdout=subprocess.PIPE, text=True)
+            threading.Thread(target=self._read, daemon=True).start()
+        return self
+
+    def _read(self) -> None:
+        for line in self.process.stdout:
+            try:
+                self.samples.append(float(line.split(",")[0]))
+            except ValueError:
+                pass
+
+    def __exit__(self, *exc) -> None:
+        if self.process is not None:
+            self.process.terminate()
+            self.process.wait()
+
+    @property
+    def share(self) -> float | None:
+        return statistics.mean(self.samples) / 100 if self.samples else None
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="cnn1m", choices=["mlp", "cnn", "cnn1m"])
@@ -301,6 +345,7 @@ def main() -> None:
                         "(JAX), beside the unfused ones")
     parser.add_argument("--no-trials", action="store_true", help="leave the task-parallel pattern out (a second "
                         "run of the slots, on other code, beside a full one)")
+    parser.add_argument("--runs", type=int, default=1, help="every pattern this many times, in turn")
     args = parser.parse_args()
     os.environ["MOP_BENCH_SHARDS"] = str(args.shards)  # the slot processes read it
     os.environ.setdefault("MOP_SHARD_YIELD_SECONDS", "3600")  # the four slots start together here
@@ -310,31 +355,95 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="mop-warm-"))
     try:
         state = prepare(work, args.model, args.configs, args.iterations, args.images, args.shards)
-        began = time.time()
-        slots = collect([launch("slot", state, "--shard", str(s), sharing=args.shards) for s in range(args.shards)],
-                        "SLOT")
-        print(f"warm shard slots done in {time.time() - began:.1f} s", flush=True)
-        warm_wall = time.time() - began
-        fused, fused_wall = [], float("nan")
-        if args.fuse > 1:
-            fused_state = prepare(work, args.model, args.configs, args.iterations, args.images, args.shards,
-                                  fuse=args.fuse, name="fused")
-            began = time.time()
-            fused = collect([launch("slot", fused_state, "--shard", str(s), sharing=args.shards)
-                             for s in range(args.shards)], "SLOT")
-            fused_wall = time.time() - began
-            print(f"fused shard slots done in {fused_wall:.1f} s", flush=True)
-        trials, trial_wall = [], float("nan")
-        if not args.no_trials:
-            began = time.time()
-            trials = collect([launch("trial", state, "--config", cid, sharing=args.configs) for cid in
-                              [c for cls in json.loads(state.read_text())["classes"] for c in cls]], "TRIAL")
-            trial_wall = time.time() - began
-            print(f"task-parallel trials done in {trial_wall:.1f} s", flush=True)
-        (plain,) = collect([launch("plain", state, sharing=1)], "PLAIN")
-        report(args, slots, warm_wall, trials, trial_wall, plain, fused, fused_wall)
+        fused_state = (prepare(work, args.model, args.configs, args.iterations, args.images, args.shards,
+                               fuse=args.fuse, name="fused") if args.fuse > 1 else None)
+        # the same data, one shard: the slots' loop over all of it in one process
+        alone_state = prepare(work, args.model, args.configs, args.iterations, args.images, 1, name="alone")
+        runs = [one_round(args, state, fused_state, alone_state, k) for k in range(args.runs)]
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    summarize(args, runs)
+
+
+def timed(tag: str, processes: Any) -> tuple[list[dict], float, float | None]:
+    """Start ``processes()`` and collect their ``tag`` lines: what they printed, the wall, the GPU's busy share."""
+    began = time.time()
+    with GpuBusy() as busy:
+        out = collect(processes(), tag)
+    return out, time.time() - began, busy.share
+
+
+def one_round(args: argparse.Namespace, state: Path, fused_state: Path | None, alone_state: Path, k: int) -> dict:
+    """Every pattern once, in turn; its figures (:func:`report`)."""
+    print(f"--- run {k + 1} of {args.runs}", flush=True)
+    slots, warm_wall, warm_busy = timed("SLOT", lambda: [launch("slot", state, "--shard", str(s), sharing=args.shards)
+                                                         for s in range(args.shards)])
+    print(f"warm shard slots done in {warm_wall:.1f} s", flush=True)
+    fused, fused_wall, fused_busy = [], float("nan"), None
+    if fused_state is not None:
+        fused, fused_wall, fused_busy = timed("SLOT", lambda: [launch("slot", fused_state, "--shard", str(s),
+                                                                      sharing=args.shards) for s in range(args.shards)])
+        print(f"fused shard slots done in {fused_wall:.1f} s", flush=True)
+    trials, trial_wall, trial_busy = [], float("nan"), None
+    if not args.no_trials:
+        ids = [c for cls in json.loads(state.read_text())["classes"] for c in cls]
+        trials, trial_wall, trial_busy = timed("TRIAL", lambda: [launch("trial", state, "--config", cid,
+                                                                        sharing=args.configs) for cid in ids])
+        print(f"task-parallel trials done in {trial_wall:.1f} s", flush=True)
+    (alone,), alone_wall, alone_busy = timed("SLOT", lambda: [launch("slot", alone_state, "--shard", "0", sharing=1)])
+    print(f"one slot alone done in {alone_wall:.1f} s", flush=True)
+    (plain,), plain_wall, plain_busy = timed("PLAIN", lambda: [launch("plain", state, sharing=1)])
+    figures = report(args, slots, warm_wall, trials, trial_wall, plain, fused, fused_wall)
+    steady = figures["plain_keras"]["steady_epoch"]
+    alone_hops = [h for h in alone["hops"] if h["iteration"] > 0] or alone["hops"]
+    alone_epoch = statistics.median(h["released_at"] - h["started_at"] for h in alone_hops)
+    figures["alone"] = {"wall": alone_wall, "config_epoch": alone_epoch,
+                        "startup": min(h["started_at"] for h in alone["hops"]) - alone["spawned"]}
+    print(f"  one slot alone, 1 process, sequential wall {alone_wall:7.1f} s  (start-up {figures['alone']['startup']:.1f}"
+          f" s; its steady configuration-epoch {alone_epoch:.3f} s = {alone_epoch / steady:.2f}x plain Keras's)")
+    print(f"  configuration-epoch on the warm slots: {figures['warm']['config_epoch']:.3f} s = "
+          f"{figures['warm']['config_epoch'] / alone_epoch:.2f}x the slot alone's")
+    walls = {"warm": warm_wall, "fused": fused_wall, "task_parallel": trial_wall, "alone": alone_wall,
+             "plain": plain_wall}
+    busy = {"warm": warm_busy, "fused": fused_busy, "task_parallel": trial_busy, "alone": alone_busy,
+            "plain": plain_busy}
+    figures["walls"], figures["gpu_busy"] = walls, busy
+    if CHILD_GPUS[0]:
+        print("  the GPU's busy share: " + ", ".join(f"{k} {v:.0%}" for k, v in busy.items() if v is not None))
+    return figures
+
+
+PATTERNS = {"warm": "warm shard slots", "fused": "fused shard slots", "task_parallel": "task-parallel trials",
+            "alone": "one slot alone (the slots' loop, sequential)", "plain": "plain Keras, sequential"}
+
+
+def summarize(args: argparse.Namespace, runs: list[dict]) -> None:
+    """Each pattern's wall (and GPU busy share) over the runs: median (range); the ratios the issue's goals name."""
+    import datetime as dt
+
+    print(f"\n{len(runs)} run(s), {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC, {runs[0]['machine']}, "
+          f"{runs[0]['backend']} on {runs[0]['devices']}: {args.configs} configurations x {args.iterations} iterations "
+          f"of {args.model} on {args.shards} shards")
+
+    def spread(values: list[float]) -> str:
+        return f"{statistics.median(values):.1f} s ({min(values):.1f}-{max(values):.1f})"
+
+    medians = {}
+    for key, name in PATTERNS.items():
+        walls = [r["walls"][key] for r in runs if r["walls"][key] == r["walls"][key]]  # NaN: not run
+        if not walls:
+            continue
+        medians[key] = statistics.median(walls)
+        busy = [r["gpu_busy"][key] for r in runs if r["gpu_busy"][key] is not None]
+        print(f"  {name:<46} {spread(walls)}" + (f", GPU busy {statistics.median(busy):.0%}"
+                                                   f" ({min(busy):.0%}-{max(busy):.0%})" if busy else ""))
+    if "fused" in medians:
+        print(f"  fused / unfused slots: {medians['fused'] / medians['warm']:.2f}x" +
+              (f"; fused / task-parallel: {medians['fused'] / medians['task_parallel']:.2f}x"
+               if "task_parallel" in medians else ""))
+    if args.out:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        (Path(args.out) / "runs.json").write_text(json.dumps(runs, indent=2))
 
 
 def report(args, slots, warm_wall, trials, trial_wall, plain, fused=(), fused_wall=float("nan")) -> None:
@@ -412,6 +521,7 @@ def report(args, slots, warm_wall, trials, trial_wall, plain, fused=(), fused_wa
         (Path(args.out) / "warm_shards.json").write_text(json.dumps(figures, indent=2))
         # every hop's timestamps and parts, for a timeline of the slots (where they waited, for what)
         (Path(args.out) / "slots.json").write_text(json.dumps({"slots": slots, "trials": trials, "plain": plain}))
+    return figures
 
 
 if __name__ == "__main__":
