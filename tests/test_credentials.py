@@ -62,7 +62,7 @@ def test_a_connection_secret_appears_in_no_artifact_log_or_xcom(airflow_db, tmp_
         for path in folder.rglob("*"):
             if path.is_file():
                 data = path.read_bytes()
-                xcom_seen |= b"checkpoint_sha256" in data  # a hop's assignment, as its XCom holds it
+                xcom_seen |= b'"plan_uri"' in data  # the plan task's return value, as its XCom holds it
                 if marker.encode() in data:
                     found.append(str(path))
     assert xcom_seen  # the search did reach the XComs

@@ -254,8 +254,9 @@ def test_a_search_split_over_dag_runs_goes_on_run_after_run_and_ends_as_one_run(
     failed = {h["config_id"]: (h["t"], h["status"]) for h in hops if h["status"] != "ok"}
     assert len(trained) == 2 and sorted(h["t"] for h in hops if h["status"] == "ok") == sorted(2 * list(range(6)))
     assert len(failed) == 2 and {t for t, _ in failed.values()} == {0} and len(hops) == 2 * 6 + 2
-    assert "did not finish hop 1 (it failed earlier)" in airflow.task_log(SPLIT, runs[1], "stage_shard_0") + \
-        airflow.task_log(SPLIT, runs[1], "stage_shard_1")
+    # the next run's train tasks read each configuration from where the block before left it
+    assert "did not finish hop 1 (it failed earlier)" in airflow.task_log(SPLIT, runs[1], "train_shard_0") + \
+        airflow.task_log(SPLIT, runs[1], "train_shard_1")
     split_board = store.read_json(layout.report_uri("leaderboard.json"))["leaderboard"]
     whole_board = store.read_json(RunLayout(store, WHOLE, whole).report_uri("leaderboard.json"))["leaderboard"]
     assert [(r["config_id"], r["status"]) for r in split_board] == [(r["config_id"], r["status"]) for r in whole_board]

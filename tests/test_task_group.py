@@ -49,10 +49,10 @@ def test_a_group_holds_a_whole_selection_with_prefixed_ids_and_ends_with_its_res
     # downstream tasks run whether the winner was published (publish ran) or the champion stayed (skipped)
     assert result.upstream_task_ids == {"model_selection.publish"} and result.trigger_rule == "none_failed"
     assert selection.output.operator is result
-    # the train tasks read every class's list from the stage tasks, prefix included
+    # the train tasks start after every stage task and the model check, prefix included
     train = dag.get_task("model_selection.train_shard_0")
-    assert [arg.operator.task_id for arg in train.classes] == ["model_selection.stage_shard_0",
-                                                               "model_selection.stage_shard_1"]
+    assert train.upstream_task_ids == {"model_selection.stage_shard_0", "model_selection.stage_shard_1",
+                                       "model_selection.check_models"}
     assert selection.champion_asset.uri == "mop://pipe.model_selection/champion"
     # the trigger form: the group's fields under its id, in sections named after it
     keys = [k for k in dag.params.keys() if k.startswith("model_selection.")]
@@ -85,7 +85,7 @@ def test_a_group_inside_another_task_group_is_named_by_its_full_id():
     assert selection.selection_id == "nested.region_eu.sel"
     preflight = dag.get_task("region_eu.sel.preflight")
     assert preflight.selection == "region_eu.sel"  # it pulls and names everything with the full prefix
-    assert dag.get_task("region_eu.sel.train_shard_0").classes[0].operator.task_id == "region_eu.sel.stage_shard_0"
+    assert "region_eu.sel.stage_shard_0" in dag.get_task("region_eu.sel.train_shard_0").upstream_task_ids
     assert "region_eu.sel.learning_rate" in dag.params
 
 
