@@ -141,7 +141,7 @@ def bundle_hops(count: int, passes: int, home: Path, store: str, *,
     from mop_airflow.data.shard import shard_dataset  # noqa: PLC0415
     from mop_airflow.examples.sklearn_data import digits_data_spec, write_digits  # noqa: PLC0415
     from mop_airflow.records.layout import RunLayout  # noqa: PLC0415
-    from mop_airflow.records import Assignment, BundleAssignment  # noqa: PLC0415
+    from mop_airflow.records import Assignment  # noqa: PLC0415
     from mop_airflow.planning.resolve import resolve_run  # noqa: PLC0415
     from mop_airflow.store import Store  # noqa: PLC0415
     from mop_airflow.training import hop  # noqa: PLC0415
@@ -164,16 +164,16 @@ def bundle_hops(count: int, passes: int, home: Path, store: str, *,
     hop.train_on_shard = functools.partial(originals[0], stepwise=stepwise)
     hop.evaluate = functools.partial(originals[1], stepwise=stepwise)
     try:
-        bundle = BundleAssignment.start(0, [Assignment(c["config_id"], -1, None) for c in run.configs])
+        bundle = [Assignment(c["config_id"], -1, None) for c in run.configs]  # one class, taken in turn
         walls, sha = [], {}
         for t in range(2):
             began = time.perf_counter()
-            hops = block_hops([[bundle]], shards=2, slots=1, start=t, end=t + 1)
+            hops = block_hops([bundle], shards=2, slots=1, start=t, end=t + 1)
             done = run_slot(layout, run, manifest, hops, mine=hops, block=f"hop-{t}", shard=t, slot=0,
                             cache_dir=run.store.local_cache)
             walls.append(time.perf_counter() - began)
             assert not done.failed, done.failed
-            bundle = BundleAssignment.start(0, [state_after(r) for r in done.trained])
+            bundle = [state_after(r) for r in done.trained]
             sha = {r.config_id: r.checkpoint_sha256 for r in done.trained}
     finally:
         hop.train_on_shard, hop.evaluate = originals

@@ -81,7 +81,7 @@ def hop_main(args: argparse.Namespace) -> None:
     from mop_airflow.training.devices import place_this_process
 
     placement = place_this_process()
-    from mop_airflow.records import Assignment, BundleAssignment, Manifest, RunRecord
+    from mop_airflow.records import Assignment, Manifest, RunRecord
     from mop_airflow.records.layout import RunLayout
     from mop_airflow.store import Store
     from mop_airflow.training.model_hop import run_hop
@@ -109,7 +109,7 @@ def hop_main(args: argparse.Namespace) -> None:
         if args.bundle:
             began = time.time()
             # the configurations' hop t one after another in this process, as a warm shard slot trains them
-            hops = block_hops([[BundleAssignment.start(0, assignments)]], shards=SHARDS, slots=1, start=t, end=t + 1)
+            hops = block_hops([assignments], shards=SHARDS, slots=1, start=t, end=t + 1)
             done = run_slot(layout, run, manifest, hops, mine=hops, block=f"bundle-{t}", shard=t % SHARDS, slot=0,
                             cache_dir=cache_dir, session=session)
             if done.failed:
