@@ -137,3 +137,26 @@ def test_a_fraction_of_an_iteration_is_refused_saying_a_run_holds_whole_iteratio
         tiny_spec_with(shards=4, iterations_per_run=0.5)
     assert err.value.field == "schedule.iterations_per_run" and "no longer takes a fraction" in err.value.rule
     assert "set a whole number" in err.value.fix
+
+
+def test_a_later_run_s_train_tasks_resume_each_class_from_the_hop_records_and_drop_the_failed(tmp_path):
+    """A plain search's block that starts at hop 3 of 2 shards: shard o holds class (o - 3) mod 2 in the
+    plan's lineup, each configuration from its state after hop 2; one whose hop 2 failed is dropped and
+    reported."""
+    from mop_airflow.planning.resume import plain_classes
+    from mop_airflow.records import HopRecord, Plan
+
+    layout = RunLayout(Store(f"file://{tmp_path}"), "d", "r")
+    plan = Plan(shards=2, iterations=2, seed=0, priority="remaining", model_hops_total=12,
+                classes=[["a", "b"], ["c"]], lineup=[["b", "a"], ["c"]])
+    for cid, status in (("a", "ok"), ("b", "failed"), ("c", "ok")):
+        HopRecord(config_id=cid, t=2, iteration=1, hop=0, shard=0, status=status, checkpoint_sha256=f"sha-{cid}",
+                  best_t=1, best_metric=0.5).write(layout.store, layout.hop_record_uri(cid, 2))
+    stopped = []
+    classes = plain_classes(layout, plan, 3, lambda cid, hop: stopped.append((cid, hop)))
+    assert [[(a.config_id, a.t, a.checkpoint_sha256, a.best_t) for a in per] for per in classes] == [
+        [("c", 2, "sha-c", 1)], [("a", 2, "sha-a", 1)]]
+    assert classes[1][0].checkpoint == layout.checkpoint_uri("a", 2) and stopped == [("b", 2)]
+    first = plain_classes(layout, plan)  # the first run: the lineup from scratch, nothing read
+    assert [[(a.config_id, a.t, a.checkpoint) for a in per] for per in first] == [
+        [("b", -1, None), ("a", -1, None)], [("c", -1, None)]]

@@ -22,15 +22,14 @@ def plain_classes(layout: Any, plan: Any, start: int = 0,
     lineup, shards = plan.class_lineup(), plan.shards
     classes = []
     for o in range(shards):
-        members = lineup[(o - start) % shards]
-        if start == 0:
-            classes.append([Assignment(config_id=cid, t=-1, checkpoint=None) for cid in members])
-            continue
-        resumed = {cid: resume_after(layout, cid, start - 1) for cid in members}
-        for cid in members:
-            if resumed[cid] is None and stopped is not None:
+        starts = []
+        for cid in lineup[(o - start) % shards]:
+            state = resume_at(layout, cid, -1) if start == 0 else resume_after(layout, cid, start - 1)
+            if state is not None:
+                starts.append(state)
+            elif stopped is not None:
                 stopped(cid, start - 1)
-        classes.append([a for a in resumed.values() if a is not None])
+        classes.append(starts)
     return classes
 
 
