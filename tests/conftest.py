@@ -206,15 +206,15 @@ def failed_logs(af, dag_id: str, run_id: str) -> str:
     return f"{run_id}: failed {failed}\n" + "\n".join(af.task_log(dag_id, run_id, t)[-3000:] for t in failed[:2])
 
 
-# Seconds a file took in a whole `make test` on a 2-core machine (setup, calls and teardown;
-# 2026-11-27, from --durations), for the files of a minute or more: the longest go first.
+# Seconds a file took in a whole `make test` on a quiet 2-core machine (setup, calls and teardown;
+# 2026-11-28, from --junitxml), for the files of 40 s or more: the longest go first.
 FILE_SECONDS = {
-    "test_command_line.py": 415, "test_celery_howto.py": 385, "test_slot_faults_scheduler.py": 300,
-    "test_results_page.py": 300, "test_real_scheduler.py": 270, "test_task_group.py": 260,
-    "test_shard_loop.py": 230, "test_distributed.py": 215, "test_asha_runs.py": 175, "test_end_to_end.py": 160,
-    "test_hyperband_blocks.py": 155, "test_pbt_runs.py": 150, "test_champion.py": 145, "test_jax_backend.py": 130,
-    "test_retraining_dags.py": 125, "test_credentials.py": 110, "test_shared_compile.py": 85,
-    "test_group_runs.py": 60, "test_fused.py": 60,
+    "test_command_line.py": 675, "test_celery_howto.py": 505, "test_slot_faults_scheduler.py": 395,
+    "test_shard_loop.py": 340, "test_distributed.py": 260, "test_task_group.py": 250, "test_results_page.py": 230,
+    "test_real_scheduler.py": 225, "test_hyperband_blocks.py": 215, "test_end_to_end.py": 195, "test_pbt_runs.py": 165,
+    "test_jax_backend.py": 145, "test_asha_runs.py": 145, "test_retraining_dags.py": 135, "test_fused.py": 125,
+    "test_shared_compile.py": 100, "test_credentials.py": 55, "test_model_check.py": 50,
+    "test_failing_configurations.py": 50, "test_group_runs.py": 40, "test_tracking.py": 40,
 }
 
 

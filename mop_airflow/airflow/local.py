@@ -59,6 +59,7 @@ class CeleryWorker:
     own_home: bool = True
 
 
+SQLITE_LOCK_WAIT_S = 60  # the embedded SQLite database's lock wait (see airflow_env)
 IDLE_SLEEP_SECONDS = "0.2"  # the embedded scheduler's [scheduler] scheduler_idle_sleep_time (see airflow_env)
 EMBEDDED_PARALLELISM = 8  # task processes at once: the demo's 4 one-slot shard pools and default-pool tasks
 # Default-pool tasks at once (data and control tasks; hops and stage tasks have their shard pools).
@@ -112,7 +113,7 @@ def airflow_env(home: Path, dags_folder: Path, port: int, extra: Mapping[str, st
         # (Python's default: 5) before "database is locked". On a busy machine the scheduler, the
         # dag-processor, the API server and every task's heartbeat write at once, and 5 s ran out:
         # the API answered a PATCH of a DAG run with 500 "Database error". 60 s rides that out.
-        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home}/airflow.db?timeout=60",
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home}/airflow.db?timeout={SQLITE_LOCK_WAIT_S}",
         "AIRFLOW__API__BASE_URL": base,
         "AIRFLOW__API__PORT": str(port),
         "AIRFLOW__API__HOST": "127.0.0.1",
@@ -183,7 +184,10 @@ class LocalAirflow:
         # A deployment with logins (mop-airflow celery config writes one) names its user in extra_env; a
         # login merely inherited from the caller's environment (for another Airflow) is not this one's.
         login = extra_env or {}
-        self.rest = AirflowAPI(self.base_url, login.get(USER_ENV), login.get(PASSWORD_ENV))
+        # A request may wait SQLITE_LOCK_WAIT_S for the database and then do its work: the client's
+        # default 30 s gave up on a PATCH of a pool that CI's busy machine answered later.
+        self.rest = AirflowAPI(self.base_url, login.get(USER_ENV), login.get(PASSWORD_ENV),
+                               timeout=SQLITE_LOCK_WAIT_S + 30)
 
     # -- lifecycle ---------------------------------------------------------------------------
     def __enter__(self) -> "LocalAirflow":
@@ -226,7 +230,7 @@ class LocalAirflow:
         A copy is taken only for a new SQLite database, and only of one made by the same Airflow
         version with the same default pool: what ``airflow db migrate`` would have made here."""
         folder, db = os.environ.get(MIGRATED_DB_ENV), self.home / "airflow.db"
-        sqlite = self.env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] == f"sqlite:///{db}?timeout=60"
+        sqlite = self.env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] == f"sqlite:///{db}?timeout={SQLITE_LOCK_WAIT_S}"
         if not folder or not sqlite or db.exists():
             self._migrate_here()
             return
