@@ -58,7 +58,7 @@ from mop_airflow.planning.schedule import DEFAULT_PRIORITY, priority_weight, sha
 from mop_airflow.records import Assignment, HopRecord, Manifest, RunRecord
 from mop_airflow.records.layout import RunLayout
 from mop_airflow.training.fused import fused_partners, fuses_here, train_fused_hop
-from mop_airflow.training.model_hop import (Where, read_hashed, record_failure, sha256_of, state_after, train_hop,
+from mop_airflow.training.model_hop import (Where, read_hashed, record_failure, sha256_of, train_hop,
                                             with_digest)
 from mop_airflow.training.slot_commits import Chains, CommitLog, CommitPoller, committed
 from mop_airflow.training.session import WARM_MODELS, TaskSession, out_of_memory
@@ -309,7 +309,6 @@ class _Loop:
         self.joined = False
 
     def train_all(self) -> SlotResult:
-        result = self.result
         self.began = time.time()
         self.status.start()
         self.poller.poll()  # what is committed already, earlier tries' hops included
