@@ -22,6 +22,7 @@ import logging
 import os
 import threading
 import posixpath
+import random
 import tempfile
 import time
 import uuid
@@ -93,7 +94,26 @@ def open_filesystem(uri: str, options: Mapping[str, Any] | None = None) -> tuple
     as plain options, which the Airflow side makes from a connection (:mod:`mop_airflow.hooks.connections`)."""
     import fsspec  # noqa: PLC0415 - keep DAG parsing light
 
+    if uri.startswith(("s3://", "s3a://")):
+        retry_delays_apart()
     return fsspec.core.url_to_fs(uri, **dict(options or {}))
+
+
+def retry_delays_apart() -> None:
+    """Give botocore a random generator of its own for its retry delays.
+
+    botocore draws each delay from Python's global generator, for every S3 request that fails, on
+    whichever thread made it; Keras takes the default seeds of a model's layers from that same
+    generator just after a hop seeds it. A request failing on the commit or read-ahead thread while
+    the training thread built a model moved that model's initial weights: a store outage changed a
+    configuration's final val_accuracy (0.8440 instead of 0.8384 in the S3 outage test).
+    """
+    try:
+        import botocore.retryhandler as handler  # noqa: PLC0415
+    except ImportError:  # no S3 support installed: fsspec says so when the filesystem is opened
+        return
+    if handler.random is random:  # botocore's `import random`
+        handler.random = random.Random()
 
 
 class Store:

@@ -65,6 +65,18 @@ def test_initial_weights_follow_from_the_seed():
     assert not np.array_equal(first[0], other[0])
 
 
+def test_initial_weights_stay_when_an_s3_request_fails_on_another_thread_during_the_build():
+    """botocore draws a failed request's retry delay from Python's generator, where Keras takes a layer's
+    default seed: a store outage while a hop was built moved its initial weights (and a final accuracy)."""
+    def weights(model: str) -> list[np.ndarray]:
+        config = make_config(model)
+        return [v.numpy() for v in build_model(config, input_shapes={"features": (6,)}, num_classes=3, seed=5).weights]
+
+    calm, disturbed = weights(toys.TOY_MODEL), weights("tests.training.toys:mlp_after_a_failed_s3_request")
+    assert toys.FAILED_REQUESTS  # the request failed, as the store's were during the outage
+    assert len(calm) == len(disturbed) and all(np.array_equal(a, b) for a, b in zip(calm, disturbed))
+
+
 def test_the_model_is_compiled_and_its_optimizer_variables_exist_before_any_step():
     model = build_model(make_config(), input_shapes={"features": (6,)}, num_classes=3, seed=0)
     assert model.compiled and isinstance(model.optimizer, keras.optimizers.Adam)

@@ -124,3 +124,34 @@ def two_inputs(hparams: dict[str, Any]) -> keras.Model:
 def regression_mlp(hparams: dict[str, Any]) -> keras.Model:
     return keras.Sequential([keras.Input(hparams["input_shape"]), keras.layers.Dense(8, activation="relu"),
                              keras.layers.Dense(hparams["num_outputs"])])
+
+
+
+def mlp_after_a_failed_s3_request(hparams: dict[str, Any]) -> keras.Model:
+    """The toy model, built after an S3 request failed on another thread, as a commit or a read-ahead
+    does while a hop is built when the store's endpoint is away (nothing listens on the port here)."""
+    import socket
+    import threading
+
+    from mop_airflow.errors import StoreError
+    from mop_airflow.store import Store
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    store = Store("s3://away/runs", {"key": "k", "secret": "s", "endpoint_url": f"http://127.0.0.1:{port}",
+                                     "config_kwargs": {"retries": {"max_attempts": 1}}}, retry_seconds=0.1)
+
+    def request():
+        try:
+            store.read_bytes(store.uri("checkpoint.npz"))
+        except StoreError:
+            FAILED_REQUESTS.append(port)
+
+    thread = threading.Thread(target=request)
+    thread.start()
+    thread.join()
+    return batchnorm_dropout_mlp(hparams)
+
+
+FAILED_REQUESTS: list[int] = []
