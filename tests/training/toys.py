@@ -126,19 +126,16 @@ def regression_mlp(hparams: dict[str, Any]) -> keras.Model:
                              keras.layers.Dense(hparams["num_outputs"])])
 
 
-
 def mlp_after_a_failed_s3_request(hparams: dict[str, Any]) -> keras.Model:
     """The toy model, built after an S3 request failed on another thread, as a commit or a read-ahead
     does while a hop is built when the store's endpoint is away (nothing listens on the port here)."""
-    import socket
     import threading
 
+    from mop_airflow.airflow.local import free_port
     from mop_airflow.errors import StoreError
     from mop_airflow.store import Store
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     store = Store("s3://away/runs", {"key": "k", "secret": "s", "endpoint_url": f"http://127.0.0.1:{port}",
                                      "config_kwargs": {"retries": {"max_attempts": 1}}}, retry_seconds=0.1)
 
