@@ -4,8 +4,12 @@ A builder that cannot be imported, does not return a Keras model, or returns one
 outputs do not fit the data would otherwise fail at each configuration's first hop, after the
 data was staged and hops were queued. Here each distinct (builder, hparams, compile settings) is
 built once, one zero batch is passed through it, and its output width is compared with what the
-loss needs. Learning rate, batch size and passes per hop do not change the model, so configurations
-that differ only in those are built once.
+loss needs. Each is then saved as a ``.keras`` file and loaded back as serving loads it
+(``safe_mode=True``, no custom code): the report does that with the best model once every
+configuration has trained, and a custom layer Keras cannot find (one not registered with
+``keras.saving.register_keras_serializable``) would otherwise fail the run after all its training.
+Learning rate, batch size and passes per hop do not change the model, so configurations that differ
+only in those are built once.
 """
 
 from __future__ import annotations
@@ -62,7 +66,8 @@ def check_models(configs: Sequence[Mapping[str, Any]], *, input_shapes: Mapping[
             keras.backend.clear_session()  # one model at a time: a large grid must not pile up graphs
             try:
                 model = build_model(config, input_shapes=input_shapes, num_classes=num_classes, seed=seed, task=task)
-                verdicts[key] = _misfit(model, config, input_shapes, num_classes, task)
+                verdicts[key] = (_misfit(model, config, input_shapes, num_classes, task)
+                                 or _not_saveable(model, config))
             except TrainingError as exc:
                 verdicts[key] = str(exc)
         if verdicts[key] is not None:
@@ -146,6 +151,52 @@ def _misfit(model: Any, config: Mapping[str, Any], input_shapes: Mapping[str, tu
                "end with keras.layers.Dense(hparams['num_classes'], activation='softmax')")
         return f"{where}: the model outputs {width} value(s) per row but {what} need(s) {wanted}. Fix: {fix}"
     return None
+
+
+def _not_saveable(model: Any, config: Mapping[str, Any]) -> str | None:
+    """Why Keras cannot save ``model`` as a ``.keras`` file and load it back without custom code (what
+    the report does with the best model, :mod:`mop_airflow.training.best_model`), or None when it can."""
+    import os  # noqa: PLC0415
+    import tempfile  # noqa: PLC0415
+
+    import keras  # noqa: PLC0415
+
+    where = f"model builder {config['model']!r} with hparams {dict(config.get('hparams') or {})}"
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "check.keras")
+            model.save(path)
+            keras.models.load_model(path, safe_mode=True)
+        return None
+    except Exception as exc:  # noqa: BLE001 - whatever Keras raises, the run must not train for nothing
+        error = _one_line(exc)
+    unknown = _unregistered_classes(model)
+    what = (f"{where}: Keras cannot save this model and load it back, so the report could not write the best "
+            "model (best_model.keras) after the whole search had trained")
+    if unknown:
+        names = ", ".join(unknown)
+        return (f"{what}: {names} {'is' if len(unknown) == 1 else 'are'} not registered with Keras. Fix: decorate "
+                f"{'it' if len(unknown) == 1 else 'each'} with @keras.saving.register_keras_serializable() in the "
+                "builder's module and give it a get_config() that returns its constructor's arguments")
+    return (f"{what}: {error}. Fix: register every custom layer, model, loss or function with "
+            "@keras.saving.register_keras_serializable() and give each a get_config() that returns its "
+            "constructor's arguments (a Lambda layer cannot be loaded safely: make it a layer class)")
+
+
+def _unregistered_classes(model: Any) -> list[str]:
+    """The classes of ``model``'s layers (and of the model) that are neither Keras's own nor registered
+    with ``keras.saving.register_keras_serializable``, which Keras cannot find when it loads a file."""
+    import keras  # noqa: PLC0415
+
+    found = []
+    for layer in model._flatten_layers(include_self=True):  # noqa: SLF001 - Keras's own walk of nested layers
+        cls = type(layer)
+        own = cls.__module__.split(".")[0] in ("keras", "tf_keras", "tensorflow")
+        if not own and ">" not in keras.saving.get_registered_name(cls):
+            name = f"{cls.__module__}.{cls.__qualname__}"
+            if name not in found:
+                found.append(name)
+    return found
 
 
 def _shapes(input_shapes: Mapping[str, tuple[int, ...]]) -> str:

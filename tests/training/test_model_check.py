@@ -1,7 +1,9 @@
-"""Each distinct model is built once on the data's shapes before training; what cannot train is named."""
+"""Each distinct model is built once on the data's shapes before training; what cannot train, or
+cannot be saved and loaded back as the report saves the best model, is named."""
 
 from __future__ import annotations
 
+import keras
 import pytest
 
 from mop_airflow.training.model_check import check_models
@@ -61,6 +63,53 @@ def test_a_regression_model_must_output_one_value_per_row():
     found = check(cfgs, task="regression", classes=0)
     assert found.failures["c000-test00"].endswith(
         "the model outputs 7 value(s) per row but a regression target need(s) 1. Fix: end with keras.layers.Dense(1)")
+
+
+class Bomb(keras.layers.Layer):
+    """A custom layer its author forgot to register with Keras: it trains, but a saved model holding it
+    cannot be loaded back ("Could not locate class 'Bomb'")."""
+
+    def call(self, inputs):
+        return inputs * 1.0
+
+
+@keras.saving.register_keras_serializable(package="mop_tests_model_check")
+class Defused(keras.layers.Layer):
+    """The same layer, registered: a model holding it saves and loads back."""
+
+    def call(self, inputs):
+        return inputs * 1.0
+
+
+def with_unregistered_layer(hparams):
+    return keras.Sequential([keras.Input((hparams["input_dim"],)), keras.layers.Dense(4, activation="relu"), Bomb(),
+                             keras.layers.Dense(hparams["num_classes"], activation="softmax")])
+
+
+def with_registered_layer(hparams):
+    return keras.Sequential([keras.Input((hparams["input_dim"],)), keras.layers.Dense(4, activation="relu"), Defused(),
+                             keras.layers.Dense(hparams["num_classes"], activation="softmax")])
+
+
+def test_a_model_keras_cannot_save_and_load_back_fails_the_run_before_any_hop_naming_the_class_and_the_decorator(
+        tmp_path):
+    unregistered = "tests.training.test_model_check:with_unregistered_layer"
+    model = with_unregistered_layer({"input_dim": 6, "num_classes": 3})  # the failure the report would meet
+    model.save(tmp_path / "bomb.keras")
+    with pytest.raises(TypeError, match="could not be deserialized"):
+        keras.models.load_model(tmp_path / "bomb.keras", safe_mode=True)
+
+    cfgs = configs((TOY_MODEL, {}), (unregistered, {"optimizer_params": {"learning_rate": 0.1}}),
+                   (unregistered, {"optimizer_params": {"learning_rate": 0.01}}),
+                   ("tests.training.test_model_check:with_registered_layer", {}))
+    found = check(cfgs)
+    assert set(found.failures) == {"c001-test00", "c002-test00"}  # the registered layer saves and loads back
+    message = found.fatal(cfgs, fail_fast=False)
+    assert message.startswith(f"model builder {unregistered!r} fails for each of its 2 configuration(s): ")
+    assert "Keras cannot save this model and load it back" in message and "best_model.keras" in message
+    assert "tests.training.test_model_check.Bomb is not registered with Keras" in message
+    assert "Fix: decorate it with @keras.saving.register_keras_serializable()" in message
+    assert "Defused" not in message and "\n" not in message
 
 
 def test_a_pbt_mutation_of_an_hparam_that_changes_the_weights_is_refused_and_one_that_does_not_passes():
