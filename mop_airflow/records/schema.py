@@ -375,6 +375,10 @@ class HopRecord(Record):
     # the sha256 of the checkpoint the hop started from (None: the builder's initial weights): a
     # retried slot skips a configuration's hop only when its record started from the same state
     input_sha256: str | None = None
+    # a hop that never trained because its configuration failed at hop ``dropped_after`` (this record
+    # then repeats that failure's status and error): written where the hop was due, so the slot that
+    # waits for it learns of the failure instead of waiting for a hop that never comes
+    dropped_after: int | None = None
 
 
 @dataclass(frozen=True)

@@ -52,7 +52,7 @@ from concurrent.futures import wait as wait_for
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Collection, Iterable, Sequence
 
-from mop_airflow.errors import BlockIncompleteError
+from mop_airflow.errors import BlockIncompleteError, TrainingError
 from mop_airflow.training import progress
 from mop_airflow.planning.schedule import DEFAULT_PRIORITY, priority_weight, shard_at
 from mop_airflow.records import Assignment, HopRecord, Manifest, RunRecord
@@ -305,6 +305,7 @@ class _Loop:
                          if more is None and fuses_here(run, manifest, {h.shard for h in own}) else {})
         self.peers: dict[tuple[int, int], Peer] = {}
         self.for_good: set[str] = set()  # hops given up because their slot ended for good
+        self.given_up: dict[tuple[str, int], BlockHop] = {}  # taken back if their input comes after all
         # it took a hop another slot of its block handed it: the block runs, and this slot keeps its pool slot
         self.joined = False
 
@@ -404,6 +405,7 @@ class _Loop:
         names the hop a configuration waits for (its earliest pending one: its later ones cannot be ready
         before it), so a poll costs a listing, not a look per waiting configuration."""
         self.chains.listen(self.poller.take())
+        self._take_back()
         earliest: dict[str, int] = {}
         for hop in self.pending:
             earliest[hop.config_id] = min(earliest.get(hop.config_id, hop.hop), hop.hop)
@@ -423,8 +425,10 @@ class _Loop:
             self.pending.remove(hop)
             self.result.dropped.append(hop.label)
             log.info("%s: dropped, %s %s at hop %d", hop.label, hop.config_id, record.status, record.t)
+            if hop.hop == earliest[hop.config_id]:
+                self._settle_dropped(hop, record)
         waiting += [h for h in self.pending if h.hop != earliest[h.config_id] and h.config_id not in failed]
-        for wanted, event in ((bool(waiting), self.poller.wanted), (not ready, self.poller.idle)):
+        for wanted, event in ((bool(waiting or self.given_up), self.poller.wanted), (not ready, self.poller.idle)):
             event.set() if wanted else event.clear()
         return ready, waiting  # in the pending hops' order: by priority
 
@@ -507,11 +511,12 @@ class _Loop:
 
     def _committed_before(self, hop: BlockHop, state: Assignment) -> bool:
         """Whether an earlier try committed ``hop`` (then learnt here, and not trained again)."""
-        earlier = committed(self.layout, state, hop.hop, self.poller.known)
+        # a retry asks the store: its earlier try may have died between a hop's record and its marker
+        earlier = committed(self.layout, state, hop.hop, None if self.where.try_number > 1 else self.poller.known)
         if earlier is None:
             return False
         self.result.committed.append(hop.label)
-        if earlier.status != "ok":
+        if earlier.status != "ok" and earlier.dropped_after is None:
             self.result.failed.append(earlier)
         self.chains.learn(earlier)
         log.info("%s: already committed by try %d of %s; not trained again", hop.label, earlier.try_number,
@@ -573,6 +578,23 @@ class _Loop:
         log.error("%s %s; its remaining hops are dropped, the other configurations go on", hop.label, failure.status,
                   exc_info=exc)
 
+    def _settle_dropped(self, hop: BlockHop, failure: HopRecord) -> None:
+        """Write down, where ``hop`` was due, that it will never train: the slot of the next shard waits for
+        this hop's record (its marker in this slot's folder), and learns from it that the configuration
+        failed. Without it that slot, and every one after it along the chain, waited for a hop that never
+        came. The configuration's later hops on this slot need no record: its next hop's slot drops them
+        (and settles its own) as this one did. An earlier try's record of the hop is left as it is."""
+        uri = self.layout.hop_record_uri(hop.config_id, hop.hop)
+        if self.layout.store.exists(uri):
+            return
+        first = failure.t if failure.dropped_after is None else failure.dropped_after
+        record = HopRecord(config_id=hop.config_id, t=hop.hop, iteration=hop.hop // self.run.schedule.shards,
+                           hop=hop.hop % self.run.schedule.shards, shard=hop.shard, status=failure.status,
+                           task_id=self.where.task_id, error=failure.error, try_number=self.where.try_number,
+                           dropped_after=first)
+        record.write(self.layout.store, uri)
+        self.marks.mark(record)
+
     def _give_up(self, waiting: list[BlockHop]) -> None:
         """Drop the waiting hops whose input comes from a slot that ended for good or made no progress
         within the wait bound; give the pool slot back (:class:`SlotYielded`) when this slot has taken no
@@ -593,10 +615,45 @@ class _Loop:
             if gone is not None and self.chains.before(hop.config_id, hop.hop, look=True) is None:
                 why, for_good = gone
                 self.pending.remove(hop)
+                self.given_up[hop.config_id, hop.hop] = hop
                 self.result.untrained[hop.label] = why
                 if for_good:
                     self.for_good.add(hop.label)
                 log.error("%s: given up, %s", hop.label, why)
+
+    def _take_back(self) -> None:
+        """A hop given up is taken back when its input comes after all (its slot was late, or hung and
+        retried) or the configuration failed meanwhile; then its block need not fail. In a search that
+        decides as it goes (ASHA), whose slots never end while a configuration is in flight, a hop whose
+        input will never come (its slot ended for good) fails its configuration instead, with the cause, and
+        the search goes on: else the search waited for it for ever."""
+        now = time.time()
+        for key, hop in list(self.given_up.items()):
+            if self.chains.before(hop.config_id, hop.hop) is not None:
+                log.info("%s: its input came after all; taken back", hop.label)
+                self.pending.append(hop)  # a failed configuration's hop is dropped (and settled) as any other
+                self.pending.sort(key=lambda h: (-h.weight, h.order))
+            elif self.more is not None and (hop.label in self.for_good or self._gone_for_good(hop, now)):
+                why = self.result.untrained[hop.label]
+                failure = record_failure(
+                    self.layout, Assignment(hop.config_id, hop.hop - 1, None), t=hop.hop, shard=hop.shard,
+                    shards=self.run.schedule.shards, error=TrainingError(f"its hop {hop.hop} on shard {hop.shard} "
+                                                                         f"was given up: {why}"), where=self.where)
+                self.marks.mark(failure)
+                self.result.failed.append(failure)
+                self.chains.learn(failure)
+                log.error("%s: given up for good; %s is recorded failed and the search goes on", hop.label,
+                          hop.config_id)
+            else:
+                continue
+            del self.given_up[key]
+            self.result.untrained.pop(hop.label, None)
+            self.for_good.discard(hop.label)
+
+    def _gone_for_good(self, hop: BlockHop, now: float) -> bool:
+        owner = self.owner.get((hop.config_id, hop.hop - 1))
+        gone = None if owner is None else self._peer(owner, now).gone(now, self.wait)
+        return gone is not None and gone[1]
 
     def _peer(self, owner: tuple[int, int], now: float) -> Peer:
         peer = self.peers.get(owner)

@@ -144,7 +144,13 @@ class CommitPoller:
 def committed(layout: RunLayout, state: Assignment, t: int, known: set[Key] | None = None) -> HopRecord | None:
     """Hop ``t`` as an earlier try left it, when that try started from ``state``: a failure, or a
     commit (its record written, and its checkpoint there, or already taken on by the next hop).
-    ``known``: the hops whose markers were listed (then an unlisted hop costs no request)."""
+    ``known``: the hops whose markers were listed (then an unlisted hop costs no request); None: the
+    store is asked (a retried slot: an earlier try may have written a record and died before its marker).
+
+    The hop after ``t`` is trained on the next shard, by a slot whose markers this one does not list:
+    whether it took the state on is asked of the store, never of ``known``. A retry that took an
+    unlisted next hop for "not committed" trained a committed hop again from a checkpoint already
+    cleaned up, and overwrote its record."""
     cid = state.config_id
     store = layout.store
     if known is not None and (cid, t) not in known:
@@ -157,8 +163,8 @@ def committed(layout: RunLayout, state: Assignment, t: int, known: set[Key] | No
         return None  # it started from another state (a run cleared after its data or code changed)
     if record.status != "ok" or (record.checkpoint and store.exists(record.checkpoint)):
         return record
-    if known is not None:
-        return record if (cid, t + 1) in known else None
+    if known is not None and (cid, t + 1) in known:
+        return record
     return record if store.exists(layout.hop_record_uri(cid, t + 1)) else None
 
 
@@ -211,7 +217,8 @@ class Chains:
         record = HopRecord.read(self.layout.store, uri)
         self.listed.discard(key)  # read: a later marker of it (trained again) brings it back
         known = states.get(t - 2)
-        if known is not None and record.input_sha256 != known.checkpoint_sha256:
+        # a dropped hop's record started from nothing: it says the configuration failed before it
+        if known is not None and record.dropped_after is None and record.input_sha256 != known.checkpoint_sha256:
             return None  # left by an earlier run from another state: its hop will be trained again
         if record.status != "ok":
             self.failed[cid] = record

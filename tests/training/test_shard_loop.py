@@ -198,8 +198,12 @@ def test_a_failing_configuration_is_recorded_and_the_others_go_on(toy_data, tmp_
     assert len(result.dropped) == len(failing) * (HOPS - 1)  # every later hop of theirs, on either shard
     assert len(result.trained) == (len(run.configs) - len(failing)) * HOPS
     for cid in failing:
-        assert HopRecord.read(layout.store, layout.hop_record_uri(cid, 0)).status == "failed"
-        assert not layout.store.exists(layout.hop_record_uri(cid, 1))
+        failure = HopRecord.read(layout.store, layout.hop_record_uri(cid, 0))
+        assert failure.status == "failed"
+        # its next hop is settled where it was due (the slot waiting for it learns of the failure); no later one
+        settled = HopRecord.read(layout.store, layout.hop_record_uri(cid, 1))
+        assert (settled.status, settled.dropped_after, settled.error) == ("failed", 0, failure.error)
+        assert not any(layout.store.exists(layout.hop_record_uri(cid, t)) for t in range(2, HOPS))
 
 
 def test_fail_fast_errors_end_the_slot_and_say_so_for_good(toy_data, tmp_path):

@@ -152,3 +152,45 @@ def mlp_after_a_failed_s3_request(hparams: dict[str, Any]) -> keras.Model:
 
 
 FAILED_REQUESTS: list[int] = []
+
+
+# The training step at which `nan_after_steps` models turn their output NaN: the 13th, as a learning
+# rate too high blows a loss up some way into a search (in its second hop or later), not at its start.
+NAN_AT_STEP = 13
+
+
+@keras.saving.register_keras_serializable(package="mop_tests")
+class NanAfterSteps(keras.layers.Layer):
+    """Passes its input through until it has trained ``at`` steps, then outputs NaN. The count is a
+    non-trainable weight, so it hops with the model's state and the step is the same whichever slot
+    trains it."""
+
+    def __init__(self, at: int = NAN_AT_STEP, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.at = at
+
+    def build(self, input_shape: Any) -> None:
+        self.steps = self.add_weight(shape=(), initializer="zeros", trainable=False, name="steps")
+
+    def call(self, inputs: Any, training: bool = False) -> Any:
+        if training:
+            self.steps.assign(self.steps + 1.0)
+        blown = keras.ops.greater_equal(self.steps, float(self.at))
+        return keras.ops.where(blown, keras.ops.full_like(inputs, float("nan")), inputs)
+
+    def get_config(self) -> dict[str, Any]:
+        return {**super().get_config(), "at": self.at}
+
+
+def nan_after_steps(hparams: dict[str, Any]) -> keras.Model:
+    """The toy model with a layer whose output turns NaN at its 13th training step, or the one
+    ``MOP_TEST_NAN_AT_STEP`` names (a test's DAG file sets it for its task processes: a run where the
+    same configurations never diverge sets it past the run's last step)."""
+    import os
+
+    return keras.Sequential([
+        keras.Input((hparams["input_dim"],)),
+        keras.layers.Dense(hparams.get("units", 12), activation="relu"),
+        NanAfterSteps(int(os.environ.get("MOP_TEST_NAN_AT_STEP") or NAN_AT_STEP)),
+        keras.layers.Dense(hparams["num_classes"], activation="softmax"),
+    ])
