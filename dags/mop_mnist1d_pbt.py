@@ -5,8 +5,9 @@ validation accuracy, and each of the bottom quarter copies one of the top quarte
 weights and Adam moments) and goes on with the learning rate and batch size explored (x1.2 or x0.8,
 a neighbouring batch size, or a fresh draw a quarter of the time). The copies are new
 configurations whose records say who copied whom, when, and what changed; the results page draws
-the family tree. Decided between blocks of one iteration; its 12 blocks fit one DAG run (each
-block's deal tasks wait for the decision after the one before), so ``airflow dags test`` runs it whole.
+the family tree. Decided between blocks of one interval (2 iterations); its 6 blocks fit one DAG run
+(each block's train tasks wait for the decision after the one before), so ``airflow dags test`` runs
+it whole.
 """
 
 from mop_airflow import build_mop_dag

@@ -3,7 +3,7 @@
 The first 8 configurations are drawn at random; each later one is proposed by Optuna's TPE sampler
 from the validation accuracy of those that finished, instead of drawn blindly. A block holds 8
 configurations (two per shard), so the search trains in two waves of 3 iterations each: the second
-wave is TPE's. Its 6 blocks fit one DAG run, so ``airflow dags test`` runs it whole.
+wave is TPE's. Its 2 blocks, one a wave, fit one DAG run, so ``airflow dags test`` runs it whole.
 """
 
 from mop_airflow import build_mop_dag

@@ -21,7 +21,8 @@ from mop_airflow.search.adaptive import in_slots as _in_slots, most_blocks
 
 # The most task instances the blocks of one DAG run may hold: Airflow's scheduler examines every
 # waiting task instance in every loop (apache/airflow #31185). Hyperband R=81, eta=3 on 16 shards of
-# one slot renders 5 blocks of 17 tasks; 64 shards of 5 slots, 5 blocks of 321.
+# one slot renders 5 blocks of 16 train tasks and a decide task each (109 tasks in all); 64 shards of
+# 5 slots, 5 blocks of 321 (1,677 tasks).
 RUN_TASK_BUDGET = 2000
 
 
@@ -95,8 +96,12 @@ def dag_shape(spec: Any, priority: str = DEFAULT_PRIORITY, *, result: bool = Fal
                      builder_modules=tuple(sorted({path.split(":", 1)[0] for path in space.builders()})))
     if result and adaptive is not None and not shape.in_slots and not shape.whole:
         raise SpecError("search.adaptive.method", spec.search.adaptive["method"],
-                        "has no number of blocks known up front here (ASHA without a budget), so each block's "
-                        "decision starts the DAG's next run, and a MopTaskGroup's search runs inside your DAG's "
-                        "one run", "use hyperband, successive_halving, pbt or an ASHA with a budget in a "
-                        "MopTaskGroup, or build_mop_dag for a whole MOP DAG of its own")
+                        "takes more blocks than one DAG run holds here (a model-based ASHA, space.sampler='tpe', "
+                        "without a budget has no number of blocks known up front; another search's blocks may pass "
+                        f"{RUN_TASK_BUDGET} task instances, or schedule.iterations_per_run may hold fewer), so each "
+                        "block's decision would start the DAG's next run, while a MopTaskGroup's search runs inside "
+                        "your DAG's one run",
+                        "in a MopTaskGroup use hyperband, successive_halving, pbt, an ASHA drawing at random "
+                        "(decided inside the shard slots, one block) or a model-based ASHA with a budget; or "
+                        "build_mop_dag for a whole MOP DAG of its own")
     return shape

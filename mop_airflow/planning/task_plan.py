@@ -20,10 +20,11 @@ Shape of a plain search (``p`` shards, ``T = iterations * p`` hops, ``m`` slots 
     every train task >> report >> publish
     publish     emits the DAG's champion Asset event when the run's winner beats the champion
 
-A **block** is a span of hops that one set of train tasks trains: a plain search's whole run, a
-rung of a bracket, or one iteration of a search decided between blocks. Its train tasks wait for
+A **block** is a span of hops that one set of train tasks trains: a plain search's whole run (or
+its ``iterations_per_run``), an adaptive search's hops to its next decision point, or a whole ASHA
+search decided inside the shard slots. Its train tasks wait for
 each other's hops, so they must all run at once: a block's tasks never share a pool with another
-block's at the same time (in-DAG brackets' rungs run one block after another), and preflight
+block's at the same time (a run's blocks run one after another), and preflight
 refuses a deployment whose slots cannot hold them.
 
 A plain search longer than one run holds (``schedule.iterations_per_run``, :mod:`mop_airflow.planning.run_chain`)
@@ -31,15 +32,21 @@ renders the hops of ``iterations_per_run`` iterations, and ``every train task >>
 ``next_run`` triggers the DAG's next run for the next block of iterations, and the report (then
 publish) runs only in the run of the last block.
 
-An adaptive search trains in **blocks to the next decision point** (:mod:`mop_airflow.planning.blocks`):
+An ASHA search drawing its configurations at random is decided inside the shard slots
+(:mod:`mop_airflow.planning.asha_slots`): one block of train tasks, one per shard slot, and no
+``decide`` task; a slot with nothing ready asks ASHA what trains next. The whole search is one DAG
+run, with or without a budget.
+
+Any other adaptive search trains in **blocks to the next decision point** (:mod:`mop_airflow.planning.blocks`):
 block ``k`` trains every configuration its decision kept from where it stands to the next point where
 the search decides (the end of a rung of Hyperband's brackets side by side, PBT's next boundary, the
-end of one of ASHA's jobs), then ``decide`` ranks what ended there and writes block ``k + 1``'s
-decision. Where the number of blocks is known up front (Hyperband R=81, eta=3: 5 blocks, at
-iteration 1, 3, 9, 27 and 81; PBT: one per interval), one run holds them all, in sequence
+end of one of a model-based ASHA's jobs), then ``decide`` ranks what ended there and writes block
+``k + 1``'s decision. Where the number of blocks is known up front (Hyperband R=81, eta=3: 5 blocks,
+at iteration 1, 3, 9, 27 and 81; PBT: one per interval; a model-based random search: one per wave)
+and their tasks fit 2,000 task instances (``shape.RUN_TASK_BUDGET``), one run holds them all, in sequence
 (``block_<k>.train_shard_<s>``, each reading its block's decision as it starts, then ``block_<k>.decide``),
-so ``dag.test()`` trains the
-search whole; otherwise (ASHA without a budget) each block's decide step starts the DAG's next run.
+so ``dag.test()`` trains the search whole; otherwise (a model-based ASHA without a budget, or more
+tasks than that) each block's decide step starts the DAG's next run.
 """
 
 from __future__ import annotations

@@ -5,14 +5,20 @@
     "adaptive": {"method": "asha", "n": 64, "r": 1, "R": 27, "eta": 3}
     "adaptive": {"method": "pbt", "population": 8, "iterations": 12, "interval": 2, "mutations": {...}}
 
-Every adaptive search is decided between blocks of hops, each block training every configuration
-to the next decision point (:mod:`mop_airflow.planning.blocks`). Hyperband's and successive
-halving's plan fixes where those are (every rung end of the brackets side by side), so like
-``schedule.shards`` it cannot change per run, and the whole search is one DAG run of one block per
-rung end. Each bracket draws its own configurations from the (random) search space.
+Hyperband, successive halving and population-based training are decided between blocks of hops,
+each block training every configuration to the next decision point (:mod:`mop_airflow.planning.blocks`).
+Hyperband's and successive halving's plan fixes where those are (every rung end of the brackets side
+by side), so like ``schedule.shards`` it cannot change per run, and the whole search is one DAG run of
+one block per rung end. Each bracket draws its own configurations from the (random) search space.
 Population-based training (:mod:`mop_airflow.search.pbt`) takes one block per ``interval``, also in
-one run. ASHA (:mod:`mop_airflow.search.asha`) ends a block whenever one of its jobs ends; without
-a budget its number of blocks is not known up front, so each block's decision starts the DAG's next run.
+one run.
+
+ASHA (:mod:`mop_airflow.search.asha`) drawing its configurations at random is decided inside the
+shard slots (:mod:`mop_airflow.planning.asha_slots`, :func:`in_slots`): one block of train tasks in one
+DAG run, with or without a budget, whose slots ask ASHA what trains next. Only a model-based ASHA
+(``space.sampler="tpe"``, whose proposals wait for results) is decided between blocks, ending a block
+whenever one of its jobs ends: with a budget its blocks fit one run; without one their number is not
+known up front, so each block's decision starts the DAG's next run.
 """
 
 from __future__ import annotations
@@ -34,13 +40,14 @@ _KEYS = {
 }
 # Options of Hyperband and successive halving that the blocks to the next decision retired.
 RETIRED = {
-    "between_runs": "every adaptive search is decided between blocks, each block training to the next rung's end; "
-                    "Hyperband and successive halving run whole in one DAG run of one block per rung end",
+    "between_runs": "Hyperband and successive halving are decided between blocks, each block training to the next "
+                    "rung's end, and run whole in one DAG run of one block per rung end",
     "allow_partial_iterations": "a rung ends at a block's end, at an iteration boundary, where every configuration "
                                 "has seen every shard equally often; choose R a multiple of eta**s_max "
                                 "(e.g. 9, 27 or 81 with eta=3)",
 }
-# Searches with no brackets: one ladder of rungs (ASHA) or one population (PBT), always decided between blocks.
+# Searches with no brackets: one ladder of rungs (ASHA: inside the shard slots, or between blocks when TPE proposes)
+# or one population (PBT, between blocks).
 LADDERS = (AshaPlan, PbtPlan)
 
 

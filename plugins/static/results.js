@@ -484,12 +484,23 @@
       (a.budget !== undefined && a.budget !== null ? " budget=" + a.budget + " iterations" : "");
   }
 
+  // Where the search decides: inside the shard slots (ASHA drawing at random: a free slot takes the next
+  // decision, recorded as a numbered block of <run>/blocks/ like the others), or between blocks, each
+  // training to the next decision point (a rung end, PBT's boundary, a model-based ASHA's job end).
+  function decidedText(a) {
+    if (a.decided !== "blocks") return "";
+    if (a.in_slots) return ", decided between blocks inside the shard slots (a free slot takes the next decision)";
+    if (a.method === "asha") return ", decided between blocks, each ending where one of its jobs ends";
+    if (a.method === "pbt") return ", decided between blocks, one per interval of " + a.interval + " iteration(s)";
+    return ", decided between blocks, one to each rung end";
+  }
+
   function renderPlan(data, configs) {
     var plan = data.plan;
     var holder = clear(document.getElementById("plan"));
     document.getElementById("plan-note").textContent = plan.configurations + " configurations (" + plan.method +
-      (plan.adaptive ? ", " + adaptiveText(plan.adaptive) + (plan.adaptive.decided === "blocks" ?
-        ", decided between blocks of one iteration" : "") : "") + ") \u00b7 " + plan.shards + " shard(s) \u00d7 " +
+      (plan.adaptive ? ", " + adaptiveText(plan.adaptive) + decidedText(plan.adaptive) : "") + ") \u00b7 " +
+      plan.shards + " shard(s) \u00d7 " +
       plan.slots_per_shard + " slot(s) \u00b7 " + plan.iterations + " iteration(s) of " + plan.epochs_per_hop +
       " pass(es) per hop \u00b7 " + plan.model_hops_total + " model hops \u00b7 seed " + plan.seed + " \u00b7 " +
       (plan.recorded ? "as recorded in plan.json." : "provisional: the plan task writes the plan once the data is sharded (before the data is listed, the shards' rows are assumed, and the offset classes may still change).");
