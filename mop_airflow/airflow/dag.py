@@ -45,8 +45,11 @@ def build_mop_dag(
     creates them), or ``"off"`` (deployments whose pools are managed elsewhere). ``dag.test()`` and
     ``airflow dags test`` never use pools, so nothing is checked there.
 
-    ``priority`` picks the rule by which a free shard slot chooses among waiting configurations
-    (:data:`mop_airflow.planning.schedule.PRIORITY_RULES`).
+    ``priority`` picks the rule by which a shard slot chooses among the configurations ready to train
+    on it (:data:`mop_airflow.planning.schedule.PRIORITY_RULES`): ``"remaining"`` (the default) takes
+    the one with the most hops still to go in the block first, which keeps the slowest chains moving;
+    ``"done"`` the one furthest ahead (depth-first); ``"none"`` the plan's order. It changes when a
+    configuration trains, never what it learns.
 
     A trigger conf may name model builders only from ``builder_modules`` (modules or packages);
     by default those are the modules the spec's own builders come from, so a conf cannot make the
