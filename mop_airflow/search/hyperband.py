@@ -315,6 +315,11 @@ def _bracket(s: int, n: int, r: Fraction, eta: int, count: int, shards: int, all
     return Bracket(s=s, n=n, r=r, rungs=tuple(rungs), eta=eta, shards=shards, allow_partial_iterations=allow_partial)
 
 
+# What a spec that wants rungs between iterations reads: the option is retired, the blocks replaced it.
+RETIRED_PARTIAL = ("blocks that end at the rung ends replaced allow_partial_iterations, which a spec may no longer "
+                   "set; `mop-airflow plan --allow-partial-iterations` still shows such a plan in hops")
+
+
 def _partial_error(s: int, i: int, r_i: Fraction, r: Fraction, eta: int, shards: int, allow_partial: bool,
                    where: str, R: int | None) -> SpecError:
     what = f"bracket s={s} rung i={i} trains to r_i={r_i} iterations"
@@ -326,9 +331,10 @@ def _partial_error(s: int, i: int, r_i: Fraction, r: Fraction, eta: int, shards:
         if R is not None:
             unit = eta ** s_max(R, eta)
             fix = (f"choose R as a multiple of eta**s_max={unit} (e.g. R in {[k * unit for k in range(1, eta)]}), "
-                   "or set allow_partial_iterations=True to end rungs between iterations")
+                   f"so that every rung ends at an iteration boundary, where a block ends and the search decides "
+                   f"({RETIRED_PARTIAL})")
         else:
-            fix = "choose a whole number of iterations for r, or set allow_partial_iterations=True"
+            fix = f"choose a whole number of iterations for r, so that every rung ends at an iteration boundary ({RETIRED_PARTIAL})"
         return SpecError(where, R if R is not None else r, rule, fix)
     step = r.denominator
     return SpecError("schedule.shards", shards,
