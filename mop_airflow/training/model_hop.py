@@ -10,9 +10,11 @@ the next hop an assignment that holds only ids and the checkpoint URI.
 from __future__ import annotations
 
 import hashlib
+import logging
 import math
 import os
 import socket
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -22,6 +24,8 @@ from mop_airflow.records.layout import RunLayout
 from mop_airflow.records import Assignment, HopRecord, Manifest, RunRecord
 from mop_airflow.planning.schedule import config_seed
 from mop_airflow.training.session import TaskSession
+
+log = logging.getLogger(__name__)
 
 
 # A shard file larger than a quarter of data.batch_mb (32 MB) streams through the hop: read whole,
@@ -103,10 +107,74 @@ class TrainedHop:
         record = HopRecord(**fields, saved_at=saved)
         record.write(store, self.layout.hop_record_uri(cid, t))
         self.state = {}  # the values may hold device memory: let them go
-        # Only once this hop is recorded: a retry of it still finds the state it started from.
-        for old in stale_checkpoints(t, self.run.store.keep_checkpoints, record.best_t, self.assignment.best_t):
-            store.delete_file(self.layout.checkpoint_uri(cid, old))  # one object: one request on S3
+        # Only once this hop is recorded: a retry of it still finds the state it started from. A delete
+        # that fails is logged and tried again later, never the configuration's failure: the hop is committed.
+        stale = stale_checkpoints(t, self.run.store.keep_checkpoints, record.best_t, self.assignment.best_t)
+        CLEANUP.delete(store, [self.layout.checkpoint_uri(cid, old) for old in stale])
         return record
+
+
+# A stale checkpoint is tried this many times in all: at the commit that made it stale, then at this
+# process's next commits to the same store; a store holds at most CLEANUP_HELD of them waiting.
+CLEANUP_TRIES = 3
+CLEANUP_HELD = 1000
+
+
+class Cleanup:
+    """Deletes stale checkpoints; a delete that fails (a bucket that forbids DeleteObject, a request that
+    failed for good) warns, naming the object and the error, and is tried again with the next commit to
+    the same store in this process (or :meth:`retry`), :data:`CLEANUP_TRIES` times in all. An object
+    still there after that only takes room: it is left, with a warning that says so."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._waiting: dict[str, dict[str, int]] = {}  # store root -> {uri: failed tries}
+
+    def delete(self, store: Any, uris: list[str]) -> None:
+        """Delete ``uris`` (one request each on S3), and those that failed before on this store."""
+        with self._lock:  # taken out while they are tried: another commit's thread does not try them too
+            todo = self._waiting.pop(store.root, {})
+        todo.update((uri, 0) for uri in uris if uri not in todo)
+        failed: dict[str, int] = {}
+        for uri, tries in todo.items():
+            try:
+                store.delete_file(uri)  # a missing object is no error: deleted meanwhile is deleted
+            except Exception as exc:  # noqa: BLE001 - the hop is committed whatever the cleanup does
+                tries += 1
+                if tries < CLEANUP_TRIES:
+                    failed[uri] = tries
+                    log.warning("could not delete the stale checkpoint %s (%s: %s); its hop stays committed and "
+                                "the delete is tried again with a later commit (try %d of %d)", uri,
+                                type(exc).__name__, exc, tries, CLEANUP_TRIES)
+                else:
+                    self._left(uri, f"after {tries} tries ({type(exc).__name__}: {exc})")
+        if not failed:
+            return
+        with self._lock:
+            waiting = self._waiting.setdefault(store.root, {})
+            waiting.update(failed)
+            while len(waiting) > CLEANUP_HELD:  # the oldest goes: memory stays bounded
+                oldest = next(iter(waiting))
+                del waiting[oldest]
+                self._left(oldest, f"as {CLEANUP_HELD} others wait to be deleted")
+
+    def retry(self, store: Any) -> None:
+        """Try again the deletes that failed on ``store`` (e.g. at the end of a block)."""
+        self.delete(store, [])
+
+    def waiting(self, store: Any) -> list[str]:
+        """The stale checkpoints of ``store`` whose delete failed and is to be tried again."""
+        with self._lock:
+            return sorted(self._waiting.get(store.root, {}))
+
+    @staticmethod
+    def _left(uri: str, why: str) -> None:
+        log.warning("gave up deleting the stale checkpoint %s %s: it stays in the store, unused. Fix: let the "
+                    "workers' credentials delete objects in the store (s3:DeleteObject), or delete it by hand", uri,
+                    why)
+
+
+CLEANUP = Cleanup()  # the process's: every slot and hop of this process commits through it
 
 
 def train_hop(layout: RunLayout, run: RunRecord, manifest: Manifest, assignment: Assignment, *, t: int, shard: int,
