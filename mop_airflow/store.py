@@ -28,7 +28,7 @@ import time
 import uuid
 from typing import Any, Callable, Iterator, Mapping, TypeVar
 
-from mop_airflow.errors import StoreError
+from mop_airflow.errors import SpecError, StoreError
 
 
 class _CountingWriter(io.RawIOBase):
@@ -77,6 +77,44 @@ def transient(exc: BaseException) -> bool:
     if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
         return True  # a full disk is the machine's state, not the configuration's fault: worth a later try
     return any(cls.__name__ in _TRANSIENT_NAMES for cls in type(exc).__mro__)
+
+
+# A conditional create answered 409 is tried again this many times in all, 0.1 s apart doubling (with jitter,
+# drawn from a generator of the store's own: Keras seeds layers from Python's global one).
+CONFLICT_TRIES = 5
+CONFLICT_FIRST_DELAY = 0.1
+_JITTER = random.Random()
+
+
+def _s3_answer(exc: BaseException) -> tuple[str | None, int | None]:
+    """The S3 error code and HTTP status behind ``exc``: s3fs raises an OSError whose cause is botocore's
+    ClientError, which holds the parsed response."""
+    seen: BaseException | None = exc
+    for _ in range(8):  # a short chain: never loop on a cycle of causes
+        if seen is None:
+            break
+        response = getattr(seen, "response", None)
+        if isinstance(response, Mapping):
+            return ((response.get("Error") or {}).get("Code"),
+                    (response.get("ResponseMetadata") or {}).get("HTTPStatusCode"))
+        seen = seen.__cause__ or seen.__context__
+    return None, None
+
+
+def lost_race(exc: BaseException) -> bool:
+    """Whether a conditional create was refused because the object is there (412 PreconditionFailed)."""
+    if isinstance(exc, FileExistsError):
+        return True
+    code, status = _s3_answer(exc)
+    return code == "PreconditionFailed" or status == 412 or "PreconditionFailed" in str(exc)
+
+
+def conflicted(exc: BaseException) -> bool:
+    """Whether a conditional create was answered 409 (ConditionalRequestConflict, OperationAborted): a
+    concurrent operation on the key, which decided nothing; AWS says to retry."""
+    code, status = _s3_answer(exc)
+    return status == 409 or code in ("ConditionalRequestConflict", "OperationAborted") or \
+        "ConditionalRequestConflict" in str(exc)
 
 
 def safe_segment(value: str) -> str:
@@ -283,7 +321,8 @@ class Store:
         False when another writer was first (its object stays). A decision that several processes may
         take at once is taken once: on ``file://`` the written file is linked into place (``link``
         fails when the name exists); on S3 the PUT carries ``If-None-Match: *``, which refuses to
-        replace an object."""
+        replace an object (412), and a 409 conflict is tried again. :func:`check_create_if_absent`
+        proves, before a run trains, that the store keeps that promise."""
         data = json.dumps(obj, indent=2, sort_keys=True, default=str).encode()
         if self.protocol == "file":
             path = self._path(uri)
@@ -297,17 +336,37 @@ class Store:
                 return False
             finally:
                 os.unlink(tmp)
-        else:
-            try:
-                self._call("creating", uri, lambda: self.fs.pipe_file(self._path(uri), data, mode="create"))
-            except FileExistsError:
-                return False
-            except OSError as exc:  # s3fs names a refused conditional PUT by its status
-                if "PreconditionFailed" not in str(exc) and "412" not in str(exc):
-                    raise
-                return False
+        elif not self._create_object(uri, data):
+            return False
         self.bytes_written += len(data)
         return True
+
+    def _create_object(self, uri: str, data: bytes) -> bool:
+        """One conditional PUT (``If-None-Match: *``): True when it wrote ``uri``, False when an object was
+        there (412 PreconditionFailed). A 409 (ConditionalRequestConflict: another conditional write to the
+        key was in flight) decides nothing: AWS says to retry, and the retry's answer decides."""
+        path, delay, attempt = self._path(uri), CONFLICT_FIRST_DELAY, 0
+        while True:
+            attempt += 1
+            try:
+                self._call("creating", uri, lambda: self.fs.pipe_file(path, data, mode="create"))
+                return True
+            except FileExistsError:
+                return False
+            except OSError as exc:
+                if lost_race(exc):
+                    return False
+                if not conflicted(exc):
+                    raise
+                if attempt == CONFLICT_TRIES:
+                    raise StoreError(
+                        f"the store at {self.endpoint} answered {attempt} conditional creates of {uri} with a 409 "
+                        f"conflict: {exc}. A concurrent write to the same key kept it busy. Fix: check that nothing "
+                        "but this run's slots writes under its folder; the task is retried", transient=True) from exc
+                log.info("the store at %s answered the create of %s with a 409 conflict (%s); try %d again in %.2f s",
+                         self.endpoint, uri, exc, attempt + 1, delay)
+                time.sleep(delay * (0.5 + _JITTER.random()))
+                delay *= 2
 
     @contextlib.contextmanager
     def open_write(self, uri: str) -> Iterator[Any]:
@@ -363,3 +422,59 @@ class Store:
     def put_file(self, local_path: str, uri: str) -> str:
         with open(local_path, "rb") as handle:
             return self.write_bytes(uri, handle.read())
+
+
+# What a store that fakes create-if-absent is told to do instead
+FIX_CREATE_IF_ABSENT = ("use an S3-compatible store that supports conditional writes (a PUT with If-None-Match: * "
+                        "is refused with 412 when the key exists, as on AWS S3), or a file:// store on a file "
+                        "system with hard links")
+
+
+def check_create_if_absent(store: Store, folder_uri: str) -> None:
+    """Prove that ``store`` honours create-if-absent, which the decisions taken inside the shard slots
+    rely on: create one new probe key under ``folder_uri`` (the run's folder) twice; the second create
+    must lose. Refuses, before anything trains, a store where both succeed: an S3-compatible endpoint
+    that ignores ``If-None-Match: *`` would let two slots each take the same decision (a configuration
+    promoted twice, a budget overrun). The probe is removed again, and on local disk the run's folder
+    when the probe made it."""
+    probe = posixpath.join(folder_uri.rstrip("/"), f".create-probe-{uuid.uuid4().hex}.json")
+    local = store.local_path(folder_uri)
+    made = local if local and not os.path.exists(local) else None
+    try:
+        first = store.create_json(probe, {"probe": "first"})
+        second = store.create_json(probe, {"probe": "second"})
+    except OSError as exc:
+        if not _unsupported(exc):
+            raise
+        raise SpecError("store.root", store.root, f"the store at {store.endpoint} refused to create the new key "
+                        f"{probe} if absent: {type(exc).__name__}: {exc}", FIX_CREATE_IF_ABSENT) from exc
+    finally:
+        _remove_probe(store, probe, made)
+    if first and not second:
+        return
+    did = ("both creates succeeded: the second replaced the first instead of being refused" if first and second
+           else "the first create of the new key lost, as if it were already there")
+    raise SpecError("store.root", store.root,
+                    f"the store at {store.endpoint} does not honour create-if-absent: two creates of the probe key "
+                    f"{probe}, {did}. The shard slots take each decision once by such a create; on this store two "
+                    "slots could both take it", FIX_CREATE_IF_ABSENT)
+
+
+def _unsupported(exc: BaseException) -> bool:
+    """Whether a create failed because the store does no conditional creates at all (S3: 501
+    NotImplemented; a local file system without hard links), not for another reason."""
+    code, status = _s3_answer(exc)
+    return code == "NotImplemented" or status == 501 or (
+        isinstance(exc, OSError) and exc.errno in (errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP))
+
+
+def _remove_probe(store: Store, probe: str, folder: str | None) -> None:
+    """Remove the probe key, and ``folder`` (the run's, made for it) while it is empty; a failure only warns."""
+    try:
+        store.delete_file(probe)
+    except Exception as exc:  # noqa: BLE001 - the check's verdict matters, not the probe's removal
+        log.warning("could not remove the store probe %s (%s: %s); it is safe to delete", probe, type(exc).__name__,
+                    exc)
+    if folder:
+        with contextlib.suppress(OSError):  # not empty: another try of this run wrote there meanwhile
+            os.rmdir(folder)

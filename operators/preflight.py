@@ -1,6 +1,7 @@
 """First task of a run: resolve the run once and check what would otherwise fail late.
 
-Applies the trigger conf, expands the search space, finds every model builder's module and makes
+Applies the trigger conf, expands the search space, finds every model builder's module, proves that
+the store honours create-if-absent (:func:`~mop_airflow.store.check_create_if_absent`) and makes
 sure the shard pools exist (Airflow never schedules a task whose pool is missing). The resolved
 run record goes to XCom; the plan task writes it to the store once the data has passed validation,
 so a run with bad input leaves nothing in the store.
@@ -17,7 +18,9 @@ from mop_airflow.planning.resolve import resolve_run
 from mop_airflow.serving.warm_start import with_warm_start
 from mop_airflow.planning.run_chain import CONF_KEY
 from mop_airflow.planning.task_plan import CONTINUING_SKIPS
+from mop_airflow.records.layout import RunLayout
 from mop_airflow.records.selection import conf_of
+from mop_airflow.store import check_create_if_absent
 
 from mop_airflow.operators.base import MopBaseOperator
 
@@ -79,7 +82,10 @@ class MopPreflightOperator(MopBaseOperator):
         conf = conf_of(getattr(context.get("dag_run"), "conf", None), self.selection)
         run = resolve_run(self.rendered_spec(), conf, dag_id=self.selection_id(context), run_id=context["run_id"],
                           allowed_modules=self.builder_modules)
-        run = with_warm_start(run, open_spec_store(run.store))
+        store = open_spec_store(run.store)
+        # decisions taken inside the shard slots rely on an atomic create: refused here if the store fakes it
+        check_create_if_absent(store, RunLayout(store, run.dag_id, run.run_id).run_uri)
+        run = with_warm_start(run, store)
         if run.warm_start:
             sources = sorted({f"{w['run_id']}/{w['config_id']}" for w in run.warm_start.values()})
             self.log.info("%d of %d configurations start warm from %s", len(run.warm_start), len(run.configs),
