@@ -58,7 +58,7 @@ from mop_airflow.planning.schedule import DEFAULT_PRIORITY, priority_weight, sha
 from mop_airflow.records import Assignment, HopRecord, Manifest, RunRecord
 from mop_airflow.records.layout import RunLayout
 from mop_airflow.training.fused import fused_partners, fuses_here, train_fused_hop
-from mop_airflow.training.model_hop import (Where, read_hashed, record_failure, sha256_of, train_hop,
+from mop_airflow.training.model_hop import (CLEANUP, Where, read_hashed, record_failure, sha256_of, train_hop,
                                             with_digest)
 from mop_airflow.training.slot_commits import Chains, CommitLog, CommitPoller, committed
 from mop_airflow.training.session import WARM_MODELS, TaskSession, out_of_memory
@@ -381,6 +381,7 @@ class _Loop:
                     if done is not None:
                         commits.append((member, member_state, writer.submit(self._commit, done)))
             self._settle(commits, block=True, every=True)
+        CLEANUP.retry(self.layout.store)  # a stale checkpoint whose delete failed: once more before the task ends
         return result
 
     def _extend(self, hops: Iterable[BlockHop]) -> None:
