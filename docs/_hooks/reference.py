@@ -10,6 +10,11 @@ puts the generated Markdown in its place:
 - ``<!-- mop:layers -->``: the layers of the package as ``tests/test_layers.py`` holds them.
 
 A field without a description, or a marker the hook does not know, fails the build.
+
+The Python API and operators pages are rendered by mkdocstrings from docstrings written with
+reStructuredText roles (``:func:`x```, ``:class:`~x```); Markdown leaves the role's name as text
+before the code span, so the hook writes each such role as plain code (:func:`roles_to_code`), as
+:func:`_rst_to_md` does for the spec reference.
 """
 
 from __future__ import annotations
@@ -228,5 +233,19 @@ def render(markdown: str) -> str:
     return "\n".join(_split_piped_code(line) if line.startswith("|") else line for line in markdown.split("\n"))
 
 
+# A role as Markdown renders it: its name as text, then its target as a code span. A leading ``~``
+# (Sphinx's "show the last name only") is dropped and the whole name shown, as _rst_to_md does.
+RENDERED_ROLE = re.compile(r":(?:[a-z]+:)?[a-z]+:<code>~?([^<]*)</code>")
+
+
+def roles_to_code(html: str) -> str:
+    """``:func:<code>~a.b</code>``, a role Markdown rendered from a docstring, as ``<code>a.b</code>``."""
+    return RENDERED_ROLE.sub(r"<code>\1</code>", html)
+
+
 def on_page_markdown(markdown: str, page, config, files) -> str:  # noqa: ARG001 - MkDocs' hook signature
     return render(markdown)
+
+
+def on_page_content(html: str, page, config, files) -> str:  # noqa: ARG001 - MkDocs' hook signature
+    return roles_to_code(html)
