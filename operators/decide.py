@@ -20,7 +20,7 @@ from mop_airflow.operators.next_run import start_next_block
 
 class MopDecideOperator(MopBaseOperator):
     """``block``: in a run of several blocks, the block this step ends, counted from the run's first
-    (the next block's deal tasks read its decision); the ``last`` one starts the DAG's next run unless
+    (the next block's train tasks read its decision as they start); the ``last`` one starts the DAG's next run unless
     the run holds the ``whole`` search. None: the run holds one block and this step starts the next run."""
 
     ui_color = "#f6e7c1"
@@ -56,7 +56,7 @@ class MopDecideOperator(MopBaseOperator):
         self.log.info("block %d done; block %d trains %d configuration(s) %d hop(s) each, to iteration %s", here.block + 1,
                       nxt.block + 1, len(decision.training), decision.length(plan.shards),
                       f"{(decision.start + decision.length(plan.shards)) / plan.shards:g}")
-        if self.block is not None and not self.last:  # the next block is this run's: its deal tasks read the decision
+        if self.block is not None and not self.last:  # the next block is this run's: its train tasks read the decision
             return {"next_block": nxt.block, "block": here.block}
         start_next_block(context, layout, here, nxt,
                          note=f"block {nxt.block + 1} of the search started by run {here.first_run}")

@@ -334,7 +334,8 @@ def _partial_error(s: int, i: int, r_i: Fraction, r: Fraction, eta: int, shards:
                    f"so that every rung ends at an iteration boundary, where a block ends and the search decides "
                    f"({RETIRED_PARTIAL})")
         else:
-            fix = f"choose a whole number of iterations for r, so that every rung ends at an iteration boundary ({RETIRED_PARTIAL})"
+            fix = ("choose a whole number of iterations for r, so that every rung ends at an iteration boundary "
+                   f"({RETIRED_PARTIAL})")
         return SpecError(where, R if R is not None else r, rule, fix)
     step = r.denominator
     return SpecError("schedule.shards", shards,

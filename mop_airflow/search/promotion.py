@@ -1,7 +1,7 @@
 """The decision at a rung boundary: rank the configurations of a rung, promote the best, prune the rest.
 
-Pure functions over plain dicts, so the branching task of a Hyperband or successive-halving DAG
-only gathers results and calls :func:`promote`. A result is
+Pure functions over plain dicts, so the decide step that ends a block of a Hyperband or
+successive-halving search only gathers results and calls :func:`promote`. A result is
 ``{"config_id": str, "metric": float | None, "status": "ok" | "failed" | "diverged"}`` (a failed
 result may carry ``"error"``, the message shown in its pruning reason).
 
