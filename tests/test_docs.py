@@ -1,17 +1,51 @@
 """The front door holds: the README is short and every link in it resolves, its examples and the
 docs' complete examples run, the reference pages cover the code, and the documentation site builds
-with ``mkdocs build --strict`` (a broken link, a missing page or a missing API object fails)."""
+with ``mkdocs build --strict`` (a broken link, a missing page or a missing API object fails).
 
+What a user reads is checked against the code, in the README and every page under ``docs/``:
+
+- **Commands**: every ``mop-airflow ...`` line of a ``bash``, ``sh``, ``shell`` or ``console`` fenced
+  block (and a ``$ mop-airflow ...`` line of a fenced block of any language) parses with the real
+  parser (``mop_airflow.cli.main.build_parser``), after a leading ``.venv/bin/``, environment
+  assignments and ``kubectl ... --`` are taken off and a line is cut at ``&&``, ``;``, ``|``, ``>`` or
+  `` #``. Every inline code span ``mop-airflow ...`` names a command that exists and only its options
+  (a span may leave required arguments out or show ``[optional]`` parts and ``METAVARS``).
+- **Specs**: every ``json`` or ``yaml`` fenced block that is a whole spec (``data`` and ``search``)
+  validates with ``MopSpec.from_dict``; every ``python``, ``json`` or ``yaml`` block that is a
+  fragment of one (``"search": {...}``, ``"data": {...}``, ``"adaptive": {...}``, ``"space": {...}``,
+  ``"schedule": {...}``, ``spec = {...}``, written as dict entries, one or several in a block, each on
+  one line or over several) validates once put into a whole spec (``BASE_SPEC``); a fragment with
+  ``...`` in it is left out. The Python blocks that build a whole DAG run
+  (``test_the_dag_examples_of_the_readme_and_the_docs_build_their_dags``).
+- **Retired options and concepts**: a page names a retired option (``RETIRED_OPTIONS``) only in an
+  upgrade note that says it is gone; no page, and no docstring, message or string of the package, the
+  operators, the plugins, the example DAGs or the results page's script, makes a claim of a design
+  that is gone (``RETIRED_CLAIMS``). The changelog is history and is not checked, nor is the
+  performance page's dated record of earlier designs (``HISTORY``).
+- **Figures the README quotes** that other pages give too (the demo's time, what a fault costs) are
+  the same there; the task counts the pages give are the task plan's; the reference pages render no
+  reStructuredText role as text; the environment
+  variables' page lists every ``MOP_*`` variable the code reads, with the code's defaults; the
+  how-tos that make the example data install the ``examples`` extra; the compose file and the GPU
+  pages set what a GPU worker needs.
+"""
+
+import argparse
+import ast
+import contextlib
 import importlib.util
+import io
 import json
 import os
 import re
 import runpy
+import shlex
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from mop_airflow.config.spec import MopSpec
 
@@ -190,15 +224,41 @@ def test_every_benchmark_has_a_section_on_the_performance_page():
     assert missing == []
 
 
-def test_the_docs_build_strict(tmp_path):
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    """The documentation site, built once with ``mkdocs build --strict``."""
+    folder = tmp_path_factory.mktemp("docs") / "site"
     env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
     env.pop("MOP_AIRFLOW_HOME", None)
-    out = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
+    out = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(folder)],
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-6000:]
-    assert (tmp_path / "site" / "reference" / "spec" / "index.html").is_file()
-    page = (tmp_path / "site" / "reference" / "spec" / "index.html").read_text()
+    return folder
+
+
+def test_the_docs_build_strict(site):
+    assert (site / "reference" / "spec" / "index.html").is_file()
+    page = (site / "reference" / "spec" / "index.html").read_text()
     assert "schedule.iterations_per_run" in page
+    assert (site / "reference" / "environment" / "index.html").is_file()
+
+
+# A reStructuredText role as Markdown renders it from a docstring: the role's name as text before the code.
+RAW_ROLE = re.compile(r":[a-z]+:(?:<code>|`)")
+
+
+def test_the_reference_pages_render_no_restructuredtext_role_as_text(site):
+    raw = {}
+    for page in ("python-api", "operators", "spec", "cli", "environment"):
+        html = (site / "reference" / page / "index.html").read_text()
+        found = [html[max(0, m.start() - 40):m.end() + 40] for m in RAW_ROLE.finditer(html)]
+        found += [html[max(0, m.start() - 40):m.end() + 40] for m in re.finditer(r"<code>~(?!/)", html)]  # ~/: a home
+        if found:
+            raw[page] = found
+    assert raw == {}
+    roles = _reference_module().roles_to_code
+    assert roles("see :func:<code>~mop_airflow.airflow.dag.build_mop_dag</code> and :data:<code>RETRIES</code>") == \
+        "see <code>mop_airflow.airflow.dag.build_mop_dag</code> and <code>RETRIES</code>"
 
 
 PATH_IN_CODE = re.compile(r"`((?:mop_airflow|operators|plugins|dags|benchmarks|tests|docker|docs)/[\w./-]*\w)(?:::(\w+))?`")
@@ -231,3 +291,383 @@ def test_the_files_tests_and_modules_the_pages_name_exist():
             if not found:
                 missing.append(f"{page.relative_to(ROOT)}: {dotted}")
     assert missing == []
+
+
+# ------------------------------------------------------------------ every page against the code
+def pages():
+    """The README and every page of the site (the changelog is history and is left out)."""
+    return [README, *sorted(DOCS.rglob("*.md"))]
+
+
+ANY_FENCE = re.compile(r"^( *)```([\w-]*)[^\n]*\n(.*?)^\1```[ \t]*$", re.MULTILINE | re.DOTALL)
+SHELLS = ("bash", "sh", "shell", "console")
+
+
+def fenced_blocks(path: Path) -> list[tuple[str, str]]:
+    """Every fenced block of a Markdown file as (language, text), its indentation removed."""
+    return [(lang, "\n".join(line[len(indent):] for line in body.splitlines()))
+            for indent, lang, body in ANY_FENCE.findall(path.read_text())]
+
+
+def _cli_parser():
+    saved = {key: os.environ.pop(key) for key in ("MOP_AIRFLOW_HOME", "MOP_AIRFLOW_API_USER") if key in os.environ}
+    try:
+        from mop_airflow.cli.main import build_parser
+
+        return build_parser()
+    finally:
+        os.environ.update(saved)
+
+
+COMMAND = re.compile(r"(?:^|[\s/]|--\s)mop-airflow\s+(.*)$")
+
+
+def _command_of(line: str) -> str | None:
+    """The arguments after ``mop-airflow`` on a shell line, cut where another command or a comment starts."""
+    line = line.strip()
+    if line.startswith("#"):
+        return None
+    match = COMMAND.search(line.removeprefix("$ "))
+    if match is None:
+        return None
+    return re.split(r"\s(?:&&|;|\||>|2>|#)", " " + match.group(1))[0].strip()
+
+
+def shell_commands():
+    """(page, arguments) of every ``mop-airflow`` line of the pages' shell blocks (``$ `` lines of any block)."""
+    for page in pages():
+        for lang, text in fenced_blocks(page):
+            text = re.sub(r"\\\n\s*", " ", text)  # continued lines
+            for line in text.splitlines():
+                if lang in SHELLS or line.lstrip().startswith("$ mop-airflow "):
+                    command = _command_of(line)
+                    if command is not None:
+                        yield page, command
+
+
+def inline_commands():
+    """(page, span) of every inline code span that starts a ``mop-airflow`` command."""
+    for page in pages():
+        prose = ANY_FENCE.sub("", page.read_text())
+        for span in re.findall(r"`([^`]+)`", prose):
+            span = " ".join(span.split())
+            command = _command_of(span) if re.search(r"(?:^|[\s/])mop-airflow ", span) else None
+            if command is not None:
+                yield page, command
+
+
+def _subcommand(parser: argparse.ArgumentParser, words: list[str]) -> tuple[argparse.ArgumentParser, list[str], str]:
+    """The parser of the sub-command ``words`` start with, the words after it, and its path."""
+    path = "mop-airflow"
+    while words:
+        subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]  # noqa: SLF001
+        if not subs or words[0] not in subs[0].choices:
+            break
+        parser, path, words = subs[0].choices[words[0]], f"{path} {words[0]}", words[1:]
+    return parser, words, path
+
+
+def test_every_mop_airflow_command_in_a_shell_block_parses_with_the_real_parser():
+    commands = list(shell_commands())
+    assert len(commands) >= 20 and any(page == README for page, _ in commands)
+    wrong = []
+    for page, command in commands:
+        parser, errors = _cli_parser(), io.StringIO()
+        try:
+            with contextlib.redirect_stderr(errors):
+                parser.parse_args(shlex.split(command))
+        except SystemExit:
+            wrong.append(f"{page.relative_to(ROOT)}: mop-airflow {command}: {errors.getvalue().strip().splitlines()[-1]}")
+    assert wrong == []
+
+
+def test_every_mop_airflow_command_named_in_the_prose_exists_with_the_options_it_shows():
+    commands = list(inline_commands())
+    assert len(commands) >= 30
+    wrong = []
+    for page, command in commands:
+        words = shlex.split(re.sub(r"\[[^\]]*\]|\.\.\.", " ", command.replace("\\|", "|")))
+        parser, rest, path = _subcommand(_cli_parser(), words)
+        if path == "mop-airflow":
+            wrong.append(f"{page.relative_to(ROOT)}: mop-airflow {command}: no such command")
+            continue
+        known = parser._option_string_actions  # noqa: SLF001
+        for index, word in enumerate(rest):
+            option = word.split("=", 1)[0]
+            if option.startswith("-") and option not in known:
+                wrong.append(f"{page.relative_to(ROOT)}: {path} has no option {option}")
+            elif option in known and known[option].choices and index + 1 < len(rest):
+                value = rest[index + 1]
+                if not value.isupper() and value not in map(str, known[option].choices):
+                    wrong.append(f"{page.relative_to(ROOT)}: {path} {option} {value}: not one of {known[option].choices}")
+    assert wrong == []
+
+
+# What a spec fragment is put into: a random search of the README's builders, its data, its schedule.
+BASE_SPEC = {
+    "data": {"source": "data/train.parquet", "label": "label", "features": "x*"},
+    "search": {"space": {"method": "random", "seed": 7, "params": {
+        "model": {"distribution": "choice", "values": ["my_models:mlp", "my_models:cnn"]},
+        "learning_rate": {"distribution": "log_uniform", "low": 1e-4, "high": 3e-2},
+        "batch_size": [32, 64, 128], "hparams": {"dropout": [0.1, 0.2, 0.3]}}, "num_samples": 8}},
+    "schedule": {"shards": 4, "iterations": 3},
+}
+SECTIONS = ("data", "search", "schedule", "store", "publish")
+SEARCH_KEYS = ("space", "adaptive", "metric", "direction", "fail_fast", "max_configurations", "warm_start")
+
+
+def _fragment(text: str):
+    """A block's dict entries (``"key": value, ...``) as a dict, or None where it is no such thing."""
+    text = re.sub(r"^\s*spec\s*=\s*", "", text.strip())
+    for source in (text, "{" + text + "\n}"):  # on a line of its own: the last line may end in a comment
+        try:
+            value = ast.literal_eval(source)
+        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+            continue
+        return value if isinstance(value, dict) else None
+    return None
+
+
+def _as_spec(fragment: dict) -> dict | None:
+    """``fragment`` put into ``BASE_SPEC``: whole sections, or the search's own keys; None if it is not a spec's."""
+    import copy
+
+    spec = copy.deepcopy(BASE_SPEC)
+    if set(fragment) <= set(SECTIONS):
+        spec.update(fragment)
+        if "search" not in fragment and (spec["data"].get("task") == "regression"):
+            spec["search"]["space"]["params"].update(loss="mse", metrics=["mae"])
+            spec["search"]["metric"] = "val_mae"
+        return spec
+    if set(fragment) <= set(SEARCH_KEYS):
+        spec["search"].update(fragment)
+        if "adaptive" in fragment and "space" not in fragment:  # the plan decides how many to draw
+            spec["search"]["space"].pop("num_samples")
+        return spec
+    return None
+
+
+def _entries(text: str):
+    """The dicts and dict entries of a block (``spec = {...}``, ``"adaptive": {...}`` a line, or an entry
+    over lines), each the fewest lines from where it starts; lines with ``...`` are left out."""
+    lines = text.splitlines()
+    start = 0
+    while start < len(lines):
+        for end in range(start + 1, len(lines) + 1):
+            if "..." in lines[end - 1]:
+                break
+            entry = _fragment("\n".join(lines[start:end]).rstrip().rstrip(","))
+            if isinstance(entry, dict):
+                yield entry
+                start = end - 1
+                break
+        start += 1
+
+
+def spec_snippets():
+    """(page, spec) of every spec and spec fragment in the pages' python, json and yaml blocks."""
+    for page in pages():
+        for lang, text in fenced_blocks(page):
+            if lang not in ("python", "json", "yaml"):
+                continue
+            if lang == "yaml":
+                value = yaml.safe_load(text)
+                fragments = [value] if isinstance(value, dict) else []
+            else:
+                whole = None if "..." in text else _fragment(text) if lang == "python" else json.loads(text)
+                fragments = [whole] if isinstance(whole, dict) else list(_entries(text))
+            for fragment in fragments:
+                spec = _as_spec(fragment)
+                if spec is not None:
+                    yield page, spec
+
+
+def test_every_spec_and_spec_fragment_of_the_pages_validates(monkeypatch, tmp_path):
+    monkeypatch.setenv("MOP_AIRFLOW_HOME", str(tmp_path))
+    specs = list(spec_snippets())
+    assert len(specs) >= 15
+    assert {"adaptive-searches.md", "spec.md", "README.md"} <= {page.name for page, _ in specs}
+    wrong = []
+    for page, value in specs:
+        try:
+            spec = MopSpec.from_dict(value)
+            spec.adaptive_plan()
+        except Exception as exc:  # noqa: BLE001 - every failure is listed with its page
+            wrong.append(f"{page.relative_to(ROOT)}: {type(exc).__name__}: {exc}")
+    assert wrong == []
+
+
+# Options a spec no longer takes: a page names one only in a sentence that says it is gone.
+RETIRED_OPTIONS = ("allow_partial_iterations", "between_runs", "bundle_size")
+GONE = re.compile(r"no longer exists|is gone|retired|is refused|refuses|replaced")
+# Claims of designs that are gone, which no page, docstring, message or page script may make (matched in
+# lower case, Markdown's backticks and stars taken off, lines joined).
+RETIRED_CLAIMS = {
+    r"a block per iteration": "adaptive searches train in blocks to the next decision point; ASHA is one block",
+    r"decided between blocks of one iteration": "Hyperband decides at its rung ends, PBT at its boundaries",
+    r"every adaptive search (is decided|trains) (between|in) blocks|\ban adaptive search trains in blocks"
+    r"|asha and pbt are decided between blocks": "an ASHA drawing at random is decided inside the shard slots",
+    r"\(asha without a budget\)|(?<!model-based )\basha without a budget (has no|starts|takes|needs)":
+        "only a model-based (TPE) ASHA without a budget takes a DAG run per block",
+    r"branching task": "a decide task ends each block of Hyperband's rungs",
+    r"\bdeal tasks?\b": "a block's train tasks read their block's decision themselves",
+    r"do not fuse them yet": "the slots fuse configurations (schedule.fuse)",
+    r"changes a leaderboard's last digits": "fusing was measured to move a metric by up to 0.0265",
+    r"set allow_partial_iterations=true": "blocks to the rung ends replaced it; a spec may not set it",
+}
+# Dated records of earlier designs, not claims about this one.
+HISTORY = ("docs/changelog.md", "docs/performance.md")
+# Where a claim's words say something else: (file, pattern) -> why.
+NOT_A_CLAIM = {("mop_airflow/cli/main.py", r"decided between blocks of one iteration"):
+               "`mop-airflow plan --asha` describes its simulator's clock, blocks of one iteration"}
+
+
+def _plain(text: str) -> str:
+    return " ".join(text.lower().replace("`", "").replace("*", "").split())
+
+
+def _code_texts():
+    """(file, text) of every docstring and string of the package, the operators, the plugins and the
+    example DAGs, and of the results page's script."""
+    for folder in ("mop_airflow", "operators", "plugins", "dags"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            strings = [node.value for node in ast.walk(ast.parse(path.read_text()))
+                       if isinstance(node, ast.Constant) and isinstance(node.value, str)]
+            yield str(path.relative_to(ROOT)), "\n".join(strings)
+    for path in sorted((ROOT / "plugins" / "static").glob("*.js")):
+        yield str(path.relative_to(ROOT)), path.read_text()
+
+
+def test_no_page_names_a_retired_option_or_concept():
+    found = []
+    for page in pages():
+        name = str(page.relative_to(ROOT))
+        if name in HISTORY:
+            continue
+        for number, line in enumerate(page.read_text().splitlines(), 1):
+            for option in RETIRED_OPTIONS:
+                if option in line and not GONE.search(line):
+                    found.append(f"{name}:{number}: names {option} as if it still existed")
+    texts = [(str(page.relative_to(ROOT)), page.read_text()) for page in pages()
+             if str(page.relative_to(ROOT)) not in HISTORY]
+    for name, text in [*texts, *_code_texts()]:
+        plain = _plain(text)
+        for claim, why in RETIRED_CLAIMS.items():
+            for match in re.finditer(claim, plain):
+                if (name, claim) not in NOT_A_CLAIM:
+                    found.append(f"{name}: {plain[max(0, match.start() - 60):match.end() + 20]!r}: {why}")
+    assert found == []
+
+
+def test_the_task_counts_the_pages_give_are_the_task_plans():
+    from mop_airflow.planning.task_plan import build_task_plan
+    from mop_airflow.search.adaptive import adaptive_plan
+
+    plan = build_task_plan(16, 81, adaptive_plan({"method": "hyperband", "R": 81, "eta": 3}, 16))
+    blocks = sum(1 for task in plan.tasks if task.kind == "decide")
+    page = _plain((DOCS / "how-to" / "adaptive-searches.md").read_text())
+    said = re.search(r"hyperband r=81, eta=3 on 16 shards renders (\d+) blocks of (\d+) train tasks and a decide "
+                     r"task each: (\d+) tasks in all", page)
+    assert said, "docs/how-to/adaptive-searches.md no longer counts Hyperband R=81's tasks on 16 shards"
+    assert tuple(map(int, said.groups())) == (blocks, plan.train_tasks // blocks, len(plan.tasks))
+    scale = (DOCS / "performance.md").read_text()
+    row = next((line for line in scale.splitlines() if line.startswith("| Hyperband R=81, eta=3, 16 shards")), None)
+    assert row is None or row.split("|")[2].strip().startswith(f"{len(plan.tasks)},")  # the DAG-scale table
+
+
+def test_the_figures_the_readme_quotes_are_the_same_on_the_other_pages():
+    readme, started = README.read_text(), (DOCS / "getting-started.md").read_text()
+    seconds = re.search(r"it took (\d+) s from start to stop \(([\d-]+)", readme)
+    assert seconds, "the README no longer says how long the demo took"
+    assert f"({seconds.group(1)} s from start to stop,\nmeasured {seconds.group(2)}" in started
+    assert f"demo finished in {seconds.group(1)}s" in readme and f"demo finished in {seconds.group(1)}s" in started
+    faults = (DOCS / "what-happens-when.md").read_text()
+    costs = re.findall(r"\*\*\+(\d+) s\*\* \(([\d.]+) s against ([\d.]+) s undisturbed\)", readme)
+    assert costs, "the README no longer says what a killed train task costs"
+    for added, took, undisturbed in costs:  # each fault's cost the README gives, as what-happens-when.md gives it
+        assert round(float(took) - float(undisturbed)) == int(added)
+        assert f"{took} s against {undisturbed} s undisturbed" in faults
+
+
+ENV_NAME = re.compile(r"\bMOP_[A-Z0-9_]+\b")
+
+
+def _env_rows() -> dict[str, str]:
+    rows = {}
+    for line in (DOCS / "reference" / "environment.md").read_text().splitlines():
+        match = re.match(r"^\| `(MOP_[A-Z0-9_]+)` \|", line)
+        if match:
+            rows[match.group(1)] = line
+    return rows
+
+
+def test_the_environment_page_lists_every_variable_the_code_reads_with_its_default():
+    read = set()
+    for folder in ("mop_airflow", "operators", "plugins"):
+        for path in (ROOT / folder).rglob("*"):
+            if path.suffix in (".py", ".js"):
+                read |= set(ENV_NAME.findall(path.read_text()))
+    rows = _env_rows()
+    assert sorted(read - set(rows)) == [], "read by the code, missing on docs/reference/environment.md"
+    assert sorted(set(rows) - read) == [], "on docs/reference/environment.md, read nowhere in the code"
+    from mop_airflow.training import devices, session, shard_loop, watchdog
+    from mop_airflow.cli.runs import DEFAULT_PORT
+
+    defaults = {"MOP_SHARD_STALL_SECONDS": watchdog.STALL_SECONDS, "MOP_SHARD_WAIT_SECONDS": shard_loop.WAIT_SECONDS,
+                "MOP_SHARD_YIELD_SECONDS": shard_loop.YIELD_SECONDS, "MOP_SLOT_WAIT_S": devices.DEFAULT_WAIT_S}
+    if hasattr(watchdog, "STALL_FLOOR_SECONDS"):
+        defaults["MOP_SHARD_STALL_FLOOR_SECONDS"] = watchdog.STALL_FLOOR_SECONDS
+    assert {name: f"| `{value:g}` |" in rows[name] for name, value in defaults.items()} == dict.fromkeys(defaults, True)
+    assert f"http://localhost:{DEFAULT_PORT}" in rows["MOP_AIRFLOW_API_URL"]
+    assert session.HOST_CACHE_MOST == 1 << 30 and "up to 1 GiB" in rows["MOP_MODEL_CACHE_BYTES"]
+    assert "reference/environment.md" in (ROOT / "mkdocs.yml").read_text()
+
+
+def test_a_page_that_makes_the_example_data_installs_the_examples_extra():
+    missing = []
+    for page in pages():
+        shell = "\n".join(text for lang, text in fenced_blocks(page) if lang in SHELLS)
+        if "mop-airflow example-data" not in shell:
+            continue
+        for extras in re.findall(r"pip install [\"']?mop-airflow\[([^\]]*)\]", shell):
+            if "examples" not in extras.split(","):
+                missing.append(f"{page.relative_to(ROOT)}: mop-airflow[{extras}] without examples")
+    assert missing == []
+    from importlib.metadata import PackageNotFoundError, requires
+
+    try:  # the examples extra is what example-data imports
+        examples = [r for r in requires("mop-airflow") or [] if 'extra == "examples"' in r]
+    except PackageNotFoundError:
+        examples = []
+    assert not examples or any(r.startswith("mnist1d") for r in examples)
+
+
+def test_the_readme_says_where_the_results_are_and_how_to_reopen_a_finished_demo():
+    from mop_airflow.plugins import MopResultsPlugin
+
+    readme = README.read_text()
+    links = {link["name"]: link for link in MopResultsPlugin.external_views}
+    assert f"**{links['MOP results']['name']}** tab" in readme
+    assert f"**{links['MOP runs']['category'].capitalize()} > {links['MOP runs']['name']}**" in readme
+    reopen = re.search(r"`\.venv/bin/mop-airflow (up --dags-folder dags)`", readme)
+    assert reopen and "the same `.mop_home`" in readme
+    _cli_parser().parse_args(reopen.group(1).split())
+    celery = next(text for lang, text in fenced_blocks(README) if "mop-celery.env" in text)
+    assert celery.index("export AIRFLOW_HOME=") < celery.index('"$AIRFLOW_HOME/mop-celery.env"')
+
+
+def test_the_gpu_pages_and_the_compose_file_set_what_a_gpu_worker_needs():
+    from mop_airflow.airflow.celery_config import GPU_WORKER_ENV
+
+    compose = yaml.safe_load((ROOT / "docker" / "docker-compose.yaml").read_text())
+    args = compose["x-airflow-common"]["build"]["args"]
+    assert "jax[cuda" in args["JAX_PACKAGE"] and "and-cuda" in args["TF_PACKAGE"]
+    workers = {name: service for name, service in compose["services"].items() if name.startswith("worker-shard-")}
+    assert workers and all(service["environment"].get(k) == v for service in workers.values()
+                           for k, v in GPU_WORKER_ENV.items())
+    gpu = (DOCS / "how-to" / "gpu-workers.md").read_text()
+    table = gpu[gpu.index("## The three common machines"):gpu.index("**Several workers on one machine.**")]
+    assert "`schedule.slots_per_shard`" in table
+    celery = (DOCS / "how-to" / "celery.md").read_text()
+    more = celery[celery.index("**More GPUs on a machine:**"):celery.index("**CPU threads:**")]
+    assert "`schedule.slots_per_shard: 2`" in more
