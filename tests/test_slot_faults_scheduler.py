@@ -5,9 +5,10 @@ Sleepy models (0.15 s a batch, about 3.5 s a hop) on 2 shards:
 - shard 1 slot 1's train task SIGKILLed after its first hop (2 slots a shard): its retry trains the
   rest, the run ends within 60 s of an undisturbed run's time with no reschedule, and the same
   leaderboard;
-- the same task stopped (SIGSTOP) after its first hop: its watchdog kills it after
-  ``MOP_SHARD_STALL_SECONDS`` (20 s here), Airflow retries it, and the run ends within 3 minutes of
-  the undisturbed one, with the same leaderboard;
+- the same task stopped (SIGSTOP) after its first hop, at the default settings: its watchdog kills it
+  after the bound it learned from the steps it saw (10 x the slowest, at least 60 s; not the 300 s
+  bound before a first step), Airflow retries it, and the run ends within 3 minutes of the undisturbed one, with the
+  same leaderboard;
 - shard 1's pool held by another DAG for longer than the wait bound (20 s here): shard 0's slot is
   retried, never failed for good, keeping its hops, and the run succeeds;
 - shard 0's pool held the same way: shard 1's slot gives its pool slot back and is rescheduled
@@ -78,7 +79,7 @@ def airflow(tmp_path_factory):
     two = _spec(root, slots=2)
     for dag_id in (UNDISTURBED, KILLED):
         _mop_dag(dags, dag_id, two)
-    _mop_dag(dags, STOPPED, two, {"MOP_SHARD_STALL_SECONDS": "20"})
+    _mop_dag(dags, STOPPED, two)  # the default stall bounds
     one = _spec(root, slots=1)
     _mop_dag(dags, LATE, one, {"MOP_SHARD_WAIT_SECONDS": "20"}, retries=4)
     _mop_dag(dags, YIELDING, one, {"MOP_SHARD_YIELD_SECONDS": "8"})
@@ -182,8 +183,12 @@ def test_a_hung_train_task_is_killed_by_its_watchdog_and_retried(airflow, undist
     tries = _tries(airflow, STOPPED, run_id)
     assert tries.pop("train_shard_1_slot_1") == 2 and set(tries.values()) == {1}
     assert _board(airflow, STOPPED, run_id) == board
+    # killed after the bound learned from its steps (its first hop's), not the 300 s before a first step
+    log = airflow.task_log(STOPPED, run_id, "train_shard_1_slot_1", 1)
+    assert f"no progress in process {stopped[0]} for " in log and "(10 x its slowest step so far" in log, log[-3000:]
     assert took <= baseline + 180, (took, baseline)
-    print(f"stopped: {took:.1f} s against {baseline:.1f} s undisturbed")
+    killed = log[log.index("no progress in process"):].split("killing it")[0]
+    print(f"stopped: {took:.1f} s against {baseline:.1f} s undisturbed; {killed}")
 
 
 def _held_during(airflow, dag_id, shard):
