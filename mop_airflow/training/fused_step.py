@@ -29,6 +29,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from mop_airflow.training import progress
+
 # A member's state as it enters and leaves a fused pass: Keras's training state but the metrics (reset
 # every pass), as lists of arrays in the model's variable order.
 Member = tuple[list[Any], list[Any], list[Any]]  # trainable, non-trainable, optimizer
@@ -77,6 +79,7 @@ def train_fused_pass(model: Any, members: Sequence[Member], x: Any, y: Any, orde
     data = (jnp.asarray(x) if not isinstance(x, dict) else {k: jnp.asarray(v) for k, v in x.items()}, jnp.asarray(y))
     logs: Any = {}
     for start in range(0, rows, batch_size):
+        progress.tick()  # a fused hop's batches are steps as a lone hop's are: the watchdog learns them
         logs, state = step(state, order[:, start:start + batch_size], *data, wanted)
     trained = _unstack(len(members))(state)
     out_logs = []

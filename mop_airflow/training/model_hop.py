@@ -23,6 +23,7 @@ from mop_airflow.errors import TrainingError
 from mop_airflow.records.layout import RunLayout
 from mop_airflow.records import Assignment, HopRecord, Manifest, RunRecord
 from mop_airflow.planning.schedule import config_seed
+from mop_airflow.training import progress
 from mop_airflow.training.session import TaskSession
 
 log = logging.getLogger(__name__)
@@ -375,6 +376,7 @@ def evaluate_validation(model: Any, store: Any, manifest: Manifest, run: RunReco
     from mop_airflow.data.cache import cached_shard, load_shard, load_table  # noqa: PLC0415
     from mop_airflow.training.hop import evaluate, evaluate_streamed  # noqa: PLC0415
 
+    progress.long_step()  # the validation set's first fetch comes mid-block, and may be large
     held = cached_shard(store, manifest.validation, cache_dir, max_bytes=run.store.cache_max_bytes,
                         manifest=manifest)
     eval_batch = max(batch_size, 256)

@@ -24,6 +24,7 @@ from collections import OrderedDict
 from typing import Any
 
 from mop_airflow.errors import SpecError
+from mop_airflow.training import progress
 
 from mop_airflow.records import Manifest, RunRecord
 
@@ -230,6 +231,9 @@ class TaskSession:
             self._bytes[key] = model_bytes(cached)  # its optimizer's variables exist once it has trained
             return cached, True
         manifest = self.manifest
+        # a model built mid-block (its build, restore, first trace and compile) has the watchdog's long
+        # bound again: a warm slot's steps may be a hundred times shorter than a first compile
+        progress.long_step()
         built = build_model(config, input_shapes=input_shapes(manifest_inputs(manifest)),
                             num_classes=len(manifest.classes), seed=seed, task=manifest.task)
         if cached is None:
