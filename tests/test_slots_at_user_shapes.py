@@ -39,9 +39,9 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 NAN = "tests.training.toys:nan_after_steps"
 SLEEPY = "mop_airflow.examples.timed_models:sleepy"
 REPO = Path(__file__).resolve().parents[1]
-# shards, slots, the training step its layer turns NaN at (the second hop on every shape: digits' 1,437
-# training rows in batches of 32 are 12, 6 and 15 steps a hop)
-SHAPES = {"4x1": (4, 1, 13), "8x1": (8, 1, 13), "3x2": (3, 2, 20)}
+# shards, slots, the training step its layer turns NaN at, and the hop that step falls in (digits' 1,437
+# training rows in batches of 32 are 12, 6 and 15 steps a hop): mid-search on every shape
+SHAPES = {"4x1": (4, 1, 13, 1), "8x1": (8, 1, 13, 2), "3x2": (3, 2, 20, 1)}
 ASHA_STOPPED, ASHA_LATE = "mop_asha_stopped", "mop_asha_late_peer"
 
 
@@ -78,14 +78,15 @@ def airflow(tmp_path_factory):
     dags = root / "dags"
     dags.mkdir()
     write_digits(root / "digits.parquet")
-    for name, (shards, slots, step) in SHAPES.items():
+    for name, (shards, slots, step, _) in SHAPES.items():
         _mop_dag(dags, f"mop_diverging_{name}", _grid(root, shards, slots), {"MOP_TEST_NAN_AT_STEP": str(step)})
         _mop_dag(dags, f"mop_clean_{name}", _grid(root, shards, slots), {"MOP_TEST_NAN_AT_STEP": "1000000"})
     bounds = {"MOP_SHARD_WAIT_SECONDS": "20", "MOP_SHARD_STALL_SECONDS": "60"}
     _mop_dag(dags, ASHA_STOPPED, _asha(root), bounds)
     _mop_dag(dags, ASHA_LATE, _asha(root), bounds)
     _holder(dags, HOLDERS[1], shard_pool(1), 50)
-    env = {"MOP_AIRFLOW_HOME": str(root / "mop"), "PYTHONPATH": str(REPO)}
+    # 8 train tasks at once beside a control task (preflight refuses fewer); the toy builders from tests/
+    env = {"MOP_AIRFLOW_HOME": str(root / "mop"), "PYTHONPATH": str(REPO), "AIRFLOW__CORE__PARALLELISM": "10"}
     with LocalAirflow(root / "airflow", dags, extra_env=env) as af:
         for dag_id in [*(f"mop_{k}_{n}" for k in ("diverging", "clean") for n in SHAPES), ASHA_STOPPED, ASHA_LATE,
                        HOLDERS[1]]:
@@ -118,15 +119,15 @@ def _board(af, dag_id, run_id):
 @pytest.mark.parametrize("shape", list(SHAPES))
 def test_a_grid_with_configurations_diverging_mid_search_succeeds_and_ranks_the_rest_as_without_them(airflow,
                                                                                                         shape):
-    shards, slots, _ = SHAPES[shape]
+    shards, slots, _, hop = SHAPES[shape]
     clean_id, clean_took = _run(airflow, f"mop_clean_{shape}")
     run_id, took = _run(airflow, f"mop_diverging_{shape}")
     clean, board = _board(airflow, f"mop_clean_{shape}", clean_id), _board(airflow, f"mop_diverging_{shape}", run_id)
     assert set(board) == set(clean) and len(board) == 8
     diverged = {cid for cid, row in board.items() if row["status"] == "diverged"}
     assert len(diverged) == 4 and all(clean[cid]["status"] == "finished" for cid in diverged)
-    for cid in diverged:  # in its second hop: the first trained, and nothing after the divergence
-        assert board[cid]["outcome"].startswith("diverged at hop 1 (iteration 0, shard "), board[cid]["outcome"]
+    for cid in diverged:  # where its step fell: the hops before it trained, and nothing after the divergence
+        assert board[cid]["outcome"].startswith(f"diverged at hop {hop} (iteration 0, shard "), board[cid]["outcome"]
         assert "loss=nan" in board[cid]["outcome"]
     for cid in set(board) - diverged:
         row, reference = board[cid], clean[cid]
