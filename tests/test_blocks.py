@@ -1,5 +1,7 @@
 """The step between two blocks of an adaptive search (mop_airflow.planning.blocks), on hand-made records."""
 
+import pytest
+
 from mop_airflow.planning.blocks import completions, next_classes
 from mop_airflow.records import HopRecord
 from mop_airflow.search.jobs import Job
@@ -104,3 +106,37 @@ def test_an_asha_budget_trains_one_per_slot_ends_where_no_leg_fits_and_says_why(
         "(0 promoted); it was among them, but its 2 more iteration(s) to rung 1 would not have ended within the "
         "3 blocks the budget of 6 iterations lasts")
     assert all("budget" not in row["outcome"] for row in board if row["config_id"] != ids[1])
+
+
+@pytest.mark.parametrize("failed", [False, True])
+def test_a_pbt_search_begun_before_blocks_ran_to_the_boundary_goes_on_to_it_before_anyone_is_ranked(failed, tmp_path):
+    """A PBT decision written before the upgrade is one iteration long (``hops`` 0) and may end in the
+    middle of a segment: the members are still on it, so the next block takes them to the boundary and
+    nobody is ranked or copied before, even when one of them failed in that iteration (it is replaced at
+    the boundary; planning/blocks.py, ``_pbt_jobs``)."""
+    import dataclasses
+
+    from mop_airflow.planning.blocks import decide_next_block, first_block
+    from mop_airflow.store import Store
+    from tests.test_end_to_end import MLP, tiny_spec
+    from tests.test_results import hop, planned
+
+    spec = tiny_spec("/data/digits.parquet", f"file://{tmp_path / 'store'}")  # 2 shards
+    rate = {"distribution": "log_uniform", "low": 1e-4, "high": 3e-2}
+    spec["search"]["space"] = {"method": "random", "seed": 3, "params": {"model": [MLP], "learning_rate": rate}}
+    spec["search"]["adaptive"] = {"method": "pbt", "population": 2, "iterations": 4, "interval": 2,
+                                  "mutations": {"learning_rate": rate}}
+    layout, run, plan = planned(Store(spec["store"]["root"]), spec)
+    first = first_block(layout, run, plan)
+    assert first.hops == 4 and sorted(first.ends) == sorted(first.training)  # now: to the boundary, 2 iterations
+    old = dataclasses.replace(first, hops=0, ends=[])  # as written before: one iteration
+    old.write(layout.store, layout.block_decision_uri(0))
+    members = sorted(first.training)
+    for k, cid in enumerate(members):
+        for t in (0, 1):
+            hop(layout, cid, t, t, start=k + t, acc=0.5 + k / 10, status="failed" if failed and k == 1 else "ok")
+    after = decide_next_block(layout, run, plan, 0)
+    going_on = members[:1] if failed else members
+    assert after.jobs == [] and after.copies == [] and len(after.completions) == int(failed)
+    assert after.training == dict.fromkeys(going_on, 2) and after.hops == 2  # on to the boundary
+    assert sorted(after.ends) == going_on and after.members == old.members

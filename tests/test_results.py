@@ -337,3 +337,27 @@ def test_a_local_report_of_a_run_still_training_is_provisional(store, tmp_path):
     printed = []
     print_leaderboard(board, printed.append)
     assert "provisional" in printed[0] and any(a in line and "training" in line for line in printed)
+
+
+def test_a_run_stored_before_blocks_keeps_its_rung_decisions(tmp_path):
+    """A Hyperband run drawn into one DAG before searches were decided between blocks wrote a rung
+    decision per rung (``rungs/``) and no block decision: its results page, report and status still read
+    those (results/runs.py, ``load_rung_decisions``), even with the plan and run at hand."""
+    from mop_airflow.records import RungDecision
+    from mop_airflow.results.runs import load_rung_decisions
+
+    from tests.test_end_to_end import MLP, tiny_spec
+
+    store = Store(f"file://{tmp_path / 'store'}")
+    spec = tiny_spec("/data/digits.parquet", f"file://{tmp_path / 'store'}")
+    spec["search"]["space"] = {"method": "random", "seed": 3, "params": {
+        "model": [MLP], "learning_rate": {"distribution": "log_uniform", "low": 1e-4, "high": 3e-2}}}
+    spec["search"]["adaptive"] = {"method": "hyperband", "R": 3, "eta": 3}
+    layout, run, plan = planned(store, spec)
+    decision = RungDecision(bracket=1, rung=0, metric="val_accuracy", direction="max", keep=1, iterations_done=1,
+                            results=[{"config_id": "a", "metric": 0.9, "status": "ok"},
+                                     {"config_id": "b", "metric": 0.7, "status": "ok"}],
+                            promoted=["a"], pruned=[{"config_id": "b", "rung": 0, "bracket": 1}])
+    decision.write(store, layout.rung_decision_uri(1, 0))
+    assert load_rung_decisions(layout) == [decision]
+    assert load_rung_decisions(layout, plan, run) == [decision]  # not the (absent) block decisions' rungs

@@ -140,11 +140,10 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         return _plan_asha(args)
     try:
         if args.n is not None:
-            plan = successive_halving(args.n, args.r, args.eta, args.rungs, shards=args.shards,
-                                      allow_partial_iterations=args.allow_partial_iterations)
+            plan = successive_halving(args.n, args.r, args.eta, args.rungs, shards=args.shards)
         else:
             plan = hyperband_plan(args.R, args.eta, shards=args.shards, rounding=args.rounding,
-                                  skip_last=args.skip_last, allow_partial_iterations=args.allow_partial_iterations)
+                                  skip_last=args.skip_last)
     except SpecError as exc:
         print(exc, file=sys.stderr)
         return USAGE
@@ -417,7 +416,6 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--budget", type=int, default=None, help="ASHA: iterations the whole search may train")
     plan.add_argument("--shards", type=int, default=4)
     plan.add_argument("--slots", type=int, default=1)
-    plan.add_argument("--allow-partial-iterations", action="store_true")
     plan.add_argument("--seconds-per-hop", type=float, default=None,
                       help="measured seconds per model hop, for the wall-time estimate (see benchmarks/)")
     plan.add_argument("--task-seconds", type=float, default=0.0,

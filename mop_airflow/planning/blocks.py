@@ -205,7 +205,7 @@ def _decision(run: RunRecord, plan: Plan, *, block: int, previous: BlockDecision
     made: list[dict[str, Any]] = []
     if isinstance(method, PbtPlan):
         members = list(previous.members) if previous else draw[:method.population]
-        handed, copies, made = _pbt_jobs(method, run, members, seen, busy, jobs_so_far)
+        handed, copies, made = _pbt_jobs(method, run, members, seen, jobs_so_far)
         for copy in copies:
             members[copy.member] = copy.config_id
             trained[copy.config_id] = copy.iteration * shards  # it goes on from its parent's state
@@ -256,14 +256,16 @@ def _tpe(run: RunRecord, method: AshaPlan, seen: list[Completion], busy: set[str
     return propose
 
 
-def _pbt_jobs(method: PbtPlan, run: RunRecord, members: list[str], seen: list[Completion], busy: Mapping[str, int],
+def _pbt_jobs(method: PbtPlan, run: RunRecord, members: list[str], seen: list[Completion],
               jobs_so_far: list[Job]) -> tuple[list[Job], list[Exploit], list[dict[str, Any]]]:
-    """PBT's jobs: the whole population at the start, then at each boundary (once no member is still
-    on its segment) every member going on or replaced by a copy (:func:`mop_airflow.search.pbt.pbt_decision`)."""
+    """PBT's jobs: the whole population at the start, then at each boundary every member going on or
+    replaced by a copy (:func:`mop_airflow.search.pbt.pbt_decision`). A block ends at the boundary, the
+    same for every member, so each one has finished its segment (or failed in it) by then. After a block
+    decided before blocks ran to the boundary (one iteration long, in a search begun before the
+    upgrade) the members may still be on their segment: none has a result to rank, so the decision
+    hands out nothing and the next block takes them on to the boundary."""
     if not jobs_so_far:
         return [Job(cid, 0, "start", method.segment_end(0)) for cid in members], [], []
-    if busy:
-        return [], [], []  # a member failed inside the segment: the rest finish it before anyone is ranked
     segment = max(j.rung for j in jobs_so_far)
     done = [c for c in seen if c.rung == segment and c.config_id in set(members)]
     configs = {c["config_id"]: c for c in run.configs}

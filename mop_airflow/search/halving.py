@@ -19,16 +19,9 @@ from mop_airflow.search.promotion import promote
 
 
 def rung_iterations(bracket: Bracket) -> list[int]:
-    """Where each rung of ``bracket`` ends, in whole iterations (a rung ends at an iteration boundary)."""
-    ends = []
-    for rung in bracket.rungs:
-        if rung.r_i.denominator != 1:
-            raise SpecError("search.adaptive.R", bracket.r * bracket.eta ** len(bracket.rungs),
-                            f"bracket {bracket.s} ranks its rung {rung.i} after {rung.r_i} iterations, not a whole "
-                            "number: a search decided between blocks ranks only at an iteration boundary",
-                            "choose R a multiple of eta**s_max (e.g. 9, 27 or 81 with eta=3)")
-        ends.append(int(rung.r_i))
-    return ends
+    """Where each rung of ``bracket`` ends, in whole iterations: a bracket's rungs end at iteration
+    boundaries (the plan refuses any other, :func:`mop_airflow.search.hyperband.hyperband_plan`)."""
+    return [int(rung.r_i) for rung in bracket.rungs]
 
 
 def halving_jobs(brackets: Sequence[Bracket], members: Mapping[int, Sequence[str]],

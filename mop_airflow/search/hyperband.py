@@ -30,7 +30,7 @@ whole number, "madlib" reproduces MADlib's schedule table, except where MADlib's
 slips and we keep the exact value: it takes ``s_max`` from ``math.log`` (R=243, eta=3 gives 4
 there, 5 here) and truncates ``n * eta**-i`` in floats (its table shows 0 configurations in the
 last rung for R=729, eta=3). Two things of MADlib's we do not copy: it rounds a fractional ``r_i``
-to whole iterations (we reject it, or count it in hops, below), and at each rung it trains ``r_i``
+to whole iterations (we reject it, below), and at each rung it trains ``r_i``
 *more* iterations on top of the warm start, so its survivor of bracket 4 above trains
 1+3+9+27+81 = 121 iterations instead of the paper's 81.
 
@@ -40,14 +40,12 @@ more. ``total_resource_iterations`` is the paper's accounting (sum of ``n_i * r_
 rung started from scratch); ``incremental_resource_iterations`` (sum of ``n_i * (r_i - r_{i-1})``)
 is what MOP actually trains, and ``total_hops`` is that times ``shards``.
 
-Rungs that end between iterations: MOP's unit of work is the hop (1/shards of an iteration),
-and ``r = R / eta**s`` need not be whole (R=4, eta=3 gives r=4/3). A rung ranks configurations
-against each other, which is fair only when each has seen the same data: at an iteration
-boundary every configuration has visited every shard equally often, but in the middle of an
-iteration the hop plan's groups have visited *different* shards. So by default a rung whose
-``r_i`` is not a whole number of iterations is rejected (choose R a multiple of ``eta**s_max``);
-``allow_partial_iterations=True`` accepts it when ``r_i * shards`` is a whole number of hops,
-fair in expectation only, when every shard is a random sample of the same data.
+Rungs that end between iterations: ``r = R / eta**s`` need not be whole (R=4, eta=3 gives
+r=4/3). A rung ranks configurations against each other, which is fair only when each has seen the
+same data: at an iteration boundary every configuration has visited every shard equally often, but
+in the middle of an iteration they have visited *different* shards. A block of hops ends at a rung's
+end, at an iteration boundary, so a rung whose ``r_i`` is not a whole number of iterations is
+rejected (choose R a multiple of ``eta**s_max``).
 """
 
 from __future__ import annotations
@@ -94,8 +92,6 @@ class Bracket:
     rungs: tuple[Rung, ...]
     eta: int
     shards: int = 1
-    allow_partial_iterations: bool = False
-    between_runs: bool | None = None  # decided between blocks of hops: True, False, or None (by size)
 
     @property
     def total_configurations(self) -> int:
@@ -118,9 +114,8 @@ class Bracket:
 
     def with_shards(self, shards: int) -> "Bracket":
         """The same bracket expressed for another shard count (checked again)."""
-        _check_shards(shards, self.allow_partial_iterations)
-        return _bracket(self.s, self.n, self.r, self.eta, len(self.rungs), shards,
-                        self.allow_partial_iterations, _where="search.adaptive.r")
+        _check_shards(shards)
+        return _bracket(self.s, self.n, self.r, self.eta, len(self.rungs), shards, _where="search.adaptive.r")
 
     def to_dict(self) -> dict[str, Any]:
         return {"s": self.s, "n": self.n, "r": _plain(self.r), "eta": self.eta, "shards": self.shards,
@@ -142,8 +137,6 @@ class HyperbandPlan:
     skip_last: int
     brackets: tuple[Bracket, ...]
     shards: int = 1
-    allow_partial_iterations: bool = False
-    between_runs: bool | None = None  # decided between blocks of hops: True, False, or None (by size)
 
     @property
     def s_max(self) -> int:
@@ -175,14 +168,12 @@ class HyperbandPlan:
 
     def with_shards(self, shards: int) -> "HyperbandPlan":
         """The same plan expressed for another shard count (checked again)."""
-        return hyperband_plan(self.R, self.eta, shards=shards, rounding=self.rounding, skip_last=self.skip_last,
-                              allow_partial_iterations=self.allow_partial_iterations)
+        return hyperband_plan(self.R, self.eta, shards=shards, rounding=self.rounding, skip_last=self.skip_last)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able; a fraction of an iteration is written as a string such as ``"4/3"``."""
         return {"R": self.R, "eta": self.eta, "s_max": self.s_max, "rounding": self.rounding,
                 "skip_last": self.skip_last, "shards": self.shards,
-                "allow_partial_iterations": self.allow_partial_iterations,
                 "budget_per_bracket": self.budget_per_bracket,
                 "total_configurations": self.total_configurations,
                 "total_resource_iterations": _plain(self.total_resource_iterations),
@@ -194,8 +185,8 @@ class HyperbandPlan:
 Plan = Union[HyperbandPlan, Bracket]
 
 
-def hyperband_plan(R: int, eta: int = 3, *, shards: int = 1, rounding: str = "paper", skip_last: int = 0,
-                   allow_partial_iterations: bool = False) -> HyperbandPlan:
+def hyperband_plan(R: int, eta: int = 3, *, shards: int = 1, rounding: str = "paper", skip_last: int = 0
+                   ) -> HyperbandPlan:
     """Algorithm 1 of Li et al. for a maximum of ``R`` iterations per configuration."""
     _integer("search.adaptive.R", R, 1, "R is the most iterations one configuration may train, e.g. 81")
     _integer("search.adaptive.eta", eta, 2, "eta is the elimination rate; 3 is the paper's choice")
@@ -208,7 +199,7 @@ def hyperband_plan(R: int, eta: int = 3, *, shards: int = 1, rounding: str = "pa
         raise SpecError("search.adaptive.skip_last", skip_last,
                         f"must be at most s_max={top} (R={R}, eta={eta}), or no bracket is left",
                         f"use a skip_last between 0 and {top}")
-    _check_shards(shards, allow_partial_iterations)
+    _check_shards(shards)
     brackets = []
     for s in range(top, skip_last - 1, -1):
         if rounding == "paper":
@@ -216,17 +207,18 @@ def hyperband_plan(R: int, eta: int = 3, *, shards: int = 1, rounding: str = "pa
         else:
             n = (top + 1) // (s + 1) * eta ** s
         brackets.append(_bracket(s, n, Fraction(R, eta ** s), eta, s + 1 - skip_last, shards,
-                                 allow_partial_iterations, _where="search.adaptive.R", _R=R))
+                                 _where="search.adaptive.R", _R=R))
     return HyperbandPlan(R=R, eta=eta, rounding=rounding, skip_last=skip_last, brackets=tuple(brackets),
-                         shards=shards, allow_partial_iterations=allow_partial_iterations)
+                         shards=shards)
 
 
-def successive_halving(n: int, r: int | Fraction, eta: int = 3, rungs: int | None = None, *, shards: int = 1,
-                       allow_partial_iterations: bool = False) -> Bracket:
+def successive_halving(n: int, r: int | Fraction, eta: int = 3, rungs: int | None = None, *, shards: int = 1
+                       ) -> Bracket:
     """One bracket: ``n`` configurations at ``r`` iterations, keeping ``1/eta`` at each rung.
 
     ``rungs`` defaults to ``floor(log_eta(n)) + 1``, the most that still leave a configuration in
-    the last rung; ``r`` is an int or a :class:`fractions.Fraction` of iterations.
+    the last rung; ``r`` is an int or a :class:`fractions.Fraction` of iterations, and every rung must
+    end at a whole number of iterations.
     """
     _integer("search.adaptive.n", n, 1, "n is the number of configurations to start with, e.g. 27")
     if isinstance(r, bool) or not isinstance(r, (int, Fraction)) or r <= 0:
@@ -241,9 +233,8 @@ def successive_halving(n: int, r: int | Fraction, eta: int = 3, rungs: int | Non
         raise SpecError("search.adaptive.rungs", rungs,
                         f"must be at most {most}: n={n} with eta={eta} leaves no configuration after {most} rungs",
                         f"use rungs <= {most}, or start with n >= {eta ** (rungs - 1)} configurations")
-    _check_shards(shards, allow_partial_iterations)
-    return _bracket(rungs - 1, n, Fraction(r), eta, rungs, shards, allow_partial_iterations,
-                    _where="search.adaptive.r")
+    _check_shards(shards)
+    return _bracket(rungs - 1, n, Fraction(r), eta, rungs, shards, _where="search.adaptive.r")
 
 
 def estimate_wall_seconds(plan: Plan, *, shards: int | None = None, seconds_per_hop: float,
@@ -300,55 +291,38 @@ def format_plan(plan: Plan, *, shards: int | None = None, seconds_per_hop: float
     return "\n".join(lines)
 
 
-def _bracket(s: int, n: int, r: Fraction, eta: int, count: int, shards: int, allow_partial: bool, *,
-             _where: str, _R: int | None = None) -> Bracket:
+def _bracket(s: int, n: int, r: Fraction, eta: int, count: int, shards: int, *, _where: str,
+             _R: int | None = None) -> Bracket:
     rungs: list[Rung] = []
     previous = 0
     for i in range(count):
         n_i, r_i = n // eta ** i, r * eta ** i
-        hops = r_i * shards
-        if (r_i.denominator != 1 and not allow_partial) or hops.denominator != 1:
-            raise _partial_error(s, i, r_i, r, eta, shards, allow_partial, _where, _R)
+        if r_i.denominator != 1:
+            raise _partial_error(s, i, r_i, r, eta, _where, _R)
+        hops = int(r_i) * shards
         keep = n_i // eta if i < count - 1 else 0
-        rungs.append(Rung(s=s, i=i, n_i=n_i, r_i=r_i, hops_i=int(hops), keep=keep, new_hops=int(hops) - previous))
-        previous = int(hops)
-    return Bracket(s=s, n=n, r=r, rungs=tuple(rungs), eta=eta, shards=shards, allow_partial_iterations=allow_partial)
+        rungs.append(Rung(s=s, i=i, n_i=n_i, r_i=r_i, hops_i=hops, keep=keep, new_hops=hops - previous))
+        previous = hops
+    return Bracket(s=s, n=n, r=r, rungs=tuple(rungs), eta=eta, shards=shards)
 
 
-# What a spec that wants rungs between iterations reads: the option is retired, the blocks replaced it.
-RETIRED_PARTIAL = ("blocks that end at the rung ends replaced allow_partial_iterations, which a spec may no longer "
-                   "set; `mop-airflow plan --allow-partial-iterations` still shows such a plan in hops")
-
-
-def _partial_error(s: int, i: int, r_i: Fraction, r: Fraction, eta: int, shards: int, allow_partial: bool,
-                   where: str, R: int | None) -> SpecError:
+def _partial_error(s: int, i: int, r_i: Fraction, r: Fraction, eta: int, where: str, R: int | None) -> SpecError:
     what = f"bracket s={s} rung i={i} trains to r_i={r_i} iterations"
     if R is not None:
         what = f"with R={R}, eta={eta}, {what}"
-    if not allow_partial:
-        rule = (f"{what}, not a whole number of iterations; a rung must end at an iteration boundary so every "
-                "configuration has visited every shard equally often before they are ranked")
-        if R is not None:
-            unit = eta ** s_max(R, eta)
-            fix = (f"choose R as a multiple of eta**s_max={unit} (e.g. R in {[k * unit for k in range(1, eta)]}), "
-                   f"so that every rung ends at an iteration boundary, where a block ends and the search decides "
-                   f"({RETIRED_PARTIAL})")
-        else:
-            fix = ("choose a whole number of iterations for r, so that every rung ends at an iteration boundary "
-                   f"({RETIRED_PARTIAL})")
-        return SpecError(where, R if R is not None else r, rule, fix)
-    step = r.denominator
-    return SpecError("schedule.shards", shards,
-                     f"{what} = {r_i * shards} hops on {shards} shards, not a whole number of hops",
-                     f"use a shard count that is a multiple of {step} (e.g. {-(-shards // step) * step}), "
-                     "or choose R so that every rung is a whole number of iterations")
+    rule = (f"{what}, not a whole number of iterations; a rung must end at an iteration boundary so every "
+            "configuration has visited every shard equally often before they are ranked")
+    if R is not None:
+        unit = eta ** s_max(R, eta)
+        fix = (f"choose R as a multiple of eta**s_max={unit} (e.g. R in {[k * unit for k in range(1, eta)]}), "
+               "so that every rung ends at an iteration boundary, where a block ends and the search decides")
+    else:
+        fix = "choose a whole number of iterations for r, so that every rung ends at an iteration boundary"
+    return SpecError(where, R if R is not None else r, rule, fix)
 
 
-def _check_shards(shards: int, allow_partial: bool) -> None:
+def _check_shards(shards: int) -> None:
     _integer("schedule.shards", shards, 1, "use the number of shards the training data is split into, e.g. 4")
-    if not isinstance(allow_partial, bool):
-        raise SpecError("allow_partial_iterations", allow_partial, "must be True or False",
-                        "leave it False unless rungs may end between iterations")
 
 
 def _integer(name: str, value: Any, minimum: int, fix: str) -> None:

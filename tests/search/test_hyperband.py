@@ -158,39 +158,22 @@ def test_incremental_resource_is_the_sum_of_the_increments(R, eta):
     assert plan.total_hops == plan.incremental_resource_iterations * 3
 
 
-def test_partial_iterations_are_rejected_by_default():
-    with pytest.raises(SpecError) as err:
-        hyperband_plan(4, 3)
-    e = err.value
-    assert e.field == "search.adaptive.R" and e.value == 4
-    assert "bracket s=1 rung i=0" in e.rule and "4/3" in e.rule and "eta=3" in e.rule
-    assert "[3, 6]" in e.fix and "allow_partial_iterations" in e.fix
-
-
-def test_partial_iterations_in_whole_hops_are_allowed_on_request():
-    plan = hyperband_plan(4, 3, shards=3, allow_partial_iterations=True)
-    assert table_of(plan) == {1: [(3, Fraction(4, 3)), (1, 4)], 0: [(2, 4)]}
-    assert [[g.hops_i for g in b.rungs] for b in plan.brackets] == [[4, 12], [12]]
-    assert plan.total_hops == 3 * 4 + 1 * 8 + 2 * 12
-    assert plan.incremental_resource_iterations == Fraction(44, 3)
-    nine = hyperband_plan(10, 3, shards=9, allow_partial_iterations=True)
-    assert [g.hops_i for g in nine.brackets[0].rungs] == [10, 30, 90]
-
-
-def test_partial_iterations_that_are_not_whole_hops_are_rejected():
-    with pytest.raises(SpecError) as err:
-        hyperband_plan(4, 3, shards=4, allow_partial_iterations=True)
-    e = err.value
-    assert e.field == "schedule.shards" and e.value == 4
-    assert "R=4" in e.rule and "bracket s=1 rung i=0" in e.rule and "16/3 hops" in e.rule
-    assert "multiple of 3" in e.fix and "6" in e.fix
+def test_a_rung_between_iterations_is_rejected_with_the_r_that_ends_each_rung_at_one():
+    for shards in (1, 3):
+        with pytest.raises(SpecError) as err:
+            hyperband_plan(4, 3, shards=shards)
+        e = err.value
+        assert e.field == "search.adaptive.R" and e.value == 4
+        assert "bracket s=1 rung i=0" in e.rule and "4/3" in e.rule and "eta=3" in e.rule
+        assert "[3, 6]" in e.fix and "where a block ends and the search decides" in e.fix
+        assert "allow_partial" not in e.fix and "allow-partial" not in e.fix  # a retired option (docs/upgrade.md)
 
 
 def test_with_shards_rechecks():
-    plan = hyperband_plan(4, 3, shards=3, allow_partial_iterations=True)
+    plan = hyperband_plan(9, 3, shards=3)
     assert plan.with_shards(6).total_hops == 2 * plan.total_hops
-    with pytest.raises(SpecError, match="schedule.shards=2"):
-        plan.with_shards(2)
+    with pytest.raises(SpecError, match="schedule.shards=0"):
+        plan.with_shards(0)
 
 
 @pytest.mark.parametrize("kwargs,field,words", [
@@ -202,7 +185,6 @@ def test_with_shards_rechecks():
     ({"R": 9, "skip_last": -1}, "search.adaptive.skip_last", "integer >= 0"),
     ({"R": 9, "skip_last": 3}, "search.adaptive.skip_last", "at most s_max=2"),
     ({"R": 9, "shards": 0}, "schedule.shards", "integer >= 1"),
-    ({"R": 9, "allow_partial_iterations": "yes"}, "allow_partial_iterations", "True or False"),
 ])
 def test_arguments_are_validated(kwargs, field, words):
     with pytest.raises(SpecError) as err:
@@ -228,10 +210,10 @@ def test_successive_halving_validation_and_partial_iterations():
         with pytest.raises(SpecError) as err:
             successive_halving(*args)
         assert err.value.field == f"search.adaptive.{field}"
-    with pytest.raises(SpecError, match="not a whole number of iterations"):
-        successive_halving(9, Fraction(1, 2), 3)
-    half = successive_halving(9, Fraction(1, 2), 3, shards=2, allow_partial_iterations=True)
-    assert [g.hops_i for g in half.rungs] == [1, 3, 9]
+    with pytest.raises(SpecError, match="not a whole number of iterations") as err:
+        successive_halving(9, Fraction(1, 2), 3, shards=2)
+    assert err.value.field == "search.adaptive.r" and "whole number of iterations for r" in err.value.fix
+    assert [g.hops_i for g in successive_halving(9, Fraction(2, 1), 3, shards=2).rungs] == [4, 12, 36]
 
 
 def test_estimate_wall_seconds():
@@ -265,19 +247,18 @@ def test_format_plan_shows_every_rung_and_the_totals():
     assert "estimated" not in format_plan(hyperband_plan(81, 3), shards=4)
 
 
-def test_format_plan_shows_fractions_and_successive_halving():
-    text = format_plan(hyperband_plan(4, 3, shards=3, allow_partial_iterations=True))
-    assert ["1", "0", "3", "4/3", "4", "1"] in [line.split() for line in text.splitlines()]
+def test_format_plan_shows_successive_halving():
     sh = format_plan(successive_halving(9, 1, 3), shards=2)
     assert "Successive halving: n=9" in sh and "total configurations: 9" in sh
 
 
 def test_to_dict_is_json_and_exact():
-    plan = hyperband_plan(4, 3, shards=3, allow_partial_iterations=True)
+    plan = successive_halving(3, Fraction(2), 3, shards=3)
     data = json.loads(json.dumps(plan.to_dict()))
-    assert data["total_configurations"] == 5 and data["total_hops"] == 44
-    assert data["incremental_resource_iterations"] == "44/3" and data["total_resource_iterations"] == 16
-    assert data["brackets"][0]["rungs"][0] == {"s": 1, "i": 0, "n_i": 3, "r_i": "4/3", "hops_i": 4,
-                                               "new_hops": 4, "keep": 1}
+    assert data["total_configurations"] == 3 and data["total_hops"] == 3 * 6 + 1 * 12
+    assert data["incremental_resource_iterations"] == 10 and data["total_resource_iterations"] == 12
+    assert data["rungs"][0] == {"s": 1, "i": 0, "n_i": 3, "r_i": 2, "hops_i": 6, "new_hops": 6, "keep": 1}
+    assert json.loads(json.dumps(successive_halving(3, Fraction(2), 3).to_dict()))["r"] == 2
+    assert "allow_partial_iterations" not in hyperband_plan(9).to_dict()
     assert isinstance(hyperband_plan(9), HyperbandPlan)
     assert hyperband_plan(9) == hyperband_plan(9)  # same inputs, same plan
