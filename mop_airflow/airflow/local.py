@@ -180,6 +180,7 @@ class LocalAirflow:
         self.services = SERVICES + (("triggerer",) if celery else ())
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.processes: dict[str, subprocess.Popen] = {}
+        self.service_env: dict[str, dict[str, str] | None] = {}
         self.log = log
         # A deployment with logins (mop-airflow celery config writes one) names its user in extra_env; a
         # login merely inherited from the caller's environment (for another Airflow) is not this one's.
@@ -221,8 +222,12 @@ class LocalAirflow:
         for worker in self.workers:
             self.start_worker(worker)
         self.log(f"started {', '.join(self.processes)}; api at {self.base_url}")
-        self.wait_healthy()
+        # The execution API is built while the scheduler still imports what it preloads (its longest
+        # part of a start) instead of after it: 15-36 s of a start's wall time when a busy 2-core machine
+        # ran it last; where the CPUs are all busy anyway it gains nothing (benchmarks/embedded_start.py).
+        self.wait_api()
         self.warm_execution_api()
+        self.wait_healthy()
 
     def migrate(self) -> None:
         """Migrate the metadata database, or copy one migrated earlier (``MIGRATED_DB_ENV``).
@@ -269,10 +274,12 @@ class LocalAirflow:
         except httpx.HTTPError as exc:  # only a warm-up: the first task then waits as it would have
             self.log(f"the task execution API did not answer its warm-up ({exc!r}); the first task will wait for it")
 
-    def start_service(self, name: str) -> None:
-        """Start (or start again, after :meth:`stop_service`) one of :attr:`services`."""
+    def start_service(self, name: str, env: Mapping[str, str] | None = None) -> None:
+        """Start (or start again, after :meth:`stop_service`) one of :attr:`services`; ``env``: settings
+        of this start only, over the deployment's (kept in :attr:`service_env` until the next start)."""
+        self.service_env[name] = dict(env) if env else None
         self._spawn(name, [_bin("airflow"), name] + (["--port", str(self.port)] if name == "api-server" else []),
-                    self.env)
+                    {**self.env, **(env or {})})
 
     def stop_service(self, name: str, timeout: float = 120) -> None:
         """Stop a service as an operator restarting it would, and forget it until :meth:`start_service`.
@@ -353,6 +360,23 @@ class LocalAirflow:
         """``method`` on ``/api/v2{path}``; :class:`~mop_airflow.errors.AirflowApiError` (a RuntimeError) on failure."""
         return self.rest.call(method, path, **kwargs)
 
+    def wait_api(self, timeout: float = 180) -> None:
+        """Until the api-server answers (the other services may still be starting)."""
+        import httpx  # noqa: PLC0415
+
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            dead = [n for n, ok in self.alive().items() if not ok]
+            if dead:
+                raise RuntimeError(f"{', '.join(dead)} exited; see {self.home / 'logs'}")
+            try:
+                if self.client.get("/api/v2/monitor/health").status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.3)
+        raise TimeoutError(f"the api-server did not answer in {timeout}s; see {self.home / 'logs'}")
+
     def wait_healthy(self, timeout: float = 180) -> None:
         import httpx  # noqa: PLC0415
 
@@ -369,7 +393,7 @@ class LocalAirflow:
                     return
             except (httpx.HTTPError, ValueError):
                 pass
-            time.sleep(1)
+            time.sleep(0.5)
         raise TimeoutError(f"Airflow did not become healthy in {timeout}s (last health: {last})")
 
     def wait_for_dag(self, dag_id: str, timeout: float = 120) -> None:
