@@ -178,7 +178,8 @@ class LocalAirflow:
         self.env = airflow_env(self.home, self.dags_folder, self.port, {**topology, **(extra_env or {})})
         celery = self.env["AIRFLOW__CORE__EXECUTOR"] == "CeleryExecutor"
         self.services = SERVICES + (("triggerer",) if celery else ())
-        self.base_url = f"http://127.0.0.1:{self.port}"
+        # where this machine's processes reach the API server: 127.0.0.1 unless extra_env moved it (`up --host`)
+        self.base_url = self.env["AIRFLOW__CORE__EXECUTION_API_SERVER_URL"].rstrip("/").removesuffix("/execution")
         self.processes: dict[str, subprocess.Popen] = {}
         self.service_env: dict[str, dict[str, str] | None] = {}
         self.log = log
