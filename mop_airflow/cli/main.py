@@ -76,36 +76,53 @@ def _quiet_airflow_import():
 
 
 
-def _port_free(port: int) -> bool:
-    """Whether Airflow's api-server could listen on ``port``. It binds with SO_REUSEADDR (uvicorn does),
-    so the check does too: the connections of an Airflow just stopped wait in TIME_WAIT for a minute
+def _port_free(port: int, host: str = "127.0.0.1") -> bool:
+    """Whether Airflow's api-server could listen on ``host``:``port``. It binds with SO_REUSEADDR (uvicorn
+    does), so the check does too: the connections of an Airflow just stopped wait in TIME_WAIT for a minute
     and must not keep `up` from starting again, while a socket that really listens still refuses."""
-    with socket.socket() as sock:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            sock.bind(("127.0.0.1", port))
+            sock.bind((host, port))
         except OSError:
             return False
     return True
 
 
 def _cmd_up(args: argparse.Namespace) -> int:
-    from mop_airflow.airflow.local import LocalAirflow  # noqa: PLC0415
+    from mop_airflow.airflow import local  # noqa: PLC0415
+    from mop_airflow.cli import up  # noqa: PLC0415
 
     folder = Path(args.dags_folder).absolute()
     if not folder.is_dir():
         return _fail(f"--dags-folder {args.dags_folder}: no such folder", USAGE)
-    if not _port_free(args.port):
-        return _fail(f"port {args.port} is in use (another Airflow?): pass --port with a free one", UNAVAILABLE)
     home = Path(args.home).absolute()
+    host = args.host.strip().strip("[]")
     try:
-        with LocalAirflow(home / "airflow", folder, port=args.port, extra_env={"MOP_AIRFLOW_HOME": str(home)}) as af:
+        up.is_loopback(host)
+    except ValueError as exc:
+        return _fail(str(exc), USAGE)
+    bind = "127.0.0.1" if host in up.WILDCARDS else host
+    if not _port_free(0, bind):
+        return _fail(f"--host {args.host}: not an address of this machine. Fix: give one of its addresses, or 0.0.0.0 "
+                     "for every interface", USAGE)
+    if not _port_free(args.port, bind):
+        return _fail(f"port {args.port} is in use on {args.host} (another Airflow?): pass --port with a free one",
+                     UNAVAILABLE)
+    served = up.access(host, args.port, home / "airflow")  # off the loopback address: the login on
+    for line in up.example_data_lines(folder, home, make=not args.no_example_data):
+        print(line)
+    try:
+        with local.LocalAirflow(home / "airflow", folder, port=args.port,
+                                extra_env={"MOP_AIRFLOW_HOME": str(home), **served.env}) as af:
             sync = af.run_cli("mop-airflow", "pools", "sync", "--dags-folder", str(folder), check=False)
             print(sync.stdout.strip())
             if sync.stderr.strip():
                 print(sync.stderr.strip()[-4000:], file=sys.stderr)
             (home / "airflow" / "api_url").write_text(af.base_url)
-            print(f"\nAirflow UI: {af.base_url}  (no login: on this local Airflow every visitor is an admin)")
+            print("")
+            for line in up.login_lines(served):
+                print(line)
             print(f"DAGs from {folder}; the store and logs under {home}")
             print("follow a run with: mop-airflow status DAG_ID; stop with Ctrl-C")
             while all(af.alive().values()):
@@ -120,15 +137,10 @@ def _cmd_up(args: argparse.Namespace) -> int:
 
 
 def _cmd_example_data(args: argparse.Namespace) -> int:
-    from mop_airflow.examples.mnist1d_data import write_mnist1d  # noqa: PLC0415
+    from mop_airflow.cli.up import make_example_data  # noqa: PLC0415
 
-    from mop_airflow.examples.sklearn_data import write_digit_images, write_digits, write_friedman  # noqa: PLC0415
-
-    out = write_mnist1d(args.dir, num_samples=args.num_samples)
-    print(f"train: {out['train']}\nvalidation: {out['test']}")
-    print(f"digits (8x8 images as a tensor column): {write_digits(args.dir)}")
-    print(f"digit images (8x8 PNG files, a folder per class): {write_digit_images(args.dir)}")
-    print(f"friedman (regression, CSV files): {write_friedman(args.dir)}")
+    for line in make_example_data(args.dir, num_samples=args.num_samples):
+        print(line)
     return OK
 
 
@@ -257,11 +269,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     up = sub.add_parser("up", help="run the DAGs of a folder on a local Airflow (SQLite, LocalExecutor) until Ctrl-C",
                         description="Start Airflow's api-server, scheduler and dag-processor with a project-local "
-                                    "home, create the shard pools every mop_airflow DAG of the folder needs, print "
-                                    "the UI's address, and stop everything on Ctrl-C.")
+                                    "home, make the example DAGs' data where the home lacks it, create the shard "
+                                    "pools every mop_airflow DAG of the folder needs, print the UI's address (and, "
+                                    "off the loopback address, its login), and stop everything on Ctrl-C.")
     up.add_argument("--dags-folder", required=True, help="the folder of your DAG files")
     up.add_argument("--home", default=home, help=f"Airflow's home, the store and the logs (default {home})")
     up.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"the UI and REST API port (default {DEFAULT_PORT})")
+    up.add_argument("--host", default="127.0.0.1",
+                    help="the address the UI and REST API listen on (default 127.0.0.1: this machine only, no login). "
+                         "Any other than a loopback address, e.g. 0.0.0.0 (every interface) on a remote machine, "
+                         "turns the login on: user admin, a generated password printed when it is made")
+    up.add_argument("--no-example-data", action="store_true",
+                    help="do not make the example DAGs' data where --home lacks it (say how to make it instead)")
     up.set_defaults(func=_cmd_up)
 
     def api_options(cmd: argparse.ArgumentParser) -> None:

@@ -1,0 +1,175 @@
+"""`mop-airflow up` without starting Airflow (tests/test_command_line.py starts one): who may reach it
+(``--host``: the login on off the loopback address, a generated password shown once) and the example
+DAGs' data (``--home``: made where it is missing, or a line that says how). LocalAirflow is replaced by
+a stand-in that records its settings and stops at once, as Ctrl-C would."""
+
+from __future__ import annotations
+
+import json
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from mop_airflow.airflow import local
+from mop_airflow.cli import up
+from mop_airflow.cli.main import main
+from mop_airflow.hooks.rest import PASSWORD_ENV, USER_ENV
+from tests.conftest import REPO
+
+
+@pytest.mark.parametrize("host, loopback", [
+    ("127.0.0.1", True), ("127.0.0.2", True), ("::1", True), ("[::1]", True), ("localhost", True),
+    ("0.0.0.0", False), ("::", False), ("10.1.2.3", False), ("192.168.0.5", False), ("2001:db8::1", False),
+])
+def test_only_a_loopback_address_goes_without_a_login(host, loopback):
+    assert up.is_loopback(host) is loopback
+
+
+def test_a_name_that_does_not_resolve_is_refused_naming_it():
+    with pytest.raises(ValueError, match=r"--host no-such-host\.invalid: no address of that name.*Fix: "):
+        up.is_loopback("no-such-host.invalid")
+
+
+def test_on_the_loopback_address_nothing_changes(tmp_path):
+    served = up.access("127.0.0.1", 8080, tmp_path)
+    assert served.env == {} and not served.login and served.internal_url == "http://127.0.0.1:8080"
+    assert not (tmp_path / up.PASSWORDS_FILE_NAME).exists()
+    other = up.access("127.0.0.2", 8080, tmp_path)  # loopback too: no login, but the server listens there
+    assert not other.login and other.env["AIRFLOW__API__HOST"] == "127.0.0.2"
+    assert other.env["AIRFLOW__CORE__EXECUTION_API_SERVER_URL"] == "http://127.0.0.2:8080/execution/"
+
+
+def test_every_interface_turns_the_login_on_with_a_password_made_once(tmp_path, monkeypatch):
+    monkeypatch.setenv("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS", "True")  # the caller's own: not for a network
+    served = up.access("0.0.0.0", 8080, tmp_path / "airflow")
+    assert served.login and served.new_password and len(served.password) >= 20
+    env = served.env
+    assert env["AIRFLOW__API__HOST"] == "0.0.0.0" and env["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS"] == "False"
+    assert env["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS"] == "admin:admin"
+    assert env[USER_ENV] == "admin" and env[PASSWORD_ENV] == served.password
+    # this machine's processes still reach it on the loopback address, which every interface holds
+    assert env["AIRFLOW__CORE__EXECUTION_API_SERVER_URL"] == "http://127.0.0.1:8080/execution/"
+    assert env["AIRFLOW_CONN_MOP_AIRFLOW_API"].startswith("http://admin:") and "@127.0.0.1:8080" in env[
+        "AIRFLOW_CONN_MOP_AIRFLOW_API"]
+    passwords = served.passwords_file
+    assert passwords == tmp_path / "airflow" / "simple_auth_manager_passwords.json.generated"
+    assert json.loads(passwords.read_text()) == {"admin": served.password}
+    assert stat.S_IMODE(passwords.stat().st_mode) == 0o600
+    again = up.access("0.0.0.0", 8080, tmp_path / "airflow")  # the next start keeps it and does not show it
+    assert again.password == served.password and not again.new_password
+    # what the embedded Airflow's processes get: the login wins over the caller's every-visitor-an-admin
+    af = local.LocalAirflow(tmp_path / "airflow", tmp_path, port=8080, extra_env=env)
+    assert af.env["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS"] == "False"
+    assert af.env["AIRFLOW__API__HOST"] == "0.0.0.0" and af.base_url == "http://127.0.0.1:8080"
+    assert af.rest.username == "admin" and af.rest.password == served.password
+
+
+def test_one_address_of_the_network_is_where_this_machine_reaches_it_too(tmp_path):
+    served = up.access("10.1.2.3", 8793, tmp_path)
+    assert served.login and served.url == served.internal_url == "http://10.1.2.3:8793"
+    assert served.env["AIRFLOW__API__BASE_URL"] == "http://10.1.2.3:8793"
+    af = local.LocalAirflow(tmp_path / "airflow", tmp_path, port=8793, extra_env=served.env)
+    assert af.base_url == "http://10.1.2.3:8793"
+    assert up.access("2001:db8::1", 8080, tmp_path).internal_url == "http://[2001:db8::1]:8080"
+
+
+class StandIn:
+    """LocalAirflow as `up` uses it: records its settings, and stops at once as Ctrl-C would."""
+
+    started: list[dict] = []
+
+    def __init__(self, home, dags_folder, *, port, extra_env):
+        self.extra_env, self.home = extra_env, Path(home)
+        self.base_url = f"http://127.0.0.1:{port}"
+        StandIn.started.append(extra_env)
+
+    def __enter__(self):
+        self.home.mkdir(parents=True, exist_ok=True)
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def run_cli(self, *args, check=True):
+        return subprocess.CompletedProcess(args, 0, "pools ready: none needed", "")
+
+    def alive(self):
+        raise KeyboardInterrupt
+
+
+@pytest.fixture
+def stand_in(monkeypatch):
+    StandIn.started = []
+    monkeypatch.setattr(local, "LocalAirflow", StandIn)
+    return StandIn
+
+
+def test_up_on_every_interface_prints_the_password_once_and_keeps_it(stand_in, tmp_path, capsys):
+    dags = tmp_path / "dags"
+    dags.mkdir()
+    args = ["up", "--dags-folder", str(dags), "--home", str(tmp_path / "home"), "--host", "0.0.0.0",
+            "--port", str(local.free_port())]
+    assert main(args) == 0
+    first = capsys.readouterr().out
+    password = stand_in.started[0][PASSWORD_ENV]
+    assert first.count(password) == 1 and "sign in as admin" in first and "made now and shown this once" in first
+    assert stand_in.started[0]["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS"] == "False"
+    assert main(args) == 0
+    second = capsys.readouterr().out
+    assert password not in second and "the one shown when it was made, kept in" in second
+    assert stand_in.started[1][PASSWORD_ENV] == password
+    assert main(args[:-4] + ["--port", args[-1]]) == 0  # the default host: this machine only, no login
+    assert "no login: only this machine reaches 127.0.0.1" in capsys.readouterr().out
+    assert PASSWORD_ENV not in stand_in.started[2] and "AIRFLOW__API__HOST" not in stand_in.started[2]
+
+
+def _example_dags(tmp_path: Path) -> Path:
+    dags = tmp_path / "dags"
+    dags.mkdir()
+    (dags / "mine.py").write_text("from mop_airflow.examples.mnist1d_spec import mnist1d_data_spec\n")
+    return dags
+
+
+def test_up_says_how_to_make_the_missing_example_data(stand_in, tmp_path, capsys):
+    dags, home = _example_dags(tmp_path), tmp_path / "home"
+    assert main(["up", "--dags-folder", str(dags), "--home", str(home), "--no-example-data",
+                 "--port", str(local.free_port())]) == 0
+    out = capsys.readouterr().out
+    assert f"read their data from {home / 'data'}, which lacks mnist1d_train.parquet" in out
+    assert f"`mop-airflow example-data --dir {home / 'data'}`" in out
+    assert out.index("example-data") < out.index("Airflow UI")  # said at start
+
+
+def test_up_makes_the_missing_example_data_once(stand_in, tmp_path, capsys, monkeypatch):
+    made = []
+
+    def make(directory, num_samples=20000):
+        made.append(Path(directory))
+        for name in up.EXAMPLE_DATA:
+            (Path(directory) / name).mkdir(parents=True, exist_ok=True)
+        return [f"made in {directory}"]
+
+    monkeypatch.setattr(up, "make_example_data", make)
+    dags, home = _example_dags(tmp_path), tmp_path / "home"
+    args = ["up", "--dags-folder", str(dags), "--home", str(home), "--port", str(local.free_port())]
+    assert main(args) == 0
+    assert made == [home / "data"] and "making it now" in capsys.readouterr().out
+    assert main(args) == 0
+    assert made == [home / "data"] and f"example data: {home / 'data'}" in capsys.readouterr().out
+    assert stand_in.started[0]["MOP_AIRFLOW_HOME"] == str(home)  # where the example DAGs read it
+
+
+def test_a_folder_without_example_dags_hears_nothing_of_them(tmp_path):
+    (tmp_path / "own.py").write_text("from mop_airflow import build_mop_dag\n")
+    assert up.example_data_lines(tmp_path, tmp_path / "home", make=True) == []
+    assert up.uses_example_data(REPO / "dags")  # the repository's example DAGs do read it
+
+
+def test_an_address_of_another_machine_is_refused_before_anything_starts(stand_in, tmp_path, capsys):
+    dags = tmp_path / "dags"
+    dags.mkdir()
+    assert main(["up", "--dags-folder", str(dags), "--home", str(tmp_path / "home"), "--host", "192.0.2.7"]) == 2
+    assert "--host 192.0.2.7: not an address of this machine" in capsys.readouterr().err
+    assert stand_in.started == [] and not (tmp_path / "home").exists()  # no password made either
