@@ -671,3 +671,27 @@ def test_the_gpu_pages_and_the_compose_file_set_what_a_gpu_worker_needs():
     celery = (DOCS / "how-to" / "celery.md").read_text()
     more = celery[celery.index("**More GPUs on a machine:**"):celery.index("**CPU threads:**")]
     assert "`schedule.slots_per_shard: 2`" in more
+
+
+def test_the_upgrade_notes_name_every_retired_option_and_both_pages_are_in_the_nav():
+    from mop_airflow.search.adaptive import RETIRED
+
+    notes = (DOCS / "upgrade.md").read_text()
+    retired = ["schedule.bundle_size", "schedule.iterations_per_run", *(f"search.adaptive.{k}" for k in RETIRED)]
+    assert [option for option in retired if f"`{option}`" not in notes] == []
+    assert set(RETIRED_OPTIONS) <= {option.rsplit(".", 1)[1] for option in retired}  # the list this file keeps
+    nav = (ROOT / "mkdocs.yml").read_text()
+    assert "upgrade.md" in nav and "troubleshooting.md" in nav
+
+
+def test_the_troubleshooting_page_covers_every_error_the_package_raises_on_purpose():
+    import inspect
+
+    from mop_airflow import errors
+
+    page = (DOCS / "troubleshooting.md").read_text()
+    classes = [name for name, cls in inspect.getmembers(errors, inspect.isclass)
+               if issubclass(cls, errors.MopError) and cls is not errors.MopError]
+    assert [name for name in classes if f"`{name}`" not in page] == []
+    for what in ("check_parallelism", "create-if-absent", "no decision for block", "Keras cannot save this model"):
+        assert what in page, what
