@@ -4,6 +4,7 @@ Tests never touch a developer's own Airflow home or metadata database.
 """
 
 import atexit
+import contextlib
 import os
 import shutil
 import subprocess
@@ -206,13 +207,161 @@ def failed_logs(af, dag_id: str, run_id: str) -> str:
     return f"{run_id}: failed {failed}\n" + "\n".join(af.task_log(dag_id, run_id, t)[-3000:] for t in failed[:2])
 
 
+# -- one embedded Airflow per test worker ----------------------------------------------------------
+# The files that need a real scheduler (LocalExecutor, SQLite, api-server, scheduler, dag-processor)
+# share one per pytest process instead of starting their own (one start is 40 s and more on two busy
+# cores). Each file gets a part of it of its own (:func:`airflow_part`): a DAG folder, a
+# MOP_AIRFLOW_HOME and a store, and no pool or DAG of the file before it.
+
+
+@pytest.fixture(scope="session")
+def shared_airflow(tmp_path_factory):
+    """The embedded Airflow of this test worker; files use it through :func:`airflow_part`."""
+    from mop_airflow.airflow.local import LocalAirflow
+
+    root = tmp_path_factory.mktemp("shared_airflow")
+    (root / "dags").mkdir()
+    with LocalAirflow(root / "airflow", root / "dags", extra_env={"MOP_AIRFLOW_HOME": str(root / "mop")},
+                      log=lambda *_: None) as af:
+        yield af
+    assert not any(af.alive().values())  # stop() ended every service it started
+
+
+class AirflowPart:
+    """A test file's part of the shared Airflow: everything of :class:`LocalAirflow` (attributes are
+    the shared one's), with a DAG folder of its own under the shared one (``dags``), a folder for its
+    data and store (``root``), and the environment its DAG files set for the processes that parse
+    them: the task processes, which parse their DAG file before they run, and the dag-processor.
+
+    ``env`` (``MOP_AIRFLOW_HOME`` under ``root`` unless given) and ``paths`` (put in front of
+    ``sys.path`` and ``PYTHONPATH``: model builders outside the DAG folder) are written at the top of
+    every DAG file written with :meth:`write_dag` or :meth:`dag_file`.
+    """
+
+    def __init__(self, af, root: Path, name: str, env=None, paths=()):
+        self.af, self.root, self.name = af, root, name
+        self.dags = Path(af.dags_folder) / name
+        self.dag_env = {"MOP_AIRFLOW_HOME": str(root / "mop"), **(env or {})}
+        self.paths = [str(p) for p in paths]
+        if self.paths:
+            self.dag_env["PYTHONPATH"] = os.pathsep.join(self.paths + [os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+
+    def __getattr__(self, name):
+        return getattr(self.af, name)
+
+    def header(self) -> str:
+        return ("# the test file's environment, for the processes that parse this file (a shared Airflow)\n"
+                f"import os as _os, sys as _sys\n_os.environ.update({self.dag_env!r})\n"
+                f"_sys.path[:0] = [p for p in {self.paths!r} if p not in _sys.path]\n")
+
+    def write_dag(self, dag_id: str, source: str) -> Path:
+        """Write ``<dags>/<dag_id>.py`` (the header, then ``source``) in one rename: never parsed half-written."""
+        self.dags.mkdir(parents=True, exist_ok=True)
+        path = self.dags / f"{dag_id}.py"
+        partial = path.with_suffix(".partial")
+        partial.write_text(with_header(source, self.header()))
+        os.replace(partial, path)
+        return path
+
+    def dag_file(self, dag_id: str, spec: dict, **kwargs) -> Path:
+        """:func:`dag_file` in this part's DAG folder."""
+        import json
+
+        return self.write_dag(dag_id, "import json\nfrom mop_airflow import build_mop_dag\n"
+                              f"dag = build_mop_dag(json.loads({json.dumps(json.dumps(spec))}), dag_id={dag_id!r}, "
+                              f"**{kwargs!r})\n")
+
+    def wait_for_dags(self, *dag_ids: str) -> None:
+        for dag_id in dag_ids:
+            self.af.wait_for_dag(dag_id)
+
+    def my_dags(self) -> list[str]:
+        folder = str(self.dags.resolve())
+        return [d["dag_id"] for d in self.af.rest.paged("/dags", "dags")
+                if str(d.get("fileloc") or "").startswith(folder + os.sep)]
+
+    def pools(self) -> list[str]:
+        return [p["name"] for p in self.af.rest.paged("/pools", "pools") if p["name"] != "default_pool"]
+
+    def delete_pools(self) -> None:
+        for name in self.pools():
+            self.af.api("DELETE", f"/pools/{name}")
+
+    def clear(self) -> None:
+        """Leave nothing of this file to the next: its DAGs (runs included) and every pool but the default."""
+        import shutil
+
+        ids = self.my_dags()
+        shutil.rmtree(self.dags, ignore_errors=True)
+        for dag_id in ids:
+            self.af.api("PATCH", f"/dags/{dag_id}", json={"is_paused": True})
+            for run in self.af.rest.paged(f"/dags/{dag_id}/dagRuns", "dag_runs"):
+                if run["state"] in ("queued", "running"):
+                    self.af.api("PATCH", f"/dags/{dag_id}/dagRuns/{run['dag_run_id']}", json={"state": "failed"})
+        for dag_id in ids:
+            _delete_dag(self.af, dag_id)
+        self.delete_pools()
+
+
+def _delete_dag(af, dag_id, timeout=60):
+    """DELETE a DAG (its runs with it); refused while task instances of it still run, so tried again."""
+    import time
+
+    deadline = time.time() + timeout
+    while True:
+        try:
+            af.api("DELETE", f"/dags/{dag_id}")
+            return
+        except RuntimeError:
+            if time.time() > deadline:
+                raise
+            time.sleep(2)
+
+
+def with_header(source: str, header: str) -> str:
+    """``source`` with ``header`` after its docstring and ``from __future__`` imports (which must come first)."""
+    import ast
+
+    lines = source.splitlines(keepends=True)
+    after = 0
+    for node in ast.parse(source).body:
+        docstring = isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)
+        if not (docstring or (isinstance(node, ast.ImportFrom) and node.module == "__future__")):
+            break
+        after = node.end_lineno
+    return "".join(lines[:after]) + header + "".join(lines[after:])
+
+
+@contextlib.contextmanager
+def airflow_part(shared, root: Path, name: str, env=None, paths=()):
+    """This file's part of ``shared`` (:class:`AirflowPart`), cleared when the file ends. The services the file
+    stopped are started again with the shared environment, and a scheduler started with another
+    environment (:meth:`LocalAirflow.start_service`'s ``env``) is started again with it."""
+    part = AirflowPart(shared, root, name, env=env, paths=paths)
+    part.delete_pools()  # whatever the previous file left (it clears its own; this is for one that failed to)
+    try:
+        yield part
+    finally:
+        for service in shared.services:
+            if service not in shared.processes or shared.processes[service].poll() is not None \
+                    or getattr(shared, "service_env", {}).get(service) is not None:
+                if service in shared.processes:
+                    shared.stop_service(service, timeout=10)
+                shared.start_service(service)
+        shared.wait_healthy()
+        part.clear()
+
+
 # Seconds a file took in a whole `make test` on a quiet 2-core machine (setup, calls and teardown;
-# 2026-11-28, from --junitxml), for the files of 40 s or more: the longest go first.
+# 2026-11-28, from --junitxml), for the files of 40 s or more: the longest go first. The files on the
+# worker's shared Airflow (shared_airflow) no longer start their own: 45 s less each than measured then
+# (the start the issue measured, 42-46 s), until a whole run measures them again; the first of them on
+# a worker pays the shared start.
 FILE_SECONDS = {
     "test_command_line.py": 675, "test_celery_howto.py": 505, "test_slot_faults_scheduler.py": 395,
-    "test_shard_loop.py": 340, "test_distributed.py": 260, "test_task_group.py": 250, "test_results_page.py": 230,
-    "test_real_scheduler.py": 225, "test_hyperband_blocks.py": 215, "test_end_to_end.py": 195, "test_pbt_runs.py": 165,
-    "test_jax_backend.py": 145, "test_asha_runs.py": 145, "test_retraining_dags.py": 135, "test_fused.py": 125,
+    "test_shard_loop.py": 340, "test_distributed.py": 260, "test_task_group.py": 205, "test_results_page.py": 230,
+    "test_real_scheduler.py": 180, "test_hyperband_blocks.py": 170, "test_end_to_end.py": 195, "test_pbt_runs.py": 120,
+    "test_jax_backend.py": 145, "test_asha_runs.py": 100, "test_retraining_dags.py": 90, "test_fused.py": 125,
     "test_shared_compile.py": 100, "test_credentials.py": 55, "test_model_check.py": 50,
     "test_failing_configurations.py": 50, "test_group_runs.py": 40, "test_tracking.py": 40,
 }

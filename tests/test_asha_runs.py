@@ -14,12 +14,11 @@ import time
 
 import pytest
 
-from mop_airflow.airflow.local import LocalAirflow
 from mop_airflow.records import BlockDecision
 from mop_airflow.records.layout import RunLayout
 from mop_airflow.search.promotion import rank_rung
 from mop_airflow.store import Store
-from tests.conftest import dag_file, failed_logs
+from tests.conftest import airflow_part, failed_logs
 from tests.killer import killer_source
 from tests.test_end_to_end import MLP, tiny_spec, write_digits
 
@@ -43,27 +42,20 @@ def asha_spec(source, root, model=MLP):
 
 
 @pytest.fixture(scope="module")
-def airflow(tmp_path_factory):
+def airflow(shared_airflow, tmp_path_factory):
     root = tmp_path_factory.mktemp("asha")
-    dags = root / "dags"
-    dags.mkdir()
-    write_digits(root / "digits.parquet")
-    dag_file(dags, RESTARTED, asha_spec(root / "digits.parquet", f"file://{root / 'store'}"))
     lib = root / "lib"
     lib.mkdir()
     (lib / "asha_killer.py").write_text(KILLER)
-    spec = asha_spec(root / "digits.parquet", f"file://{root / 'store'}", model="asha_killer:mlp")
-    (dags / f"{KILLED}.py").write_text(
-        "import datetime, json\nfrom mop_airflow import build_mop_dag\n"
-        f"dag = build_mop_dag(json.loads({json.dumps(json.dumps(spec))}), dag_id={KILLED!r},\n"
-        "                    default_args={'retry_delay': datetime.timedelta(seconds=2)})\n")
-    # a task lost with the scheduler is found 30 s after its last heartbeat (300 s by default), then retried
-    env = {"MOP_AIRFLOW_HOME": str(root / "mop"), "PYTHONPATH": str(lib),
-           "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": "30"}
-    with LocalAirflow(root / "airflow", dags, extra_env=env) as af:
-        for dag_id in (KILLED, RESTARTED):
-            af.wait_for_dag(dag_id)
-        af.root = root
+    with airflow_part(shared_airflow, root, "asha", paths=[lib]) as af:
+        write_digits(root / "digits.parquet")
+        af.dag_file(RESTARTED, asha_spec(root / "digits.parquet", f"file://{root / 'store'}"))
+        spec = asha_spec(root / "digits.parquet", f"file://{root / 'store'}", model="asha_killer:mlp")
+        af.write_dag(KILLED,
+            "import datetime, json\nfrom mop_airflow import build_mop_dag\n"
+            f"dag = build_mop_dag(json.loads({json.dumps(json.dumps(spec))}), dag_id={KILLED!r},\n"
+            "                    default_args={'retry_delay': datetime.timedelta(seconds=2)})\n")
+        af.wait_for_dags(KILLED, RESTARTED)
         yield af
 
 
@@ -124,7 +116,9 @@ def test_a_scheduler_stopped_while_asha_trains_and_started_again_ends_the_search
     old = airflow.processes["scheduler"]
     # SIGTERM, then after 5 s SIGKILL to the scheduler and the task processes its LocalExecutor runs
     airflow.stop_service("scheduler", timeout=5)
-    airflow.start_service("scheduler")
+    # a task lost with the scheduler is found 30 s after its last heartbeat (300 s by default), then
+    # retried; the shared Airflow's scheduler is started again with its own settings when this file ends
+    airflow.start_service("scheduler", env={"AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": "30"})
     airflow.wait_healthy()
     assert airflow.processes["scheduler"].pid != old.pid
     assert airflow.wait_for_run(RESTARTED, run, timeout=900) == "success", failed_logs(airflow, RESTARTED, run)

@@ -13,11 +13,10 @@ import json
 
 import pytest
 
-from mop_airflow.airflow.local import LocalAirflow
 from mop_airflow.records import BlockDecision
 from mop_airflow.records.layout import RunLayout
 from mop_airflow.store import Store
-from tests.conftest import dag_file, failed_logs
+from tests.conftest import airflow_part, failed_logs
 from tests.killer import killer_source
 from tests.test_end_to_end import MLP, tiny_spec, write_digits
 
@@ -55,27 +54,22 @@ def hyperband_spec(source, root, model=MLP, R=9):
 
 
 @pytest.fixture(scope="module")
-def airflow(tmp_path_factory):
+def airflow(shared_airflow, tmp_path_factory):
     root = tmp_path_factory.mktemp("hb_blocks")
-    dags = root / "dags"
-    dags.mkdir()
-    write_digits(root / "digits.parquet")
-    store = f"file://{root / 'store'}"
-    dag_file(dags, HYPERBAND, hyperband_spec(root / "digits.parquet", store))
     lib = root / "lib"
     lib.mkdir()
     (lib / "hb_killer.py").write_text(KILLER)
-    for dag_id in (KILLED, UNDISTURBED):  # R=3: bracket 1's rung 0 ends at iteration 1, block 2 trains to 3
-        spec = hyperband_spec(root / "digits.parquet", store, model="hb_killer:mlp", R=3)
-        (dags / f"{dag_id}.py").write_text(
-            "import datetime, json\nfrom mop_airflow import build_mop_dag\n"
-            f"dag = build_mop_dag(json.loads({json.dumps(json.dumps(spec))}), dag_id={dag_id!r},\n"
-            "                    default_args={'retry_delay': datetime.timedelta(seconds=2)})\n")
-    with LocalAirflow(root / "airflow", dags, extra_env={"MOP_AIRFLOW_HOME": str(root / "mop"),
-                                                         "PYTHONPATH": str(lib)}) as af:
-        for dag_id in (HYPERBAND, KILLED, UNDISTURBED):
-            af.wait_for_dag(dag_id)
-        af.root = root
+    with airflow_part(shared_airflow, root, "hb_blocks", paths=[lib]) as af:
+        write_digits(root / "digits.parquet")
+        store = f"file://{root / 'store'}"
+        af.dag_file(HYPERBAND, hyperband_spec(root / "digits.parquet", store))
+        for dag_id in (KILLED, UNDISTURBED):  # R=3: bracket 1's rung 0 ends at iteration 1, block 2 trains to 3
+            spec = hyperband_spec(root / "digits.parquet", store, model="hb_killer:mlp", R=3)
+            af.write_dag(dag_id,
+                "import datetime, json\nfrom mop_airflow import build_mop_dag\n"
+                f"dag = build_mop_dag(json.loads({json.dumps(json.dumps(spec))}), dag_id={dag_id!r},\n"
+                "                    default_args={'retry_delay': datetime.timedelta(seconds=2)})\n")
+        af.wait_for_dags(HYPERBAND, KILLED, UNDISTURBED)
         yield af
 
 

@@ -15,7 +15,6 @@ import json
 import numpy as np
 import pytest
 
-from mop_airflow.airflow.local import LocalAirflow
 from mop_airflow.records import BlockDecision, HopRecord, RunRecord
 from mop_airflow.records.layout import RunLayout, read_run
 from mop_airflow.store import Store
@@ -23,7 +22,7 @@ from mop_airflow.results.page import run_results
 from mop_airflow.search.jobs import Completion
 from mop_airflow.search.space import SearchSpace, config_id
 from mop_airflow.search.tpe import proposer
-from tests.conftest import dag_file, failed_logs
+from tests.conftest import airflow_part, failed_logs
 from tests.killer import killer_source
 from tests.test_end_to_end import MLP, tiny_spec, write_digits
 
@@ -64,26 +63,21 @@ def tpe_spec(source, root):
 
 
 @pytest.fixture(scope="module")
-def airflow(tmp_path_factory):
+def airflow(shared_airflow, tmp_path_factory):
     root = tmp_path_factory.mktemp("pbt")
-    dags = root / "dags"
-    dags.mkdir()
-    write_digits(root / "digits.parquet")
     lib = root / "lib"
     lib.mkdir()
     (lib / "pbt_killer.py").write_text(KILLER)
-    for dag_id in (KILLED, UNDISTURBED):
-        spec = pbt_spec(root / "digits.parquet", f"file://{root / 'store'}")
-        (dags / f"{dag_id}.py").write_text(
-            "import datetime, json\nfrom mop_airflow import build_mop_dag\n"
-            f"dag = build_mop_dag(json.loads({json.dumps(json.dumps(spec))}), dag_id={dag_id!r},\n"
-            "                    default_args={'retry_delay': datetime.timedelta(seconds=2)})\n")
-    dag_file(dags, TPE, tpe_spec(root / "digits.parquet", f"file://{root / 'store'}"))
-    env = {"MOP_AIRFLOW_HOME": str(root / "mop"), "PYTHONPATH": str(lib)}
-    with LocalAirflow(root / "airflow", dags, extra_env=env) as af:
-        for dag_id in (KILLED, UNDISTURBED, TPE):
-            af.wait_for_dag(dag_id)
-        af.root = root
+    with airflow_part(shared_airflow, root, "pbt", paths=[lib]) as af:
+        write_digits(root / "digits.parquet")
+        for dag_id in (KILLED, UNDISTURBED):
+            spec = pbt_spec(root / "digits.parquet", f"file://{root / 'store'}")
+            af.write_dag(dag_id,
+                "import datetime, json\nfrom mop_airflow import build_mop_dag\n"
+                f"dag = build_mop_dag(json.loads({json.dumps(json.dumps(spec))}), dag_id={dag_id!r},\n"
+                "                    default_args={'retry_delay': datetime.timedelta(seconds=2)})\n")
+        af.dag_file(TPE, tpe_spec(root / "digits.parquet", f"file://{root / 'store'}"))
+        af.wait_for_dags(KILLED, UNDISTURBED, TPE)
         yield af
 
 

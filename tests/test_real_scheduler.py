@@ -17,9 +17,8 @@ import sys
 import pytest
 
 from mop_airflow.records.layout import RunLayout
-from mop_airflow.airflow.local import LocalAirflow
 from mop_airflow.store import Store
-from tests.conftest import dag_file
+from tests.conftest import airflow_part
 from tests.killer import killer_source
 from tests.test_end_to_end import tiny_spec, write_digits
 
@@ -40,41 +39,35 @@ KILLER = killer_source('_batches == 40 and env.get("AIRFLOW_CTX_DAG_ID") == "mop
 
 
 @pytest.fixture(scope="module")
-def airflow(tmp_path_factory):
+def airflow(shared_airflow, tmp_path_factory):
     root = tmp_path_factory.mktemp("real")
-    dags = root / "dags"
-    dags.mkdir()
-    write_digits(root / "digits.parquet")
-    spec = tiny_spec(root / "digits.parquet", f"file://{root / 'store'}")
-    spec["schedule"]["iterations"] = 1
-    spec["search"]["space"]["params"]["learning_rate"] = [3e-3, 1e-2]
-    dag_file(dags, DAG_ID, spec)
-    dag_file(dags, CHECKED, spec, pools="check")
     lib = root / "lib"
     lib.mkdir()
     (lib / "killer.py").write_text(KILLER)
-    killer_spec = tiny_spec(root / "digits.parquet", f"file://{root / 'store'}", iterations=1)
-    # 4 configurations, 2 per offset class: each shard's train task trains 4 hops
-    killer_spec["search"]["space"]["params"].update(model=["killer:mlp"], learning_rate=[1e-3, 3e-3, 1e-2, 3e-2])
-    for dag_id in (KILLED, UNDISTURBED):
-        (dags / f"{dag_id}.py").write_text(
-            "import datetime, json\nfrom mop_airflow import build_mop_dag\n"
-            f"dag = build_mop_dag(json.loads({json.dumps(json.dumps(killer_spec))}), dag_id={dag_id!r},\n"
-            "                    default_args={'retry_delay': datetime.timedelta(seconds=2)})\n")
-    for dag_id, per_run in ((SPLIT, 1), (WHOLE, "auto")):
-        split_spec = tiny_spec(root / "digits.parquet", f"file://{root / 'store'}", iterations=3,
-                               iterations_per_run=per_run)
-        # 4 configurations, the two 200 units wide fail at their first hop (in the first block)
-        split_spec["search"]["space"]["params"].update(model=["killer:narrow"], learning_rate=[3e-3, 1e-2],
-                                                       hparams={"units": [32, 200]})
-        dag_file(dags, dag_id, split_spec)
-    env = {"MOP_AIRFLOW_HOME": str(root / "mop"), "PYTHONPATH": str(lib)}
-    with LocalAirflow(root / "airflow", dags, extra_env=env) as af:
-        for dag_id in (DAG_ID, CHECKED, KILLED, UNDISTURBED, SPLIT, WHOLE):
-            af.wait_for_dag(dag_id)
-        af.root = root
+    with airflow_part(shared_airflow, root, "real_scheduler", paths=[lib]) as af:
+        write_digits(root / "digits.parquet")
+        spec = tiny_spec(root / "digits.parquet", f"file://{root / 'store'}")
+        spec["schedule"]["iterations"] = 1
+        spec["search"]["space"]["params"]["learning_rate"] = [3e-3, 1e-2]
+        af.dag_file(DAG_ID, spec)
+        af.dag_file(CHECKED, spec, pools="check")
+        killer_spec = tiny_spec(root / "digits.parquet", f"file://{root / 'store'}", iterations=1)
+        # 4 configurations, 2 per offset class: each shard's train task trains 4 hops
+        killer_spec["search"]["space"]["params"].update(model=["killer:mlp"], learning_rate=[1e-3, 3e-3, 1e-2, 3e-2])
+        for dag_id in (KILLED, UNDISTURBED):
+            af.write_dag(dag_id,
+                "import datetime, json\nfrom mop_airflow import build_mop_dag\n"
+                f"dag = build_mop_dag(json.loads({json.dumps(json.dumps(killer_spec))}), dag_id={dag_id!r},\n"
+                "                    default_args={'retry_delay': datetime.timedelta(seconds=2)})\n")
+        for dag_id, per_run in ((SPLIT, 1), (WHOLE, "auto")):
+            split_spec = tiny_spec(root / "digits.parquet", f"file://{root / 'store'}", iterations=3,
+                                   iterations_per_run=per_run)
+            # 4 configurations, the two 200 units wide fail at their first hop (in the first block)
+            split_spec["search"]["space"]["params"].update(model=["killer:narrow"], learning_rate=[3e-3, 1e-2],
+                                                           hparams={"units": [32, 200]})
+            af.dag_file(dag_id, split_spec)
+        af.wait_for_dags(DAG_ID, CHECKED, KILLED, UNDISTURBED, SPLIT, WHOLE)
         yield af
-    assert not any(af.alive().values())
 
 
 @pytest.mark.slow

@@ -11,23 +11,22 @@ Unpausing the retrain DAG first creates the run of its latest nightly slot (the 
 schedule); the fixture checks that and marks it failed before it trains, so that the data events
 drive what follows.
 
-The two DAG files are copied from ``dags/`` into a temporary DAG folder; the data, the store and the
-scores go to a temporary ``MOP_AIRFLOW_HOME``.
+The two DAG files are copied from ``dags/`` into this file's DAG folder of the test worker's shared
+Airflow, each setting this file's temporary ``MOP_AIRFLOW_HOME`` (the data, the store and the scores)
+for the processes that parse it.
 """
 
 import datetime as dt
-import shutil
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from mop_airflow.airflow.local import LocalAirflow
 from mop_airflow.serving.champion import asset_extra, champion_asset_uri, read_registry
 from mop_airflow.records.layout import RunLayout
 from mop_airflow.store import Store
-from tests.conftest import REPO
+from tests.conftest import REPO, airflow_part
 
 pytestmark = pytest.mark.integration
 
@@ -36,24 +35,21 @@ RUN_TIMEOUT = 300  # a retrain run takes about a minute on two cores; a score ru
 
 
 @pytest.fixture(scope="module")
-def airflow(tmp_path_factory):
+def airflow(shared_airflow, tmp_path_factory):
     from mop_airflow.examples.sklearn_data import write_digits  # what `mop-airflow example-data` writes
 
     root = tmp_path_factory.mktemp("retraining")
-    dags = root / "dags"
-    dags.mkdir()
-    for dag_id in (RETRAIN, SCORE):
-        shutil.copy(REPO / "dags" / f"{dag_id}.py", dags)
     home = root / "mop"
-    data = Path(write_digits(str(home / "data")))
-    with LocalAirflow(root / "airflow", dags, extra_env={"MOP_AIRFLOW_HOME": str(home)}, log=lambda *_: None) as af:
+    with airflow_part(shared_airflow, root, "retraining") as af:
+        data = Path(write_digits(str(home / "data")))
+        for dag_id in (RETRAIN, SCORE):  # as in dags/, with this file's MOP_AIRFLOW_HOME
+            af.write_dag(dag_id, (REPO / "dags" / f"{dag_id}.py").read_text())
         for dag_id in (SCORE, RETRAIN):
             af.wait_for_dag(dag_id)
             af.api("PATCH", f"/dags/{dag_id}", json={"is_paused": False})
         af.home_dir, af.data, af.store = home, data, Store(f"file://{home / 'store'}")
         set_aside_the_nightly_catch_up_run(af)
         yield af
-    assert not any(af.alive().values())
 
 
 def set_aside_the_nightly_catch_up_run(af):

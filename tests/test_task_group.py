@@ -222,23 +222,23 @@ def test_a_data_template_that_renders_to_nothing_fails_before_anything_trains(ai
 
 @pytest.mark.integration
 @pytest.mark.slow
-def test_the_pipeline_example_on_a_real_scheduler_and_under_airflow_dags_test(tmp_path):
+def test_the_pipeline_example_on_a_real_scheduler_and_under_airflow_dags_test(shared_airflow, tmp_path):
     """The example as users run it: the scheduler runs extract, the group's tasks on their shard pools and
     deploy, and `airflow dags test` runs it in one process; both end with the winner's scores."""
     import os
-    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
 
     import pyarrow.parquet as pq
 
-    from mop_airflow.airflow.local import LocalAirflow
+    from tests.conftest import airflow_part
 
-    dags = tmp_path / "dags"
-    dags.mkdir()
-    shutil.copy(REPO / "dags" / "mop_pipeline.py", dags / "mop_pipeline.py")
     home = tmp_path / "mop"
     store = Store(f"file://{home / 'store'}")
     selection = "mop_pipeline.model_selection"
-    with LocalAirflow(tmp_path / "airflow", dags, extra_env={"MOP_AIRFLOW_HOME": str(home)}) as af:
+    with airflow_part(shared_airflow, tmp_path, "task_group") as af:
+        af.write_dag("mop_pipeline", (REPO / "dags" / "mop_pipeline.py").read_text())  # with this test's home
         af.wait_for_dag("mop_pipeline")
         run_id = af.trigger("mop_pipeline", conf={"model_selection.learning_rate": [1e-2]})
         assert af.wait_for_run("mop_pipeline", run_id, timeout=600) == "success"
@@ -247,16 +247,19 @@ def test_the_pipeline_example_on_a_real_scheduler_and_under_airflow_dags_test(tm
         assert hops and all(ti["pool"] == ti["queue"] == f"mop_shard_{ti['task_id'].rsplit('_', 1)[1]}"
                             for ti in hops)
         assert tis["deploy"]["state"] == tis["model_selection.result"]["state"] == "success"
-    layout = RunLayout(store, selection, run_id)
-    board = store.read_json(layout.report_uri("leaderboard.json"))["leaderboard"]
-    record = store.read_json(layout.run_record_uri)
-    # the conf key under the group id narrowed the grid to one learning rate: 2 models x 1
-    assert len(board) == 2 and {c["optimizer_params"]["learning_rate"] for c in record["configs"]} == {1e-2}
-    scores = pq.read_table(os.path.join(record["spec"]["data"]["source"], "scores.parquet"))
-    assert scores.num_rows == 450 and "response" in scores.column_names
+        layout = RunLayout(store, selection, run_id)
+        board = store.read_json(layout.report_uri("leaderboard.json"))["leaderboard"]
+        record = store.read_json(layout.run_record_uri)
+        # the conf key under the group id narrowed the grid to one learning rate: 2 models x 1
+        assert len(board) == 2 and {c["optimizer_params"]["learning_rate"] for c in record["configs"]} == {1e-2}
+        scores = pq.read_table(os.path.join(record["spec"]["data"]["source"], "scores.parquet"))
+        assert scores.num_rows == 450 and "response" in scores.column_names
 
-    # the same DAG under `airflow dags test`, in one process, against the same Airflow home
-    tested = af.run_cli("airflow", "dags", "test", "mop_pipeline", check=False)
-    assert tested.returncode == 0, tested.stderr[-3000:]
+        # the same DAG under `airflow dags test`, in one process, against the same Airflow home; paused
+        # first, so that the running scheduler leaves the test's run to it
+        af.api("PATCH", "/dags/mop_pipeline", json={"is_paused": True})
+        tested = subprocess.run([str(Path(sys.executable).with_name("airflow")), "dags", "test", "mop_pipeline"],
+                                env={**af.env, **af.dag_env}, capture_output=True, text=True)
+        assert tested.returncode == 0, tested.stderr[-3000:]
     runs = [u for u in store.glob(store.uri(selection, "*", "report", "summary.json"))]
     assert len(runs) == 2  # the scheduler's run and the dags-test run, each in its own folder

@@ -1,0 +1,35 @@
+"""The test worker's shared Airflow (tests/conftest.py): what a file's DAG files set for the processes
+that parse them, without starting an Airflow (the files that use it start it)."""
+
+import ast
+import os
+import subprocess
+import sys
+from types import SimpleNamespace
+
+from tests.conftest import AirflowPart, with_header
+
+
+def test_the_header_goes_after_the_docstring_and_future_imports_so_both_still_work():
+    source = '"""The DAG\'s doc."""\n\nfrom __future__ import annotations\n\nimport json\nx = __doc__\n'
+    out = with_header(source, "HEADER = 1\n")
+    module = ast.parse(out)
+    assert ast.get_docstring(module) == "The DAG's doc."
+    assert [type(n).__name__ for n in module.body][:3] == ["Expr", "ImportFrom", "Assign"]
+    assert out.index("from __future__") < out.index("HEADER = 1") < out.index("import json")
+    assert with_header("import json\n", "HEADER = 1\n") == "HEADER = 1\nimport json\n"
+
+
+def test_a_dag_file_sets_its_test_files_home_and_builders_path_in_the_process_that_parses_it(tmp_path):
+    af = SimpleNamespace(dags_folder=tmp_path / "shared_dags")
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    (lib / "part_builder.py").write_text("NAME = 'from the part'\n")
+    part = AirflowPart(af, tmp_path / "file", "one_file", env={"EXTRA": "1"}, paths=[lib])
+    path = part.write_dag("a_dag", "import part_builder\nprint(__import__('os').environ['MOP_AIRFLOW_HOME'],"
+                                   " part_builder.NAME, __import__('os').environ['EXTRA'])\n")
+    assert path.parent == tmp_path / "shared_dags" / "one_file" and not list(path.parent.glob("*.partial"))
+    env = {k: v for k, v in os.environ.items() if k not in ("MOP_AIRFLOW_HOME", "PYTHONPATH", "EXTRA")}
+    out = subprocess.run([sys.executable, str(path)], env=env, capture_output=True, text=True, check=True).stdout
+    assert out.split() == [str(tmp_path / "file" / "mop"), "from", "the", "part", "1"]
+    assert part.dag_env["PYTHONPATH"].split(os.pathsep)[0] == str(lib)  # for processes the task starts
