@@ -71,7 +71,10 @@ def test_failing_configurations_are_marked_with_their_reason_and_the_rest_finish
     states = {ti.task_id: ti.state for ti in dag_run.get_task_instances() if "train_shard_" in ti.task_id}
     assert "failed" not in set(states.values()) and len(states) == 2
     for cid in set(ids.values()) - {winner}:
-        assert not store.exists(layout.hop_record_uri(cid, 1))
+        # its next hop, on the other shard, is settled where it was due (repeating the failure), never trained
+        settled = store.read_json(layout.hop_record_uri(cid, 1))
+        assert settled["dropped_after"] == 0 and settled["status"] == rows[cid]["status"]
+        assert not store.exists(layout.hop_record_uri(cid, 2))
 
 
 def test_fail_fast_fails_the_run_at_the_first_failing_configuration(airflow_db, tmp_path):
