@@ -225,7 +225,7 @@ class LocalAirflow:
         self.log(f"started {', '.join(self.processes)}; api at {self.base_url}")
         # The execution API is built while the scheduler still imports what it preloads (its longest
         # part of a start) instead of after it: 15-36 s of a start's wall time when a busy 2-core machine
-        # ran it last; where the CPUs are all busy anyway it gains nothing (benchmarks/embedded_start.py).
+        # ran it last; where the CPUs are all busy anyway it gains nothing (tests/embedded_start.py).
         self.wait_api()
         self.warm_execution_api()
         self.wait_healthy()

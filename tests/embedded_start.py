@@ -1,8 +1,8 @@
-"""Where an embedded Airflow's start goes: wall time per phase and CPU seconds per service.
+"""Where an embedded Airflow's start goes (the tests' and `mop-airflow up`'s): wall time per phase, CPU per service.
 
-    python benchmarks/embedded_start.py --repeat 3
-    python benchmarks/embedded_start.py --repeat 3 --variant nopreload:MOP_AIRFLOW_PRELOAD=0
-    python benchmarks/embedded_start.py --repeat 3 --variant before:PYTHONPATH=/path/to/an/older/checkout
+    python tests/embedded_start.py --repeat 3
+    python tests/embedded_start.py --repeat 3 --variant nopreload:MOP_AIRFLOW_PRELOAD=0
+    python tests/embedded_start.py --repeat 3 --variant before:PYTHONPATH=/path/to/an/older/checkout
 
 Each start is a process of its own with the variant's environment (``PYTHONPATH`` pointing at another
 checkout compares its code), and LocalAirflow's own ``start()``, timed where its steps return: the
