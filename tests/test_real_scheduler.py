@@ -241,12 +241,15 @@ def test_a_search_split_over_dag_runs_goes_on_run_after_run_and_ends_as_one_run(
     assert not store.exists(RunLayout(store, SPLIT, runs[1]).run_record_uri)
     assert run_folder(store, SPLIT, runs[2]).run_id == first == run_folder(store, SPLIT, first).run_id
     # the two narrow configurations trained their 6 hops (3 iterations x 2 shards) into the first run's
-    # folder; the two wide ones have their failure at hop 0 and nothing after
+    # folder; the two wide ones have their failure at hop 0, their next hop settled where it was due (the
+    # failure repeated, so the other shard's slot learnt of it) and nothing after
     hops = [store.read_json(uri) for uri in store.glob(layout.hops_glob)]
     trained = {h["config_id"] for h in hops if h["status"] == "ok"}
-    failed = {h["config_id"]: (h["t"], h["status"]) for h in hops if h["status"] != "ok"}
+    failed = {h["config_id"]: (h["t"], h["status"]) for h in hops if h["status"] != "ok" and h.get("dropped_after") is None}
+    settled = {h["config_id"]: (h["t"], h["dropped_after"]) for h in hops if h.get("dropped_after") is not None}
     assert len(trained) == 2 and sorted(h["t"] for h in hops if h["status"] == "ok") == sorted(2 * list(range(6)))
-    assert len(failed) == 2 and {t for t, _ in failed.values()} == {0} and len(hops) == 2 * 6 + 2
+    assert len(failed) == 2 and {t for t, _ in failed.values()} == {0}
+    assert settled == {cid: (1, 0) for cid in failed} and len(hops) == 2 * 6 + 2 + 2
     # the next run's train tasks read each configuration from where the block before left it
     assert "did not finish hop 1 (it failed earlier)" in airflow.task_log(SPLIT, runs[1], "train_shard_0") + \
         airflow.task_log(SPLIT, runs[1], "train_shard_1")
