@@ -87,7 +87,9 @@ def test_hyperband_promotes_exactly_the_best_and_skips_the_rest(airflow_db, tmp_
         [best["config_id"], *split_by_bracket([c["config_id"] for c in configs], spec.adaptive_plan())[0]])
     rung1_hops = [t for t in range(2, 6) if store.exists(layout.hop_record_uri(best["config_id"], t))]
     assert rung1_hops == [2, 3, 4, 5]  # from 1 to 3 iterations: 2 more iterations x 2 shards
-    assert not store.exists(layout.hop_record_uri(broken, 1))
+    # its next hop is settled where it was due (its failure repeated), and nothing after it trained
+    assert store.read_json(layout.hop_record_uri(broken, 1))["dropped_after"] == 0
+    assert not any(store.exists(layout.hop_record_uri(broken, t)) for t in range(2, 6))
     assert "failed" not in set(states.values())
 
     board = store.read_json(layout.report_uri("leaderboard.json"))
