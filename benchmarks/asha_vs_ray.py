@@ -47,22 +47,18 @@ Needs ``ray[tune]`` (``pip install -e '.[bench]'``).
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import os
-import platform
 import shutil
 import sys
 import tempfile
 import time
-from importlib import metadata
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-if __package__ in (None, ""):
-    sys.path.insert(0, str(REPO))
-
-from benchmarks.demo_grid import label, load_data, one_thread, timed_process, train_one  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.demo_grid import label, load_data, train_one  # noqa: E402
+from benchmarks.harness import (REPO, embedded_airflow, example_data, header, load, one_thread, result,  # noqa: E402
+                                run_seconds, timed_process, write_dag)
 
 DAG_ID = "mop_asha_vs_ray"
 # The example DAG's search (dags/mop_mnist1d_asha.py): ASHA's n, r, R, eta, the space's seed and the schedule's seed.
@@ -190,28 +186,17 @@ def wait_for_search(af, dag_id: str, first: str, *, timeout: float, log=print) -
 
 
 def mop_asha(home: Path, folder: str, options: dict, timeout: float) -> dict:
-    from mop_airflow.airflow.local import LocalAirflow  # noqa: PLC0415
-    from mop_airflow.cli.demo import sync_pools_for  # noqa: PLC0415
     from mop_airflow.records import HopRecord  # noqa: PLC0415
     from mop_airflow.records.layout import RunLayout  # noqa: PLC0415
     from mop_airflow.store import Store  # noqa: PLC0415
 
-    dags = home / "dags"
-    dags.mkdir(parents=True, exist_ok=True)
     spec = asha_spec(folder, **{k: options[k] for k in ("n", "r", "R", "eta", "shards")}, budget=options.get("budget"))
-    (dags / f"{DAG_ID}.py").write_text(
-        "import json\nfrom mop_airflow import build_mop_dag\n"
-        f"dag = build_mop_dag(json.loads({json.dumps(json.dumps(spec))}), dag_id={DAG_ID!r})\n")
+    write_dag(home / "dags", DAG_ID, spec)
     store = Store("file://" + str(home / "store"))
-    env = {"MOP_AIRFLOW_HOME": str(home), "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "600"}
-    with LocalAirflow(home / "airflow", dags, extra_env=env, log=lambda *a: None) as af:
-        af.wait_for_dag(DAG_ID)
-        sync_pools_for(af)
+    with embedded_airflow(home, home / "dags", pools_for=DAG_ID) as af:
         first = af.trigger(DAG_ID)
         runs = wait_for_search(af, DAG_ID, first, timeout=timeout)
-        start = af.api("GET", f"/dags/{DAG_ID}/dagRuns/{first}")["start_date"]
-        end = af.api("GET", f"/dags/{DAG_ID}/dagRuns/{runs[-1]}")["end_date"]
-        seconds = (dt.datetime.fromisoformat(end) - dt.datetime.fromisoformat(start)).total_seconds()
+        seconds = run_seconds(af, DAG_ID, first, runs[-1])
     layout = RunLayout(store, DAG_ID, first)
     board = store.read_json(layout.report_uri("leaderboard.json"))
     hops = [HopRecord.from_dict(store.read_json(uri)) for uri in store.glob(layout.hops_glob)]
@@ -231,31 +216,6 @@ def mop_asha(home: Path, folder: str, options: dict, timeout: float) -> dict:
                        "batch_size": c["batch_size"]} for c in configs]}
 
 
-# -- the machine ---------------------------------------------------------------------------------
-
-def machine() -> str:
-    model = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as info:
-            model = next((line.split(":", 1)[1].strip() for line in info if line.startswith("model name")), model)
-    except OSError:
-        pass
-
-    def version(name: str) -> str:
-        try:
-            return metadata.version(name)
-        except metadata.PackageNotFoundError:
-            return "-"
-
-    return (f"{os.cpu_count()} cores ({model}), {platform.platform()}; Python {platform.python_version()}, "
-            f"TensorFlow {version('tensorflow')}, Keras {version('keras')}, Airflow {version('apache-airflow')}, "
-            f"Ray {version('ray')}")
-
-
-def load() -> str:
-    return "/".join(f"{x:.2f}" for x in os.getloadavg())
-
-
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--n", type=int, default=N, help="configurations to start in all")
@@ -270,6 +230,7 @@ def main(argv=None) -> int:
                         help="also run mop_airflow's ASHA with this budget (iterations in all) as its deadline")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds the mop_airflow search may take")
     parser.add_argument("--home", help="keep the runs here (default: a temporary folder, deleted)")
+    parser.add_argument("--skip-ray", action="store_true", help="mop_airflow's side alone (a check that it runs)")
     parser.add_argument("--ray", help=argparse.SUPPRESS)
     parser.add_argument("--ray-options", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -279,20 +240,18 @@ def main(argv=None) -> int:
     try:
         import ray  # noqa: F401, PLC0415
     except ImportError:
-        print("Ray Tune is not installed: pip install -e '.[bench]'")
-        return 2
+        if not args.skip_ray:
+            print("Ray Tune is not installed: pip install -e '.[bench]' (or --skip-ray)")
+            return 2
 
     options = {"n": args.n, "r": args.r, "R": args.R, "eta": args.eta, "shards": args.shards}
     home = Path(args.home or tempfile.mkdtemp(prefix="mop-asha-vs-ray-")).absolute()
-    print(f"asha_vs_ray: {machine()}; {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC", flush=True)
+    header("asha_vs_ray")
     print(f"ASHA n={args.n} r={args.r} R={args.R} eta={args.eta}; mop_airflow on {args.shards} one-slot shards, "
           f"Ray Tune {TRIALS_AT_ONCE} trials at a time{', reusing actors' if args.reuse_actors else ''}"
           f"{', on the configurations mop_airflow drew' if args.same_draws else ''}", flush=True)
     try:
-        from mop_airflow.examples.mnist1d_data import write_mnist1d  # noqa: PLC0415
-
-        folder = str(home / "data")
-        write_mnist1d(folder)
+        folder = example_data(home / "data")
         rows = []
         before = load()
         print(f"mop_airflow (load average {before})", flush=True)
@@ -306,12 +265,20 @@ def main(argv=None) -> int:
             extra = (f"mop_airflow ASHA, budget={args.budget}", budgeted["seconds"], budgeted["trials"],
                      budgeted["started"], budgeted["epochs"], before, load(), budgeted["facts"])
 
+        if args.skip_ray:
+            name, seconds, trials, started, epochs, *_ = rows[0]
+            best = max((t for t in trials if t["val_accuracy"] is not None), key=lambda t: t["val_accuracy"])
+            print(f"{name}: {seconds:.1f} s, best {best['val_accuracy']:.4f} ({best['config']}), started {started}, "
+                  f"epochs {epochs:g}; {json.dumps(rows[0][-1])}")
+            result("asha_vs_ray", {"mop_airflow": {"seconds": round(seconds, 1), "best": best["val_accuracy"],
+                                                   "started": started, "epochs": epochs, **rows[0][-1]}})
+            return 0
         ray_options = {**options, "reuse_actors": args.reuse_actors,
                        "points": mop["draws"] if args.same_draws else None}
         (home / "ray_options.json").write_text(json.dumps(ray_options))
         before = load()
         print(f"Ray Tune (load average {before})", flush=True)
-        wall, out = timed_process("ray", folder, "--ray-options", str(home / "ray_options.json"), script=__file__)
+        wall, out = timed_process(__file__, "--ray", folder, "--ray-options", str(home / "ray_options.json"))
         trials = out["trials"]
         errors = [t["error"] for t in trials if t["error"]]
         rows.append((f"Ray Tune ASHAScheduler, {TRIALS_AT_ONCE} trials at a time", wall,
@@ -333,6 +300,10 @@ def main(argv=None) -> int:
         print(f"\nmop_airflow / Ray Tune: wall time {mop_s / ray_s:.2f}x, best val_accuracy "
               f"{mop_best - ray_best:+.4f}; goal (the same or better accuracy in no more time): "
               f"{'met' if mop_s <= ray_s and mop_best >= ray_best else 'not met'}")
+        result("asha_vs_ray", {"options": options, "same_draws": args.same_draws, "sides": {
+            row[0]: {"seconds": round(row[1], 1), "started": row[3], "epochs": row[4], "load": f"{row[5]} / {row[6]}",
+                     "best": max(t["val_accuracy"] for t in row[2] if t["val_accuracy"] is not None), **row[7]}
+            for row in rows + ([extra] if args.budget else [])}})
     finally:
         if not args.home:
             shutil.rmtree(home, ignore_errors=True)

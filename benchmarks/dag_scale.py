@@ -3,9 +3,8 @@
 For each shape (plain MOP: ``shards x iterations``; adaptive: Hyperband R=81, eta=3 on p shards)
 the script prints:
 
-1. size: tasks in the DAG, hop tasks (one per chain and global hop: p classes x the chains each
-   renders x T for a plain search with T = iterations x p), and the task instances a run creates
-   (every hop task is a plain task; a run fills the chains its bundles need and skips the rest).
+1. size: tasks in the DAG (counted from the task plan the DAG renders: one train task per shard slot
+   in each block, a stage task per shard, a few control tasks), and the task instances a run creates.
 2. parsing: seconds to import the DAG file in a fresh interpreter after ``import airflow.sdk``
    (what the dag-processor pays per parse, bounded by ``[core] dagbag_import_timeout``, 30 s by
    default), and ``build_task_plan`` alone (the plain-data plan, no Airflow).
@@ -69,7 +68,6 @@ import datetime as dt
 import json
 import math
 import os
-import platform
 import re
 import shutil
 import signal
@@ -85,8 +83,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.harness import header, result  # noqa: E402
 
 from mop_airflow.search.adaptive import adaptive_plan  # noqa: E402
 from mop_airflow.config import MopSpec  # noqa: E402
@@ -1212,10 +1210,7 @@ def main() -> int:
         parser.error(f"unknown shape(s) {unknown}; choose from {list(SHAPES)}")
     configs = [int(c) for c in args.configs.split(",")]
     root = Path(tempfile.mkdtemp(prefix="mop-dag-scale-"))
-    import airflow  # noqa: PLC0415
-
-    say(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
-        f"Airflow {airflow.__version__}; {load()}")
+    header("dag_scale")
     say(f"shapes: {', '.join(names)}; window {args.window:.0f}s; parse budget {args.parse_timeout:.0f}s")
     results: dict[str, dict[str, Any]] = {}
     started = time.time()
@@ -1256,6 +1251,8 @@ def main() -> int:
             print_run(shape, entry["run"], args)
             say(f"  ({load()})")
         print_limits(results, args)
+        result("dag_scale", {name: {"tasks": entry["tasks"], "train_tasks": entry["train_tasks"],
+                                    "parse": entry["parse"]} for name, entry in results.items()})
     finally:
         if args.keep:
             say(f"\nkept {root}")

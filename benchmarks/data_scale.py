@@ -35,15 +35,18 @@ import argparse
 import io
 import json
 import os
-import platform
 import resource
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.harness import header, result  # noqa: E402
 
 FILE_MB = 128
 SHARDS = 4
@@ -246,10 +249,8 @@ def main() -> None:
         print(json.dumps(out))
         return
 
-    print(f"machine: {platform.machine()}, {os.cpu_count()} cores, "
-          f"{os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB RAM, "
-          f"Python {platform.python_version()}; data.batch_mb=128 (default), data.slice_mb={args.slice_mb:g}; "
-          f"{SHARDS} shards")
+    header("data_scale", f"data.batch_mb=128 (default), data.slice_mb={args.slice_mb:g}; {SHARDS} shards")
+    rows_out = []
     print(f"{'kind':8} {'GB':>5} {'files':>7} {'rows':>10}  {'step':18} {'wall s':>7} {'MB/s':>7} {'files/s':>8} "
           f"{'peak RSS MB':>11}")
     for kind in args.kinds:
@@ -273,24 +274,29 @@ def main() -> None:
                         # a fresh store per worker count: the slices are written again, not reused
                         shutil.rmtree(os.path.join(root, "store", "bench", "shards"), ignore_errors=True)
                     workers = [list(range(w, slices, n)) for w in range(n)] if name == "scatter" else None
-                    result = run_steps(name, kind, source, store_root, os.path.join(root, "cache"), args.slice_mb,
-                                       workers)
-                    if "error" in result:
-                        print(f"{kind:8} {nbytes / 1e9:5.2f} {files:7} {rows:10}  {label:18} failed: {result['error']}")
+                    measured = run_steps(name, kind, source, store_root, os.path.join(root, "cache"), args.slice_mb,
+                                         workers)
+                    if "error" in measured:
+                        print(f"{kind:8} {nbytes / 1e9:5.2f} {files:7} {rows:10}  {label:18} failed: {measured['error']}")
                         continue
-                    slices = result.get("slices", slices)
+                    slices = measured.get("slices", slices)
                     step_bytes = nbytes / SHARDS if name in ("hop", "stage") else nbytes
                     if name == "list_data":
                         label = f"list_data ({slices} sl.)"
-                    elif result.get("streamed"):
+                    elif measured.get("streamed"):
                         label = "hop (streamed)"
-                    per_second = (f"{files / (SHARDS if name in ('hop', 'stage') else 1) / result['seconds']:8.0f}"
+                    per_second = (f"{files / (SHARDS if name in ('hop', 'stage') else 1) / measured['seconds']:8.0f}"
                                   if kind == "folder" else f"{'':8}")
-                    print(f"{kind:8} {nbytes / 1e9:5.2f} {files:7} {rows:10}  {label:18} {result['seconds']:7.1f} "
-                          f"{step_bytes / 1e6 / result['seconds']:7.0f} {per_second} {result['peak_rss_mb']:11.0f}",
+                    print(f"{kind:8} {nbytes / 1e9:5.2f} {files:7} {rows:10}  {label:18} {measured['seconds']:7.1f} "
+                          f"{step_bytes / 1e6 / measured['seconds']:7.0f} {per_second} {measured['peak_rss_mb']:11.0f}",
                           flush=True)
+                    rows_out.append({"kind": kind, "gb": round(nbytes / 1e9, 2), "step": label,
+                                     "seconds": round(measured["seconds"], 1),
+                                     "mb_per_s": round(step_bytes / 1e6 / measured["seconds"]),
+                                     "peak_rss_mb": round(measured["peak_rss_mb"])})
             finally:
                 shutil.rmtree(root, ignore_errors=True)
+    result("data_scale", {"rows": rows_out})
 
 
 if __name__ == "__main__":

@@ -5,38 +5,34 @@ configurations (MLP and 1-D CNN x learning rates 3e-3, 1e-2 x batch sizes 32, 12
 same 3 passes over the training data, so the best accuracies are comparable:
 
   mop_airflow   the example DAG ``dags/mop_mnist1d.py`` on the embedded Airflow (SQLite,
-                LocalExecutor, 4 one-slot shard pools): trigger to success of the DAG run, once per
-                ``--bundle-sizes`` value (given in the trigger conf), each run's leaderboard kept;
+                LocalExecutor, 4 one-slot shard pools, a train task per shard slot): trigger to
+                success of the DAG run, its train task instances, model hops and reused models;
   plain Keras   one process that trains the 8 configurations one after another (``model.fit``,
                 3 epochs, Keras's shuffling): its wall time, TensorFlow's import included;
   Ray Tune      ``tune.Tuner`` with two trials at a time (one CPU each), when ``ray[tune]`` is
                 installed (``pip install -e '.[bench]'``): its process wall time.
 
-Every TensorFlow process uses one intra-op thread (as mop_airflow's hops do on the embedded Airflow
-of a 2-core machine), so no side is slowed by oversubscribed cores.
+Every TensorFlow process uses one intra-op thread (as mop_airflow's train tasks do on the embedded
+Airflow of a 2-core machine), so no side is slowed by oversubscribed cores.
 
-    python benchmarks/demo_grid.py [--bundle-sizes auto] [--skip-ray] [--home DIR] [--airflow-env K=V]
+    python benchmarks/demo_grid.py [--skip-ray] [--home DIR] [--airflow-env K=V]
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import math
 import os
-import platform
 import shutil
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Callable
 
-REPO = Path(__file__).resolve().parents[1]
-if __package__ in (None, ""):
-    sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.harness import (REPO, embedded_airflow, example_data, header, one_thread, result,  # noqa: E402
+                                run_seconds, timed_process)
 
 MODELS = ("mop_airflow.examples.mnist1d_models:mlp", "mop_airflow.examples.mnist1d_models:cnn")
 RATES = (3e-3, 1e-2)
@@ -97,17 +93,6 @@ def train_one(config: dict, data, *, epochs: int = EPOCHS, report: Callable[[flo
     return accuracy
 
 
-def one_thread() -> None:
-    """TensorFlow's thread pools as a hop's; on Keras's JAX backend (a GPU machine) nothing to set."""
-    import keras  # noqa: PLC0415
-
-    if keras.config.backend() == "tensorflow":
-        import tensorflow as tf  # noqa: PLC0415
-
-        tf.config.threading.set_intra_op_parallelism_threads(1)
-        tf.config.threading.set_inter_op_parallelism_threads(1)
-
-
 def plain_keras(folder: str) -> dict:
     one_thread()
     data = load_data(folder)
@@ -133,22 +118,10 @@ def ray_tune(folder: str) -> dict:
     return {label(r.config): float(r.metrics["accuracy"]) for r in results}
 
 
-def timed_process(side: str, folder: str, *args: str, script: str = __file__) -> tuple[float, dict]:
-    """Run ``script --<side> folder *args`` in a fresh process: its wall time and the JSON of its last line."""
-    began = time.perf_counter()
-    done = subprocess.run([sys.executable, script, f"--{side}", folder, *args], capture_output=True, text=True,
-                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
-    wall = time.perf_counter() - began
-    if done.returncode != 0:
-        raise RuntimeError(f"{side} failed:\n{done.stderr[-3000:]}")
-    return wall, json.loads(done.stdout.strip().splitlines()[-1])
-
-
 # -- mop_airflow -----------------------------------------------------------------------------------
 
-def mop_runs(home: Path, airflow_env: dict) -> list[tuple[str, float, dict, dict]]:
-    from mop_airflow.airflow.local import LocalAirflow  # noqa: PLC0415
-    from mop_airflow.cli.demo import sync_pools_for  # noqa: PLC0415
+def mop_run(home: Path, airflow_env: dict) -> tuple[float, dict, dict]:
+    """The example DAG's run as ``mop-airflow demo`` triggers it: seconds, leaderboard, facts."""
     from mop_airflow.records.layout import RunLayout  # noqa: PLC0415
     from mop_airflow.records import HopRecord  # noqa: PLC0415
     from mop_airflow.store import Store  # noqa: PLC0415
@@ -157,34 +130,24 @@ def mop_runs(home: Path, airflow_env: dict) -> list[tuple[str, float, dict, dict
     dags.mkdir(parents=True, exist_ok=True)
     shutil.copy(REPO / "dags" / "mop_mnist1d.py", dags / "mop_mnist1d.py")
     store = Store("file://" + str(home / "store"))
-    out = []
-    env = {"MOP_AIRFLOW_HOME": str(home), "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "600", **airflow_env}
-    with LocalAirflow(home / "airflow", dags, extra_env=env, log=lambda *a: None) as af:
-        af.wait_for_dag(DAG_ID)
-        sync_pools_for(af)
-        for size in ("",):  # one run: the DAG as the README's demo triggers it
-            run_id = af.trigger(DAG_ID, conf={})
-            ref = af.wait_for_run(DAG_ID, run_id, timeout=1800)
-            run = af.api("GET", f"/dags/{DAG_ID}/dagRuns/{run_id}")
-            if ref != "success":
-                raise RuntimeError(f"the DAG run ended {ref}")
-            seconds = (dt.datetime.fromisoformat(run["end_date"]) - dt.datetime.fromisoformat(run["start_date"])
-                       ).total_seconds()
-            layout = RunLayout(store, DAG_ID, run_id)
-            board = store.read_json(layout.report_uri("leaderboard.json"))
-            run_json = store.read_json(layout.run_record_uri)
-            names = {c["config_id"]: label({"model": c["model"], "batch_size": c["batch_size"],
-                                            "learning_rate": c["optimizer_params"]["learning_rate"]})
-                     for c in run_json["configs"]}
-            # the train task instances that ran: one per shard slot (whatever the bundles)
-            tasks = [ti for ti in af.task_instances(DAG_ID, run_id)
-                     if ti["task_id"].startswith("train_shard_") and ti["state"] != "skipped"]
-            hops = [HopRecord.from_dict(store.read_json(u)) for u in store.glob(f"{layout.run_uri}/hops/*/*.json")]
-            out.append((size, seconds, {names[row["config_id"]]: row.get("val_accuracy") for row in board["leaderboard"]},
-                        {"task instances": len(tasks), "model hops": len(hops),
-                         "models reused": sum(h.model_reused for h in hops),
-                         "threads": sorted({h.threads for h in hops})}))
-    return out
+    with embedded_airflow(home, dags, env=airflow_env, pools_for=DAG_ID) as af:
+        run_id = af.trigger(DAG_ID, conf={})
+        state = af.wait_for_run(DAG_ID, run_id, timeout=1800)
+        if state != "success":
+            raise RuntimeError(f"the DAG run ended {state}")
+        seconds = run_seconds(af, DAG_ID, run_id)
+        # the train task instances that ran: one per shard slot
+        tasks = [ti for ti in af.task_instances(DAG_ID, run_id)
+                 if ti["task_id"].startswith("train_shard_") and ti["state"] != "skipped"]
+    layout = RunLayout(store, DAG_ID, run_id)
+    board = store.read_json(layout.report_uri("leaderboard.json"))
+    names = {c["config_id"]: label({"model": c["model"], "batch_size": c["batch_size"],
+                                    "learning_rate": c["optimizer_params"]["learning_rate"]})
+             for c in store.read_json(layout.run_record_uri)["configs"]}
+    hops = [HopRecord.from_dict(store.read_json(u)) for u in store.glob(f"{layout.run_uri}/hops/*/*.json")]
+    return (seconds, {names[row["config_id"]]: row.get("val_accuracy") for row in board["leaderboard"]},
+            {"task instances": len(tasks), "model hops": len(hops), "models reused": sum(h.model_reused for h in hops),
+             "threads": sorted({h.threads for h in hops})})
 
 
 def main(argv=None) -> int:
@@ -201,17 +164,12 @@ def main(argv=None) -> int:
         return 0
 
     home = Path(args.home or tempfile.mkdtemp(prefix="mop-demo-grid-")).absolute()
-    print(f"demo_grid: {platform.platform()}, {os.cpu_count()} CPUs, Python {platform.python_version()}; "
-          f"{dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC")
+    header("demo_grid")
     try:
-        from mop_airflow.examples.mnist1d_data import write_mnist1d  # noqa: PLC0415
-
-        folder = str(home / "data")
-        write_mnist1d(folder)
-        rows = []
-        for _, seconds, board, facts in mop_runs(home, dict(item.split("=", 1) for item in args.airflow_env)):
-            rows.append(("mop_airflow DAG run", seconds, board, facts))
-        wall, board = timed_process("plain", folder)
+        folder = example_data(home / "data")
+        seconds, board, facts = mop_run(home, dict(item.split("=", 1) for item in args.airflow_env))
+        rows = [("mop_airflow DAG run", seconds, board, facts)]
+        wall, board = timed_process(__file__, "--plain", folder)
         rows.append(("plain Keras, sequential (process wall)", wall, board, {}))
         try:
             import ray  # noqa: F401, PLC0415
@@ -219,21 +177,17 @@ def main(argv=None) -> int:
         except ImportError:
             have_ray = False
         if have_ray:
-            wall, board = timed_process("ray", folder)
+            wall, board = timed_process(__file__, "--ray", folder)
             rows.append(("Ray Tune, 2 trials at a time (process wall)", wall, board, {}))
         else:
-            print("Ray Tune: not installed (pip install -e '.[bench]'), left out")
+            print("Ray Tune: left out (--skip-ray, or not installed: pip install -e '.[bench]')")
         print(f"\n{'side':<46} {'seconds':>8}  {'best':>7}  best configuration")
+        figures = {}
         for name, seconds, board, facts in rows:
             best = max(board, key=board.get)
             print(f"{name:<46} {seconds:>8.1f}  {board[best]:>7.4f}  {best}  {json.dumps(facts) if facts else ''}")
-        mops = [(name, board) for name, _, board, _ in rows if name.startswith("mop_airflow")]
-        for name, board in mops[1:]:
-            same = board == mops[0][1]
-            print(f"leaderboard of '{name}' {'equals' if same else 'DIFFERS from'} '{mops[0][0]}'")
-            if not same:
-                for key in sorted(board):
-                    print(f"  {key}: {board[key]} vs {mops[0][1].get(key)}")
+            figures[name] = {"seconds": round(seconds, 1), "best": board[best], "best_config": best, **facts}
+        result("demo_grid", {"airflow_env": args.airflow_env, "sides": figures})
     finally:
         if not args.home:
             shutil.rmtree(home, ignore_errors=True)

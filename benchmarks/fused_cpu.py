@@ -24,17 +24,17 @@ costs a slot, compilation included) and hops 2 to 5 (compiled).
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.harness import REPO, example_data, header, result, spread, summary  # noqa: E402
+
 CONFIGS = 16
 SHARDS = 4
 HOPS = 5
@@ -109,17 +109,14 @@ def main() -> None:
     parser.add_argument("--groups", type=int, nargs="+", default=[4, 8, 16])
     args = parser.parse_args()
 
-    from mop_airflow.examples.mnist1d_data import write_mnist1d  # noqa: PLC0415
-
-    from importlib.metadata import version  # noqa: PLC0415 - Keras itself is imported by the runs, on JAX
-
-    print(f"fused_cpu: {dt.date.today()}, {platform.machine()}, {os.cpu_count()} cores, {platform.platform()}, "
-          f"Python {platform.python_version()}, JAX {version('jax')}, Keras {version('keras')}, load average "
-          f"{os.getloadavg()[0]:.1f} at the start")
+    header("fused_cpu", "Keras on JAX's CPU backend")  # Keras itself is imported by the runs, on JAX
     print(f"{CONFIGS} configurations of the demo's {args.model}, Adam, batch 32, {HOPS} hops of a {SHARDS}-shard "
           f"split of MNIST-1D (16,000 training rows), validated after every hop; {args.runs} runs each")
     with tempfile.TemporaryDirectory() as folder:
-        data = write_mnist1d(os.path.join(folder, "data"))
+        from mop_airflow.examples.mnist1d_spec import TEST_FILE, TRAIN_FILE  # noqa: PLC0415
+
+        where = example_data(os.path.join(folder, "data"))
+        data = {"train": os.path.join(where, TRAIN_FILE), "test": os.path.join(where, TEST_FILE)}
         variants: list[tuple[str, int | str]] = [("unfused", "off")] + [(f"fused {n}", n) for n in args.groups]
         rows = []
         for name, fuse in variants:
@@ -130,18 +127,17 @@ def main() -> None:
             whole = [sum(r["hop_seconds"]) for r in runs]
             warm = [sum(r["hop_seconds"][1:]) for r in runs]
             rows.append((name, whole, warm, runs[0]["groups"], runs[0]["best_val_accuracy"]))
-            print(f"  {name:<8} groups {runs[0]['groups']}: {HOPS} hops {span(whole)}, hops 2-{HOPS} {span(warm)}, "
+            print(f"  {name:<8} groups {runs[0]['groups']}: {HOPS} hops {spread(whole)}, hops 2-{HOPS} {spread(warm)}, "
                   f"best val_accuracy {runs[0]['best_val_accuracy']:.4f}", flush=True)
         base_whole, base_warm = statistics.median(rows[0][1]), statistics.median(rows[0][2])
         print(f"\n| | {HOPS} hops, s (median, range) | hops 2-{HOPS}, s | speed-up ({HOPS} hops / hops 2-{HOPS}) |")
         print("|---|---|---|---|")
         for name, whole, warm, _, _ in rows:
-            print(f"| {name} | {span(whole)} | {span(warm)} | {base_whole / statistics.median(whole):.2f}x / "
+            print(f"| {name} | {spread(whole)} | {spread(warm)} | {base_whole / statistics.median(whole):.2f}x / "
                   f"{base_warm / statistics.median(warm):.2f}x |")
-
-
-def span(values: list[float]) -> str:
-    return f"{statistics.median(values):.1f} ({min(values):.1f}-{max(values):.1f})"
+        result("fused_cpu", {"model": args.model, "variants": {
+            name: {"hops": summary(whole), "compiled_hops": summary(warm), "groups": groups, "best": best}
+            for name, whole, warm, groups, best in rows}})
 
 
 if __name__ == "__main__":

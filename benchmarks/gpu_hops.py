@@ -1,10 +1,11 @@
-"""Where a hop task's seconds go on a GPU, what bundles and the compilation cache save, and two hop
-tasks sharing one GPU against one: measured without Airflow, hop by hop.
+"""What a process that trains on a GPU pays before its training: the start of a train task (once a
+block) with and without the preload, memory on demand and JAX's compilation cache, and two slots
+sharing one GPU against one: measured without Airflow, hop by hop.
 
-Prepares the runs in this process on the CPU (data, resolve, shard), then trains hops as the hop
-tasks do: each hop in a fresh Python process that claims a slot of the machine
-(``mop_airflow.training.devices``, ``MOP_GPUS``/``MOP_SLOTS``) and calls ``run_hop`` or
-``run_slot`` on the shard. Per hop it prints:
+Prepares the runs in this process on the CPU (data, resolve, shard), then trains hops each in a
+fresh Python process that claims a slot of the machine (``mop_airflow.training.devices``,
+``MOP_GPUS``/``MOP_SLOTS``) and calls ``run_hop`` on the shard: every hop pays what a train task
+pays once at its start. Per hop it prints:
 
   process     the interpreter's start (spawn to the script's first line)
   imports     mop_airflow's hop modules, Keras and its backend
@@ -24,7 +25,6 @@ difference to ``train`` is the step's compilation). Sections:
   preload     the fresh chain forked from a worker that imported Keras and the hop modules, as
               Airflow's task-forking processes do with the preload
   steady      the same chain in one process: training without compilation or start-up
-  bundle      four configurations of one model in one process per hop
   slots       two chains on one GPU at once (MOP_SLOTS=2, memory growth) against the same two
               chains one after the other (one slot)
   cpu         the fresh chain on the same machine's CPU (JAX_PLATFORMS=cpu)
@@ -36,7 +36,7 @@ difference to ``train`` is the step's compilation). Sections:
 Models: ``mlp`` and ``cnn``, the demo grid's MNIST-1D models (batch 32); ``cnn1m``, a 2-D CNN of
 1.06 M weights on 32x32x3 images (generated, batch 128), the size of MADlib's CIFAR-10 example.
 
-    KERAS_BACKEND=jax python benchmarks/gpu_hops.py [--out DIR] [--sections fresh,preload,steady,bundle,slots,cpu,crowd,warm]
+    KERAS_BACKEND=jax python benchmarks/gpu_hops.py [--out DIR] [--sections fresh,preload,steady,slots,cpu,crowd,warm]
                                                     [--fresh off,on,reserve]
                                                     [--models mlp,cnn,cnn1m] [--hops 3] [--images 20000]
 """
@@ -50,7 +50,6 @@ MAIN_AT = time.time()  # before any import: a hop process's interpreter start en
 import argparse  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
-import platform  # noqa: E402
 import shutil  # noqa: E402
 import statistics  # noqa: E402
 import subprocess  # noqa: E402
@@ -59,8 +58,8 @@ import tempfile  # noqa: E402
 import threading  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.harness import REPO, example_data, header, machine, result  # noqa: E402
 
 SHARDS = 4
 MODELS = {
@@ -69,7 +68,7 @@ MODELS = {
     "cnn1m": ("images", {"model": "mop_airflow.examples.image_models:cnn2d", "batch_size": 128,
                          "hparams": {"filters": 32, "units": 128, "rescale": 1 / 255}}),
 }
-RATES = [1e-3, 3e-3, 1e-2, 3e-2]  # four configurations of each model: one bundle
+RATES = [1e-3, 3e-3, 1e-2, 3e-2]  # four configurations of each model
 HOP_ENV: dict[str, str] = {}  # the hop processes' environment: this one's before prepare() hid the GPU
 STEPS = ("process", "imports", "device", "shard", "build", "restore", "train", "save")
 
@@ -85,7 +84,6 @@ def hop_main(args: argparse.Namespace) -> None:
     from mop_airflow.records.layout import RunLayout
     from mop_airflow.store import Store
     from mop_airflow.training.model_hop import run_hop
-    from mop_airflow.training.shard_loop import block_hops, run_slot, state_after
     from mop_airflow.training.session import TaskSession, compilation_cache
 
     import keras
@@ -106,22 +104,10 @@ def hop_main(args: argparse.Namespace) -> None:
     assignments = [Assignment.from_dict(a) for a in json.loads(args.assignments)]
     for k in range(args.chain):
         t = assignments[0].t + 1
-        if args.bundle:
-            began = time.time()
-            # the configurations' hop t one after another in this process, as a warm shard slot trains them
-            hops = block_hops([assignments], shards=SHARDS, slots=1, start=t, end=t + 1)
-            done = run_slot(layout, run, manifest, hops, mine=hops, block=f"bundle-{t}", shard=t % SHARDS, slot=0,
-                            cache_dir=cache_dir, session=session)
-            if done.failed:
-                raise SystemExit(f"bundle hop failed: {done.failed[0].error}")
-            records = sorted(done.trained, key=lambda r: r.started_at)
-            assignments = [state_after(r) for r in records]
-            wall = time.time() - began
-        else:
-            began = time.time()
-            record, out = run_hop(layout, run, manifest, assignments[0], t=t, shard=t % SHARDS, cache_dir=cache_dir,
-                                  session=session)
-            records, assignments, wall = [record], [out], time.time() - began
+        began = time.time()
+        record, out = run_hop(layout, run, manifest, assignments[0], t=t, shard=t % SHARDS, cache_dir=cache_dir,
+                              session=session)
+        records, assignments, wall = [record], [out], time.time() - began
         for record in records:
             steps = {"shard": record.timings["shard_read"], "build": record.timings["imports"] + record.timings["build"],
                      "restore": record.timings["checkpoint_load"], "train": record.timings["train"],
@@ -220,7 +206,6 @@ class Driver:
     def prepare(self, models: list[str], run_names: list[str]) -> None:
         os.environ["JAX_PLATFORMS"] = "cpu"  # this process must not take the GPU's memory (hops get HOP_ENV)
         from mop_airflow.data.shard import shard_dataset
-        from mop_airflow.examples.mnist1d_data import write_mnist1d
         from mop_airflow.examples.mnist1d_spec import mnist1d_data_spec
         from mop_airflow.planning.resolve import resolve_run
         from mop_airflow.records.layout import RunLayout
@@ -229,8 +214,7 @@ class Driver:
         began = time.time()
         datasets = {"mnist1d": None, "images": None}
         if any(MODELS[m][0] == "mnist1d" for m in models):
-            write_mnist1d(str(self.work / "data"))
-            datasets["mnist1d"] = mnist1d_data_spec(str(self.work / "data"))
+            datasets["mnist1d"] = mnist1d_data_spec(example_data(self.work / "data"))
         if any(MODELS[m][0] == "images" for m in models):
             datasets["images"] = write_images(self.work / "data" / "images.parquet", self.images)
         store = Store(self.state["store"])
@@ -264,14 +248,14 @@ class Driver:
         return [c["config_id"] for c in record.configs]
 
     # one hop process (or a chain of hops in one process)
-    def hop_argv(self, *, model: str, run: str, config_ids: list[str], t: int, cache: str, bundle: bool = False,
+    def hop_argv(self, *, model: str, run: str, config_ids: list[str], t: int, cache: str,
                  chain: int = 1, starts: list[dict] | None = None) -> list[str]:
         from mop_airflow.records import Assignment
 
         assignments = starts or [Assignment(cid, t - 1, None).to_dict() for cid in config_ids]
         return ["hop", "--state", str(self.state_path), "--model", model, "--run", f"{model}/{run}", "--cache", cache,
                 "--assignments", json.dumps(assignments), "--chain", str(chain),
-                "--spawned", repr(time.time())] + (["--bundle"] if bundle else [])
+                "--spawned", repr(time.time())]
 
     def spawn(self, *, env: dict, **hop) -> subprocess.Popen:
         command = [sys.executable, __file__, *self.hop_argv(**hop)]
@@ -375,16 +359,6 @@ def section_steady(d: Driver, models: list[str], hops: int) -> None:
         d.finish(process, {"section": "steady", "model": model, "cache": "on"})
 
 
-def section_bundle(d: Driver, models: list[str], hops: int) -> None:
-    for model in models:
-        ids, starts = d.configs(model, "bundle"), None
-        for t in range(hops):
-            process = d.spawn(model=model, run="bundle", config_ids=ids, t=t, cache="on", env=gpu_env(),
-                              bundle=True, starts=starts)
-            _, end = d.finish(process, {"section": "bundle", "model": model, "cache": "on", "bundle_size": len(ids)})
-            starts = end["assignments"]
-
-
 def section_slots(d: Driver, models: list[str], hops: int) -> None:
     for model in models:
         a, b = d.configs(model, "one_slot")[1:3]
@@ -472,9 +446,9 @@ def section_warm(d: Driver, models: list[str], hops: int) -> None:
 
 
 WARM_ITERATIONS = 10
-SECTIONS = {"fresh": section_fresh, "preload": section_preload, "steady": section_steady, "bundle": section_bundle, "slots": section_slots,
+SECTIONS = {"fresh": section_fresh, "preload": section_preload, "steady": section_steady, "slots": section_slots,
             "cpu": section_cpu, "crowd": section_crowd, "warm": section_warm}
-RUNS = ["fresh_off", "fresh_on", "fresh_reserve", "preload", "steady", "bundle", "one_slot", "two_slots", "cpu", "crowd"]
+RUNS = ["fresh_off", "fresh_on", "fresh_reserve", "preload", "steady", "one_slot", "two_slots", "cpu", "crowd"]
 
 
 # --- the report -----------------------------------------------------------------------------------
@@ -489,7 +463,7 @@ def report(lines: list[dict]) -> str:
     header = f"{'section':<8} {'model':<6} {'cache':<5} {'hop':>3} " + " ".join(f"{s:>8}" for s in STEPS) + f" {'total':>8}"
     out.append(header)
     for h in hops:
-        if h["section"] in ("fresh", "preload", "cpu", "steady") or (h["section"] == "bundle" and h["k"] == 0):
+        if h["section"] in ("fresh", "preload", "cpu", "steady"):
             out.append(f"{h['section']:<8} {h['model']:<6} {h.get('cache', ''):<5} {h['t']:>3} "
                        + " ".join(f"{h[s]:8.3f}" for s in STEPS) + f" {h['total']:8.3f}")
     out.append("")
@@ -512,14 +486,6 @@ def report(lines: list[dict]) -> str:
         if preload:
             row["preloaded fork: total"] = median([h["total"] for h in preload])
             row["preloaded fork: imports"] = median([h["imports"] for h in preload])
-        bundle = pick("bundle")
-        if bundle:
-            walls = {}
-            for h in bundle:
-                walls.setdefault((h["t"], h["pid"]), h)
-            per_config = [(h["hop_wall"] + h["process"] + h["imports"] + h["device"]) / h["bundle_size"]
-                          for h in walls.values()]
-            row["bundle: per configuration"] = median(per_config)
         cpu = pick("cpu")
         if cpu:
             row["cpu: fresh total"] = median([h["total"] for h in cpu])
@@ -537,21 +503,6 @@ def report(lines: list[dict]) -> str:
     return "\n".join(out)
 
 
-def describe_machine() -> str:
-    gpu = ""
-    if shutil.which("nvidia-smi"):
-        gpu = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
-                             capture_output=True, text=True).stdout.strip()
-    import keras
-
-    versions = f"Keras {keras.__version__} ({keras.config.backend()})"
-    if keras.config.backend() == "jax":
-        import jax
-
-        versions += f", JAX {jax.__version__}"
-    return f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores; GPU: {gpu or 'none'}; {versions}"
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command")
@@ -560,10 +511,9 @@ def main() -> int:
         hop.add_argument(name, required=True)
     hop.add_argument("--chain", type=int, default=1)
     hop.add_argument("--spawned", type=float, required=True)
-    hop.add_argument("--bundle", action="store_true")
     sub.add_parser("worker")
     parser.add_argument("--out", default=None, help="folder for gpu_hops.jsonl and the report (default: a temp folder)")
-    parser.add_argument("--sections", default="fresh,preload,steady,bundle,slots,cpu,crowd")
+    parser.add_argument("--sections", default="fresh,preload,steady,slots,cpu,crowd")
     parser.add_argument("--models", default="mlp,cnn,cnn1m")
     parser.add_argument("--slot-models", default="mlp,cnn1m", help="models of the slots and cpu sections")
     parser.add_argument("--hops", type=int, default=3)
@@ -586,7 +536,7 @@ def main() -> int:
     driver.variants = args.fresh.split(",")
     try:
         driver.prepare(models, RUNS)
-        print(describe_machine(), flush=True)
+        header("gpu_hops")
         for name in args.sections.split(","):
             began = time.time()
             chosen = ([m for m in args.slot_models.split(",") if m in models] if name in ("slots", "cpu", "crowd")
@@ -597,8 +547,9 @@ def main() -> int:
                 print(f"section {name} failed: {exc}", flush=True)
             print(f"section {name}: {time.time() - began:.1f} s", flush=True)
         text = report(driver.lines)
-        (out / "report.txt").write_text(describe_machine() + "\n" + text + "\n")
+        (out / "report.txt").write_text(machine() + "\n" + text + "\n")
         print(text)
+        result("gpu_hops", {"sections": args.sections.split(","), "models": models, "out": str(out)})
     finally:
         driver.close()
         shutil.rmtree(work, ignore_errors=True)

@@ -48,7 +48,6 @@ import datetime as dt
 import itertools
 import json
 import os
-import platform
 import shutil
 import statistics
 import sys
@@ -58,10 +57,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-if __package__ in (None, ""):  # run as a script from a checkout: make the package importable
-    sys.path.insert(0, str(REPO))
-
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.harness import embedded_airflow, header, result, summary, write_dag  # noqa: E402
 from benchmarks.sim_vs_airflow import FEATURES, write_data  # noqa: E402  (the same two-class data)
 from mop_airflow.config import MopSpec  # noqa: E402
 from mop_airflow.records import BlockDecision, HopRecord, Plan, RunRecord  # noqa: E402
@@ -94,14 +91,6 @@ def make_spec(args: argparse.Namespace, train: str, validation: str, store_root:
         "schedule": {"shards": args.shards, "slots_per_shard": 1, "epochs_per_hop": 1, "seed": args.seed},
         "store": {"root": store_root},
     }
-
-
-def write_dag_file(folder: Path, dag_id: str, spec: dict[str, Any]) -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"{dag_id}.py"
-    path.write_text("import json\nfrom mop_airflow import build_mop_dag\n"
-                    f"dag = build_mop_dag(json.loads({json.dumps(json.dumps(spec))}), dag_id={dag_id!r})\n")
-    return path
 
 
 def mem_available_gib() -> float | None:
@@ -164,22 +153,16 @@ def wait_quietly(af: Any, layout: RunLayout, run_id: str, *, timeout: float, beg
 
 def run_on_airflow(args: argparse.Namespace, home: Path, data: tuple[str, str], began: float) -> dict[str, Any]:
     """Run the search once on a fresh embedded Airflow; what the report needs, saved in ``home``."""
-    from mop_airflow.airflow.local import EMBEDDED_PARALLELISM, LocalAirflow  # noqa: PLC0415
-    from mop_airflow.cli.demo import sync_pools_for  # noqa: PLC0415
+    from mop_airflow.airflow.local import EMBEDDED_PARALLELISM  # noqa: PLC0415
 
     store = Store("file://" + str(home / "store"))
-    write_dag_file(home / "dags", DAG_ID, make_spec(args, *data, store.root))
+    write_dag(home / "dags", DAG_ID, make_spec(args, *data, store.root))
     env = {"MOP_AIRFLOW_HOME": str(home / "mop"),
-           # the DAG file does not change during the run: no re-parsing every 30 s beside the hops
-           "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "600",
            # a block's train tasks (shards x 1 slot) run at once, beside a control task
            "AIRFLOW__CORE__PARALLELISM": os.environ.get("AIRFLOW__CORE__PARALLELISM",
                                                         str(max(EMBEDDED_PARALLELISM, args.shards + 1)))}
     load_at_start = os.getloadavg()
-    with Sampler() as sampler, LocalAirflow(home / "airflow", home / "dags", extra_env=env,
-                                           log=lambda *a: None) as af:
-        af.wait_for_dag(DAG_ID)
-        sync_pools_for(af)
+    with Sampler() as sampler, embedded_airflow(home, home / "dags", env=env, pools_for=DAG_ID) as af:
         run_id = af.trigger(DAG_ID)
         print(f"  triggered {DAG_ID} run {run_id} (parallelism {env['AIRFLOW__CORE__PARALLELISM']}; logs under "
               f"{af.home / 'logs'})", flush=True)
@@ -460,22 +443,6 @@ def fmt_load(values: Any) -> str:
     return "/".join(f"{v:.2f}" for v in values)
 
 
-def machine() -> str:
-    model = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as info:
-            model = next((line.split(":", 1)[1].strip() for line in info if line.startswith("model name")), model)
-    except OSError:
-        pass
-    memory = ""
-    try:
-        with open("/proc/meminfo") as info:
-            memory = f", {int(info.readline().split()[1]) / 2**20:.0f} GiB"
-    except (OSError, ValueError, IndexError):
-        pass
-    return f"{platform.platform()}, {os.cpu_count()} cores ({model}){memory}, Python {platform.python_version()}"
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--R", type=int, default=81, help="Hyperband's R: iterations of the longest rung")
@@ -492,8 +459,7 @@ def main() -> int:
     args = parser.parse_args()
 
     began = time.time()
-    print(f"date: {dt.datetime.now(dt.timezone.utc).isoformat(timespec='seconds')}")
-    print(f"machine: {machine()}; load average (1/5/15 min) {fmt_load(os.getloadavg())}")
+    header("hyperband_blocks", f"R={args.R}, eta={args.eta} on {args.shards} shards x 1 slot")
     if args.reanalyze:
         results = [analyze(Path(folder).absolute(), args) for folder in args.reanalyze]
         return finish(results, began, None, [])
@@ -527,6 +493,8 @@ def finish(results: list[dict[str, Any] | None], began: float, remove: list[Path
         for key in good[0]:
             values = [r[key] for r in good]
             print(f"  {key:<24} {statistics.median(values):10.3f} ({min(values):.3f}-{max(values):.3f})")
+    if good:
+        result("hyperband_blocks", {"runs": len(good), **{key: summary([r[key] for r in good]) for key in good[0]}})
     print(f"\nload average at the end {fmt_load(os.getloadavg())}; benchmark took {time.time() - began:.0f}s; "
           + ("working folders removed" if remove is not None else
              "working folders kept" + (f": {', '.join(str(h) for h in homes)}" if homes else "")))

@@ -56,7 +56,6 @@ Needs ``ray[tune]`` (``pip install -e '.[bench]'``).
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import os
 import random
@@ -66,12 +65,11 @@ import tempfile
 import zlib
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-if __package__ in (None, ""):
-    sys.path.insert(0, str(REPO))
-
-from benchmarks.asha_vs_ray import load, machine, ray_space, wait_for_search  # noqa: E402
-from benchmarks.demo_grid import label, load_data, one_thread, timed_process  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.asha_vs_ray import ray_space, wait_for_search  # noqa: E402
+from benchmarks.demo_grid import label, load_data  # noqa: E402
+from benchmarks.harness import (REPO, embedded_airflow, example_data, header, load, one_thread, result,  # noqa: E402
+                                run_seconds, timed_process, write_dag)
 
 DAG_ID = "mop_pbt_vs_ray"
 # The PBT example's space and exploration (dags/mop_mnist1d_pbt.py), its space's seed and schedule's seed.
@@ -209,28 +207,16 @@ def _ray_trials(folder: str, options: dict) -> dict:
 # -- mop_airflow ---------------------------------------------------------------------------------
 
 def mop_pbt(home: Path, folder: str, options: dict, timeout: float) -> dict:
-    from mop_airflow.airflow.local import LocalAirflow  # noqa: PLC0415
-    from mop_airflow.cli.demo import sync_pools_for  # noqa: PLC0415
     from mop_airflow.records import HopRecord  # noqa: PLC0415
     from mop_airflow.records.layout import RunLayout, read_run  # noqa: PLC0415
     from mop_airflow.store import Store  # noqa: PLC0415
 
-    dags = home / "dags"
-    dags.mkdir(parents=True, exist_ok=True)
-    spec = pbt_spec(folder, options)
-    (dags / f"{DAG_ID}.py").write_text(
-        "import json\nfrom mop_airflow import build_mop_dag\n"
-        f"dag = build_mop_dag(json.loads({json.dumps(json.dumps(spec))}), dag_id={DAG_ID!r})\n")
+    write_dag(home / "dags", DAG_ID, pbt_spec(folder, options))
     store = Store("file://" + str(home / "store"))
-    env = {"MOP_AIRFLOW_HOME": str(home), "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "600"}
-    with LocalAirflow(home / "airflow", dags, extra_env=env, log=lambda *a: None) as af:
-        af.wait_for_dag(DAG_ID)
-        sync_pools_for(af)
+    with embedded_airflow(home, home / "dags", pools_for=DAG_ID) as af:
         first = af.trigger(DAG_ID)
         runs = wait_for_search(af, DAG_ID, first, timeout=timeout)
-        start = af.api("GET", f"/dags/{DAG_ID}/dagRuns/{first}")["start_date"]
-        end = af.api("GET", f"/dags/{DAG_ID}/dagRuns/{runs[-1]}")["end_date"]
-        seconds = (dt.datetime.fromisoformat(end) - dt.datetime.fromisoformat(start)).total_seconds()
+        seconds = run_seconds(af, DAG_ID, first, runs[-1])
     layout = RunLayout(store, DAG_ID, first)
     board = store.read_json(layout.report_uri("leaderboard.json"))
     hops = [HopRecord.from_dict(store.read_json(uri)) for uri in store.glob(layout.hops_glob)]
@@ -268,6 +254,7 @@ def main(argv=None) -> int:
     parser.add_argument("--reuse-actors", action="store_true", help="Ray Tune reuses its trial processes")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds the mop_airflow search may take")
     parser.add_argument("--home", help="keep the runs here (default: a temporary folder, deleted)")
+    parser.add_argument("--skip-ray", action="store_true", help="mop_airflow's side alone (a check that it runs)")
     parser.add_argument("--ray", help=argparse.SUPPRESS)
     parser.add_argument("--ray-options", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -277,23 +264,21 @@ def main(argv=None) -> int:
     try:
         import ray  # noqa: F401, PLC0415
     except ImportError:
-        print("Ray Tune is not installed: pip install -e '.[bench]'")
-        return 2
+        if not args.skip_ray:
+            print("Ray Tune is not installed: pip install -e '.[bench]' (or --skip-ray)")
+            return 2
 
     options = {"population": args.population, "iterations": args.iterations, "interval": args.interval,
                "quantile": args.quantile, "resample_probability": args.resample_probability, "shards": args.shards}
     home = Path(args.home or tempfile.mkdtemp(prefix="mop-pbt-vs-ray-")).absolute()
-    print(f"pbt_vs_ray: {machine()}; {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC", flush=True)
+    header("pbt_vs_ray")
     print(f"PBT population={args.population} iterations={args.iterations} interval={args.interval} "
           f"quantile={args.quantile} resample_probability={args.resample_probability} factors={list(FACTORS)}; "
           f"mop_airflow on {args.shards} one-slot shards, Ray Tune {TRIALS_AT_ONCE} trials at a time (synch=True)"
           f"{', reusing actors' if args.reuse_actors else ''}"
           f"{', from the population mop_airflow drew' if args.same_draws else ''}", flush=True)
     try:
-        from mop_airflow.examples.mnist1d_data import write_mnist1d  # noqa: PLC0415
-
-        folder = str(home / "data")
-        write_mnist1d(folder)
+        folder = example_data(home / "data")
         rows = []
         before = load()
         print(f"mop_airflow (load average {before})", flush=True)
@@ -301,12 +286,20 @@ def main(argv=None) -> int:
         rows.append((f"mop_airflow PBT, {args.shards} shards x 1 slot", mop["seconds"], mop["trials"],
                      len(mop["lineage"]), mop["epochs"], before, load(), mop["facts"]))
 
+        if args.skip_ray:
+            name, seconds, trials, copies, epochs, *_ = rows[0]
+            best = max((t["val_accuracy"] for t in trials if t["val_accuracy"] is not None), default=None)
+            print(f"{name}: {seconds:.1f} s, best {_metric(best)}, copies {copies}, epochs {epochs:g}; "
+                  f"{json.dumps(rows[0][-1])}")
+            result("pbt_vs_ray", {"mop_airflow": {"seconds": round(seconds, 1), "best": best, "copies": copies,
+                                                  "epochs": epochs, **rows[0][-1]}})
+            return 0
         ray_options = {**options, "reuse_actors": args.reuse_actors,
                        "points": mop["draws"] if args.same_draws else None}
         (home / "ray_options.json").write_text(json.dumps(ray_options))
         before = load()
         print(f"Ray Tune (load average {before})", flush=True)
-        wall, out = timed_process("ray", folder, "--ray-options", str(home / "ray_options.json"), script=__file__)
+        wall, out = timed_process(__file__, "--ray", folder, "--ray-options", str(home / "ray_options.json"))
         trials, events = out["trials"], out["events"]
         errors = [t["error"] for t in trials if t["error"]]
         restores = [e for e in events if e["event"] == "restore"]
@@ -342,6 +335,10 @@ def main(argv=None) -> int:
         print(f"\nmop_airflow / Ray Tune: wall time {mop_s / ray_s:.2f}x, best val_accuracy "
               f"{mop_best - ray_best:+.4f}; goal (the same or better accuracy in no more time): "
               f"{'met' if mop_s <= ray_s and mop_best >= ray_best else 'not met'}")
+        result("pbt_vs_ray", {"options": options, "same_draws": args.same_draws, "sides": {
+            row[0]: {"seconds": round(row[1], 1), "copies": row[3], "epochs": row[4], "load": f"{row[5]} / {row[6]}",
+                     "best": max((t["val_accuracy"] for t in row[2] if t["val_accuracy"] is not None), default=None),
+                     **row[7]} for row in rows}})
     finally:
         if not args.home:
             shutil.rmtree(home, ignore_errors=True)

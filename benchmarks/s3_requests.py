@@ -19,18 +19,17 @@ from __future__ import annotations
 
 import argparse
 import collections
-import datetime as dt
 import json
 import os
-import platform
 import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.harness import header, result  # noqa: E402
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 SLEEPY = "mop_airflow.examples.timed_models:sleepy"
@@ -165,8 +164,7 @@ def main() -> None:
     boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="test", aws_secret_access_key="test",
                  region_name="us-east-1").create_bucket(Bucket="bench")
     options = {"key": "test", "secret": "test", "client_kwargs": {"endpoint_url": endpoint}}
-    print(f"machine: {platform.machine()}, {os.cpu_count()} cores, {platform.system()} {platform.release()}, "
-          f"Python {platform.python_version()}; {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC")
+    header("s3_requests")
     print(f"block: {args.configs} sleepy configurations ({args.seconds_per_batch} s a batch, one batch a shard) x "
           f"{args.shards} shards x {args.iterations} iteration(s), one slot a shard, each a thread")
     figures = {}
@@ -191,7 +189,7 @@ def main() -> None:
                 print(f"local: {median['hops']} hops; block {median['seconds']:.1f} s (runs {figures[name]['seconds_all']})")
     finally:
         server.stop()
-    print(json.dumps(figures))
+    result("s3_requests", {"configs": args.configs, "shards": args.shards, "iterations": args.iterations, **figures})
 
 
 if __name__ == "__main__":

@@ -59,10 +59,7 @@ configurations that completed the top rung; "best loss": the best synthetic loss
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import heapq
-import os
-import platform
 import random
 import statistics
 import sys
@@ -71,9 +68,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
-if __package__ in (None, ""):  # run as a script from a checkout: make the package importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.harness import header  # noqa: E402
 from mop_airflow.planning.schedule import deal_classes  # noqa: E402
 from mop_airflow.planning.simulation import HopEvent, lower_bound, simulate  # noqa: E402
 from mop_airflow.planning.task_plan import build_task_plan  # noqa: E402
@@ -340,19 +336,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--shards", type=int, default=16, help="--adaptive: shards of one slot (default 16)")
     args = parser.parse_args(argv)
     if args.adaptive:
-        print(f"schedule_sim --adaptive: R={args.R}, eta={args.eta}, {args.shards} shards x 1 slot; "
-              f"{platform.platform()}, {os.cpu_count()} CPUs; {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC")
+        header("schedule_sim", f"--adaptive: R={args.R}, eta={args.eta}, {args.shards} shards x 1 slot")
         adaptive_table(args.R, args.eta, args.shards, args.seeds)
         return 0
     seeds = range(3 if args.quick and args.seeds == 10 else args.seeds)
     scales = QUICK_SCALES if args.quick else SCALES
 
     began = time.perf_counter()
-    print(f"schedule_sim: {args.iterations} iterations, {len(seeds)} seeds per cell, hop durations equal (1 s) "
-          f"or spread log-uniformly over {SPREAD:g}x")
-    print(f"machine: {platform.platform()}, {platform.machine()}, {os.cpu_count()} CPUs, "
-          f"Python {platform.python_version()}")
-    print(f"date: {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC")
+    header("schedule_sim", f"{args.iterations} iterations, {len(seeds)} seeds per cell, hop durations equal (1 s) "
+           f"or spread log-uniformly over {SPREAD:g}x")
     print("efficiency = lower bound / makespan (1.000 is optimal): mean over seeds (worst seed)")
     print()
     head = f"{'scale':<23} {'slots':>5}  {'durations':<9}  {'policy':<41} {'efficiency':>16}  {'makespan mean':>13}"

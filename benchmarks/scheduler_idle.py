@@ -12,17 +12,14 @@ over ``--seconds`` after a settling minute, for each value side by side in one r
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import os
-import platform
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-if __package__ in (None, ""):
-    sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.harness import REPO, header, result  # noqa: E402
 
 
 def scheduler_cpu(value: str, seconds: float, settle: float) -> float:
@@ -60,13 +57,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--settle", type=float, default=60.0)
     args = parser.parse_args(argv)
-    print(f"scheduler_idle: {platform.platform()}, {os.cpu_count()} CPUs, Python {platform.python_version()}; "
-          f"{dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC", flush=True)
+    header("scheduler_idle")
+    share = {}
     for value in args.values.split(","):
         used = scheduler_cpu(value.strip(), args.seconds, args.settle)
+        share[value.strip()] = round(100 * used / args.seconds, 1)
         print(f"scheduler_idle_sleep_time {value.strip():>4} s: scheduler CPU {used:.2f} s over {args.seconds:.0f} s "
-              f"idle = {100 * used / args.seconds:.1f} % of one core; load average {os.getloadavg()[0]:.2f}",
+              f"idle = {share[value.strip()]:.1f} % of one core; load average {os.getloadavg()[0]:.2f}",
               flush=True)
+    result("scheduler_idle", {"seconds": args.seconds, "percent_of_a_core": share})
     return 0
 
 

@@ -55,7 +55,6 @@ import datetime as dt
 import json
 import math
 import os
-import platform
 import shutil
 import statistics
 import sys
@@ -65,11 +64,9 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-REPO = Path(__file__).resolve().parents[1]
-if __package__ in (None, ""):  # run as a script from a checkout: make the package importable
-    sys.path.insert(0, str(REPO))
-
-from memory_watch import MemoryWatch  # noqa: E402  (benchmarks/, beside this script)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.harness import embedded_airflow, machine, result, write_dag  # noqa: E402
+from benchmarks.memory_watch import MemoryWatch  # noqa: E402
 from mop_airflow.records.layout import RunLayout  # noqa: E402
 from mop_airflow.records import HopRecord, Plan, RunRecord  # noqa: E402
 from mop_airflow.config import MopSpec  # noqa: E402
@@ -130,14 +127,6 @@ def make_spec(args: argparse.Namespace, train: str, validation: str, store_root:
                      "epochs_per_hop": 1, "seed": args.seed},
         "store": {"root": store_root},
     }
-
-
-def write_dag_file(folder: Path, dag_id: str, spec: dict[str, Any]) -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"{dag_id}.py"
-    path.write_text("import json\nfrom mop_airflow import build_mop_dag\n"
-                    f"dag = build_mop_dag(json.loads({json.dumps(json.dumps(spec))}), dag_id={dag_id!r})\n")
-    return path
 
 
 def summarize_load(samples: list[float]) -> str:
@@ -214,20 +203,19 @@ SAVED = "airflow_run.json"
 
 def run_on_airflow(args: argparse.Namespace, home: Path, began: float) -> dict[str, Any]:
     """Write the data and the DAG file, run the DAG on an embedded Airflow; what the comparison needs."""
-    from mop_airflow.airflow.local import EMBEDDED_PARALLELISM, LocalAirflow  # noqa: PLC0415
+    from mop_airflow.airflow.local import EMBEDDED_PARALLELISM  # noqa: PLC0415
     from mop_airflow.cli.demo import run_and_watch  # noqa: PLC0415
 
     load_at_start = os.getloadavg()
     train_rows = args.shards * args.batches * BATCH_SIZE
     train, validation = write_data(home / "data", train_rows=train_rows, validation_rows=1000, seed=args.seed)
     store = Store("file://" + str(home / "store"))
-    write_dag_file(home / "dags", DAG_ID, make_spec(args, train, validation, store.root))
+    write_dag(home / "dags", DAG_ID, make_spec(args, train, validation, store.root))
     # A block's train tasks (shards x slots) run at once, beside a control task: the LocalExecutor
     # must run that many task processes (preflight refuses a run it cannot hold).
-    env = {"MOP_AIRFLOW_HOME": str(home),
-           "AIRFLOW__CORE__PARALLELISM": os.environ.get("AIRFLOW__CORE__PARALLELISM",
+    env = {"AIRFLOW__CORE__PARALLELISM": os.environ.get("AIRFLOW__CORE__PARALLELISM",
                                                         str(max(EMBEDDED_PARALLELISM, args.shards * args.slots + 1)))}
-    with LoadSampler() as load, LocalAirflow(home / "airflow", home / "dags", extra_env=env) as af:
+    with LoadSampler() as load, embedded_airflow(home, home / "dags", env=env, quiet=False) as af:
         af.wait_for_dag(DAG_ID)
         load_at_trigger = os.getloadavg()
         # what the deployment holds while the run trains: its processes' PSS (the train tasks fork from
@@ -358,8 +346,7 @@ def main() -> int:
     print(f"date: {dt.datetime.now(dt.timezone.utc).isoformat(timespec='seconds')}"
           + (f" (re-analysis of a run that started {dt.datetime.fromtimestamp(ts(run['start_date']), dt.timezone.utc).isoformat(timespec='seconds')})"
              if args.reanalyze else ""))
-    print(f"machine: {platform.platform()}, {platform.machine()}, {os.cpu_count()} cores, "
-          f"Python {platform.python_version()}")
+    print(f"machine: {machine()}")
     print(f"load average (1/5/15 min): at start {fmt_load(load_at_start)}; at trigger {fmt_load(load_at_trigger)}; "
           f"at the end of the run {fmt_load(load_at_end)}; 1-min samples during the benchmark: "
           f"{summarize_load(saved['load']['samples'])}")
@@ -435,6 +422,12 @@ def main() -> int:
         project(args.project_shards, run_record.spec, plan_record.priority, list(cost), slots=slots, hop=cost.__getitem__,
                 task_seconds=task_startup, per_slot=(memory["peak_tree_pss"] - memory["idle_tree_pss"]) / (p * slots)
                 if memory else None, hops_per_config=iterations)
+    result("sim_vs_airflow", {
+        "shape": {"configs": len(spb), "shards": p, "slots": slots, "iterations": iterations, "hops": len(hops)},
+        "dag_run_seconds": round(dag_wall, 1), "hop_window": round(measured, 1), "slots_busy": round(measured_busy, 4),
+        "bound": round(bound_training, 1), "predicted": {name.split()[0]: round(window(sim_), 1)
+                                                          for name, sim_, _ in variants},
+        "task_startup": task_startup, "fixed": fixed, "overhead": overhead, "hand_off": latency})
     keep = args.keep or args.home or args.reanalyze
     print(f"benchmark took {time.time() - began:.0f}s; working folder {'kept' if keep else 'removed'}")
     if not keep:

@@ -37,7 +37,6 @@ import argparse
 import datetime as dt
 import json
 import os
-import platform
 import shutil
 import signal
 import subprocess
@@ -49,12 +48,9 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-if __package__ in (None, ""):
-    sys.path.insert(0, str(REPO))
-
-from memory_watch import MemoryWatch, machine_used_bytes  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.harness import embedded_airflow, header, result, write_dag  # noqa: E402
+from benchmarks.memory_watch import MemoryWatch, machine_used_bytes  # noqa: E402
 
 FEATURES = 128
 CLASSES = 10
@@ -218,13 +214,6 @@ def _run_ray(mode: str, source: str, scratch: str, kill_bytes: float) -> dict:
 
 # -- mop_airflow on the embedded Airflow -----------------------------------------------------------------
 
-DAG_FILE = '''"""Written by benchmarks/task_parallel.py."""
-from mop_airflow import build_mop_dag
-
-dag = build_mop_dag({spec!r}, dag_id={dag_id!r})
-'''
-
-
 def mop_spec(source: str) -> dict:
     return {
         "data": {"source": source, "label": "label", "features": "x*", "classes": list(range(CLASSES)),
@@ -305,21 +294,14 @@ def mop_profile(tis: list[dict], run: dict) -> dict:
 
 
 def mop_runs(home: Path, source: str, nbytes: int, kill_bytes: float, runs: int) -> list[dict]:
-    from mop_airflow.airflow.local import LocalAirflow
-    from mop_airflow.cli.demo import sync_pools_for
     from mop_airflow.records import HopRecord, Manifest
     from mop_airflow.records.layout import RunLayout
     from mop_airflow.store import Store
 
-    dags = home / "dags"
-    dags.mkdir(parents=True, exist_ok=True)
-    (dags / f"{DAG_ID}.py").write_text(DAG_FILE.format(spec=mop_spec(source), dag_id=DAG_ID))
+    write_dag(home / "dags", DAG_ID, mop_spec(source))
     store = Store("file://" + str(home / "store"))
-    env = {"MOP_AIRFLOW_HOME": str(home), "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "600"}
     out = []
-    with LocalAirflow(home / "airflow", dags, extra_env=env, log=lambda *a: None) as af:
-        af.wait_for_dag(DAG_ID)
-        sync_pools_for(af)
+    with embedded_airflow(home, home / "dags", pools_for=DAG_ID) as af:
         for index in range(runs):
             time.sleep(3)  # let the services settle before the idle sample
             airflow_idle = machine_used_bytes()
@@ -455,10 +437,7 @@ def main(argv=None) -> int:
         print(json.dumps(ray_tune(args.ray, args.source, args.scratch)))
         return 0
 
-    print(f"task_parallel: {platform.platform()}, {os.cpu_count()} CPUs, "
-          f"{os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB RAM, Python "
-          f"{platform.python_version()}; {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC; load "
-          f"{os.getloadavg()[0]:.1f}")
+    header("task_parallel")
     summary: list[tuple[float, str, dict]] = []
     for size in args.sizes:
         root = tempfile.mkdtemp(prefix="mop-task-parallel-", dir=args.tmp)
@@ -502,6 +481,11 @@ def main(argv=None) -> int:
             hops = [r.get("hops", {}).get("from") for r in (first, row)]
             print(f"{size:g} GB: the second run is {first['wall'] / row['wall']:.2f}x faster than the first; "
                   f"trigger to first hop {hops[0]} s, then {hops[1]} s")
+    result("task_parallel", {"rows": [
+        {"gb": size, "case": case, "wall": round(row["wall"], 1), "best": row.get("best"), "outcome": row.get("outcome"),
+         "machine_gb": round(row["watch"].peak_machine / 1e9, 2),
+         "tree_pss_gb": round((row["watch"].peak_tree_pss - row["watch"].idle_tree_pss) / 1e9, 2)}
+        for size, case, row in summary]})
     return 0
 
 

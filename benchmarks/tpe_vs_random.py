@@ -41,7 +41,6 @@ time (the workers started, TensorFlow imported and the data loaded before the fi
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import math
 import multiprocessing
 import shutil
@@ -52,12 +51,9 @@ import time
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-if __package__ in (None, ""):
-    sys.path.insert(0, str(REPO))
-
-from benchmarks.asha_vs_ray import load, machine  # noqa: E402
-from benchmarks.demo_grid import label, load_data, one_thread  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.demo_grid import label, load_data  # noqa: E402
+from benchmarks.harness import example_data, header, load, one_thread, result  # noqa: E402
 
 METHODS = ("random", "tpe", "asha", "asha+tpe")
 SEEDS = (0, 1, 2)
@@ -227,17 +223,14 @@ def main(argv=None) -> int:
 
     asha = asha_plan({"n": args.asha_n, "r": args.r, "R": args.R, "eta": args.eta})
     home = Path(args.home or tempfile.mkdtemp(prefix="mop-tpe-vs-random-")).absolute()
-    print(f"tpe_vs_random: {machine()}; {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC", flush=True)
+    header("tpe_vs_random")
     print(f"budget per seed: random and TPE {args.n} configurations x {args.epochs} epochs = {args.n * args.epochs} "
           f"epochs each (TPE: {args.startup} drawn at random, then proposed); ASHA n={args.asha_n} r={args.r} "
           f"R={args.R} eta={args.eta} (rungs {list(asha.rungs)}, ~{asha.halving_iterations()} epochs if every rung "
           f"promoted 1/eta), with and without TPE ({args.startup} drawn at random); {args.capacity} configurations "
           f"in flight, one TensorFlow thread each; seeds {args.seeds}", flush=True)
     try:
-        from mop_airflow.examples.mnist1d_data import write_mnist1d  # noqa: PLC0415
-
-        folder = str(home / "data")
-        write_mnist1d(folder)
+        folder = example_data(home / "data")
         results = []
         print(f"\n{'method':<9} {'seed':>4}  {'best':>7}  {'started':>7}  {'proposed':>8}  {'promoted':>8}  "
               f"{'epochs':>6}  {'seconds':>7}  {'load average':<16}best configuration (epochs)", flush=True)
@@ -272,6 +265,9 @@ def main(argv=None) -> int:
                 wins = sum(d > 0 for d in diffs)
                 print(f"{with_tpe} - {without}: mean {statistics.mean(diffs):+.4f} "
                       f"({', '.join(f'{d:+.4f}' for d in diffs)}); better on {wins} of {len(diffs)} seeds")
+        result("tpe_vs_random", {"seeds": args.seeds, "methods": {
+            method: {"best": [r["best"] for r in rows], "epochs": [r["epochs"] for r in rows],
+                     "seconds": [round(r["seconds"], 1) for r in rows]} for method, rows in by_method.items()}})
     finally:
         if not args.home:
             shutil.rmtree(home, ignore_errors=True)

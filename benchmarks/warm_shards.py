@@ -48,7 +48,6 @@ STARTED = time.time()  # a slot process's interpreter start ends here
 import argparse  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
-import platform  # noqa: E402
 import shutil  # noqa: E402
 import statistics  # noqa: E402
 import subprocess  # noqa: E402
@@ -58,8 +57,8 @@ import threading  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.harness import example_data, header, machine, one_thread, result, spread, summary  # noqa: E402
 
 SHARDS = int(os.environ.get("MOP_BENCH_SHARDS") or 4)
 RATES = [1e-3, 3e-3, 1e-2, 3e-2, 1e-4, 3e-4, 2e-3, 5e-3, 7e-4, 1.5e-3, 4e-3, 6e-3, 8e-3, 2e-4, 5e-4, 2e-2]
@@ -143,18 +142,6 @@ def trial_main(args: argparse.Namespace) -> None:
                                  "build": built - began, "epochs": epochs, "rows": int(np.shape(y)[0])}), flush=True)
 
 
-def one_thread() -> None:
-    """TensorFlow's thread pools as a hop's (``threads_per_hop: 1``), so no side gets more cores; JAX
-    keeps its own pool on every side."""
-    import keras
-
-    if keras.config.backend() == "tensorflow":
-        import tensorflow as tf
-
-        tf.config.threading.set_intra_op_parallelism_threads(1)
-        tf.config.threading.set_inter_op_parallelism_threads(1)
-
-
 def whole_data(state: dict, manifest) -> tuple:
     """Every shard's rows in one array, as a trial that reads the whole data set holds them."""
     import numpy as np
@@ -215,7 +202,6 @@ def prepare(work: Path, model: str, configs: int, iterations: int, images: int, 
     the classes dealt as the plan task deals them, each fused group whole in one)."""
     from benchmarks.gpu_hops import MODELS, write_images
     from mop_airflow.data.shard import shard_dataset
-    from mop_airflow.examples.mnist1d_data import write_mnist1d
     from mop_airflow.examples.mnist1d_spec import mnist1d_data_spec
     from mop_airflow.planning.plan import deal_run
     from mop_airflow.planning.resolve import resolve_run
@@ -229,8 +215,7 @@ def prepare(work: Path, model: str, configs: int, iterations: int, images: int, 
     elif data_name == "images":
         data = write_images(work / "data" / "images.parquet", images)
     else:
-        write_mnist1d(str(work / "data"))
-        data = mnist1d_data_spec(str(work / "data"))
+        data = mnist1d_data_spec(example_data(work / "data"))
     (work / "data.json").write_text(json.dumps(data))
     grid = {"model": [params["model"]], "optimizer": "adam", "learning_rate": RATES[:configs],
             "batch_size": [params["batch_size"]], "metrics": ["accuracy"]}
@@ -351,6 +336,8 @@ def main() -> None:
     os.environ.setdefault("MOP_SHARD_YIELD_SECONDS", "3600")  # the four slots start together here
     CHILD_ENV.update(os.environ)
     CHILD_GPUS[0] = gpu_count(CHILD_ENV)
+    header("warm_shards", f"{args.configs} configurations x {args.iterations} iterations of {args.model} on "
+           f"{args.shards} shard slots, {CHILD_GPUS[0]} GPU(s)")
     os.environ["JAX_PLATFORMS"] = "cpu"  # preparing the data here must not take the GPU's memory
     work = Path(tempfile.mkdtemp(prefix="mop-warm-"))
     try:
@@ -419,15 +406,8 @@ PATTERNS = {"warm": "warm shard slots", "fused": "fused shard slots", "task_para
 
 def summarize(args: argparse.Namespace, runs: list[dict]) -> None:
     """Each pattern's wall (and GPU busy share) over the runs: median (range); the ratios the issue's goals name."""
-    import datetime as dt
-
-    print(f"\n{len(runs)} run(s), {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC, {runs[0]['machine']}, "
-          f"{runs[0]['backend']} on {runs[0]['devices']}: {args.configs} configurations x {args.iterations} iterations "
-          f"of {args.model} on {args.shards} shards")
-
-    def spread(values: list[float]) -> str:
-        return f"{statistics.median(values):.1f} s ({min(values):.1f}-{max(values):.1f})"
-
+    print(f"\n{len(runs)} run(s), {runs[0]['backend']} on {runs[0]['devices']}: {args.configs} configurations x "
+          f"{args.iterations} iterations of {args.model} on {args.shards} shards")
     medians = {}
     for key, name in PATTERNS.items():
         walls = [r["walls"][key] for r in runs if r["walls"][key] == r["walls"][key]]  # NaN: not run
@@ -444,6 +424,15 @@ def summarize(args: argparse.Namespace, runs: list[dict]) -> None:
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
         (Path(args.out) / "runs.json").write_text(json.dumps(runs, indent=2))
+    result("warm_shards", {
+        "model": args.model, "configs": args.configs, "iterations": args.iterations, "shards": args.shards,
+        "fuse": args.fuse, "backend": runs[0]["backend"], "devices": runs[0]["devices"],
+        "walls": {key: summary([r["walls"][key] for r in runs]) for key in PATTERNS},
+        "config_epoch": summary([r["warm"]["config_epoch"] for r in runs]),
+        "plain_steady_epoch": summary([r["plain_keras"]["steady_epoch"] for r in runs]),
+        "alone_config_epoch": summary([r["alone"]["config_epoch"] for r in runs]),
+        "gpu_busy": {key: summary([r["gpu_busy"][key] for r in runs if r["gpu_busy"][key] is not None])
+                     for key in PATTERNS}})
 
 
 def report(args, slots, warm_wall, trials, trial_wall, plain, fused=(), fused_wall=float("nan")) -> None:
@@ -464,7 +453,7 @@ def report(args, slots, warm_wall, trials, trial_wall, plain, fused=(), fused_wa
         statistics.median(mine[0] for mine in plain["epochs"])
     cores = os.cpu_count() or 1
     figures = {
-        "machine": f"{platform.machine()}, {cores} CPUs, {platform.python_version()}",
+        "machine": machine(),
         "backend": keras.config.backend(), "devices": f"{CHILD_GPUS[0]} GPU(s)" if CHILD_GPUS[0] else "cpu",
         "model": args.model, "configs": args.configs, "iterations": args.iterations, "shards": args.shards,
         # a slot's start-up: from its process's spawn to its first hop (imports, device, shard, first build)
