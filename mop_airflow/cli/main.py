@@ -439,7 +439,7 @@ def build_parser() -> argparse.ArgumentParser:
                       help="measured seconds per model hop, for the wall-time estimate (see benchmarks/)")
     plan.add_argument("--task-seconds", type=float, default=0.0,
                       help="Airflow's fixed cost per task (start-up, imports), added to every hop in the "
-                           "simulated wall time; benchmarks/hop_overhead.py measures it")
+                           "simulated wall time; benchmarks/sim_vs_airflow.py measures it on a real Airflow")
     plan.set_defaults(func=_cmd_plan)
 
     demo = sub.add_parser("demo", help="run the MNIST-1D demo on a local Airflow and print the leaderboard")
