@@ -1,0 +1,135 @@
+"""What a shard slot's state machine (:mod:`~mop_airflow.training.slot_protocol`) hears and says.
+
+The data of its events (a state, a hop record, a peer's status, what the store says of a hop), the
+actions it asks its driver to carry out, and the :class:`Rules` a test may switch. Plain frozen
+dataclasses: no I/O, no Airflow, no Keras, as h11 keeps its events apart from its connection.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+HEARTBEAT = 5.0  # slot_status.HEARTBEAT_SECONDS: a peer's status is read at most this often
+STATES_HELD = 2  # shard_loop.STATES_HELD: trained hops waiting for their commit, at most
+ASHA_EVERY = 0.05  # asha_source.EVERY_LOCAL: an idle slot takes a decision at most this often
+NEVER = math.inf
+
+
+@dataclass(frozen=True)
+class State:
+    """What a configuration's hop ``t`` left (``t``: the hop before the next), as an Assignment says it."""
+
+    config_id: str
+    t: int
+    checkpoint_sha256: Any = None
+
+
+@dataclass(frozen=True)
+class Record:
+    """A hop record's fields the protocol reads (``HopRecord``'s names)."""
+
+    config_id: str
+    t: int
+    shard: int
+    status: str = "ok"
+    input_sha256: Any = None
+    checkpoint_sha256: Any = None
+    error: str | None = None
+    dropped_after: int | None = None
+    try_number: int = 1
+
+
+def state_after(record: Any) -> State:
+    return State(record.config_id, record.t, record.checkpoint_sha256)
+
+
+@dataclass(frozen=True)
+class PeerStatus:
+    """A slot's status file (``SlotStatus``'s fields the waiting slot reads)."""
+
+    try_number: int
+    state: str  # running, done, yielded, failed
+    heartbeat: float
+    progress: int = 0
+    final: bool = False
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What the store says of hop ``t`` for ``committed()``: its record (None: not there), whether that
+    record's checkpoint is still there, and whether hop ``t + 1``'s record is."""
+
+    record: Any = None
+    checkpoint_there: bool = False
+    next_there: bool = False
+
+
+# Actions: what the driver does next, then it reports back and asks again.
+@dataclass(frozen=True)
+class Write:  # in order, each (record, how): "write" it then its marker, "settle" the same unless a record is
+    records: tuple  # there (an earlier try's stays), "mark": its marker only
+
+
+@dataclass(frozen=True)
+class ReadPeers:  # read these slots' status files -> peer_status()
+    owners: tuple
+
+
+@dataclass(frozen=True)
+class Look:  # is the record of each hop's input there though no marker named it? -> looked()
+    hops: tuple  # ((hop, why, for_good), ...): given up unless it is
+
+
+@dataclass(frozen=True)
+class Check:  # did an earlier try commit these hops? -> checked()
+    members: tuple  # ((hop, state), ...)
+
+
+@dataclass(frozen=True)
+class Train:  # train these hops (one fused program when several) -> trained()
+    members: tuple
+
+
+@dataclass(frozen=True)
+class Decide:  # ASHA: nothing ready, take the search's next decision -> asha_hops()
+    pass
+
+
+@dataclass(frozen=True)
+class Wait:  # until ``until`` or anything arrives; ``commit``: for this slot's own commit
+    until: float
+    commit: bool = False
+
+
+@dataclass(frozen=True)
+class Yield:  # give the pool slot back (SlotYielded); the task comes again with the same try
+    why: str
+
+
+@dataclass(frozen=True)
+class End:  # the block is over for this slot: done, or incomplete (BlockIncompleteError)
+    untrained: Mapping[str, str]
+    for_good: frozenset
+
+    @property
+    def done(self) -> bool:
+        return not self.untrained
+
+
+@dataclass(frozen=True)
+class Rules:
+    """The protocol's rules that a test may switch: ``settle_forward`` (a slot that drops a failed
+    configuration's hops writes a record at its earliest one) is the production rule; the others are
+    proposed fixes, off as in production."""
+
+    settle_forward: bool = True
+    mark_found: bool = False  # a retry marks a hop an earlier try committed but may not have marked
+    look_after: float | None = None  # look up the input of a hop waited for this long, peer alive or not
+    yield_bound: bool = False  # stop yielding once a slot has yielded for the wait bound in all
+    # the driver's: a try that dies with no retry left is said failed for good (Airflow's failure
+    # callback, or the watchdog that killed it), and ASHA's decisions fail a job whose next hop is on
+    # a slot failed for good (no slot may wait for it: the leg's last hop)
+    final_on_death: bool = False
+    asha_dead_legs: bool = False
