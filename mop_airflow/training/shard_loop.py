@@ -72,6 +72,11 @@ WAIT_ENV = "MOP_SHARD_WAIT_SECONDS"
 # it (and is retried). Longer than Airflow needs to find a lost task instance (its heartbeat timeout,
 # 300 s by default) and start its retry (10 s, then 20 s), and than a hung slot's watchdog takes.
 WAIT_SECONDS = 600.0
+# How long a slot waits for a hop's input, its slot alive, before it looks the input's record up in the
+# store itself: the marker that names it may have landed after a name its poller had already listed
+# past (a commit and a failure marked at once, a marker PUT retried, a listing that lags), and then no
+# listing ever shows it. Found by the slot protocol's simulation (mop_airflow.training.slot_sim).
+LOOK_SECONDS = 60.0
 YIELD_ENV = "MOP_SHARD_YIELD_SECONDS"
 # How long a slot that has trained nothing waits for the slots of its block ranked before it to
 # start, before it gives its pool slot back: longer than a task takes to start when slots are free.
@@ -306,6 +311,7 @@ class _Loop:
         self.peers: dict[tuple[int, int], Peer] = {}
         self.for_good: set[str] = set()  # hops given up because their slot ended for good
         self.given_up: dict[tuple[str, int], BlockHop] = {}  # taken back if their input comes after all
+        self.waited_since: dict[tuple[str, int], float] = {}  # (configuration, hop of the input) -> monotonic
         # it took a hop another slot of its block handed it: the block runs, and this slot keeps its pool slot
         self.joined = False
 
@@ -411,6 +417,7 @@ class _Loop:
         for hop in self.pending:
             earliest[hop.config_id] = min(earliest.get(hop.config_id, hop.hop), hop.hop)
         ready, waiting, failed = [], [], {}
+        since, self.waited_since = self.waited_since, {}
         for hop in self.pending:
             if hop.hop != earliest[hop.config_id]:
                 continue
@@ -419,6 +426,8 @@ class _Loop:
                 failed[hop.config_id] = state
             elif state is None:
                 waiting.append(hop)
+                key = (hop.config_id, hop.hop - 1)
+                self.waited_since[key] = since.get(key, time.monotonic())
             else:
                 ready.append((hop, state))
         for hop in [h for h in self.pending if h.config_id in failed]:
@@ -520,6 +529,10 @@ class _Loop:
         if earlier.status != "ok" and earlier.dropped_after is None:
             self.result.failed.append(earlier)
         self.chains.learn(earlier)
+        if (hop.config_id, hop.hop) not in self.poller.known:
+            # the earlier try died between the record and its marker: the slot waiting for this hop lists
+            # markers, and would wait for ever (found by the slot protocol's simulation)
+            self.marks.mark(earlier)
         log.info("%s: already committed by try %d of %s; not trained again", hop.label, earlier.try_number,
                  earlier.task_id or "an earlier task")
         return True
@@ -611,6 +624,12 @@ class _Loop:
             owner = self.owner.get((hop.config_id, hop.hop - 1))
             if owner is None:
                 continue
+            key = (hop.config_id, hop.hop - 1)
+            if time.monotonic() - self.waited_since.get(key, time.monotonic()) > LOOK_SECONDS:
+                self.waited_since[key] = time.monotonic()  # looked up now: again after LOOK_SECONDS
+                if self.chains.before(hop.config_id, hop.hop, look=True) is not None:
+                    log.info("%s: its input's record is in the store, though no marker named it", hop.label)
+                    continue
             gone = self._peer(owner, now).gone(now, self.wait)
             # the peer may have committed the hop just before it stopped: its status is written after its records
             if gone is not None and self.chains.before(hop.config_id, hop.hop, look=True) is None:

@@ -120,13 +120,13 @@ class End:  # the block is over for this slot: done, or incomplete (BlockIncompl
 
 @dataclass(frozen=True)
 class Rules:
-    """The protocol's rules that a test may switch: ``settle_forward`` (a slot that drops a failed
-    configuration's hops writes a record at its earliest one) is the production rule; the others are
-    proposed fixes, off as in production."""
+    """The protocol's rules that a test may switch. The defaults are shard_loop's: ``settle_forward`` (a
+    slot that drops a failed configuration's hops writes a record at its earliest one), ``mark_found``
+    and ``look_after`` (shard_loop.LOOK_SECONDS); the others are proposed fixes, off as in production."""
 
     settle_forward: bool = True
-    mark_found: bool = False  # a retry marks a hop an earlier try committed but may not have marked
-    look_after: float | None = None  # look up the input of a hop waited for this long, peer alive or not
+    mark_found: bool = True  # a retry marks a hop an earlier try committed but may not have marked
+    look_after: float | None = 60.0  # look up the input of a hop waited for this long, peer alive or not
     yield_bound: bool = False  # stop yielding once a slot has yielded for the wait bound in all
     # the driver's: a try that dies with no retry left is said failed for good (Airflow's failure
     # callback, or the watchdog that killed it), and ASHA's decisions fail a job whose next hop is on

@@ -136,7 +136,10 @@ def run_one(seed: int, rules: sp.Rules = sp.Rules(), trace: bool = False) -> Wor
 
 
 RULES = {
+    # shard_loop's rules: a retry marks a hop it finds committed, a slot waiting a minute looks its
+    # input's record up (both found by this simulation, seeds 164, 432, 1909)
     "production": sp.Rules(),
+    "before-marks": sp.Rules(mark_found=False, look_after=None),  # before those two fixes
     "no-settle": sp.Rules(settle_forward=False),
     "proposed": sp.Rules(mark_found=True, look_after=60.0, yield_bound=True, final_on_death=True,
                          asha_dead_legs=True),

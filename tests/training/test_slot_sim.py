@@ -23,10 +23,13 @@ from mop_airflow.training.slot_sim import RULES, diagnose, run_many, run_one
 
 # What the simulation found in the production rules (shard_loop, slot_commits, slot_status, asha_slots),
 # each with the seed that shows it first; RULES["proposed"] carries a fix for each.
-KNOWN = {
+# bugs the simulation found and shard_loop fixed: they failed under the rules before the fix
+FIXED = {
     "a retry found its hop committed but never marked it": 164,
     "a marker never listed (late listing)": 432,
     "a marker never listed (landed after a later name)": 1909,
+}
+KNOWN = {
     "a slot yields for ever to a slot killed on its last try (no final word)": 544,
     "ASHA: a hop given up whose slot never comes back": 1581,
     "ASHA: a leg's hop on a slot failed for good, which no slot waits for": 539,
@@ -61,6 +64,14 @@ def test_each_bug_found_keeps_its_seed(kind, seed):
     assert fixed.problems == [] and fixed.outcome in ("succeeded", "failed")
 
 
+@pytest.mark.parametrize("kind,seed", sorted(FIXED.items()))
+def test_each_bug_fixed_keeps_its_seed(kind, seed):
+    before = run_one(seed, RULES["before-marks"])
+    assert before.problems and diagnose(before) == kind
+    now = run_one(seed)
+    assert now.problems == [] and now.outcome in ("succeeded", "failed")
+
+
 @pytest.mark.parametrize("seed", OLD_RULE)
 def test_without_settling_forward_the_simulation_finds_the_failed_or_hung_block(seed):
     old = run_one(seed, RULES["no-settle"])
@@ -74,7 +85,8 @@ def test_a_seed_replays_to_the_same_trace_in_any_process():
     outputs = []
     for hash_seed in ("1", "2"):  # str hashes differ between these processes: nothing may depend on them
         env = {**os.environ, "PYTHONHASHSEED": hash_seed}
-        out = subprocess.run([sys.executable, "-m", "mop_airflow.training.slot_sim", "--seed", "1909"],
+        out = subprocess.run([sys.executable, "-m", "mop_airflow.training.slot_sim", "--seed", "1909",
+                              "--rules", "before-marks"],
                              capture_output=True, text=True, env=env, timeout=120)
         outputs.append(out.stdout)
     assert outputs[0] == outputs[1] and "VIOLATED" in outputs[0]
@@ -171,7 +183,8 @@ def test_without_settling_forward_the_slot_two_shards_on_gives_up_for_good():
 def test_a_retry_finds_its_hop_committed_and_does_not_train_it_again():
     # try 1 of shard 0 committed a's hop 0 (record and checkpoint) and died before its marker
     hops = _grid(2, 2, "a")
-    retry = sp.SlotMachine(hops, shard=0, slot=0, try_number=2, began=0.0, wait=60.0)
+    retry = sp.SlotMachine(hops, shard=0, slot=0, try_number=2, began=0.0, wait=60.0,
+                           rules=sp.Rules(mark_found=False))  # the rule before the fix
     act = retry.decide(0.0)
     assert isinstance(act, sp.Check) and [h.hop for h, _ in act.members] == [0]  # a retry asks the store
     record = sp.Record("a", 0, 0, "ok", None, "a0")
