@@ -173,3 +173,13 @@ def test_an_address_of_another_machine_is_refused_before_anything_starts(stand_i
     assert main(["up", "--dags-folder", str(dags), "--home", str(tmp_path / "home"), "--host", "192.0.2.7"]) == 2
     assert "--host 192.0.2.7: not an address of this machine" in capsys.readouterr().err
     assert stand_in.started == [] and not (tmp_path / "home").exists()  # no password made either
+
+
+def test_a_dag_naming_an_example_model_reads_its_own_data_and_gets_no_example_data(tmp_path):
+    # a builder's import path is a string: the DAG reads its own data, and `up` makes nothing for it
+    (tmp_path / "mine.py").write_text('MLP = "mop_airflow.examples.mnist1d_models:mlp"\n')
+    assert not up.uses_example_data(tmp_path)
+    assert up.example_data_lines(tmp_path, tmp_path / "home", make=True) == []
+    (tmp_path / "example.py").write_text("from mop_airflow.examples.mnist1d_spec import mnist1d_data_spec\n")
+    assert up.uses_example_data(tmp_path)
+    assert up.uses_example_data(Path(__file__).resolve().parents[1] / "dags")

@@ -20,6 +20,7 @@ import importlib.util
 import ipaddress
 import json
 import os
+import re
 import secrets
 import socket
 from dataclasses import dataclass, field
@@ -32,6 +33,7 @@ DEFAULT_HOST = "127.0.0.1"
 WILDCARDS = ("0.0.0.0", "::")  # every interface: this machine's networks too
 LOGIN_USER = "admin"  # the simple auth manager's admin ([core] simple_auth_manager_users = admin:admin)
 EXAMPLES_MODULE = "mop_airflow.examples"
+_IMPORTS_EXAMPLES = re.compile(rf"^\s*(from|import)\s+{re.escape(EXAMPLES_MODULE)}\b", re.MULTILINE)
 # What `mop-airflow example-data` writes and the example DAGs read (mop_airflow/examples/*_data.py).
 EXAMPLE_DATA = ("mnist1d_train.parquet", "mnist1d_test.parquet", "digits", "digit_images", "friedman")
 EXAMPLES_EXTRA = ("mnist1d", "sklearn")  # what making the example data imports
@@ -145,10 +147,12 @@ def login_lines(served: Access) -> list[str]:
 
 
 def uses_example_data(dags_folder: Path) -> bool:
-    """Whether a DAG file of the folder imports :mod:`mop_airflow.examples` (the example DAGs do)."""
+    """Whether a DAG file of the folder imports :mod:`mop_airflow.examples` (the example DAGs do, for
+    their data's spec). A DAG that only names an example model by its import path (a string) reads
+    its own data: making the example data for it cost a start half a minute."""
     for path in Path(dags_folder).rglob("*.py"):
         try:
-            if EXAMPLES_MODULE in path.read_text(errors="replace"):
+            if _IMPORTS_EXAMPLES.search(path.read_text(errors="replace")):
                 return True
         except OSError:
             continue
