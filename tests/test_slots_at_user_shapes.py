@@ -15,7 +15,6 @@ not ``dag.test()``).
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import os
 import signal
@@ -27,12 +26,12 @@ from pathlib import Path
 import pytest
 
 from mop_airflow.airflow.local import LocalAirflow
+from mop_airflow.planning.task_plan import shard_pool
 from mop_airflow.records import BlockDecision, SlotStatus
 from mop_airflow.records.layout import RunLayout
 from mop_airflow.store import Store
 from tests.test_end_to_end import MLP, tiny_spec, write_digits
-from tests.test_slot_faults_scheduler import HOLDERS, _held_during, _holder
-from mop_airflow.planning.task_plan import shard_pool
+from tests.test_slot_faults_scheduler import HOLDERS, _held_during, _holder, _mop_dag, _run
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -62,16 +61,6 @@ def _asha(root):
     return spec
 
 
-def _mop_dag(folder, dag_id, spec, env):
-    # the task process parses its DAG file before it runs: the environment set here reaches its slots only
-    (folder / f"{dag_id}.py").write_text(
-        "import datetime, json, os\nfrom mop_airflow import build_mop_dag\n"
-        f"os.environ.update({dict(env)!r})\n"
-        f"dag = build_mop_dag(json.loads({json.dumps(json.dumps(spec))}), dag_id={dag_id!r},\n"
-        "    default_args={'retries': 2, 'retry_delay': datetime.timedelta(seconds=2),"
-        " 'retry_exponential_backoff': 0})\n")
-
-
 @pytest.fixture(scope="module")
 def airflow(tmp_path_factory):
     root = tmp_path_factory.mktemp("shapes")
@@ -99,18 +88,6 @@ def airflow(tmp_path_factory):
         yield af
 
 
-def _run(af, dag_id, *, during=None, timeout=600):
-    run_id = af.trigger(dag_id)
-    if during is not None:
-        during(run_id)
-    state = af.wait_for_run(dag_id, run_id, timeout=timeout)
-    assert state == "success", [(ti["task_id"], ti["state"], ti["try_number"]) for ti in af.task_instances(dag_id,
-                                                                                                          run_id)]
-    run = af.api("GET", f"/dags/{dag_id}/dagRuns/{run_id}")
-    took = dt.datetime.fromisoformat(run["end_date"]) - dt.datetime.fromisoformat(run["start_date"])
-    return run_id, took.total_seconds()
-
-
 def _board(af, dag_id, run_id):
     layout = RunLayout(af.store, dag_id, run_id)
     return {r["config_id"]: r for r in af.store.read_json(layout.report_uri("leaderboard.json"))["leaderboard"]}
@@ -120,8 +97,8 @@ def _board(af, dag_id, run_id):
 def test_a_grid_with_configurations_diverging_mid_search_succeeds_and_ranks_the_rest_as_without_them(airflow,
                                                                                                         shape):
     shards, slots, _, hop = SHAPES[shape]
-    clean_id, clean_took = _run(airflow, f"mop_clean_{shape}")
-    run_id, took = _run(airflow, f"mop_diverging_{shape}")
+    clean_id, clean_took = _run(airflow, f"mop_clean_{shape}", timeout=600)
+    run_id, took = _run(airflow, f"mop_diverging_{shape}", timeout=600)
     clean, board = _board(airflow, f"mop_clean_{shape}", clean_id), _board(airflow, f"mop_diverging_{shape}", run_id)
     assert set(board) == set(clean) and len(board) == 8
     diverged = {cid for cid, row in board.items() if row["status"] == "diverged"}
