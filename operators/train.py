@@ -147,7 +147,8 @@ class MopTrainShardOperator(MopBaseOperator):
                 # no retry follows: the slots that wait for this one's hops stop waiting
                 final=lambda exc: (isinstance(exc, NOT_RETRIED) and not _may_come(exc)) or run.fail_fast
                 or try_number > max_tries,
-                stop=self._stop, stall_seconds=None if alone else stall_seconds(), more=more)
+                stop=self._stop, stall_seconds=None if alone else stall_seconds(), more=more,
+                last_try=try_number > max_tries)
         except BlockIncompleteError as exc:
             if not _may_come(exc) or run.fail_fast:
                 raise

@@ -7,7 +7,7 @@ import pytest
 from mop_airflow.config import MopSpec
 from mop_airflow.planning.asha_slots import Ledger, legs_of
 from mop_airflow.planning.task_plan import spec_task_plan
-from mop_airflow.records import BlockDecision
+from mop_airflow.records import BlockDecision, HopRecord
 from mop_airflow.store import Store
 from tests.test_end_to_end import MLP, tiny_spec
 from tests.test_results import hop, planned
@@ -84,6 +84,54 @@ def test_a_failed_hop_completes_its_job_as_a_failure_and_frees_its_place(tmp_pat
     hop(layout, ids[2], 0, 0, status="failed")
     nxt = ledger.decide(shard=0, slot=0)
     assert nxt.jobs[0]["config_id"] == ids[4] and nxt.completions[0]["status"] == "failed"
+
+
+def test_a_leg_whose_next_hop_is_on_a_slot_dead_for_good_fails_there_and_the_search_goes_on(tmp_path):
+    """Slot simulation seed 539: a job's next hop on a slot that died on its last try. When that hop is
+    its leg's last, no slot waits for it; the idle slot that checks the legs in flight records the job
+    failed, with the cause, and the next decision takes it as a completion (a failure)."""
+    import time
+
+    from mop_airflow.records import SlotStatus
+    from mop_airflow.training.asha_source import AshaSource
+    from mop_airflow.training.model_hop import Where
+    from mop_airflow.training.shard_loop import _Loop
+
+    layout, run, plan = planned(Store(f"file://{tmp_path / 'store'}"), asha(f"file://{tmp_path / 'store'}"))
+    ids = [c["config_id"] for c in run.configs]
+    ledger = Ledger(layout, run, 2, 1)
+    ledger.decide(shard=0, slot=0)  # ids[0]: hop 0 on shard 0, hop 1 (the leg's last) on shard 1
+    ledger.decide(shard=1, slot=0)  # ids[1]: hop 0 on shard 1, hop 1 on shard 0
+    trained(layout, ids[0], [0], 0.5, 0)
+    assert [(leg.config_id, t) for leg, t in ledger.next_hops()] == [(ids[0], 1), (ids[1], 0)]
+
+    def shard_1(**fields):
+        SlotStatus(block="b0", shard=1, slot=0, state="running", try_number=2, progress=9,
+                   **fields).write(layout.store, layout.slot_status_uri("b0", 1, 0))
+
+    def slot_0():
+        more = AshaSource(layout, run, shard=0, slot=0, shards=2, slots=1)
+        more.new_hops()
+        loop = _Loop(layout, run, None, [], [], block="b0", shard=0, slot=0, cache_dir=str(tmp_path / "cache"),
+                     where=Where(task_id="train_shard_0", try_number=1), fatal=lambda exc: False, session=object(),
+                     on_hop=None, wait=600.0, give_back=30.0, more=more)
+        loop.began = time.time()
+        loop._fail_dead_legs()
+        return loop
+
+    shard_1(heartbeat=time.time() - 700)  # silent 700 s, but a retry follows: it may come back
+    assert slot_0().result.failed == [] and len(ledger.next_hops()) == 2
+    shard_1(heartbeat=time.time() - 500, last_try=True)  # its last try, silent within the wait bound
+    assert slot_0().result.failed == []
+    shard_1(heartbeat=time.time() - 700, last_try=True)  # its last try, silent past the wait bound: dead
+    # ids[1]'s next hop, its first, is on the dead slot too: recorded failed the same way
+    failed = slot_0().result.failed
+    assert [(f.config_id, f.t, f.shard, f.status) for f in failed] == [(ids[0], 1, 1, "failed"), (ids[1], 0, 1, "failed")]
+    assert "its hop 1 on shard 1 never trained: shard 1 slot 0 died on its last try 2" in failed[0].error
+    assert HopRecord.read(layout.store, layout.hop_record_uri(ids[0], 1)).error == failed[0].error
+    nxt = ledger.decide(shard=0, slot=0)
+    assert {c["config_id"]: c["status"] for c in nxt.completions} == {ids[0]: "failed", ids[1]: "failed"}
+    assert [leg.config_id for leg, _ in ledger.next_hops()] == [nxt.jobs[0]["config_id"]]  # only the new job
 
 
 @pytest.mark.parametrize("where", ["file", "s3"])

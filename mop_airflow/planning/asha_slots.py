@@ -136,6 +136,27 @@ class Ledger:
             training={job.config_id: first}, offsets={job.config_id: offset}, hops=job.iterations * p - first,
             start=first, ends=[job.config_id]), shard, slot)
 
+    def next_hops(self) -> list[tuple[Leg, int]]:
+        """Each job in flight (by the decisions read) with the hop its leg trains next: the first of its
+        leg with no record yet. One listing of the run's hop records."""
+        done = {(c.config_id, c.rung) for c in self.seen()}
+        legs = {leg.config_id: leg for d in self.decisions for leg in legs_of(d)}  # a configuration's latest
+        flying = {j.config_id for j in self.jobs() if (j.config_id, j.rung) not in done}
+        if not flying:
+            return []
+        recorded: dict[str, set[int]] = {}
+        for uri in self.layout.store.glob(self.layout.hops_glob):
+            cid, name = uri.rsplit("/", 2)[-2:]
+            recorded.setdefault(cid, set()).add(int(name[1:].split(".")[0]))
+        out = []
+        for cid in sorted(flying):
+            leg, t = legs[cid], legs[cid].first
+            while t in recorded.get(cid, ()):
+                t += 1
+            if t < leg.end:
+                out.append((leg, t))
+        return out
+
     def _take(self, decision: BlockDecision, shard: int, slot: int) -> BlockDecision:
         """Write ``decision`` unless another slot took decision ``k`` first; either way, the decision ``k`` is."""
         store, uri = self.layout.store, self.layout.block_decision_uri(decision.block)

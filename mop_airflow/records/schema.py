@@ -458,6 +458,8 @@ class SlotStatus(Record):
     "done", "yielded" (it gave its pool slot back and comes again), or "failed" (``final``: no retry
     follows, so hops that wait for this slot never come). A try never writes "running" after its
     own final state, and the readers ignore a status of a try older than one they have seen.
+    ``last_try``: no retry follows this try, so a "running" whose heartbeat stopped for the wait bound
+    is a try that died (killed by its watchdog, its worker lost) and will never say more.
     """
 
     block: str
@@ -478,6 +480,7 @@ class SlotStatus(Record):
     # the process's training count (batches, commits, looks for hops): the slots waiting for this one
     # judge it by this moving, since a hung process may still heartbeat
     progress: int = 0
+    last_try: bool = False
 
 
 @dataclass(frozen=True)

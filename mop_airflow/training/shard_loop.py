@@ -20,8 +20,10 @@ The guarantees of a task per hop are kept:
 - a configuration that fails (its builder raises, its loss diverges) is recorded; its later hops
   are dropped wherever they were due, and every other hop goes on;
 - a retried task skips the hops an earlier try committed (same input state, record written);
-- a slot that waits for a slot which failed for good gives those hops up, trains everything else,
-  and fails naming the slot and the hops left untrained (:class:`~mop_airflow.errors.BlockIncompleteError`);
+- a slot that waits for a slot which failed for good (or died on its last try: its heartbeat silent for
+  the wait bound, with no retry to follow) gives those hops up, trains everything else, and fails naming
+  the slot and the hops left untrained (:class:`~mop_airflow.errors.BlockIncompleteError`); in ASHA the
+  configurations those hops belong to fail instead, with the cause, and the search goes on;
   one that waits for a slot whose progress stopped for ``MOP_SHARD_WAIT_SECONDS`` (600 s by default)
   does the same, but its task is retried: that slot may be late (its pool held elsewhere) or hung, and
   comes back;
@@ -62,7 +64,7 @@ from mop_airflow.training.model_hop import (CLEANUP, Where, read_hashed, record_
                                             with_digest)
 from mop_airflow.training.slot_commits import Chains, CommitLog, CommitPoller, committed
 from mop_airflow.training.session import WARM_MODELS, TaskSession, out_of_memory
-from mop_airflow.training.slot_status import Peer, StatusWriter
+from mop_airflow.training.slot_status import HEARTBEAT_SECONDS, Peer, StatusWriter
 from mop_airflow.training.watchdog import Watchdog
 
 log = logging.getLogger(__name__)
@@ -226,7 +228,7 @@ def run_slot(layout: RunLayout, run: RunRecord, manifest: Manifest, hops: Sequen
              wait_seconds: float | None = None, yield_seconds: float | None = None,
              session: TaskSession | None = None, on_hop: Callable[[HopRecord], object] | None = None,
              stop: threading.Event | None = None, stall_seconds: float | None = None,
-             more: Any = None) -> SlotResult:
+             more: Any = None, last_try: bool = False) -> SlotResult:
     """Train the hops of ``hops`` (the whole block) that fall on ``(shard, slot)``, or ``mine``.
 
     ``mine`` lets one process train more than its slot: every hop of the block when tasks run one
@@ -242,7 +244,8 @@ def run_slot(layout: RunLayout, run: RunRecord, manifest: Manifest, hops: Sequen
     caller's process of ``dag.test()``; None or 0: none). ``more``: where hops decided while the block
     trains come from (an ASHA search, :class:`~mop_airflow.training.asha_source.AshaSource`): the slot
     asks it for new hops as it polls, and to decide when it has nothing ready, until it says the
-    search has ended.
+    search has ended. ``last_try``: no retry follows this try; its status says so, so that the slots
+    waiting for it know it ended for good if it dies (it says no last word then).
     """
     own = list(mine) if mine is not None else [h for h in hops if h.shard == shard and h.slot == slot]
     loop = _Loop(layout, run, manifest, hops, own, block=block, shard=shard, slot=slot, cache_dir=cache_dir,
@@ -250,7 +253,7 @@ def run_slot(layout: RunLayout, run: RunRecord, manifest: Manifest, hops: Sequen
                  wait=wait_seconds if wait_seconds is not None else float(os.environ.get(WAIT_ENV) or WAIT_SECONDS),
                  give_back=None if mine is not None else (
                      yield_seconds if yield_seconds is not None else float(os.environ.get(YIELD_ENV) or YIELD_SECONDS)),
-                 stop=stop, more=more)
+                 stop=stop, more=more, last_try=last_try)
     watchdog = Watchdog(stall_seconds) if stall_seconds and mine is None else None
     try:
         result = loop.train_all()
@@ -278,7 +281,7 @@ class _Loop:
                  own: list[BlockHop], *, block: str, shard: int, slot: int, cache_dir: str, where: Where,
                  fatal: Callable[[BaseException], bool], session: TaskSession | None,
                  on_hop: Callable[[HopRecord], object] | None, wait: float, give_back: float | None,
-                 stop: threading.Event | None = None, more: Any = None) -> None:
+                 stop: threading.Event | None = None, more: Any = None, last_try: bool = False) -> None:
         self.layout, self.run, self.manifest = layout, run, manifest
         self.cache_dir, self.where, self.fatal, self.on_hop, self.wait = cache_dir, where, fatal, on_hop, wait
         self.give_back = give_back
@@ -303,7 +306,7 @@ class _Loop:
         self.poller = CommitPoller(layout, block, mine | {self.owner[h.config_id, h.hop - 1] for h in own
                                                           if (h.config_id, h.hop - 1) in self.owner})
         self.marks = CommitLog(layout, block, shard, slot, where.try_number)
-        self.status = StatusWriter(layout, block, shard, slot, where, left=len(self.pending))
+        self.status = StatusWriter(layout, block, shard, slot, where, left=len(self.pending), last_try=last_try)
         self.result = SlotResult()
         # schedule.fuse: this slot's hops that train as one program (ASHA's, decided as it goes, train alone)
         self.partners = (fused_partners(((h.config_id, h.hop, (h.shard, h.slot, h.rung_end)) for h in own), run)
@@ -314,6 +317,7 @@ class _Loop:
         self.waited_since: dict[tuple[str, int], float] = {}  # (configuration, hop of the input) -> monotonic
         # it took a hop another slot of its block handed it: the block runs, and this slot keeps its pool slot
         self.joined = False
+        self.legs_checked_at = 0.0  # ASHA: when the slots of the legs in flight were last checked
 
     def train_all(self) -> SlotResult:
         self.began = time.time()
@@ -348,6 +352,7 @@ class _Loop:
                         wait_for([commits[0][2]], timeout=self.poller.first)
                         continue
                     if self.more is not None and not self.more.ended:  # nothing ready: what trains next?
+                        self._fail_dead_legs()
                         self.more.idle()
                         self._extend(self.more.new_hops())
                         if self._ready()[0]:
@@ -616,7 +621,7 @@ class _Loop:
         now = time.time()
         if self.give_back is not None and not self.joined and now - self.began > self.give_back:
             for owner in self.before:  # each read until seen started, then never again
-                if not self._peer(owner, now).started(now):
+                if not self._peer(owner, now).started(now, self.wait):
                     raise SlotYielded(f"shard {owner[0]} slot {owner[1]} of this block has not started within "
                                       f"{self.give_back:.0f} s: this slot gives its pool slot back and tries again "
                                       "later, so a block that holds the shards before it can finish")
@@ -669,6 +674,37 @@ class _Loop:
             del self.given_up[key]
             self.result.untrained.pop(hop.label, None)
             self.for_good.discard(hop.label)
+
+    def _fail_dead_legs(self) -> None:
+        """ASHA: a job in flight whose next hop is on a slot that ended for good (failed for good, or died
+        on its last try) fails there, with the cause. When that hop is its leg's last, no slot waits for
+        it, and the search would wait for the job for ever (found by the slot protocol's simulation,
+        seed 539). Checked at most once a heartbeat, when the slot has nothing ready."""
+        now = time.time()
+        if now - self.legs_checked_at < HEARTBEAT_SECONDS:
+            return
+        self.legs_checked_at = now
+        shards = self.more.shards
+        for leg, t in self.more.ledger.next_hops():
+            owner = ((leg.offset + t) % shards, leg.slot)
+            if owner == self.slot_of:
+                continue
+            gone = self._peer(owner, now).gone(now, self.wait)
+            if gone is None or not gone[1]:
+                continue
+            if t > leg.first:
+                before = self.layout.hop_record_uri(leg.config_id, t - 1)
+                if self.layout.store.exists(before) and HopRecord.read(self.layout.store, before).status != "ok":
+                    continue  # failed already: its completion is on its way to the next decision
+            failure = record_failure(
+                self.layout, Assignment(leg.config_id, t - 1, None), t=t, shard=owner[0],
+                shards=self.run.schedule.shards, where=self.where,
+                error=TrainingError(f"its hop {t} on shard {owner[0]} never trained: {gone[0]}"))
+            self.marks.mark(failure)
+            self.result.failed.append(failure)
+            self.chains.learn(failure)
+            log.error("%s t=%d: %s; %s is recorded failed and the search goes on", leg.config_id, t, gone[0],
+                      leg.config_id)
 
     def _gone_for_good(self, hop: BlockHop, now: float) -> bool:
         owner = self.owner.get((hop.config_id, hop.hop - 1))

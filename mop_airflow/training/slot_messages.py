@@ -54,6 +54,18 @@ class PeerStatus:
     heartbeat: float
     progress: int = 0
     final: bool = False
+    last_try: bool = False
+
+
+def died_on_last_try(status: Any, now: float, wait: float) -> bool:
+    """Whether ``status`` (a ``SlotStatus``, or a :class:`PeerStatus`) is a try that died with no retry to
+    follow: "running" on its last try, its heartbeat silent for longer than ``wait``. A try killed (by its
+    watchdog, or with its worker) writes no last word, and Airflow runs no callback for a task process
+    killed under a live supervisor; its heartbeat thread stops with it, and no retry writes again. A
+    live try heartbeats every few seconds whatever it does, and its watchdog kills it within the stall
+    bound, shorter than the wait bound; the seconds between two machines' clocks are far below it."""
+    return (status is not None and status.state == "running" and status.last_try
+            and now - status.heartbeat > wait)
 
 
 @dataclass(frozen=True)
@@ -120,16 +132,18 @@ class End:  # the block is over for this slot: done, or incomplete (BlockIncompl
 
 @dataclass(frozen=True)
 class Rules:
-    """The protocol's rules that a test may switch. The defaults are shard_loop's: ``settle_forward`` (a
-    slot that drops a failed configuration's hops writes a record at its earliest one), ``mark_found``
-    and ``look_after`` (shard_loop.LOOK_SECONDS); the others are proposed fixes, off as in production."""
+    """The protocol's rules that a test may switch. The defaults are production's: ``settle_forward`` (a
+    slot that drops a failed configuration's hops writes a record at its earliest one), ``mark_found``,
+    ``look_after`` (shard_loop.LOOK_SECONDS), ``last_try_dies`` (slot_status.Peer) and ``asha_dead_legs``
+    (asha_source.AshaSource.idle); ``yield_bound`` is proposed, off as in production."""
 
     settle_forward: bool = True
     mark_found: bool = True  # a retry marks a hop an earlier try committed but may not have marked
     look_after: float | None = 60.0  # look up the input of a hop waited for this long, peer alive or not
-    yield_bound: bool = False  # stop yielding once a slot has yielded for the wait bound in all
-    # the driver's: a try that dies with no retry left is said failed for good (Airflow's failure
-    # callback, or the watchdog that killed it), and ASHA's decisions fail a job whose next hop is on
-    # a slot failed for good (no slot may wait for it: the leg's last hop)
-    final_on_death: bool = False
-    asha_dead_legs: bool = False
+    # a peer "running" on its last try whose heartbeat stopped for the wait bound ended for good
+    # (died_on_last_try): neither yielded to nor waited for, ASHA fails its given-up hops (seeds 544, 1581)
+    last_try_dies: bool = True
+    # ASHA's decisions fail a job whose next hop is on a slot that ended for good: when that is the
+    # leg's last hop no slot waits for it, and the search waited for ever (seed 539)
+    asha_dead_legs: bool = True
+    yield_bound: bool = False  # proposed: stop yielding once a slot has yielded for the wait bound in all

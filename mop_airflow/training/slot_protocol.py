@@ -22,14 +22,15 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from mop_airflow.training.slot_messages import (  # noqa: F401 - the machine's words, re-exported
     ASHA_EVERY, HEARTBEAT, NEVER, STATES_HELD, Check, Decide, End, Facts, Look, PeerStatus, ReadPeers, Record,
-    Rules, State, Train, Wait, Write, Yield, state_after)
+    Rules, State, Train, Wait, Write, Yield, died_on_last_try, state_after)
 
 
 class _Peer:
     """slot_status.Peer, fed by the driver's reads."""
 
-    def __init__(self, began: float, since: float) -> None:
+    def __init__(self, began: float, since: float, dies: bool) -> None:
         self.began, self.alive_at, self.read_at = began - 1.0, since, -NEVER
+        self.dies = dies  # Rules.last_try_dies
         self.latest: PeerStatus | None = None
         self.status: PeerStatus | None = None
         self.seen = False
@@ -47,17 +48,19 @@ class _Peer:
         # an end said before the waiting slot began may be an earlier run's: only its progress counts
         self.status = status if status.state == "running" or status.heartbeat >= self.began else None
 
-    def started(self) -> bool:
+    def started(self, now: float, wait: float) -> bool:
         if not self.seen:
             s = self.latest
             self.seen = s is not None and (s.state == "done" or (s.state == "failed" and s.final) or (
-                s.state == "running" and s.heartbeat >= self.began))
+                s.state == "running" and s.heartbeat >= self.began) or (self.dies and died_on_last_try(s, now, wait)))
         return self.seen
 
     def gone(self, now: float, wait: float, name: str) -> tuple[str, bool] | None:
         s = self.status
         if s is not None and s.state == "failed" and s.final:
             return f"{name} failed for good on its try {s.try_number}", True
+        if self.dies and died_on_last_try(self.latest, now, wait):
+            return f"{name} died on its last try {self.latest.try_number}", True
         if s is not None and s.state == "done":
             return f"{name} finished its block without this hop's input", True
         if now - self.alive_at > wait:
@@ -329,7 +332,7 @@ class SlotMachine:
     def _peer(self, owner: tuple, now: float) -> _Peer:
         peer = self.peers.get(owner)
         if peer is None:
-            peer = self.peers[owner] = _Peer(self.began, now)
+            peer = self.peers[owner] = _Peer(self.began, now, self.rules.last_try_dies)
         self.watched.add(owner)
         return peer
 
@@ -348,7 +351,7 @@ class SlotMachine:
             if act is not None:
                 return act
             for owner in self.before:
-                if not self.peers[owner].started():
+                if not self.peers[owner].started(now, self.wait):
                     return Yield(f"shard {owner[0]} slot {owner[1]} has not started")
         owners = {h: self.owner.get((h.config_id, h.hop - 1)) for h in waiting}
         act = self._read([o for o in owners.values() if o is not None], now, min(HEARTBEAT, self.wait / 2))

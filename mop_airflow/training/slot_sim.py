@@ -136,13 +136,14 @@ def run_one(seed: int, rules: sp.Rules = sp.Rules(), trace: bool = False) -> Wor
 
 
 RULES = {
-    # shard_loop's rules: a retry marks a hop it finds committed, a slot waiting a minute looks its
-    # input's record up (both found by this simulation, seeds 164, 432, 1909)
+    # production's rules: a retry marks a hop it finds committed, a slot waiting a minute looks its
+    # input's record up (seeds 164, 432, 1909), a peer silent on its last try ended for good and ASHA
+    # fails a leg whose next hop is on such a slot (seeds 544, 1581, 539): each found by this simulation
     "production": sp.Rules(),
-    "before-marks": sp.Rules(mark_found=False, look_after=None),  # before those two fixes
+    "before-marks": sp.Rules(mark_found=False, look_after=None, last_try_dies=False, asha_dead_legs=False),
+    "before-last-try": sp.Rules(last_try_dies=False, asha_dead_legs=False),  # before those two fixes
     "no-settle": sp.Rules(settle_forward=False),
-    "proposed": sp.Rules(mark_found=True, look_after=60.0, yield_bound=True, final_on_death=True,
-                         asha_dead_legs=True),
+    "proposed": sp.Rules(yield_bound=True),
 }
 
 

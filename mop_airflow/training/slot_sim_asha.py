@@ -113,7 +113,8 @@ class AshaDecisions:
             "end": job.iterations * p, "from": start}]}
 
     def _fail_dead_legs(self, proc: Proc) -> None:
-        """Rules.asha_dead_legs: a job in flight whose next hop is on a slot failed for good fails there."""
+        """Rules.asha_dead_legs: a job in flight whose next hop is on a slot ended for good (failed for good,
+        or died on its last try) fails there: asha_source.AshaSource.idle."""
         p = self.s.shards
         for cid, (first, end, offset, slot) in sorted(self.legs.items()):
             t = first
@@ -123,7 +124,8 @@ class AshaDecisions:
                 continue
             owner = self.tasks[(offset + t) % p * self.s.slots + slot]
             status = owner.status(self.now)
-            if owner.state == "failed" and status is not None and status.final:
+            if status is not None and ((status.state == "failed" and status.final) or (
+                    self.rules.last_try_dies and sp.died_on_last_try(status, self.now, self.s.wait))):
                 self._put(sp.Record(cid, t, (offset + t) % p, "failed", try_number=proc.task.try_number,
                                     error=f"TrainingError: its hop {t} on shard {(offset + t) % p} was given up: "
                                           f"shard {owner.shard} slot {owner.slot} failed for good"), lambda: None)

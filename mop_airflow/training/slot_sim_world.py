@@ -42,8 +42,8 @@ NEVER = math.inf
 class Task:
     """One shard slot's Airflow task in one block: its tries and what its status file says."""
 
-    def __init__(self, block: Block, shard: int, slot: int) -> None:
-        self.block, self.shard, self.slot = block, shard, slot
+    def __init__(self, block: Block, shard: int, slot: int, retries: int) -> None:
+        self.block, self.shard, self.slot, self.retries = block, shard, slot, retries
         self.shard_slot = (shard, slot)
         self.yields = 0
         self.yielding_since: float | None = None
@@ -56,7 +56,8 @@ class Task:
         if self.beat is not None and self.beat[1] <= now and (word is None or self.beat[1] >= word[0]):
             number, began, stopped = self.beat
             beats = int((min(now, stopped) - began) // sp.HEARTBEAT)
-            return sp.PeerStatus(number, "running", began + beats * sp.HEARTBEAT, progress=beats + 1)
+            return sp.PeerStatus(number, "running", began + beats * sp.HEARTBEAT, progress=beats + 1,
+                                 last_try=number > self.retries)
         return None if word is None else word[1]
 
 
@@ -168,7 +169,7 @@ class World(AshaDecisions):
         self.tasks = []
         for shard in range(self.s.shards):
             for slot in range(self.s.slots):
-                task = Task(block, shard, slot)
+                task = Task(block, shard, slot, self.s.retries)
                 self.tasks.append(task)
                 if self.search is not None and not any(h.shard == shard and h.slot == slot for h in self.hops):
                     task.state = "skipped"  # AirflowSkipException: no hop on it
@@ -251,10 +252,12 @@ class World(AshaDecisions):
 
     def _retry_or_fail(self, task: Task, when: float, died: bool = False) -> None:
         if task.try_number > self.s.retries:
-            task.state = "failed"
-            if died and self.rules.final_on_death:  # Airflow's failure callback says it, no retry follows
-                task.word = (when, sp.PeerStatus(task.try_number, "failed", when, final=True))
-                self.at(when, self._asha_changed)
+            task.state = "failed"  # a try that died says nothing more: its "running" stays, its heartbeat stopped
+            status = task.status(self.now)
+            if died and status is not None and status.state == "running":
+                # what ASHA's decisions see changes once its silence passes the wait bound (a slot checks
+                # the slots of its legs at most once a heartbeat)
+                self.at(status.heartbeat + self.s.wait + sp.HEARTBEAT, self._asha_changed)
             self.note("failed for good", task.shard, task.slot)
             self._block_over()
             return

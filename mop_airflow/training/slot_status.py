@@ -9,7 +9,8 @@ final word, and none follows it, so the slots waiting for this one never read "r
 
 A slot waiting for another (:class:`Peer`) judges it by its progress count moving (batches trained,
 hops committed, looks for hops), not by its heartbeat: a process whose training hangs may heartbeat
-for ever.
+for ever. A try killed says no last word; on its last try (no retry writes again) a heartbeat silent
+for the wait bound says it ended for good (:func:`~mop_airflow.training.slot_messages.died_on_last_try`).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from mop_airflow.records import SlotStatus
 from mop_airflow.records.layout import RunLayout
 from mop_airflow.training import progress
 from mop_airflow.training.model_hop import Where
+from mop_airflow.training.slot_messages import died_on_last_try
 
 log = logging.getLogger(__name__)
 
@@ -34,8 +36,10 @@ HEARTBEAT_SECONDS = 5.0  # how often a slot refreshes its status while it lives
 class StatusWriter:
     """This slot's status, refreshed by a thread while the process lives; :meth:`stop` writes the last word."""
 
-    def __init__(self, layout: RunLayout, block: str, shard: int, slot: int, where: Where, *, left: int) -> None:
+    def __init__(self, layout: RunLayout, block: str, shard: int, slot: int, where: Where, *, left: int,
+                 last_try: bool = False) -> None:
         self.layout, self.block, self.shard, self.slot, self.where = layout, block, shard, slot, where
+        self.last_try = last_try  # no retry follows this try: said in every write
         self.uri = layout.slot_status_uri(block, shard, slot)
         self.trained = 0
         self.left = left
@@ -78,8 +82,8 @@ class StatusWriter:
             SlotStatus(block=self.block, shard=self.shard, slot=self.slot, state=state, heartbeat=time.time(),
                        try_number=self.where.try_number, final=final, host=self.where.host or socket.getfqdn(),
                        pid=os.getpid(), task_id=self.where.task_id, trained=self.trained, left=max(0, self.left),
-                       training=self.training, error=error, progress=progress.count()).write(self.layout.store,
-                                                                                              self.uri)
+                       training=self.training, error=error, progress=progress.count(),
+                       last_try=self.last_try).write(self.layout.store, self.uri)
 
 
 class Peer:
@@ -99,17 +103,19 @@ class Peer:
     def name(self) -> str:
         return f"shard {self.shard} slot {self.slot}"
 
-    def started(self, now: float) -> bool:
-        """Whether the peer runs (it ran since the waiting slot's task began) or ended its block (done, or
-        failed for good) whenever that was; once seen, it is not read again for this. A peer that gave
-        its pool slot back, or fails and waits for its retry, has not: another block may hold its pool."""
+    def started(self, now: float, wait: float) -> bool:
+        """Whether the peer runs (it ran since the waiting slot's task began) or ended its block (done,
+        failed for good, or died on its last try) whenever that was; once seen, it is not read again for
+        this. A peer that gave its pool slot back, or fails and waits for its retry, has not: another
+        block may hold its pool."""
         if not self.seen:
             self._refresh(now, HEARTBEAT_SECONDS)
             latest = self.latest
             # a "done" said before this slot began counts too: a retried slot whose peers ended must not
             # give its pool slot back for them (in a run cleared since, their hops are committed anyway)
             self.seen = latest is not None and (latest.state == "done" or (latest.state == "failed" and latest.final)
-                                                or (latest.state == "running" and latest.heartbeat >= self.began))
+                                                or (latest.state == "running" and latest.heartbeat >= self.began)
+                                                or died_on_last_try(latest, now, wait))
         return self.seen
 
     def _refresh(self, now: float, every: float) -> None:
@@ -142,6 +148,9 @@ class Peer:
                     f"({(status.error or 'no error recorded').splitlines()[0]})", True)
         if status is not None and status.state == "done":
             return f"{self.name} finished its block without this hop's input (it lost it too)", True
+        if died_on_last_try(self.latest, now, wait):
+            return (f"{self.name} died on its last try {self.latest.try_number}: its heartbeat stopped "
+                    f"{now - self.latest.heartbeat:.0f} s ago and no retry follows", True)
         if now - self.alive_at > wait:
             return (f"{self.name} made no progress for {now - self.alive_at:.0f} s (the bound is {wait:.0f} s, "
                     "MOP_SHARD_WAIT_SECONDS): it may be late (its pool slots held elsewhere) or hung", False)

@@ -22,9 +22,10 @@ from mop_airflow.training.watchdog import Watchdog, stall_seconds
 from .test_shard_loop import _hops, _setup
 
 
-def _status(layout, shard, slot, state, *, ago=0.0, try_number=1, final=False, progress=0):
+def _status(layout, shard, slot, state, *, ago=0.0, try_number=1, final=False, progress=0, last_try=False):
     SlotStatus(block="b0", shard=shard, slot=slot, state=state, heartbeat=time.time() - ago, try_number=try_number,
-               final=final, progress=progress).write(layout.store, layout.slot_status_uri("b0", shard, slot))
+               final=final, progress=progress, last_try=last_try).write(layout.store,
+                                                                         layout.slot_status_uri("b0", shard, slot))
 
 
 def test_a_retried_slot_whose_earlier_peers_ended_keeps_its_pool_slot(toy_data, tmp_path):
@@ -117,6 +118,26 @@ def test_a_peer_reads_progress_not_heartbeats_and_ignores_an_older_try(toy_data,
     assert peer.gone(now + 70, 50)[1] is False
     _status(layout, 1, 0, "running", try_number=2, progress=8)
     assert peer.gone(now + 80, 50) is None
+
+
+def test_a_peer_silent_on_its_last_try_ended_for_good_and_is_not_yielded_to(toy_data, tmp_path):
+    """A try killed (by its watchdog, with its worker) says no last word: "running" stays, its heartbeat
+    stops. On its last try no retry writes again, so silence past the wait bound is the end (seed 544 of
+    the slot simulation: a slot yielded for ever to such a peer); on an earlier try it may come back."""
+    run, layout, _ = _setup(tmp_path, toy_data, "store")
+    now = time.time()
+    _status(layout, 1, 0, "running", try_number=2, progress=7, last_try=True, ago=700)
+    peer = Peer(layout, "b0", 1, 0, began=now, since=now)
+    why, for_good = peer.gone(now, 600)
+    assert for_good and why.startswith("shard 1 slot 0 died on its last try 2: its heartbeat stopped 700 s ago")
+    assert Peer(layout, "b0", 1, 0, began=now, since=now).started(now, 600)  # ended: no pool slot given back for it
+    _status(layout, 1, 0, "running", try_number=2, progress=7, last_try=True, ago=500)  # within the bound
+    fresh = Peer(layout, "b0", 1, 0, began=now, since=now)
+    assert fresh.gone(now, 600) is None and not fresh.started(now, 600)
+    _status(layout, 1, 0, "running", try_number=1, progress=7, ago=700)  # a retry follows: not for good
+    late = Peer(layout, "b0", 1, 0, began=now, since=now)
+    assert late.gone(now, 600) is None  # first read: its word is news, so it counts as alive now
+    assert late.gone(now + 601, 600)[1] is False and not late.started(now + 601, 600)
 
 
 def test_a_failed_commit_fails_its_configuration_only(toy_data, tmp_path, monkeypatch):

@@ -2,10 +2,10 @@
 machine itself by hand.
 
 Thousands of schedules (each a seed: a search, its shards and slots, faults) run the production rules;
-each bug the simulation found keeps its seed here, with what it shows, and passes with the fix
-``RULES["proposed"]`` carries. The machine's rules are the production loop's (shard_loop): when a fix
-lands there, the machine's rule changes with it (``slot_messages.Rules``), and its seed moves from
-:data:`KNOWN` to the seeds that must pass.
+each bug the simulation found keeps its seed here, with what it shows under the rules before its fix,
+and passes under the production rules. The machine's rules are production's (shard_loop, slot_status,
+asha_source): when a fix lands there, the machine's rule changes with it (``slot_messages.Rules``), and
+its seed moves from :data:`KNOWN` to :data:`FIXED`.
 """
 
 from __future__ import annotations
@@ -21,19 +21,19 @@ import pytest
 from mop_airflow.training import slot_protocol as sp
 from mop_airflow.training.slot_sim import RULES, diagnose, run_many, run_one
 
-# What the simulation found in the production rules (shard_loop, slot_commits, slot_status, asha_slots),
-# each with the seed that shows it first; RULES["proposed"] carries a fix for each.
-# bugs the simulation found and shard_loop fixed: they failed under the rules before the fix
+# What the simulation found in the production rules (shard_loop, slot_commits, slot_status, asha_source),
+# each with the seed that shows it first and the rules before its fix; the seeds pass with the fix.
 FIXED = {
-    "a retry found its hop committed but never marked it": 164,
-    "a marker never listed (late listing)": 432,
-    "a marker never listed (landed after a later name)": 1909,
+    "a retry found its hop committed but never marked it": (164, "before-marks"),
+    "a marker never listed (late listing)": (432, "before-marks"),
+    "a marker never listed (landed after a later name)": (1909, "before-marks"),
+    "a slot yields for ever to a slot killed on its last try (no final word)": (544, "before-last-try"),
+    "ASHA: a hop given up whose slot never comes back": (1581, "before-last-try"),
+    "ASHA: a leg's hop on a slot failed for good, which no slot waits for": (539, "before-last-try"),
 }
-KNOWN = {
-    "a slot yields for ever to a slot killed on its last try (no final word)": 544,
-    "ASHA: a hop given up whose slot never comes back": 1581,
-    "ASHA: a leg's hop on a slot failed for good, which no slot waits for": 539,
-}
+# Bugs found and not fixed yet, by kind: a violation of one of these kinds does not fail the 10,000 below
+# (none now: a bug found moves here with its seed until the fix lands, then to FIXED).
+KNOWN: dict[str, int] = {}
 OLD_RULE = (16, 63)  # without settle-forward: the 4-shard grid fails, the 8-shard one hangs
 
 
@@ -46,28 +46,19 @@ def test_ten_thousand_schedules_find_no_bug_but_those_known():
     assert done == 10_000 and events > 10_000 * 100
     unknown = [(seed, what, shape) for seed, what, shape, why in bad if why not in KNOWN]
     assert not unknown, f"a violation of a kind not seen before: {unknown[:3]}"
-    assert len(bad) < 0.02 * done  # 73 in these 10,000 (2026-11-28), every one a known bug
     assert 0 < late < 1  # every search that succeeded ended within its time bound
 
 
 @pytest.mark.slow
-def test_with_the_proposed_fixes_two_thousand_schedules_violate_nothing():
+def test_with_the_proposed_yield_bound_two_thousand_schedules_violate_nothing():
     done, _, bad, _ = run_many(10_000, 2_000, "proposed", workers=2)
     assert done == 2_000 and bad == []
 
 
-@pytest.mark.parametrize("kind,seed", sorted(KNOWN.items()))
-def test_each_bug_found_keeps_its_seed(kind, seed):
-    world = run_one(seed)
-    assert world.problems and diagnose(world) == kind
-    fixed = run_one(seed, RULES["proposed"])
-    assert fixed.problems == [] and fixed.outcome in ("succeeded", "failed")
-
-
-@pytest.mark.parametrize("kind,seed", sorted(FIXED.items()))
-def test_each_bug_fixed_keeps_its_seed(kind, seed):
-    before = run_one(seed, RULES["before-marks"])
-    assert before.problems and diagnose(before) == kind
+@pytest.mark.parametrize("kind,seed,before", [(kind, *found) for kind, found in sorted(FIXED.items())])
+def test_each_bug_fixed_keeps_its_seed(kind, seed, before):
+    old = run_one(seed, RULES[before])
+    assert old.problems and diagnose(old) == kind
     now = run_one(seed)
     assert now.problems == [] and now.outcome in ("succeeded", "failed")
 
