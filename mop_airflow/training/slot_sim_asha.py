@@ -148,7 +148,10 @@ class AshaDecisions:
         if self.s.method != "asha":
             return
         leg = self.legs.get(record.config_id)
-        if record.status != "ok" or (leg is not None and record.t == leg[1] - 1):
+        # with a slot dead for good, any hop landing may bring a leg's next hop onto it: the idle slots
+        # check the legs in flight again (production: at most once a heartbeat while idle)
+        dead = self.rules.asha_dead_legs and any(t.state == "failed" for t in self.tasks)
+        if record.status != "ok" or (leg is not None and record.t == leg[1] - 1) or dead:
             self.version += 1
             self._asha_changed()
 
