@@ -63,6 +63,15 @@ def test_each_bug_fixed_keeps_its_seed(kind, seed, before):
     assert now.problems == [] and now.outcome in ("succeeded", "failed")
 
 
+@pytest.mark.parametrize("seed", (14818, 28208, 46689))
+def test_asha_legs_reaching_a_dead_slot_after_its_death_shows_are_failed_too(seed):
+    """A leg promoted after a slot's death showed, whose later hop is on that slot: the idle slots check
+    the legs in flight while a slot is dead (the model checked only at the death and at a leg's end,
+    and these 3 of the first 50,000 schedules deadlocked)."""
+    world = run_one(seed)
+    assert world.problems == [] and world.outcome in ("succeeded", "failed")
+
+
 @pytest.mark.parametrize("seed", OLD_RULE)
 def test_without_settling_forward_the_simulation_finds_the_failed_or_hung_block(seed):
     old = run_one(seed, RULES["no-settle"])
