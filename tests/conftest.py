@@ -358,7 +358,7 @@ def airflow_part(shared, root: Path, name: str, env=None, paths=()):
 # (the start the issue measured, 42-46 s), until a whole run measures them again; the first of them on
 # a worker pays the shared start.
 FILE_SECONDS = {
-    "test_command_line.py": 675, "test_celery_howto.py": 505, "test_slot_faults_scheduler.py": 395,
+    "test_command_line.py": 675, "test_slot_sim.py": 200, "test_celery_howto.py": 505, "test_slot_faults_scheduler.py": 395,
     "test_shard_loop.py": 340, "test_distributed.py": 260, "test_task_group.py": 205, "test_results_page.py": 230,
     "test_real_scheduler.py": 180, "test_hyperband_blocks.py": 170, "test_end_to_end.py": 195, "test_pbt_runs.py": 120,
     "test_jax_backend.py": 145, "test_asha_runs.py": 100, "test_retraining_dags.py": 90, "test_fused.py": 125,

@@ -193,7 +193,9 @@ def run_many(first: int, count: int, rules: str = "production", *, workers: int 
     if workers > 1:
         import multiprocessing  # noqa: PLC0415
 
-        with multiprocessing.get_context("fork").Pool(workers) as pool:
+        # spawn, not fork: a caller with threads (a pytest-xdist worker, whose earlier tests left some) may
+        # hold a lock at the fork that the child then waits on for ever (a 10,000-schedule test hung so)
+        with multiprocessing.get_context("spawn").Pool(workers) as pool:
             for result in pool.imap(_chunk, chunks):  # in order: the seeds run are one range
                 if tally(result):
                     pool.terminate()
