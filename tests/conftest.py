@@ -221,8 +221,10 @@ def shared_airflow(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("shared_airflow")
     (root / "dags").mkdir()
-    with LocalAirflow(root / "airflow", root / "dags", extra_env={"MOP_AIRFLOW_HOME": str(root / "mop")},
-                      log=lambda *_: None) as af:
+    # parallelism 10: test_slots_at_user_shapes runs 8 train tasks at once beside a control task (the
+    # LocalExecutor forks its worker processes once, idle ones cost nothing)
+    with LocalAirflow(root / "airflow", root / "dags", log=lambda *_: None,
+                      extra_env={"MOP_AIRFLOW_HOME": str(root / "mop"), "AIRFLOW__CORE__PARALLELISM": "10"}) as af:
         yield af
     assert not any(af.alive().values())  # stop() ended every service it started
 

@@ -28,11 +28,11 @@ import time
 
 import pytest
 
-from mop_airflow.airflow.local import LocalAirflow
 from mop_airflow.planning.task_plan import shard_pool
 from mop_airflow.records import SlotStatus
 from mop_airflow.records.layout import RunLayout
 from mop_airflow.store import Store
+from tests.conftest import airflow_part
 from tests.test_end_to_end import tiny_spec, write_digits
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -51,41 +51,39 @@ def _spec(root, *, slots):
     return spec
 
 
-def _mop_dag(folder, dag_id, spec, env=None, retries=2):
+def _mop_dag(part, dag_id, spec, env=None, retries=2):
     # The task process parses its DAG file before it runs: an environment set here reaches its slot only.
-    (folder / f"{dag_id}.py").write_text(
-        "import datetime, json, os\nfrom mop_airflow import build_mop_dag\n"
+    part.write_dag(
+        dag_id, "import datetime, json, os\nfrom mop_airflow import build_mop_dag\n"
         f"os.environ.update({dict(env or {})!r})\n"
         f"dag = build_mop_dag(json.loads({json.dumps(json.dumps(spec))}), dag_id={dag_id!r},\n"
         f"    default_args={{'retries': {retries}, 'retry_delay': datetime.timedelta(seconds=2),"
         " 'retry_exponential_backoff': 0})\n")
 
 
-def _holder(folder, dag_id, pool, seconds):
+def _holder(part, dag_id, pool, seconds):
     """A DAG whose one task holds both slots of ``pool`` for ``seconds``: another DAG's long task."""
-    (folder / f"{dag_id}.py").write_text(
-        "import time\nfrom airflow.sdk import dag, task\n"
+    part.write_dag(
+        dag_id, "import time\nfrom airflow.sdk import dag, task\n"
         f"@dag(dag_id={dag_id!r}, schedule=None)\ndef hold():\n"
         f"    @task(pool={pool!r}, pool_slots=2, priority_weight=1000000, weight_rule='absolute')\n    def sleep():\n        time.sleep({seconds})\n"
         "    sleep()\nhold()\n")
 
 
 @pytest.fixture(scope="module")
-def airflow(tmp_path_factory):
+def airflow(shared_airflow, tmp_path_factory):
     root = tmp_path_factory.mktemp("slots")
-    dags = root / "dags"
-    dags.mkdir()
     write_digits(root / "digits.parquet")
-    two = _spec(root, slots=2)
-    for dag_id in (UNDISTURBED, KILLED):
-        _mop_dag(dags, dag_id, two)
-    _mop_dag(dags, STOPPED, two)  # the default stall bounds
-    one = _spec(root, slots=1)
-    _mop_dag(dags, LATE, one, {"MOP_SHARD_WAIT_SECONDS": "20"}, retries=4)
-    _mop_dag(dags, YIELDING, one, {"MOP_SHARD_YIELD_SECONDS": "8"})
-    _holder(dags, HOLDERS[0], shard_pool(0), 45)
-    _holder(dags, HOLDERS[1], shard_pool(1), 60)
-    with LocalAirflow(root / "airflow", dags, extra_env={"MOP_AIRFLOW_HOME": str(root / "mop")}) as af:
+    with airflow_part(shared_airflow, root, "slot_faults") as af:
+        two = _spec(root, slots=2)
+        for dag_id in (UNDISTURBED, KILLED):
+            _mop_dag(af, dag_id, two)
+        _mop_dag(af, STOPPED, two)  # the default stall bounds
+        one = _spec(root, slots=1)
+        _mop_dag(af, LATE, one, {"MOP_SHARD_WAIT_SECONDS": "20"}, retries=4)
+        _mop_dag(af, YIELDING, one, {"MOP_SHARD_YIELD_SECONDS": "8"})
+        _holder(af, HOLDERS[0], shard_pool(0), 45)
+        _holder(af, HOLDERS[1], shard_pool(1), 60)
         for dag_id in (UNDISTURBED, KILLED, STOPPED, LATE, YIELDING, *HOLDERS):
             af.wait_for_dag(dag_id)
         sync = subprocess.run([sys.executable, "-m", "mop_airflow.cli.main", "pools", "sync", "--shards", "2",

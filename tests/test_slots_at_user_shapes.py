@@ -25,11 +25,11 @@ from pathlib import Path
 
 import pytest
 
-from mop_airflow.airflow.local import LocalAirflow
 from mop_airflow.planning.task_plan import shard_pool
 from mop_airflow.records import BlockDecision, SlotStatus
 from mop_airflow.records.layout import RunLayout
 from mop_airflow.store import Store
+from tests.conftest import airflow_part
 from tests.test_end_to_end import MLP, tiny_spec, write_digits
 from tests.test_slot_faults_scheduler import HOLDERS, _held_during, _holder, _mop_dag, _run
 
@@ -62,21 +62,19 @@ def _asha(root):
 
 
 @pytest.fixture(scope="module")
-def airflow(tmp_path_factory):
+def airflow(shared_airflow, tmp_path_factory):
     root = tmp_path_factory.mktemp("shapes")
-    dags = root / "dags"
-    dags.mkdir()
     write_digits(root / "digits.parquet")
-    for name, (shards, slots, step, _) in SHAPES.items():
-        _mop_dag(dags, f"mop_diverging_{name}", _grid(root, shards, slots), {"MOP_TEST_NAN_AT_STEP": str(step)})
-        _mop_dag(dags, f"mop_clean_{name}", _grid(root, shards, slots), {"MOP_TEST_NAN_AT_STEP": "1000000"})
-    bounds = {"MOP_SHARD_WAIT_SECONDS": "20", "MOP_SHARD_STALL_SECONDS": "60"}
-    _mop_dag(dags, ASHA_STOPPED, _asha(root), bounds)
-    _mop_dag(dags, ASHA_LATE, _asha(root), bounds)
-    _holder(dags, HOLDERS[1], shard_pool(1), 50)
-    # 8 train tasks at once beside a control task (preflight refuses fewer); the toy builders from tests/
-    env = {"MOP_AIRFLOW_HOME": str(root / "mop"), "PYTHONPATH": str(REPO), "AIRFLOW__CORE__PARALLELISM": "10"}
-    with LocalAirflow(root / "airflow", dags, extra_env=env) as af:
+    # 8 train tasks at once beside a control task: the shared Airflow's parallelism is 10 for this file
+    # (preflight refuses fewer); the toy builders come from tests/
+    with airflow_part(shared_airflow, root, "user_shapes", paths=[REPO]) as af:
+        for name, (shards, slots, step, _) in SHAPES.items():
+            _mop_dag(af, f"mop_diverging_{name}", _grid(root, shards, slots), {"MOP_TEST_NAN_AT_STEP": str(step)})
+            _mop_dag(af, f"mop_clean_{name}", _grid(root, shards, slots), {"MOP_TEST_NAN_AT_STEP": "1000000"})
+        bounds = {"MOP_SHARD_WAIT_SECONDS": "20", "MOP_SHARD_STALL_SECONDS": "60"}
+        _mop_dag(af, ASHA_STOPPED, _asha(root), bounds)
+        _mop_dag(af, ASHA_LATE, _asha(root), bounds)
+        _holder(af, HOLDERS[1], shard_pool(1), 50)
         for dag_id in [*(f"mop_{k}_{n}" for k in ("diverging", "clean") for n in SHAPES), ASHA_STOPPED, ASHA_LATE,
                        HOLDERS[1]]:
             af.wait_for_dag(dag_id)
