@@ -134,6 +134,39 @@ def test_a_leg_whose_next_hop_is_on_a_slot_dead_for_good_fails_there_and_the_sea
     assert [leg.config_id for leg, _ in ledger.next_hops()] == [nxt.jobs[0]["config_id"]]  # only the new job
 
 
+def test_a_hop_given_up_is_taken_back_once_its_input_is_found_in_the_store_though_no_marker_named_it(tmp_path):
+    """The slot protocol's simulation (seeds 136875, 212597): a hop given up while its slot was gone, whose
+    input that slot committed after all with a marker no listing shows. A waiting hop's input was looked
+    up after a minute; a given-up hop's never was, and an ASHA slot kept it given up for ever."""
+    import time
+
+    from mop_airflow.training.asha_source import AshaSource
+    from mop_airflow.training.model_hop import Where
+    from mop_airflow.training.shard_loop import _Loop
+
+    layout, run, plan = planned(Store(f"file://{tmp_path / 'store'}"), asha(f"file://{tmp_path / 'store'}"))
+    ids = [c["config_id"] for c in run.configs]
+    Ledger(layout, run, 2, 1).decide(shard=1, slot=0)  # ids[0]: hop 0 on shard 1, hop 1 on shard 0
+    more = AshaSource(layout, run, shard=0, slot=0, shards=2, slots=1)
+    loop = _Loop(layout, run, None, [], [], block="b0", shard=0, slot=0, cache_dir=str(tmp_path / "cache"),
+                 where=Where(task_id="train_shard_0", try_number=1), fatal=lambda exc: False, session=object(),
+                 on_hop=None, wait=600.0, give_back=30.0, more=more)
+    loop.began = time.time()
+    loop._extend(more.new_hops())
+    (hop,) = loop.pending
+    assert (hop.config_id, hop.hop, hop.shard) == (ids[0], 1, 0)
+    loop.pending.remove(hop)  # given up: shard 1 slot 0 made no progress within the wait bound
+    loop.given_up[ids[0], 1] = hop
+    loop.result.untrained[hop.label] = "shard 1 slot 0 made no progress for 600 s"
+    loop.looked_at[ids[0], 1] = time.monotonic()
+    trained(layout, ids[0], [0], 0.5, 0)  # it came back and committed hop 0: a record, no marker listed
+    loop._take_back()
+    assert loop.pending == [] and (ids[0], 1) in loop.given_up  # looked up at most once a LOOK_SECONDS
+    loop.looked_at[ids[0], 1] -= 61
+    loop._take_back()
+    assert loop.pending == [hop] and loop.given_up == {} and loop.result.untrained == {}
+
+
 @pytest.mark.parametrize("where", ["file", "s3"])
 def test_a_decision_is_taken_once_whoever_asks_first(where, tmp_path, request):
     if where == "s3":

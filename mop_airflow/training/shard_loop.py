@@ -314,6 +314,7 @@ class _Loop:
         self.peers: dict[tuple[int, int], Peer] = {}
         self.for_good: set[str] = set()  # hops given up because their slot ended for good
         self.given_up: dict[tuple[str, int], BlockHop] = {}  # taken back if their input comes after all
+        self.looked_at: dict[tuple[str, int], float] = {}  # a given-up hop's input: last looked up (monotonic)
         self.waited_since: dict[tuple[str, int], float] = {}  # (configuration, hop of the input) -> monotonic
         # it took a hop another slot of its block handed it: the block runs, and this slot keeps its pool slot
         self.joined = False
@@ -641,6 +642,7 @@ class _Loop:
                 why, for_good = gone
                 self.pending.remove(hop)
                 self.given_up[hop.config_id, hop.hop] = hop
+                self.looked_at[hop.config_id, hop.hop] = time.monotonic()
                 self.result.untrained[hop.label] = why
                 if for_good:
                     self.for_good.add(hop.label)
@@ -654,7 +656,13 @@ class _Loop:
         the search goes on: else the search waited for it for ever."""
         now = time.time()
         for key, hop in list(self.given_up.items()):
-            if self.chains.before(hop.config_id, hop.hop) is not None:
+            # its input may be committed with a marker no listing shows (one that landed after a later name):
+            # looked up in the store every LOOK_SECONDS, as a waiting hop's is, or an ASHA slot kept the hop
+            # given up for ever (the slot protocol's simulation, seeds 136875 and 212597)
+            look = time.monotonic() - self.looked_at.get(key, 0.0) > LOOK_SECONDS
+            if look:
+                self.looked_at[key] = time.monotonic()
+            if self.chains.before(hop.config_id, hop.hop, look=look) is not None:
                 log.info("%s: its input came after all; taken back", hop.label)
                 self.pending.append(hop)  # a failed configuration's hop is dropped (and settled) as any other
                 self.pending.sort(key=lambda h: (-h.weight, h.order))
@@ -672,6 +680,7 @@ class _Loop:
             else:
                 continue
             del self.given_up[key]
+            self.looked_at.pop(key, None)
             self.result.untrained.pop(hop.label, None)
             self.for_good.discard(hop.label)
 

@@ -140,6 +140,8 @@ class Rules:
     settle_forward: bool = True
     mark_found: bool = True  # a retry marks a hop an earlier try committed but may not have marked
     look_after: float | None = 60.0  # look up the input of a hop waited for this long, peer alive or not
+    # ... and of a hop given up, every look_after, until it is taken back (seeds 136875, 212597)
+    look_given_up: bool = True
     # a peer "running" on its last try whose heartbeat stopped for the wait bound ended for good
     # (died_on_last_try): neither yielded to nor waited for, ASHA fails its given-up hops (seeds 544, 1581)
     last_try_dies: bool = True

@@ -99,6 +99,8 @@ class SlotMachine:
         self.records: dict[tuple, Any] = {}  # the record each seen marker names, as read
         self.known: set = set()  # every hop whose marker was seen (CommitPoller.known)
         self.given_up: dict[tuple, Any] = {}
+        self.looked_at: dict[tuple, float] = {}  # a given-up hop's input: when it was last looked up
+        self.clock = began  # the latest time decide() was given
         self.for_good: set = set()
         self.untrained: dict[str, str] = {}
         self.commits: list = []  # this slot's hops in the writer's hands, oldest first
@@ -154,6 +156,7 @@ class SlotMachine:
             if why and hop in self.pending and self._before(hop.config_id, hop.hop) is None:
                 self.pending.remove(hop)
                 self.given_up[hop.config_id, hop.hop] = hop
+                self.looked_at[hop.config_id, hop.hop] = self.clock
                 self.untrained[_label(hop)] = why
                 if for_good:
                     self.for_good.add(_label(hop))
@@ -193,6 +196,7 @@ class SlotMachine:
     # ----------------------------------------------------------------- the loop
     def decide(self, now: float) -> Any:
         """The next action at ``now``: one iteration of shard_loop._Loop._train_all, up to its first I/O."""
+        self.clock = now
         if self.outbox:
             out = tuple(self.outbox)
             self.outbox.clear()
@@ -378,6 +382,16 @@ class SlotMachine:
                               if _label(self.given_up[k]) not in self.for_good], now, min(HEARTBEAT, self.wait / 2))
             if act is not None:
                 return act
+        if self.rules.look_after is not None and self.rules.look_given_up:
+            # its input may be committed with a marker never listed (landed after a later name): looked up
+            # as a waiting hop's is, or an ASHA slot kept it given up for ever (seeds 136875, 212597)
+            stale = [(hop, "", False) for key, hop in self.given_up.items()
+                     if now - self.looked_at.get(key, now) > self.rules.look_after
+                     and self._before(hop.config_id, hop.hop) is None]
+            if stale:
+                for hop, _, _ in stale:
+                    self.looked_at[hop.config_id, hop.hop] = now
+                return Look(tuple(stale))
         for key, hop in list(self.given_up.items()):
             label = _label(hop)
             if self._before(hop.config_id, hop.hop) is not None:
@@ -392,6 +406,7 @@ class SlotMachine:
             else:
                 continue
             del self.given_up[key]
+            self.looked_at.pop(key, None)
             self.untrained.pop(label, None)
             self.for_good.discard(label)
         return None
@@ -415,6 +430,7 @@ class SlotMachine:
             times.append(self.decided_at + ASHA_EVERY)
         if self.rules.look_after is not None:
             times += [at + self.rules.look_after + 1e-6 for at in self.waited_since.values()]
+            times += [at + self.rules.look_after + 1e-6 for at in self.looked_at.values()]
         return min((t for t in times if t > now), default=NEVER)
 
     def _end(self) -> End:

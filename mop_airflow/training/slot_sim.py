@@ -142,6 +142,7 @@ RULES = {
     "production": sp.Rules(),
     "before-marks": sp.Rules(mark_found=False, look_after=None, last_try_dies=False, asha_dead_legs=False),
     "before-last-try": sp.Rules(last_try_dies=False, asha_dead_legs=False),  # before those two fixes
+    "before-given-up-looks": sp.Rules(look_given_up=False),  # before a given-up hop's input was looked up
     "no-settle": sp.Rules(settle_forward=False),
     "proposed": sp.Rules(yield_bound=True),
 }

@@ -72,6 +72,18 @@ def test_asha_legs_reaching_a_dead_slot_after_its_death_shows_are_failed_too(see
     assert world.problems == [] and world.outcome in ("succeeded", "failed")
 
 
+@pytest.mark.parametrize("seed", (136875, 212597, 813197))
+def test_a_hop_given_up_is_taken_back_when_its_input_comes_with_a_marker_no_listing_shows(seed):
+    """Found by the 1,000,000 schedules (9 of them, all ASHA): a slot gave a hop up, the slot it waited for
+    came back and committed the input, but its marker landed after a later name (or a listing lagged)
+    and no poll listed it. Only waiting hops had their input looked up, so the ASHA slot kept the hop
+    given up for ever; now a given-up hop's input is looked up every look_after too."""
+    old = run_one(seed, RULES["before-given-up-looks"])
+    assert old.problems and diagnose(old).startswith("a marker never listed")
+    now = run_one(seed)
+    assert now.problems == [] and now.outcome in ("succeeded", "failed")
+
+
 @pytest.mark.parametrize("seed", OLD_RULE)
 def test_without_settling_forward_the_simulation_finds_the_failed_or_hung_block(seed):
     old = run_one(seed, RULES["no-settle"])
