@@ -90,16 +90,6 @@ def utc(stamp: str | None) -> float | None:
     return None if not stamp else dt.datetime.fromisoformat(stamp).timestamp()
 
 
-def wait_ready(af, name: str, timeout: float = 180) -> None:
-    log = af.home / "logs" / f"worker-{name}.log"
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if log.exists() and re.search(rf"{name}@\S+ ready", log.read_text(errors="replace")):
-            return
-        time.sleep(0.5)
-    raise TimeoutError(f"worker {name} did not say ready in {timeout}s; see {log}")
-
-
 def ready_after(log: Path, name: str, after: float) -> float | None:
     """When the worker's log first said it was ready after ``after`` (a restart's start-up)."""
     for line in log.read_text(errors="replace").splitlines():
@@ -237,7 +227,7 @@ def main(argv=None) -> int:
             with LocalAirflow(home, dags, port=port, extra_env=env, workers=workers, log=lambda *a, **k: None) as af:
                 af.wait_for_dag(DAG_ID)
                 for worker in workers:
-                    wait_ready(af, worker.name)
+                    af.wait_worker_ready(worker.name)
                 for command in (("mop-airflow", "pools", "sync", "--shards", str(SHARDS), "--slots", "1"),
                                 ("airflow", "dags", "unpause", DAG_ID)):
                     af.run_cli(*command)

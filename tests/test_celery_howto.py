@@ -80,16 +80,6 @@ def unacked_queues(broker: str) -> list[str]:
     return [json.loads(raw)[2] for raw in client.hvals("unacked")]
 
 
-def wait_ready(af, worker: CeleryWorker, timeout: float = 180) -> None:
-    log = af.home / "logs" / f"worker-{worker.name}.log"
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if log.exists() and re.search(rf"{worker.name}@\S+ ready", log.read_text(errors="replace")):
-            return
-        time.sleep(0.5)
-    raise TimeoutError(f"worker {worker.name} did not say ready in {timeout}s; see {log}")
-
-
 def kill_with_task_queued(af, run_id: str, worker: CeleryWorker, broker: str, timeout: float = 300):
     """Stop ``worker``'s processes but its main one, so the next task it takes is never started; when a
     task waits queued to it and its message is unacknowledged in Redis, SIGKILL the worker and start
@@ -217,7 +207,7 @@ def test_the_howto_on_celery_gives_the_demo_leaderboard_and_a_lost_worker_costs_
         with LocalAirflow(home, dags, port=port, extra_env=env, workers=workers) as af:
             af.wait_for_dag(DAG_ID)
             for worker in workers:
-                wait_ready(af, worker)
+                af.wait_worker_ready(worker.name)
             for command in (("mop-airflow", "pools", "sync", "--shards", str(SHARDS), "--slots", "1"),
                             ("airflow", "dags", "unpause", DAG_ID), ("airflow", "dags", "trigger", DAG_ID)):
                 done = af.run_cli(*command, check=False)

@@ -14,6 +14,7 @@ import atexit
 import contextlib
 import json
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -311,6 +312,16 @@ class LocalAirflow:
         self._spawn(f"worker-{worker.name}", [_bin("airflow"), "celery", "worker", "--queues", ",".join(worker.queues),
                                               "--concurrency", str(worker.concurrency),
                                               "--celery-hostname", f"{worker.name}@%h"], env)
+
+    def wait_worker_ready(self, name: str, timeout: float = 180) -> None:
+        """Wait until Celery worker ``name`` (started by :meth:`start_worker`) says it is ready in its log."""
+        log = self.home / "logs" / f"worker-{name}.log"
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if log.exists() and re.search(rf"{name}@\S+ ready", log.read_text(errors="replace")):
+                return
+            time.sleep(0.5)
+        raise TimeoutError(f"worker {name} did not say ready in {timeout}s; see {log}")
 
     def kill(self, name: str) -> None:
         """SIGKILL a service and every process it started (a worker and the tasks it runs), as a

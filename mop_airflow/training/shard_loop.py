@@ -667,16 +667,8 @@ class _Loop:
                 self.pending.append(hop)  # a failed configuration's hop is dropped (and settled) as any other
                 self.pending.sort(key=lambda h: (-h.weight, h.order))
             elif self.more is not None and (hop.label in self.for_good or self._gone_for_good(hop, now)):
-                why = self.result.untrained[hop.label]
-                failure = record_failure(
-                    self.layout, Assignment(hop.config_id, hop.hop - 1, None), t=hop.hop, shard=hop.shard,
-                    shards=self.run.schedule.shards, error=TrainingError(f"its hop {hop.hop} on shard {hop.shard} "
-                                                                         f"was given up: {why}"), where=self.where)
-                self.marks.mark(failure)
-                self.result.failed.append(failure)
-                self.chains.learn(failure)
-                log.error("%s: given up for good; %s is recorded failed and the search goes on", hop.label,
-                          hop.config_id)
+                self._fail_for_good(hop.config_id, hop.hop, hop.shard,
+                                    f"was given up: {self.result.untrained[hop.label]}")
             else:
                 continue
             del self.given_up[key]
@@ -705,15 +697,18 @@ class _Loop:
                 before = self.layout.hop_record_uri(leg.config_id, t - 1)
                 if self.layout.store.exists(before) and HopRecord.read(self.layout.store, before).status != "ok":
                     continue  # failed already: its completion is on its way to the next decision
-            failure = record_failure(
-                self.layout, Assignment(leg.config_id, t - 1, None), t=t, shard=owner[0],
-                shards=self.run.schedule.shards, where=self.where,
-                error=TrainingError(f"its hop {t} on shard {owner[0]} never trained: {gone[0]}"))
-            self.marks.mark(failure)
-            self.result.failed.append(failure)
-            self.chains.learn(failure)
-            log.error("%s t=%d: %s; %s is recorded failed and the search goes on", leg.config_id, t, gone[0],
-                      leg.config_id)
+            self._fail_for_good(leg.config_id, t, owner[0], f"never trained: {gone[0]}")
+
+    def _fail_for_good(self, config_id: str, t: int, shard: int, why: str) -> None:
+        """ASHA: record configuration ``config_id`` failed at its hop ``t`` (on ``shard``), which will never
+        train; the search goes on without it."""
+        failure = record_failure(self.layout, Assignment(config_id, t - 1, None), t=t, shard=shard,
+                                 shards=self.run.schedule.shards, where=self.where,
+                                 error=TrainingError(f"its hop {t} on shard {shard} {why}"))
+        self.marks.mark(failure)
+        self.result.failed.append(failure)
+        self.chains.learn(failure)
+        log.error("%s t=%d: its hop %s; %s is recorded failed and the search goes on", config_id, t, why, config_id)
 
     def _gone_for_good(self, hop: BlockHop, now: float) -> bool:
         owner = self.owner.get((hop.config_id, hop.hop - 1))
