@@ -147,24 +147,27 @@ def test_a_hop_given_up_is_taken_back_once_its_input_is_found_in_the_store_thoug
     layout, run, plan = planned(Store(f"file://{tmp_path / 'store'}"), asha(f"file://{tmp_path / 'store'}"))
     ids = [c["config_id"] for c in run.configs]
     Ledger(layout, run, 2, 1).decide(shard=1, slot=0)  # ids[0]: hop 0 on shard 1, hop 1 on shard 0
+    from mop_airflow.training.slot_messages import Decide, Train
+
     more = AshaSource(layout, run, shard=0, slot=0, shards=2, slots=1)
     loop = _Loop(layout, run, None, [], [], block="b0", shard=0, slot=0, cache_dir=str(tmp_path / "cache"),
                  where=Where(task_id="train_shard_0", try_number=1), fatal=lambda exc: False, session=object(),
                  on_hop=None, wait=600.0, give_back=30.0, more=more)
-    loop.began = time.time()
+    machine = loop.machine
     loop._extend(more.new_hops())
-    (hop,) = loop.pending
+    (hop,) = machine.pending
     assert (hop.config_id, hop.hop, hop.shard) == (ids[0], 1, 0)
-    loop.pending.remove(hop)  # given up: shard 1 slot 0 made no progress within the wait bound
-    loop.given_up[ids[0], 1] = hop
-    loop.result.untrained[hop.label] = "shard 1 slot 0 made no progress for 600 s"
-    loop.looked_at[ids[0], 1] = time.monotonic()
+    machine.pending.remove(hop)  # given up: shard 1 slot 0 made no progress within the wait bound
+    machine.given_up[ids[0], 1] = hop
+    machine.untrained[hop.label] = "shard 1 slot 0 made no progress for 600 s"
+    machine.looked_at[ids[0], 1] = time.time()
     trained(layout, ids[0], [0], 0.5, 0)  # it came back and committed hop 0: a record, no marker listed
-    loop._take_back()
-    assert loop.pending == [] and (ids[0], 1) in loop.given_up  # looked up at most once a LOOK_SECONDS
-    loop.looked_at[ids[0], 1] -= 61
-    loop._take_back()
-    assert loop.pending == [hop] and loop.given_up == {} and loop.result.untrained == {}
+    assert isinstance(loop._next(), Decide)  # nothing to train: the search decides
+    assert machine.pending == [] and (ids[0], 1) in machine.given_up  # looked up at most once a LOOK_SECONDS
+    machine.looked_at[ids[0], 1] -= 61
+    act = loop._next()  # looked up: taken back, and trained
+    assert isinstance(act, Train) and [h for h, _ in act.members] == [hop] and act.members[0][1].t == 0
+    assert machine.given_up == {} and machine.untrained == {}
 
 
 @pytest.mark.parametrize("where", ["file", "s3"])

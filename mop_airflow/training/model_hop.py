@@ -430,17 +430,23 @@ def stale_checkpoints(t: int, keep: int | None, best_t: int | None, previous_bes
     return sorted(stale)
 
 
+def failure_of(error: BaseException) -> tuple[str, str]:
+    """A hop's failure as its record says it: its status ("diverged" or "failed") and its cause."""
+    status = "diverged" if str(error).startswith("diverged") else "failed"
+    reason = f"{type(error).__name__}: {error}"
+    if isinstance(error, MemoryError) or "ResourceExhausted" in type(error).__name__:
+        reason = f"out of memory: {reason}. Fix: a smaller batch_size or model, or a worker with more memory"
+    return status, reason[:1000]
+
+
 def record_failure(layout: RunLayout, assignment: Assignment, *, t: int, shard: int, shards: int,
                    error: BaseException, where: Where = Where()) -> HopRecord:
     """Record why a configuration's hop failed: the report marks it failed with that reason, and an
     adaptive search prunes it."""
     iteration, hop = divmod(t, shards)
-    status = "diverged" if str(error).startswith("diverged") else "failed"
-    reason = f"{type(error).__name__}: {error}"
-    if isinstance(error, MemoryError) or "ResourceExhausted" in type(error).__name__:
-        reason = f"out of memory: {reason}. Fix: a smaller batch_size or model, or a worker with more memory"
+    status, reason = failure_of(error)
     record = HopRecord(config_id=assignment.config_id, t=t, iteration=iteration, hop=hop, shard=shard, status=status,
-                       task_id=where.task_id, error=reason[:1000], try_number=where.try_number,
+                       task_id=where.task_id, error=reason, try_number=where.try_number,
                        input_sha256=assignment.checkpoint_sha256)
     record.write(layout.store, layout.hop_record_uri(assignment.config_id, t))
     return record

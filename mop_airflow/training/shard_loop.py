@@ -40,6 +40,13 @@ block, keeps its pool slot: its block holds the pools. The block holding the fir
 every slot it gets, so it always gets the rest (with one slot per shard; with several, two blocks may
 each hold a slot of the first shard and wait, up to the wait bound).
 
+What the slot decides (what to train next, when to wait, settle a failed configuration forward, give a
+hop up or take it back, yield, end) is a pure state machine,
+:class:`~mop_airflow.training.slot_protocol.SlotMachine`, which the slot protocol's simulation
+(:mod:`~mop_airflow.training.slot_sim`) checks over many schedules; the loop here is its driver: it
+carries each action out with the store, its threads and the clock, and tells the machine what it found.
+Training, committing, the slot's status and the task's result stay here.
+
 Runs and is tested without Airflow; the shard operator maps Airflow's context onto :func:`run_slot`.
 """
 
@@ -55,16 +62,19 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Collection, Iterable, Sequence
 
 from mop_airflow.errors import BlockIncompleteError, TrainingError
-from mop_airflow.training import progress
+from mop_airflow.training import progress, slot_messages
 from mop_airflow.planning.schedule import DEFAULT_PRIORITY, priority_weight, shard_at
 from mop_airflow.records import Assignment, HopRecord, Manifest, RunRecord
 from mop_airflow.records.layout import RunLayout
 from mop_airflow.training.fused import fused_partners, fuses_here, train_fused_hop
-from mop_airflow.training.model_hop import (CLEANUP, Where, read_hashed, record_failure, sha256_of, train_hop,
-                                            with_digest)
-from mop_airflow.training.slot_commits import Chains, CommitLog, CommitPoller, committed
+from mop_airflow.training.model_hop import (CLEANUP, Where, failure_of, read_hashed, record_failure, sha256_of,
+                                            state_after, train_hop, with_digest)
+from mop_airflow.training.slot_commits import CommitLog, CommitPoller
 from mop_airflow.training.session import WARM_MODELS, TaskSession, out_of_memory
-from mop_airflow.training.slot_status import HEARTBEAT_SECONDS, Peer, StatusWriter
+from mop_airflow.training.slot_messages import (Check, Decide, Facts, Look, Read, ReadPeers, Rules, Train, Wait,
+                                                Write, Yield)
+from mop_airflow.training.slot_protocol import PeerView, SlotMachine
+from mop_airflow.training.slot_status import HEARTBEAT_SECONDS, StatusWriter, read_status
 from mop_airflow.training.watchdog import Watchdog
 
 log = logging.getLogger(__name__)
@@ -96,8 +106,9 @@ class SlotYielded(Exception):
 
 
 # Hops trained and not yet committed, at most: one the writer commits while the next one trains
-# keeps both busy; a bound keeps the memory their taken states hold to two states.
-STATES_HELD = 2
+# keeps both busy; a bound keeps the memory their taken states hold to two states. The machine holds
+# the slot to it (it waits for a commit before it takes another hop).
+STATES_HELD = slot_messages.STATES_HELD
 
 
 @dataclass(frozen=True)
@@ -277,6 +288,13 @@ def run_slot(layout: RunLayout, run: RunRecord, manifest: Manifest, hops: Sequen
 
 
 class _Loop:
+    """The driver of the slot's state machine (:class:`~mop_airflow.training.slot_protocol.SlotMachine`): it
+    asks the machine what to do next and carries that out with the store, its threads and the clock,
+    telling it what it found and what arrived meanwhile (markers its poller listed, commits its writer
+    thread made, peers' statuses, records, ASHA's decisions). What to train next, when to wait, what to
+    settle, give up, take back, and when to yield or end is the machine's, as the simulation checks it;
+    training, committing, the slot's status and the task's result are the driver's."""
+
     def __init__(self, layout: RunLayout, run: RunRecord, manifest: Manifest, hops: Sequence[BlockHop],
                  own: list[BlockHop], *, block: str, shard: int, slot: int, cache_dir: str, where: Where,
                  fatal: Callable[[BaseException], bool], session: TaskSession | None,
@@ -284,44 +302,29 @@ class _Loop:
                  stop: threading.Event | None = None, more: Any = None, last_try: bool = False) -> None:
         self.layout, self.run, self.manifest = layout, run, manifest
         self.cache_dir, self.where, self.fatal, self.on_hop, self.wait = cache_dir, where, fatal, on_hop, wait
-        self.give_back = give_back
         self.stop = stop or threading.Event()
-        # the block's slots ranked before this one (by shard, then slot): those with hops to train
-        self.before = sorted({(h.shard, h.slot) for h in hops if (h.shard, h.slot) < (shard, slot)})
         self.session = session or TaskSession(run, manifest, cache_dir, max_models=WARM_MODELS)
-        # by priority (highest first), then the plan's order: what Airflow's scheduler ranked hop tasks by
-        self.pending = sorted(own, key=lambda h: (-h.weight, h.order))
-        self.owner = {(h.config_id, h.hop): (h.shard, h.slot) for h in hops}
-        self.chains = Chains(layout, [h.start for h in hops if h.start is not None])
-        # the slots this one's hops come from (the previous shard's slot with the same configurations)
-        # and itself (what an earlier try committed): one listing each a poll
-        mine = {(h.shard, h.slot) for h in own}
         self.more = more
         self.slot_of = (shard, slot)
-        self.alone = give_back is None  # this process trains every slot's hops (dag.test())
-        if more is not None:  # ASHA: a leg's hops keep the deciding slot's index, so they come from the previous shard's
-            p = more.shards
-            mine = ({(s, k) for s in range(p) for k in range(more.slots)} if self.alone
-                    else {(shard, slot), ((shard - 1) % p, slot)})
-        self.poller = CommitPoller(layout, block, mine | {self.owner[h.config_id, h.hop - 1] for h in own
-                                                          if (h.config_id, h.hop - 1) in self.owner})
-        self.marks = CommitLog(layout, block, shard, slot, where.try_number)
-        self.status = StatusWriter(layout, block, shard, slot, where, left=len(self.pending), last_try=last_try)
-        self.result = SlotResult()
+        self.began = time.time()
         # schedule.fuse: this slot's hops that train as one program (ASHA's, decided as it goes, train alone)
-        self.partners = (fused_partners(((h.config_id, h.hop, (h.shard, h.slot, h.rung_end)) for h in own), run)
-                         if more is None and fuses_here(run, manifest, {h.shard for h in own}) else {})
-        self.peers: dict[tuple[int, int], Peer] = {}
+        partners = (fused_partners(((h.config_id, h.hop, (h.shard, h.slot, h.rung_end)) for h in own), run)
+                    if more is None and fuses_here(run, manifest, {h.shard for h in own}) else {})
+        # give_back None: this process trains every slot's hops (dag.test()), and never yields
+        self.machine = SlotMachine(hops, own=own, shard=shard, slot=slot, try_number=where.try_number,
+                                   began=self.began, wait=wait, give_back=give_back, partners=partners,
+                                   asha=more is not None, alone=give_back is None,
+                                   shards=more.shards if more is not None else run.schedule.shards,
+                                   slots=more.slots if more is not None else 1,
+                                   rules=Rules(look_after=LOOK_SECONDS), state_after=state_after)
+        self.poller = CommitPoller(layout, block, self.machine.polled)
+        self.marks = CommitLog(layout, block, shard, slot, where.try_number)
+        self.status = StatusWriter(layout, block, shard, slot, where, left=len(self.machine.pending), last_try=last_try)
+        self.result = SlotResult()
         self.for_good: set[str] = set()  # hops given up because their slot ended for good
-        self.given_up: dict[tuple[str, int], BlockHop] = {}  # taken back if their input comes after all
-        self.looked_at: dict[tuple[str, int], float] = {}  # a given-up hop's input: last looked up (monotonic)
-        self.waited_since: dict[tuple[str, int], float] = {}  # (configuration, hop of the input) -> monotonic
-        # it took a hop another slot of its block handed it: the block runs, and this slot keeps its pool slot
-        self.joined = False
         self.legs_checked_at = 0.0  # ASHA: when the slots of the legs in flight were last checked
 
     def train_all(self) -> SlotResult:
-        self.began = time.time()
         self.status.start()
         self.poller.poll()  # what is committed already, earlier tries' hops included
         self.poller.start()
@@ -331,128 +334,178 @@ class _Loop:
             self.poller.stop()
 
     def _train_all(self) -> SlotResult:
-        result = self.result
+        result, machine = self.result, self.machine
         with ThreadPoolExecutor(1, thread_name_prefix="mop-commit") as writer, \
                 ThreadPoolExecutor(1, thread_name_prefix="mop-read-ahead") as reader, \
                 ThreadPoolExecutor(1, thread_name_prefix="mop-hash") as hasher:
             commits: list[tuple[BlockHop, Assignment, Future]] = []
             ahead: dict[str, Future] = {}
-            while self.pending or commits or (self.more is not None and not self.more.ended):
+            while True:
                 if self.stop.is_set():
                     self._settle(commits, block=True, every=True)
-                    raise SlotStopped(f"asked to stop with {len(self.pending)} hop(s) left; the {len(result.trained)} "
-                                      "committed stay, and a retry trains the rest")
+                    self._write(machine.flush())  # a commit that failed is recorded before the slot stops
+                    raise SlotStopped(f"asked to stop with {len(machine.pending)} hop(s) left; the "
+                                      f"{len(result.trained)} committed stay, and a retry trains the rest")
                 self._settle(commits, block=False)
                 if self.more is not None:
                     self._extend(self.more.new_hops())
-                ready, waiting = self._ready()
-                if self.partners:
-                    ready = self._whole_groups(ready, waiting)
-                if not ready:
-                    if commits:  # its next hop waits for this slot's own commit, or for another slot's: whichever comes
-                        wait_for([commits[0][2]], timeout=self.poller.first)
+                act = self._next()
+                if isinstance(act, Train):
+                    for _, later in act.ahead:  # read and hash the next ready model's checkpoint while this one trains
+                        if later.checkpoint and later.checkpoint not in ahead:
+                            # not tallied on that thread: the hop that takes it counts it (store.bytes_read
+                            # deltas are a hop's own reads)
+                            ahead[later.checkpoint] = reader.submit(read_hashed, self.layout.store, later.checkpoint,
+                                                                    tally=False)
+                    members = list(act.members)
+                    trained = (self._train_fused(members, ahead, hasher) if len(members) > 1
+                               else [(hop, state, self._train(hop, state, ahead, hasher)) for hop, state in members])
+                    for member, member_state, done in trained:
+                        if done is not None:
+                            machine.trained_ok(member)
+                            commits.append((member, member_state, writer.submit(self._commit, done)))
+                elif isinstance(act, Wait):
+                    if act.commit:
+                        # its next hop waits for this slot's own commit (or a trained hop holds its taken state
+                        # until its commit packs it: at most STATES_HELD at once, so a store slower than
+                        # training slows the slot instead), or for another slot's: whichever comes
+                        if commits:
+                            wait_for([commits[0][2]], timeout=self.poller.first)
                         continue
-                    if self.more is not None and not self.more.ended:  # nothing ready: what trains next?
-                        self._fail_dead_legs()
-                        self.more.idle()
-                        self._extend(self.more.new_hops())
-                        if self._ready()[0]:
-                            continue
-                    elif not waiting:
-                        break
                     progress.tick()  # waiting for other slots is progress: they are judged by their own
-                    self._give_up(waiting)
-                    if self.pending or self.more is not None:
-                        began = time.monotonic()
-                        self.poller.arrived.wait(1.0)  # a poll that finds a hop wakes the slot at once
-                        if self.stop.is_set():
-                            continue
-                        result.waited += time.monotonic() - began
-                    continue
-                hop, state = ready[0]
-                group = self.partners.get((hop.config_id, hop.hop))
-                members = [(h, s) for h, s in ready if (h.config_id in group and h.hop == hop.hop)] if group else [
-                    (hop, state)]
-                self.joined = self.joined or hop.start is None
-                for _, later in [r for r in ready if r not in members][:1]:  # read and hash the next ready model's checkpoint while this one trains
-                    if later.checkpoint and later.checkpoint not in ahead:
-                        # not tallied on that thread: the hop that takes it counts it (store.bytes_read
-                        # deltas are a hop's own reads)
-                        ahead[later.checkpoint] = reader.submit(read_hashed, self.layout.store, later.checkpoint,
-                                                                tally=False)
-                for member, _ in members:
-                    self.pending.remove(member)
-                # a trained hop holds its taken state (on a GPU, in its memory) until its commit packs it:
-                # at most STATES_HELD at once (a fused group's, and one more), so a store slower than
-                # training slows the slot instead
-                while len(commits) >= STATES_HELD:
-                    self._settle(commits, block=True)
-                trained = (self._train_fused(members, ahead, hasher) if len(members) > 1
-                           else [(hop, state, self._train(hop, state, ahead, hasher))])
-                for member, member_state, done in trained:
-                    if done is not None:
-                        commits.append((member, member_state, writer.submit(self._commit, done)))
+                    began = time.monotonic()
+                    # a poll that finds a hop wakes the slot at once
+                    self.poller.arrived.wait(min(1.0, max(0.0, act.until - time.time())))
+                    if self.more is not None:
+                        machine.store_changed()  # a decision or completion may have landed: decide again
+                    if self.stop.is_set():
+                        continue
+                    result.waited += time.monotonic() - began
+                elif isinstance(act, Decide):  # ASHA, nothing ready: what trains next?
+                    if machine.rules.asha_dead_legs:
+                        self._fail_dead_legs()
+                    self.more.idle()
+                    self._extend(self.more.new_hops())
+                elif isinstance(act, Yield):
+                    raise SlotYielded(act.why)
+                else:
+                    break
             self._settle(commits, block=True, every=True)
         CLEANUP.retry(self.layout.store)  # a stale checkpoint whose delete failed: once more before the task ends
+        result.untrained = dict(act.untrained)
+        self.for_good = set(act.for_good)
         return result
 
-    def _extend(self, hops: Iterable[BlockHop]) -> None:
-        """Hops decided while the block trains: this slot's join its pending ones; every slot's tell
-        whom a hop waits for, and where each configuration's leg starts."""
-        added = False
-        for hop in hops:
-            self.owner[(hop.config_id, hop.hop)] = (hop.shard, hop.slot)
-            if hop.start is not None:
-                self.chains.states.setdefault(hop.config_id, {}).setdefault(hop.start.t, hop.start)
-            if self.alone or (hop.shard, hop.slot) == self.slot_of:
-                self.pending.append(hop)
-                self.status.left += 1
-                added = True
-        if added:
-            self.pending.sort(key=lambda h: (-h.weight, h.order))
-
-    def _ready(self) -> tuple[list[tuple[BlockHop, Assignment]], list[BlockHop]]:
-        """The pending hops whose input state is committed (in priority order), and those still waiting.
-        A hop whose configuration failed before it, anywhere, is dropped, with the configuration's
-        later hops. What the poller listed since is learnt first; a record is read when its marker
-        names the hop a configuration waits for (its earliest pending one: its later ones cannot be ready
-        before it), so a poll costs a listing, not a look per waiting configuration."""
-        self.chains.listen(self.poller.take())
-        self._take_back()
-        earliest: dict[str, int] = {}
-        for hop in self.pending:
-            earliest[hop.config_id] = min(earliest.get(hop.config_id, hop.hop), hop.hop)
-        ready, waiting, failed = [], [], {}
-        since, self.waited_since = self.waited_since, {}
-        for hop in self.pending:
-            if hop.hop != earliest[hop.config_id]:
-                continue
-            state = hop.start or self.chains.before(hop.config_id, hop.hop)
-            if isinstance(state, HopRecord):
-                failed[hop.config_id] = state
-            elif state is None:
-                waiting.append(hop)
-                key = (hop.config_id, hop.hop - 1)
-                self.waited_since[key] = since.get(key, time.monotonic())
+    def _next(self) -> Any:
+        """The machine's next action that the loop itself carries out (train, wait, decide, yield, end),
+        after the reads and writes it asks for first, each answered at once."""
+        machine, store = self.machine, self.layout.store
+        machine.markers(sorted(self.poller.take()))  # a poll's error is raised here, on the loop's thread
+        while True:
+            given_up = dict(machine.untrained)
+            act = machine.decide(time.time())
+            self._report(given_up)
+            for wanted, event in ((machine.wants_poll, self.poller.wanted), (machine.idle, self.poller.idle)):
+                event.set() if wanted else event.clear()
+            if isinstance(act, Read):
+                machine.read({key: HopRecord.read(store, self.layout.hop_record_uri(*key)) for key in act.keys})
+            elif isinstance(act, ReadPeers):
+                now = time.time()
+                for owner in act.owners:
+                    machine.peer_status(owner, read_status(self.layout, self.status.block, *owner), now)
+            elif isinstance(act, Look):
+                self._look(act)
+            elif isinstance(act, Check):
+                self._check(act)
+            elif isinstance(act, Write):
+                self._write(act)
             else:
-                ready.append((hop, state))
-        for hop in [h for h in self.pending if h.config_id in failed]:
-            record = failed[hop.config_id]
-            self.pending.remove(hop)
+                return act
+
+    def _report(self, given_up: dict[str, str]) -> None:
+        """What the machine's last decision dropped, gave up or took back: into the result and the log."""
+        machine = self.machine
+        while machine.dropped:
+            hop, record = machine.dropped.pop(0)
             self.result.dropped.append(hop.label)
             log.info("%s: dropped, %s %s at hop %d", hop.label, hop.config_id, record.status, record.t)
-            if hop.hop == earliest[hop.config_id]:
-                self._settle_dropped(hop, record)
-        waiting += [h for h in self.pending if h.hop != earliest[h.config_id] and h.config_id not in failed]
-        for wanted, event in ((bool(waiting or self.given_up), self.poller.wanted), (not ready, self.poller.idle)):
-            event.set() if wanted else event.clear()
-        return ready, waiting  # in the pending hops' order: by priority
+        if given_up != machine.untrained:
+            for label, why in machine.untrained.items():
+                if label not in given_up:
+                    log.error("%s: given up, %s", label, why)
+            for label in given_up:
+                if label not in machine.untrained:
+                    log.info("%s: given up before, now taken back or failed", label)
+
+    def _extend(self, hops: Iterable[BlockHop]) -> None:
+        """Hops decided while the block trains (ASHA): to the machine, which keeps this slot's."""
+        self.status.left += self.machine.asha_hops(hops, self.more.ended)
+
+    def _look(self, act: Look) -> None:
+        """Whether the records of the hops' inputs are in the store though no marker named them."""
+        store, found = self.layout.store, {}
+        for hop, _, _ in act.hops:
+            uri = self.layout.hop_record_uri(hop.config_id, hop.hop - 1)
+            found[hop.config_id, hop.hop - 1] = record = HopRecord.read(store, uri) if store.exists(uri) else None
+            if record is not None:
+                log.info("%s: its input's record is in the store, though no marker named it", hop.label)
+        self.machine.looked(act.hops, found)
+
+    def _check(self, act: Check) -> None:
+        """Whether an earlier try committed these hops (then learnt, and not trained again)."""
+        for hop, earlier in self.machine.checked({(hop.config_id, hop.hop): self._facts(hop, state)
+                                                  for hop, state in act.members}):
+            self.result.committed.append(hop.label)
+            if earlier.status != "ok" and earlier.dropped_after is None:
+                self.result.failed.append(earlier)
+            log.info("%s: already committed by try %d of %s; not trained again", hop.label, earlier.try_number,
+                     earlier.task_id or "an earlier task")
+
+    def _facts(self, hop: BlockHop, state: Assignment) -> Facts:
+        """What the store says of ``hop`` for the machine's check, asking only what its rule reads, in its
+        order: a first try asks only of hops whose markers were listed, and reads their records at once."""
+        store, cid, t = self.layout.store, hop.config_id, hop.hop
+        uri = self.layout.hop_record_uri(cid, t)
+        if self.where.try_number > 1 and not store.exists(uri):
+            return Facts()
+        record = HopRecord.read(store, uri)
+        if record.input_sha256 != state.checkpoint_sha256 or record.status != "ok":
+            return Facts(record)
+        if record.checkpoint and store.exists(record.checkpoint):
+            return Facts(record, checkpoint_there=True)
+        if self.where.try_number == 1 and (cid, t + 1) in self.machine.known:
+            return Facts(record)
+        return Facts(record, next_there=store.exists(self.layout.hop_record_uri(cid, t + 1)))
+
+    def _write(self, act: Write | None) -> None:
+        """The machine's writes, in order: a failure, a drop settled forward (unless a record is there: an
+        earlier try's stays), a marker a retry found missing; each record then its marker."""
+        store = self.layout.store
+        for record, how in () if act is None else act.records:
+            if how == "mark":
+                self.marks.mark(record)
+                continue
+            uri = self.layout.hop_record_uri(record.config_id, record.t)
+            if how == "settle" and store.exists(uri):
+                continue
+            written = self._hop_record(record)
+            written.write(store, uri)
+            self.marks.mark(written)
+            if how == "write":
+                self.result.failed.append(written)
+                log.info("%s t=%d recorded %s: %s", written.config_id, written.t, written.status, written.error)
+
+    def _hop_record(self, record: Any) -> HopRecord:
+        """The machine's record as this try writes it."""
+        iteration, hop = divmod(record.t, self.run.schedule.shards)
+        return HopRecord(config_id=record.config_id, t=record.t, iteration=iteration, hop=hop, shard=record.shard,
+                         status=record.status, task_id=self.where.task_id, error=record.error,
+                         try_number=self.where.try_number, input_sha256=record.input_sha256,
+                         dropped_after=record.dropped_after)
 
     def _train(self, hop: BlockHop, state: Assignment, ahead: dict[str, Future], hasher: ThreadPoolExecutor) -> Any:
-        """Train one hop (or find it committed by an earlier try); returns what to commit, or None."""
+        """Train one hop; returns what to commit, or None (it failed, and is recorded)."""
         layout = self.layout
-        if self._committed_before(hop, state):
-            return None
         taken = time.time()
         self.status.training = hop.label
         where = replace(self.where, started_at=taken)
@@ -471,7 +524,7 @@ class _Loop:
                     # the models this process keeps may be what filled the device: let them go and train the
                     # hop again before the configuration is blamed (its own model is built afresh)
                     if again or not out_of_memory(exc) or held == 0:
-                        self._failed(hop, state, exc, where)
+                        self._failed(hop, state, exc)
                         return None
                     log.warning("%s ran out of memory with %d compiled model(s) kept (%s): they are let go and the "
                                 "hop trains again", hop.label, held, exc)
@@ -483,20 +536,16 @@ class _Loop:
     def _train_fused(self, members: list[tuple[BlockHop, Assignment]], ahead: dict[str, Future],
                      hasher: ThreadPoolExecutor) -> list[tuple[BlockHop, Assignment, Any]]:
         """Train a fused group's hops (``schedule.fuse``: one shard, one hop, one program) and return each
-        member's to commit (None: committed before, or failed and recorded). A member whose input does not
-        restore or whose loss diverges fails alone; if the group's program itself fails, its members
-        train alone."""
-        todo = [(hop, state) for hop, state in members if not self._committed_before(hop, state)]
-        if len(todo) < 2:
-            return [(hop, state, self._train(hop, state, ahead, hasher)) for hop, state in todo]
-        first = todo[0][0]
+        member's to commit (None: failed and recorded). A member whose input does not restore or whose
+        loss diverges fails alone; if the group's program itself fails, its members train alone."""
+        first = members[0][0]
         where = replace(self.where, started_at=time.time())
-        self.status.training = ", ".join(hop.label for hop, _ in todo)
+        self.status.training = ", ".join(hop.label for hop, _ in members)
         log.info("%s fused on shard %d", self.status.training, first.shard)
         try:
-            results = train_fused_hop(self.layout, self.run, self.manifest, [state for _, state in todo], t=first.hop,
-                                      shard=first.shard, rung_end=first.rung_end, cache_dir=self.cache_dir,
-                                      where=where, session=self.session,
+            results = train_fused_hop(self.layout, self.run, self.manifest, [state for _, state in members],
+                                      t=first.hop, shard=first.shard, rung_end=first.rung_end,
+                                      cache_dir=self.cache_dir, where=where, session=self.session,
                                       read_checkpoint=self._reader(ahead, hasher))
         except Exception as exc:
             if self.fatal(exc):
@@ -504,44 +553,18 @@ class _Loop:
             log.warning("%s: the fused program failed (%s: %s); its members train alone", self.status.training,
                         type(exc).__name__, exc)
             self.session.empty()
-            return [(hop, state, self._train(hop, state, ahead, hasher)) for hop, state in todo]
+            return [(hop, state, self._train(hop, state, ahead, hasher)) for hop, state in members]
         finally:
             self.status.training = None
         out = []
-        for (hop, state), result in zip(todo, results):
+        for (hop, state), result in zip(members, results):
             if isinstance(result, Exception):
                 if self.fatal(result):
                     raise result
-                self._failed(hop, state, result, where)
+                self._failed(hop, state, result)
                 result = None
             out.append((hop, state, result))
         return out
-
-    def _whole_groups(self, ready: list[tuple[BlockHop, Assignment]],
-                      waiting: list[BlockHop]) -> list[tuple[BlockHop, Assignment]]:
-        """The ready hops less those of a fused group with a member still waiting at the same hop: a group
-        trains whole, so its members train the same program whatever order their inputs came in."""
-        late = {(hop.config_id, hop.hop) for hop in waiting}
-        return [(hop, state) for hop, state in ready
-                if not any((cid, hop.hop) in late for cid in self.partners.get((hop.config_id, hop.hop), ()))]
-
-    def _committed_before(self, hop: BlockHop, state: Assignment) -> bool:
-        """Whether an earlier try committed ``hop`` (then learnt here, and not trained again)."""
-        # a retry asks the store: its earlier try may have died between a hop's record and its marker
-        earlier = committed(self.layout, state, hop.hop, None if self.where.try_number > 1 else self.poller.known)
-        if earlier is None:
-            return False
-        self.result.committed.append(hop.label)
-        if earlier.status != "ok" and earlier.dropped_after is None:
-            self.result.failed.append(earlier)
-        self.chains.learn(earlier)
-        if (hop.config_id, hop.hop) not in self.poller.known:
-            # the earlier try died between the record and its marker: the slot waiting for this hop lists
-            # markers, and would wait for ever (found by the slot protocol's simulation)
-            self.marks.mark(earlier)
-        log.info("%s: already committed by try %d of %s; not trained again", hop.label, earlier.try_number,
-                 earlier.task_id or "an earlier task")
-        return True
 
     def _reader(self, ahead: dict[str, Future], hasher: ThreadPoolExecutor) -> Callable[[str], tuple[bytes, Any]]:
         """How a hop reads its input checkpoint: read and hashed ahead (``ahead``), or hashed on another thread
@@ -570,11 +593,11 @@ class _Loop:
             except Exception as exc:
                 if self.fatal(exc):
                     raise
-                self._failed(hop, state, exc, replace(self.where, started_at=time.time()))
+                self._failed(hop, state, exc, commit=True)
                 continue
             progress.tick()
             self.result.trained.append(record)
-            self.chains.learn(record)
+            self.machine.committed(record)
             self.status.hop_done()
             if self.on_hop is not None:
                 self.on_hop(record)
@@ -587,94 +610,14 @@ class _Loop:
         self.marks.mark(record)
         return record
 
-    def _failed(self, hop: BlockHop, state: Assignment, exc: BaseException, where: Where) -> None:
-        """Record configuration ``hop.config_id`` failed at ``hop``; the other configurations go on."""
+    def _failed(self, hop: BlockHop, state: Assignment, exc: BaseException, *, commit: bool = False) -> None:
+        """Configuration ``hop.config_id`` failed at ``hop`` (or its commit did): the machine has it recorded
+        next; the other configurations go on."""
         self.session.forget(self.run.config(hop.config_id))
-        failure = record_failure(self.layout, state, t=hop.hop, shard=hop.shard, shards=self.run.schedule.shards,
-                                 error=exc, where=where)
-        self.marks.mark(failure)
-        self.result.failed.append(failure)
-        self.chains.learn(failure)
-        log.error("%s %s; its remaining hops are dropped, the other configurations go on", hop.label, failure.status,
+        status, reason = failure_of(exc)
+        (self.machine.commit_failed if commit else self.machine.trained_failed)(hop, state, status, reason)
+        log.error("%s %s; its remaining hops are dropped, the other configurations go on", hop.label, status,
                   exc_info=exc)
-
-    def _settle_dropped(self, hop: BlockHop, failure: HopRecord) -> None:
-        """Write down, where ``hop`` was due, that it will never train: the slot of the next shard waits for
-        this hop's record (its marker in this slot's folder), and learns from it that the configuration
-        failed. Without it that slot, and every one after it along the chain, waited for a hop that never
-        came. The configuration's later hops on this slot need no record: its next hop's slot drops them
-        (and settles its own) as this one did. An earlier try's record of the hop is left as it is."""
-        uri = self.layout.hop_record_uri(hop.config_id, hop.hop)
-        if self.layout.store.exists(uri):
-            return
-        first = failure.t if failure.dropped_after is None else failure.dropped_after
-        record = HopRecord(config_id=hop.config_id, t=hop.hop, iteration=hop.hop // self.run.schedule.shards,
-                           hop=hop.hop % self.run.schedule.shards, shard=hop.shard, status=failure.status,
-                           task_id=self.where.task_id, error=failure.error, try_number=self.where.try_number,
-                           dropped_after=first)
-        record.write(self.layout.store, uri)
-        self.marks.mark(record)
-
-    def _give_up(self, waiting: list[BlockHop]) -> None:
-        """Drop the waiting hops whose input comes from a slot that ended for good or made no progress
-        within the wait bound; give the pool slot back (:class:`SlotYielded`) when this slot has taken no
-        hop from another slot and a slot ranked before it neither runs nor ended its block."""
-        now = time.time()
-        if self.give_back is not None and not self.joined and now - self.began > self.give_back:
-            for owner in self.before:  # each read until seen started, then never again
-                if not self._peer(owner, now).started(now, self.wait):
-                    raise SlotYielded(f"shard {owner[0]} slot {owner[1]} of this block has not started within "
-                                      f"{self.give_back:.0f} s: this slot gives its pool slot back and tries again "
-                                      "later, so a block that holds the shards before it can finish")
-        for hop in waiting:
-            owner = self.owner.get((hop.config_id, hop.hop - 1))
-            if owner is None:
-                continue
-            key = (hop.config_id, hop.hop - 1)
-            if time.monotonic() - self.waited_since.get(key, time.monotonic()) > LOOK_SECONDS:
-                self.waited_since[key] = time.monotonic()  # looked up now: again after LOOK_SECONDS
-                if self.chains.before(hop.config_id, hop.hop, look=True) is not None:
-                    log.info("%s: its input's record is in the store, though no marker named it", hop.label)
-                    continue
-            gone = self._peer(owner, now).gone(now, self.wait)
-            # the peer may have committed the hop just before it stopped: its status is written after its records
-            if gone is not None and self.chains.before(hop.config_id, hop.hop, look=True) is None:
-                why, for_good = gone
-                self.pending.remove(hop)
-                self.given_up[hop.config_id, hop.hop] = hop
-                self.looked_at[hop.config_id, hop.hop] = time.monotonic()
-                self.result.untrained[hop.label] = why
-                if for_good:
-                    self.for_good.add(hop.label)
-                log.error("%s: given up, %s", hop.label, why)
-
-    def _take_back(self) -> None:
-        """A hop given up is taken back when its input comes after all (its slot was late, or hung and
-        retried) or the configuration failed meanwhile; then its block need not fail. In a search that
-        decides as it goes (ASHA), whose slots never end while a configuration is in flight, a hop whose
-        input will never come (its slot ended for good) fails its configuration instead, with the cause, and
-        the search goes on: else the search waited for it for ever."""
-        now = time.time()
-        for key, hop in list(self.given_up.items()):
-            # its input may be committed with a marker no listing shows (one that landed after a later name):
-            # looked up in the store every LOOK_SECONDS, as a waiting hop's is, or an ASHA slot kept the hop
-            # given up for ever (the slot protocol's simulation, seeds 136875 and 212597)
-            look = time.monotonic() - self.looked_at.get(key, 0.0) > LOOK_SECONDS
-            if look:
-                self.looked_at[key] = time.monotonic()
-            if self.chains.before(hop.config_id, hop.hop, look=look) is not None:
-                log.info("%s: its input came after all; taken back", hop.label)
-                self.pending.append(hop)  # a failed configuration's hop is dropped (and settled) as any other
-                self.pending.sort(key=lambda h: (-h.weight, h.order))
-            elif self.more is not None and (hop.label in self.for_good or self._gone_for_good(hop, now)):
-                self._fail_for_good(hop.config_id, hop.hop, hop.shard,
-                                    f"was given up: {self.result.untrained[hop.label]}")
-            else:
-                continue
-            del self.given_up[key]
-            self.looked_at.pop(key, None)
-            self.result.untrained.pop(hop.label, None)
-            self.for_good.discard(hop.label)
 
     def _fail_dead_legs(self) -> None:
         """ASHA: a job in flight whose next hop is on a slot that ended for good (failed for good, or died
@@ -707,16 +650,13 @@ class _Loop:
                                  error=TrainingError(f"its hop {t} on shard {shard} {why}"))
         self.marks.mark(failure)
         self.result.failed.append(failure)
-        self.chains.learn(failure)
+        self.machine.recorded(failure)
         log.error("%s t=%d: its hop %s; %s is recorded failed and the search goes on", config_id, t, why, config_id)
 
-    def _gone_for_good(self, hop: BlockHop, now: float) -> bool:
-        owner = self.owner.get((hop.config_id, hop.hop - 1))
-        gone = None if owner is None else self._peer(owner, now).gone(now, self.wait)
-        return gone is not None and gone[1]
-
-    def _peer(self, owner: tuple[int, int], now: float) -> Peer:
-        peer = self.peers.get(owner)
-        if peer is None:
-            peer = self.peers[owner] = Peer(self.layout, self.status.block, *owner, began=self.began, since=now)
+    def _peer(self, owner: tuple[int, int], now: float) -> PeerView:
+        """Slot ``owner`` as the machine sees it, its status read again at most once per heartbeat."""
+        peer = self.machine.peer(owner, now)
+        if now - peer.read_at >= min(HEARTBEAT_SECONDS, self.wait / 2):
+            peer.read_at = now
+            peer.read(read_status(self.layout, self.status.block, *owner), now)
         return peer

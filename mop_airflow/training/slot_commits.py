@@ -10,8 +10,8 @@ configuration's next record up cost a request per configuration per poll. A poll
 listing, backing off while nothing arrives; while the slot has a hop to train it lists only every
 :data:`POLL_MOST_REMOTE` (0.5 s on S3), and the training thread only reads the sets it fills.
 
-Each configuration's state before its next hop (:class:`Chains`) is then read from the hop record
-the marker names.
+The slot's state machine (:class:`~mop_airflow.training.slot_protocol.SlotMachine`) then asks for the
+hop record a marker names when the hop it waits for is that one.
 """
 
 from __future__ import annotations
@@ -21,9 +21,8 @@ import threading
 import time
 from typing import Iterable
 
-from mop_airflow.records import Assignment, HopRecord
+from mop_airflow.records import HopRecord
 from mop_airflow.records.layout import RunLayout
-from mop_airflow.training.model_hop import state_after
 
 log = logging.getLogger(__name__)
 
@@ -139,89 +138,3 @@ class CommitPoller:
             else:  # it trains: slowly, but at once when it runs out of work
                 interval = self.first
                 self.idle.wait(self.most)
-
-
-def committed(layout: RunLayout, state: Assignment, t: int, known: set[Key] | None = None) -> HopRecord | None:
-    """Hop ``t`` as an earlier try left it, when that try started from ``state``: a failure, or a
-    commit (its record written, and its checkpoint there, or already taken on by the next hop).
-    ``known``: the hops whose markers were listed (then an unlisted hop costs no request); None: the
-    store is asked (a retried slot: an earlier try may have written a record and died before its marker).
-
-    The hop after ``t`` is trained on the next shard, by a slot whose markers this one does not list:
-    whether it took the state on is asked of the store, never of ``known``. A retry that took an
-    unlisted next hop for "not committed" trained a committed hop again from a checkpoint already
-    cleaned up, and overwrote its record."""
-    cid = state.config_id
-    store = layout.store
-    if known is not None and (cid, t) not in known:
-        return None
-    uri = layout.hop_record_uri(cid, t)
-    if known is None and not store.exists(uri):
-        return None
-    record = HopRecord.read(store, uri)
-    if record.input_sha256 != state.checkpoint_sha256:
-        return None  # it started from another state (a run cleared after its data or code changed)
-    if record.status != "ok" or (record.checkpoint and store.exists(record.checkpoint)):
-        return record
-    if known is not None and (cid, t + 1) in known:
-        return record
-    return record if store.exists(layout.hop_record_uri(cid, t + 1)) else None
-
-
-class Chains:
-    """Each configuration's state before each of its hops, followed through the hop records in the
-    store: a record counts only when it started from the state the one before it left."""
-
-    def __init__(self, layout: RunLayout, firsts: Iterable[Assignment]) -> None:
-        self.layout = layout
-        # configuration -> global hop -> the state after it (verified along the chain from the block's start)
-        self.states: dict[str, dict[int, Assignment]] = {}
-        for start in firsts:
-            self.states.setdefault(start.config_id, {})[start.t] = start
-        self.failed: dict[str, HopRecord] = {}
-        self.listed: set[Key] = set()  # hops whose markers were seen and whose records are still to read
-
-    def learn(self, record: HopRecord) -> None:
-        """A hop this process committed or found committed."""
-        if record.status != "ok":
-            self.failed[record.config_id] = record
-        else:
-            self.states.setdefault(record.config_id, {})[record.t] = state_after(record)
-
-    def listen(self, keys: Iterable[Key]) -> None:
-        """Hops whose markers a poll saw (a hop trained again, after a record from another state, too)."""
-        self.listed.update(keys)
-
-    def before(self, cid: str, t: int, *, look: bool = False) -> Assignment | HopRecord | None:
-        """The state configuration ``cid``'s hop ``t`` starts from; a failure record when it failed
-        before it; None while the hop before it is not committed (``look``: look in the store for a
-        record no marker named, before giving a hop up).
-
-        The hop before it was trained by the previous shard's slot, whose markers this slot lists; the
-        hops between this slot's last knowledge of the configuration and that one were trained by slots
-        it does not list. So the record a marker names is taken as it is (its slot checked its own input
-        against the record before it), and checked here against the state before it when this slot
-        knows that state: walking the records between would cost a read per shard and hop."""
-        failed = self.failed.get(cid)
-        if failed is not None and failed.t < t:
-            return failed
-        states = self.states.get(cid)
-        if not states:
-            return None
-        if t - 1 in states:
-            return states[t - 1]
-        key = (cid, t - 1)
-        uri = self.layout.hop_record_uri(*key)
-        if key not in self.listed and not (look and self.layout.store.exists(uri)):
-            return None
-        record = HopRecord.read(self.layout.store, uri)
-        self.listed.discard(key)  # read: a later marker of it (trained again) brings it back
-        known = states.get(t - 2)
-        # a dropped hop's record started from nothing: it says the configuration failed before it
-        if known is not None and record.dropped_after is None and record.input_sha256 != known.checkpoint_sha256:
-            return None  # left by an earlier run from another state: its hop will be trained again
-        if record.status != "ok":
-            self.failed[cid] = record
-            return record
-        states[record.t] = state_after(record)
-        return states[record.t]

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 HEARTBEAT = 5.0  # slot_status.HEARTBEAT_SECONDS: a peer's status is read at most this often
-STATES_HELD = 2  # shard_loop.STATES_HELD: trained hops waiting for their commit, at most
+STATES_HELD = 2  # trained hops waiting for their commit, at most (shard_loop.STATES_HELD)
 ASHA_EVERY = 0.05  # asha_source.EVERY_LOCAL: an idle slot takes a decision at most this often
 NEVER = math.inf
 
@@ -55,6 +55,7 @@ class PeerStatus:
     progress: int = 0
     final: bool = False
     last_try: bool = False
+    error: str | None = None
 
 
 def died_on_last_try(status: Any, now: float, wait: float) -> bool:
@@ -85,6 +86,11 @@ class Write:  # in order, each (record, how): "write" it then its marker, "settl
 
 
 @dataclass(frozen=True)
+class Read:  # read the records these markers name (``(config_id, t)``, listed earlier) -> read()
+    keys: tuple
+
+
+@dataclass(frozen=True)
 class ReadPeers:  # read these slots' status files -> peer_status()
     owners: tuple
 
@@ -100,8 +106,9 @@ class Check:  # did an earlier try commit these hops? -> checked()
 
 
 @dataclass(frozen=True)
-class Train:  # train these hops (one fused program when several) -> trained()
+class Train:  # train these hops (one fused program when several) -> trained_ok() / trained_failed()
     members: tuple
+    ahead: tuple = ()  # ((hop, state), ...): the next ready hop, whose input the driver may read meanwhile
 
 
 @dataclass(frozen=True)
@@ -132,10 +139,12 @@ class End:  # the block is over for this slot: done, or incomplete (BlockIncompl
 
 @dataclass(frozen=True)
 class Rules:
-    """The protocol's rules that a test may switch. The defaults are production's: ``settle_forward`` (a
-    slot that drops a failed configuration's hops writes a record at its earliest one), ``mark_found``,
-    ``look_after`` (shard_loop.LOOK_SECONDS), ``last_try_dies`` (slot_status.Peer) and ``asha_dead_legs``
-    (asha_source.AshaSource.idle); ``yield_bound`` is proposed, off as in production."""
+    """The protocol's rules that a test may switch. The defaults are the rules the shard loop drives the
+    machine with: ``settle_forward`` (a slot that drops a failed configuration's hops writes a record at
+    its earliest one), ``mark_found``, ``look_after`` (shard_loop.LOOK_SECONDS), ``last_try_dies``
+    (slot_protocol.PeerView) and ``asha_dead_legs`` (the driver's check of the legs in flight before an
+    ASHA decision, shard_loop._Loop._fail_dead_legs, which the simulation's world does as production
+    does); ``yield_bound`` is proposed, off as in production."""
 
     settle_forward: bool = True
     mark_found: bool = True  # a retry marks a hop an earlier try committed but may not have marked

@@ -8,64 +8,90 @@ decisions), comes back as events. Deterministic: the same events give the same a
 :mod:`~mop_airflow.training.slot_sim` can run many slots on a virtual clock against a store that
 injects faults, and replay any schedule from its seed, as FoundationDB and TigerBeetle check theirs.
 
-It mirrors the production loop rule for rule (``_Loop._ready``, ``_settle_dropped``, ``_give_up``,
-``_take_back``, ``_committed_before``, ``Chains.before``, ``slot_status.Peer``); a change to one is a
-change to the other. Hops are anything shaped like ``shard_loop.BlockHop`` (``config_id``, ``hop``,
+It is the production rules, not a copy of them: the shard loop (:mod:`~mop_airflow.training.shard_loop`)
+is a driver of this machine that carries its actions out with the store, its threads and the clock,
+as the simulation's world does on a virtual clock; so production takes exactly the decisions the
+simulation checks. Hops are anything shaped like ``shard_loop.BlockHop`` (``config_id``, ``hop``,
 ``shard``, ``slot``, ``weight``, ``order``, ``start``); records like ``HopRecord`` (the fields of
-:class:`Record`). :class:`Rules` switches a rule off (or a proposed one on) to show that the simulation
-fails without it. No Airflow, no Keras, no store.
+:class:`Record`) and states like ``Assignment`` (``config_id``, ``t``, ``checkpoint_sha256``), the state
+a record leaves given by ``state_after``. :class:`Rules` switches a rule off (or a proposed one on) to
+show that the simulation fails without it. No Airflow, no Keras, no store.
 """
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from mop_airflow.training.slot_messages import (  # noqa: F401 - the machine's words, re-exported
-    ASHA_EVERY, HEARTBEAT, NEVER, STATES_HELD, Check, Decide, End, Facts, Look, PeerStatus, ReadPeers, Record,
-    Rules, State, Train, Wait, Write, Yield, died_on_last_try, state_after)
+    ASHA_EVERY, HEARTBEAT, NEVER, STATES_HELD, Check, Decide, End, Facts, Look, PeerStatus, Read, ReadPeers,
+    Record, Rules, State, Train, Wait, Write, Yield, died_on_last_try, state_after)
 
 
-class _Peer:
-    """slot_status.Peer, fed by the driver's reads."""
+class PeerView:
+    """Another slot of the block, as the statuses read of it show it (a :class:`PeerStatus`, or a
+    ``SlotStatus``: the same fields). It is judged by its progress count moving (batches trained, hops
+    committed, looks for hops), not by its heartbeat: a process whose training hangs may heartbeat for
+    ever. ``began``: when the waiting slot's task began; ``since``: when it began to wait for this one;
+    ``dies``: Rules.last_try_dies."""
 
-    def __init__(self, began: float, since: float, dies: bool) -> None:
-        self.began, self.alive_at, self.read_at = began - 1.0, since, -NEVER
-        self.dies = dies  # Rules.last_try_dies
-        self.latest: PeerStatus | None = None
-        self.status: PeerStatus | None = None
+    def __init__(self, began: float, since: float, dies: bool = True, name: str = "") -> None:
+        self.began = began - 1.0  # a second for clocks apart
+        self.alive_at, self.read_at = since, -NEVER  # when its progress last moved; when it was last read
+        self.dies, self.name = dies, name
+        self.latest: Any = None  # the newest try's last word, whenever it was said
+        self.status: Any = None  # the same, unless an end said before the waiting slot began
         self.seen = False
 
-    def read(self, status: PeerStatus | None, at: float) -> None:
+    def read(self, status: Any, at: float) -> None:
+        """A read of its status at ``at`` (None: no status file)."""
         if status is None:
             return
         before = self.latest
         if before is not None and status.try_number < before.try_number:
-            return  # a late word of an older try
+            return  # a late word of a try older than one already read
         if before is None or (status.try_number, status.state, status.progress) != (
                 before.try_number, before.state, before.progress):
             self.alive_at = max(self.alive_at, at)
         self.latest = status
-        # an end said before the waiting slot began may be an earlier run's: only its progress counts
+        # an end said before the waiting slot's task began may be an earlier try's of a run cleared since:
+        # only its progress counts then, and the peer's new try says more soon
         self.status = status if status.state == "running" or status.heartbeat >= self.began else None
 
     def started(self, now: float, wait: float) -> bool:
+        """Whether the peer runs (it ran since the waiting slot's task began) or ended its block (done,
+        failed for good, or died on its last try) whenever that was; once seen, it is not read again for
+        this. A peer that gave its pool slot back, or fails and waits for its retry, has not: another
+        block may hold its pool."""
         if not self.seen:
             s = self.latest
+            # a "done" said before this slot began counts too: a retried slot whose peers ended must not
+            # give its pool slot back for them (in a run cleared since, their hops are committed anyway)
             self.seen = s is not None and (s.state == "done" or (s.state == "failed" and s.final) or (
                 s.state == "running" and s.heartbeat >= self.began) or (self.dies and died_on_last_try(s, now, wait)))
         return self.seen
 
-    def gone(self, now: float, wait: float, name: str) -> tuple[str, bool] | None:
-        s = self.status
+    def gone(self, now: float, wait: float) -> tuple[str, bool] | None:
+        """Why the hops the waiting slot needs from the peer will not come, and whether never (the peer
+        ended for good) or not within ``wait`` (it may still come: a retry of the waiting slot waits
+        again); None while they may."""
+        s, name = self.status, self.name
         if s is not None and s.state == "failed" and s.final:
-            return f"{name} failed for good on its try {s.try_number}", True
-        if self.dies and died_on_last_try(self.latest, now, wait):
-            return f"{name} died on its last try {self.latest.try_number}", True
+            return (f"{name} failed for good on its try {s.try_number} "
+                    f"({(getattr(s, 'error', None) or 'no error recorded').splitlines()[0]})", True)
         if s is not None and s.state == "done":
-            return f"{name} finished its block without this hop's input", True
+            return f"{name} finished its block without this hop's input (it lost it too)", True
+        if self.dies and died_on_last_try(self.latest, now, wait):
+            return (f"{name} died on its last try {self.latest.try_number}: its heartbeat stopped "
+                    f"{now - self.latest.heartbeat:.0f} s ago and no retry follows", True)
         if now - self.alive_at > wait:
-            return f"{name} made no progress for {now - self.alive_at:.0f} s", False
+            return (f"{name} made no progress for {now - self.alive_at:.0f} s (the bound is {wait:.0f} s, "
+                    "MOP_SHARD_WAIT_SECONDS): it may be late (its pool slots held elsewhere) or hung", False)
         return None
+
+
+def _failure(state: Any) -> bool:
+    """Whether what a hop starts from is a failure record (a state has no status)."""
+    return getattr(state, "status", "ok") != "ok"
 
 
 def _priority(hop: Any) -> tuple:
@@ -74,20 +100,25 @@ def _priority(hop: Any) -> tuple:
 
 class SlotMachine:
     """Slot ``(shard, slot)``'s try ``try_number`` of a block whose hops are ``hops`` (every slot's; its own
-    are those on it). ``partners``: fused groups, ``(config_id, hop) -> configurations``; ``asha``: the
-    hops come from decisions as they are taken (:meth:`asha_hops`) on ``shards`` shards; ``give_back``:
-    seconds before a slot that took nothing from another yields to a slot ranked before it not started
-    (None: never)."""
+    are those on it, or ``own``: every hop of the block when one process trains them all, ``dag.test()``).
+    ``partners``: fused groups, ``(config_id, hop) -> configurations``; ``asha``: the hops come from
+    decisions as they are taken (:meth:`asha_hops`) on ``shards`` shards of ``slots`` slots (``alone``:
+    every slot's are this process's); ``give_back``: seconds before a slot that took nothing from another
+    yields to a slot ranked before it not started (None: never). ``state_after(record)``: the state a
+    committed hop hands its configuration's next hop (production's carries the checkpoint's URI)."""
 
     def __init__(self, hops: Iterable[Any], *, shard: int, slot: int, try_number: int, began: float, wait: float,
                  give_back: float | None = None, partners: Mapping[tuple, frozenset] | None = None,
                  asha: bool = False, shards: int = 1, rules: Rules = Rules(),
-                 yielding_since: float | None = None) -> None:
+                 yielding_since: float | None = None, own: Iterable[Any] | None = None, alone: bool = False,
+                 slots: int = 1, state_after: Callable[[Any], Any] = state_after) -> None:
         hops = list(hops)
         self.slot_of, self.try_number, self.began, self.wait = (shard, slot), try_number, began, wait
         self.give_back, self.partners, self.asha, self.rules = give_back, dict(partners or {}), asha, rules
         self.yielding_since = yielding_since  # when this task first gave its pool slot back, if it did
-        self.pending = sorted((h for h in hops if (h.shard, h.slot) == self.slot_of), key=_priority)
+        self.alone, self.state_after = alone, state_after
+        self.pending = sorted((h for h in hops if (h.shard, h.slot) == self.slot_of) if own is None else own,
+                              key=_priority)
         self.owner = {(h.config_id, h.hop): (h.shard, h.slot) for h in hops}
         self.before = sorted({(h.shard, h.slot) for h in hops if (h.shard, h.slot) < self.slot_of})
         self.states: dict[str, dict[int, State]] = {}
@@ -95,8 +126,8 @@ class SlotMachine:
             if h.start is not None:
                 self.states.setdefault(h.config_id, {})[h.start.t] = h.start
         self.failed: dict[str, Any] = {}
-        self.listed: set = set()  # hops whose markers were seen, records not read yet (Chains.listed)
-        self.records: dict[tuple, Any] = {}  # the record each seen marker names, as read
+        self.listed: set = set()  # hops whose markers were seen, their records not taken in yet
+        self.records: dict[tuple, Any] = {}  # the record a seen marker names, once read (Read)
         self.known: set = set()  # every hop whose marker was seen (CommitPoller.known)
         self.given_up: dict[tuple, Any] = {}
         self.looked_at: dict[tuple, float] = {}  # a given-up hop's input: when it was last looked up
@@ -106,47 +137,87 @@ class SlotMachine:
         self.commits: list = []  # this slot's hops in the writer's hands, oldest first
         self.outbox: list = []
         self.taking: list | None = None  # [members, checked]: chosen and out of pending, not trained yet
-        self.peers: dict[tuple, _Peer] = {}
+        self.peers: dict[tuple, PeerView] = {}
         self.watched: set = set()
         self.waited_since: dict[tuple, float] = {}
-        self.joined = False
+        self.joined = False  # it took a hop another slot handed it: the block runs, it keeps its pool slot
         self.ended, self.decide_due, self.decided_at = False, True, -NEVER
+        self.dropped: list = []  # (hop, failure): hops dropped after their configuration failed, in order
+        self.ahead: list = []  # the ready hops after those taken: the next one's input may be read meanwhile
+        # the slots whose markers tell this one's hops are ready (the previous shard's slot that trains the
+        # same configurations; a leg's hops keep the deciding slot's index) and itself (an earlier try's)
         mine = {(h.shard, h.slot) for h in self.pending}
-        self.polled = sorted({self.slot_of, ((shard - 1) % shards, slot)} if asha else mine | {
-            self.owner[h.config_id, h.hop - 1] for h in self.pending if (h.config_id, h.hop - 1) in self.owner})
-        self.wants_poll = True
+        if asha:
+            self.polled = sorted({(s, k) for s in range(shards) for k in range(slots)} if alone
+                                 else {self.slot_of, ((shard - 1) % shards, slot)})
+        else:
+            self.polled = sorted(mine | {self.owner[h.config_id, h.hop - 1] for h in self.pending
+                                         if (h.config_id, h.hop - 1) in self.owner})
+        self.wants_poll = True  # it waits for other slots' hops: list their markers
+        self.idle = False  # and has nothing to train meanwhile
 
     # ----------------------------------------------------------------- events
-    def markers(self, records: Iterable[Any]) -> None:
-        """A poll listed markers; each record is the one its marker names, as read."""
-        for r in records:
-            key = (r.config_id, r.t)
+    def markers(self, listed: Iterable[Any]) -> None:
+        """A poll listed markers: each a hop ``(config_id, t)``, its record read when a decision needs it
+        (:class:`Read`: a listing costs one request, not a read per configuration), or the record itself."""
+        for item in listed:
+            key = item if isinstance(item, tuple) else (item.config_id, item.t)
             self.known.add(key)
             self.listed.add(key)
-            self.records[key] = r
+            if isinstance(item, tuple):
+                self.records.pop(key, None)  # a hop marked again (trained again): its record is read again
+            else:
+                self.records[key] = item
+
+    def read(self, found: Mapping[tuple, Any]) -> None:
+        """The answer to :class:`Read`: the record each listed marker names."""
+        self.records.update(found)
+
+    def flush(self) -> Write | None:
+        """The writes still to do (the slot stops: what it learnt reaches the store first)."""
+        out, self.outbox = tuple(self.outbox), []
+        return Write(out) if out else None
 
     def committed(self, record: Any) -> None:
         """The writer committed this slot's oldest hop in its hands (checkpoint, record, marker)."""
         self.commits.pop(0)
         self._learn(record)
 
+    def commit_failed(self, hop: Any, state: Any, status: str, error: str) -> None:
+        """The writer could not commit this slot's oldest hop: its configuration fails, as if it failed."""
+        self.commits.pop(0)
+        self.trained_failed(hop, state, status, error)
+
+    def recorded(self, record: Any) -> None:
+        """A record the driver wrote of its own accord (ASHA: a leg whose next hop is on a dead slot)."""
+        self._learn(record)
+
     def trained_ok(self, hop: Any) -> None:
         """A hop trained: its commit goes to the writer."""
         self.commits.append(hop)
 
-    def trained_failed(self, hop: Any, state: State, status: str, error: str) -> None:
+    def trained_failed(self, hop: Any, state: Any, status: str, error: str) -> None:
         """A hop failed (its builder raised, it diverged): record_failure, its marker; the others go on."""
         failure = Record(hop.config_id, hop.hop, hop.shard, status, state.checkpoint_sha256, error=error,
                          try_number=self.try_number)
         self.outbox.append((failure, "write"))
         self._learn(failure)
 
-    def peer_status(self, owner: tuple, status: PeerStatus | None, asked_at: float) -> None:
-        self.peers[owner].read(status, asked_at)
+    def peer_status(self, owner: tuple, status: Any, asked_at: float) -> None:
+        """The answer to :class:`ReadPeers`: slot ``owner``'s status (None: no file), read at ``asked_at``."""
+        self.peer(owner, asked_at).read(status, asked_at)
+
+    def peer(self, owner: tuple, now: float) -> PeerView:
+        """Slot ``owner`` as this one sees it (the driver's own checks share what it read)."""
+        peer = self.peers.get(owner)
+        if peer is None:
+            name = f"shard {owner[0]} slot {owner[1]}"
+            peer = self.peers[owner] = PeerView(self.began, now, self.rules.last_try_dies, name)
+        return peer
 
     def looked(self, hops: Sequence[tuple], found: Mapping[tuple, Any]) -> None:
         """The answer to :class:`Look`: the records there (None: none). A hop whose peer is gone and whose
-        input is not there (or from another state) is given up (shard_loop._give_up); one looked up while
+        input is not there (or from another state) is given up; one looked up while
         its peer lives (``why`` empty: Rules.look_after) waits on."""
         for hop, why, for_good in hops:
             key = (hop.config_id, hop.hop - 1)
@@ -161,33 +232,43 @@ class SlotMachine:
                 if for_good:
                     self.for_good.add(_label(hop))
 
-    def checked(self, facts: Mapping[tuple, Facts]) -> None:
-        """The answer to :class:`Check` (shard_loop._committed_before, slot_commits.committed)."""
+    def checked(self, facts: Mapping[tuple, Facts]) -> list:
+        """The answer to :class:`Check`; returns ``(hop, record)`` of each hop an earlier try committed
+        (then learnt here, and not trained again)."""
         members, _ = self.taking
-        todo = []
+        todo, found = [], []
         for hop, state in members:
             earlier = self._earlier(hop, state, facts.get((hop.config_id, hop.hop)))
             if earlier is None:
                 todo.append((hop, state))
                 continue
+            found.append((hop, earlier))
             self._learn(earlier)
             if self.rules.mark_found:
+                # the earlier try may have died between the record and its marker: the slot waiting for this
+                # hop lists markers, and would wait for ever (seed 164). Marked again even when this slot
+                # listed its marker: one PUT a hop found on a retry, and a marker seen here may be one that
+                # landed after a name the waiting slot's poller had listed past
                 self.outbox.append((earlier, "mark"))
         self.taking = [todo, True]
+        return found
 
-    def asha_hops(self, hops: Iterable[Any], ended: bool) -> None:
-        """ASHA's decisions read since the last call: every slot's hops (shard_loop._extend)."""
-        added = False
+    def asha_hops(self, hops: Iterable[Any], ended: bool) -> int:
+        """ASHA's decisions read since the last call: every slot's hops, which tell whom a hop waits for and
+        where each configuration's leg starts; this slot's (every one, ``alone``) join its pending ones.
+        Returns how many joined."""
+        added = 0
         for h in hops:
             self.owner[h.config_id, h.hop] = (h.shard, h.slot)
             if h.start is not None:
                 self.states.setdefault(h.config_id, {}).setdefault(h.start.t, h.start)
-            if (h.shard, h.slot) == self.slot_of:
+            if self.alone or (h.shard, h.slot) == self.slot_of:
                 self.pending.append(h)
-                added = True
+                added += 1
         if added:
             self.pending.sort(key=_priority)
         self.ended = self.ended or ended
+        return added
 
     def store_changed(self) -> None:
         """ASHA: a completion or a decision landed, so a decision taken now may differ."""
@@ -195,7 +276,7 @@ class SlotMachine:
 
     # ----------------------------------------------------------------- the loop
     def decide(self, now: float) -> Any:
-        """The next action at ``now``: one iteration of shard_loop._Loop._train_all, up to its first I/O."""
+        """The next action at ``now``: what to train, read, write or wait for."""
         self.clock = now
         if self.outbox:
             out = tuple(self.outbox)
@@ -209,7 +290,9 @@ class SlotMachine:
         if not isinstance(step, tuple):
             return step
         ready, waiting = step
-        if self.partners:
+        self.idle = not ready
+        if self.partners:  # a fused group trains whole, so its members train the same program whatever
+            # order their inputs came in: none while a member waits at the same hop
             late = {(h.config_id, h.hop) for h in waiting}
             ready = [(h, s) for h, s in ready
                      if not any((c, h.hop) in late for c in self.partners.get((h.config_id, h.hop), ()))]
@@ -234,6 +317,7 @@ class SlotMachine:
         self.joined = self.joined or hop.start is None
         for member, _ in members:
             self.pending.remove(member)
+        self.ahead = [r for r in ready if r not in members][:1]
         self.taking = [members, False]
         return self._take(now)
 
@@ -247,9 +331,14 @@ class SlotMachine:
             if ask:
                 return Check(tuple(ask))
         self.taking = None
-        return Train(tuple(members)) if members else self.decide(now)  # all committed before: go on
+        # all committed before: go on
+        return Train(tuple(members), tuple(self.ahead)) if members else self.decide(now)
 
     def _ready(self, now: float) -> Any:
+        """The pending hops whose input state is committed (in priority order), and those still waiting.
+        A hop whose configuration failed before it, anywhere, is dropped, with the configuration's later
+        hops. A listed marker's record is read when it names the hop a configuration waits for (its
+        earliest pending one: its later ones cannot be ready before it)."""
         self.watched = set()
         if self.given_up:
             act = self._take_back(now)
@@ -260,6 +349,9 @@ class SlotMachine:
             e = earliest.get(h.config_id)
             if e is None or h.hop < e:
                 earliest[h.config_id] = h.hop
+        act = self._unread(h for h in self.pending if h.hop == earliest[h.config_id])
+        if act is not None:
+            return act
         ready, waiting, failed = [], [], {}
         since, self.waited_since = self.waited_since, {}
         for h in self.pending:
@@ -269,13 +361,14 @@ class SlotMachine:
             if state is None:
                 waiting.append(h)
                 self.waited_since[h.config_id, h.hop - 1] = since.get((h.config_id, h.hop - 1), now)
-            elif isinstance(state, State):
-                ready.append((h, state))
-            else:
+            elif _failure(state):
                 failed[h.config_id] = state
+            else:
+                ready.append((h, state))
         if failed:
             for h in [h for h in self.pending if h.config_id in failed]:
                 self.pending.remove(h)
+                self.dropped.append((h, failed[h.config_id]))
                 if h.hop == earliest[h.config_id] and self.rules.settle_forward:
                     self._settle_dropped(h, failed[h.config_id])
         waiting += [h for h in self.pending if h.hop != earliest[h.config_id]]
@@ -286,8 +379,28 @@ class SlotMachine:
             return Write(out)
         return ready, waiting
 
+    def _needs(self, cid: str, t: int) -> bool:
+        """Whether :meth:`_before` of hop ``t`` takes the record of hop ``t - 1`` in."""
+        failed = self.failed.get(cid)
+        states = self.states.get(cid)
+        return not (failed is not None and failed.t < t) and bool(states) and t - 1 not in states
+
+    def _unread(self, hops: Iterable[Any]) -> Read | None:
+        """Read the records of the listed markers that name these hops' inputs, unless read already."""
+        keys = sorted({(h.config_id, h.hop - 1) for h in hops if h.start is None
+                       and (h.config_id, h.hop - 1) in self.listed and (h.config_id, h.hop - 1) not in self.records
+                       and self._needs(h.config_id, h.hop)})
+        return Read(tuple(keys)) if keys else None
+
     def _before(self, cid: str, t: int) -> Any:
-        """Chains.before: the state hop ``t`` starts from, a failure record, or None (not committed yet)."""
+        """The state hop ``t`` starts from, a failure record when the configuration failed before it, or
+        None while the hop before it is not committed (as far as this slot knows).
+
+        The hop before it was trained by the previous shard's slot, whose markers this slot lists; the
+        hops between this slot's last knowledge of the configuration and that one were trained by slots
+        it does not list. So the record a marker names is taken as it is (its slot checked its own input
+        against the record before it), and checked here against the state before it when this slot
+        knows that state: walking the records between would cost a read per shard and hop."""
         failed = self.failed.get(cid)
         if failed is not None and failed.t < t:
             return failed
@@ -297,27 +410,35 @@ class SlotMachine:
         if t - 1 in states:
             return states[t - 1]
         key = (cid, t - 1)
-        if key not in self.listed:
-            return None
+        if key not in self.listed or key not in self.records:
+            return None  # not listed, or not read yet (its Read comes first)
         record = self.records[key]
-        self.listed.discard(key)
+        self.listed.discard(key)  # taken in: a later marker of it (trained again) brings it back
         known = states.get(t - 2)
+        # a dropped hop's record started from nothing: it says the configuration failed before it
         if known is not None and record.dropped_after is None and record.input_sha256 != known.checkpoint_sha256:
-            return None  # left by an earlier run from another state
+            return None  # left by an earlier run from another state: its hop will be trained again
         if record.status != "ok":
             self.failed[cid] = record
             return record
-        states[record.t] = state_after(record)
+        states[record.t] = self.state_after(record)
         return states[record.t]
 
     def _learn(self, record: Any) -> None:
         if record.status != "ok":
             self.failed[record.config_id] = record
         else:
-            self.states.setdefault(record.config_id, {})[record.t] = state_after(record)
+            self.states.setdefault(record.config_id, {})[record.t] = self.state_after(record)
 
-    def _earlier(self, hop: Any, state: State, facts: Facts | None) -> Any:
-        """slot_commits.committed: the hop as an earlier try left it when that try started from ``state``."""
+    def _earlier(self, hop: Any, state: Any, facts: Facts | None) -> Any:
+        """Hop ``hop`` as an earlier try left it, when that try started from ``state``: a failure, or a
+        commit (its record written, and its checkpoint there, or already taken on by the next hop).
+
+        The hop after it is trained on the next shard, by a slot whose markers this one does not list:
+        whether it took the state on is asked of the store, never of the markers known. A retry that
+        took an unlisted next hop for "not committed" trained a committed hop again from a checkpoint
+        already cleaned up, and overwrote its record. A first try knows its earlier tries' hops from the
+        markers (a retry asks the store: its earlier try may have died between a record and its marker)."""
         record = None if facts is None else facts.record
         if record is None or record.input_sha256 != state.checkpoint_sha256:
             return None
@@ -328,17 +449,19 @@ class SlotMachine:
         return record if facts.next_there else None
 
     def _settle_dropped(self, hop: Any, failure: Any) -> None:
-        """Write down where ``hop`` was due that it will never train, so the next shard's slot learns it."""
+        """Write down, where ``hop`` was due, that it will never train: the slot of the next shard waits for
+        this hop's record (its marker in this slot's folder), and learns from it that the configuration
+        failed. Without it that slot, and every one after it along the chain, waited for a hop that never
+        came. The configuration's later hops on this slot need no record: its next hop's slot drops them
+        (and settles its own) as this one did. An earlier try's record of the hop is left as it is
+        ("settle": the driver writes it only where no record is)."""
         first = failure.t if failure.dropped_after is None else failure.dropped_after
         self.outbox.append((Record(hop.config_id, hop.hop, hop.shard, failure.status, error=failure.error,
                                    dropped_after=first, try_number=self.try_number), "settle"))
 
-    def _peer(self, owner: tuple, now: float) -> _Peer:
-        peer = self.peers.get(owner)
-        if peer is None:
-            peer = self.peers[owner] = _Peer(self.began, now, self.rules.last_try_dies)
+    def _peer(self, owner: tuple, now: float) -> PeerView:
         self.watched.add(owner)
-        return peer
+        return self.peer(owner, now)
 
     def _read(self, owners: Iterable[tuple], now: float, every: float) -> ReadPeers | None:
         due = sorted(o for o in set(owners) if now - self._peer(o, now).read_at >= every)
@@ -347,8 +470,13 @@ class SlotMachine:
         return ReadPeers(tuple(due)) if due else None
 
     def _give_up(self, waiting: list, now: float) -> Any:
-        """shard_loop._give_up: yield to a slot ranked before this one not started, or give up the waiting
-        hops whose input comes from a slot gone (ended for good, or no progress within the wait bound)."""
+        """Yield to a slot ranked before this one not started (when this slot has taken no hop from another
+        slot), or give up the waiting hops whose input comes from a slot gone (ended for good, or no
+        progress within the wait bound; the peer may have committed the hop just before it stopped: its
+        input is looked up first). A hop waited for ``look_after``, its slot alive, has its input looked
+        up too: the marker that names it may have landed after a name the poller had already listed past
+        (a commit and a failure marked at once, a marker PUT retried, a listing that lags), and then no
+        listing ever shows it (seeds 432, 1909)."""
         bounded = self.rules.yield_bound and self.yielding_since is not None and now - self.yielding_since > self.wait
         if self.give_back is not None and not self.joined and now - self.began > self.give_back and not bounded:
             act = self._read([o for o in self.before if not self._peer(o, now).seen], now, HEARTBEAT)
@@ -356,18 +484,22 @@ class SlotMachine:
                 return act
             for owner in self.before:
                 if not self.peers[owner].started(now, self.wait):
-                    return Yield(f"shard {owner[0]} slot {owner[1]} has not started")
+                    return Yield(f"shard {owner[0]} slot {owner[1]} of this block has not started within "
+                                 f"{self.give_back:.0f} s: this slot gives its pool slot back and tries again "
+                                 "later, so a block that holds the shards before it can finish")
         owners = {h: self.owner.get((h.config_id, h.hop - 1)) for h in waiting}
         act = self._read([o for o in owners.values() if o is not None], now, min(HEARTBEAT, self.wait / 2))
         if act is not None:
             return act
+        judged = [(h, self.peers[owners[h]].gone(now, self.wait), self.rules.look_after is not None
+                   and now - self.waited_since.get((h.config_id, h.hop - 1), now) > self.rules.look_after)
+                  for h in waiting if owners[h] is not None]
+        act = self._unread(h for h, gone, stale in judged if gone is not None or stale)
+        if act is not None:
+            return act
         look = []
-        for h in waiting:
-            owner, key = owners[h], (h.config_id, h.hop - 1)
-            if owner is None:
-                continue
-            gone = self.peers[owner].gone(now, self.wait, f"shard {owner[0]} slot {owner[1]}")
-            stale = self.rules.look_after is not None and now - self.waited_since.get(key, now) > self.rules.look_after
+        for h, gone, stale in judged:
+            key = (h.config_id, h.hop - 1)
             if (gone is not None or stale) and self._before(h.config_id, h.hop) is None:
                 if stale and gone is None:
                     self.waited_since[key] = now  # looked up now: again after look_after
@@ -375,13 +507,19 @@ class SlotMachine:
         return Look(tuple(look)) if look else None
 
     def _take_back(self, now: float) -> Any:
-        """shard_loop._take_back: a hop given up is taken back when its input comes after all; in ASHA one
-        whose slot ended for good fails its configuration instead, so the search goes on."""
+        """A hop given up is taken back when its input comes after all (its slot was late, or hung and
+        retried) or the configuration failed meanwhile; then its block need not fail. In a search that
+        decides as it goes (ASHA), whose slots never end while a configuration is in flight, a hop whose
+        input will never come (its slot ended for good) fails its configuration instead, with the cause,
+        and the search goes on: else the search waited for it for ever."""
         if self.asha and self.given_up:
             act = self._read([self.owner[k[0], k[1] - 1] for k in self.given_up
                               if _label(self.given_up[k]) not in self.for_good], now, min(HEARTBEAT, self.wait / 2))
             if act is not None:
                 return act
+        act = self._unread(self.given_up.values())
+        if act is not None:
+            return act
         if self.rules.look_after is not None and self.rules.look_given_up:
             # its input may be committed with a marker never listed (landed after a later name): looked up
             # as a waiting hop's is, or an ASHA slot kept it given up for ever (seeds 136875, 212597)
@@ -413,7 +551,7 @@ class SlotMachine:
 
     def _for_good(self, hop: Any, now: float) -> bool:
         owner = self.owner.get((hop.config_id, hop.hop - 1))
-        gone = None if owner is None else self._peer(owner, now).gone(now, self.wait, "")
+        gone = None if owner is None else self._peer(owner, now).gone(now, self.wait)
         return gone is not None and gone[1]
 
     def _deadline(self, now: float) -> float:

@@ -16,7 +16,7 @@ the world carries out on a virtual clock, a heap of events, in a deterministic o
   later with the same try; a failed block fails the search;
 - **each slot's process** has a training thread (the machine's actions, one at a time), a writer thread
   (commits, in order, at most two waiting) and a poller (it lists its folders while the machine waits for
-  a hop); a slot's status file says "running" with a heartbeat every 5 s from its start until it ends,
+  a hop; the machine reads the record a marker names when it needs it); a slot's status file says "running" with a heartbeat every 5 s from its start until it ends,
   is killed or stops, then its last word.
 
 Everything random comes from one ``random.Random(seed)`` in event order, so a seed replays exactly.
@@ -360,9 +360,14 @@ class World(AshaDecisions):
         act = m.decide(self.now)
         if self.keep_trace:
             self.note(type(act).__name__, proc.task.shard, proc.task.slot, act)
-        while type(act) is sp.ReadPeers:  # a status file is small: read at once (its latency changes nothing)
-            for owner in act.owners:
-                m.peer_status(owner, self.tasks[owner[0] * self.s.slots + owner[1]].status(self.now), self.now)
+        while type(act) is sp.ReadPeers or type(act) is sp.Read:
+            # a status file, and a record a marker listed names, is read at once (its latency changes
+            # nothing: a record lands before its marker, and is never written again)
+            if type(act) is sp.Read:
+                m.read({key: self.records[key] for key in act.keys})
+            else:
+                for owner in act.owners:
+                    m.peer_status(owner, self.tasks[owner[0] * self.s.slots + owner[1]].status(self.now), self.now)
             act = m.decide(self.now)
             if self.keep_trace:
                 self.note(type(act).__name__, proc.task.shard, proc.task.slot, act)
@@ -554,12 +559,12 @@ class World(AshaDecisions):
             if names:
                 names.sort()
                 proc.after[folder] = names[-1][0]
-                found += [self.records[key] for _, key in names]
+                found += [key for _, key in names]
         if later < NEVER:
             self._schedule_poll(proc, later + self.rng.uniform(0, self.s.poll_most))
         if found:
             proc.machine.markers(found)
-            self.note("listed", proc.task.shard, proc.task.slot, [f"{r.config_id}/{r.t}" for r in found])
+            self.note("listed", proc.task.shard, proc.task.slot, [f"{cid}/{t}" for cid, t in found])
         return bool(found)
 
     # ------------------------------------------------------------------ bound and report
@@ -601,6 +606,8 @@ def _brief(act: Any) -> str:
         return " ".join(f"{h.config_id}/{h.hop}" for h, _, _ in act.hops)
     if kind is sp.ReadPeers:
         return str(list(act.owners))
+    if kind is sp.Read:
+        return " ".join(f"{cid}/{t}" for cid, t in act.keys)
     if kind is sp.Wait:
         return f"until {act.until:.3f}" + (" (commit)" if act.commit else "")
     if kind is sp.End:

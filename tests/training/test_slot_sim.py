@@ -3,8 +3,8 @@ machine itself by hand.
 
 Thousands of schedules (each a seed: a search, its shards and slots, faults) run the production rules;
 each bug the simulation found keeps its seed here, with what it shows under the rules before its fix,
-and passes under the production rules. The machine's rules are production's (shard_loop, slot_status,
-asha_source): when a fix lands there, the machine's rule changes with it (``slot_messages.Rules``), and
+and passes under the production rules. The machine is production's (the shard loop drives it): a fix
+lands in the machine, switchable in ``slot_messages.Rules`` while the simulation shows what it fixes, and
 its seed moves from :data:`KNOWN` to :data:`FIXED`.
 """
 
