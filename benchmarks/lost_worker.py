@@ -109,15 +109,18 @@ def leaderboard(store_root: Path, run_id: str) -> dict[str, Any]:
     return store.read_json(RunLayout(store, DAG_ID, run_id).report_uri("leaderboard.json"))
 
 
-def commit_marks(store_root: Path, run_id: str) -> list[str]:
-    """The hops the run's slots committed, one name per commit marker (as tests/test_celery_howto.py reads them)."""
+def commit_marks(store_root: Path, run_id: str) -> tuple[set[str], list[str]]:
+    """The hops the run's slots marked committed, and those whose record a later try rewrote after a try
+    had marked them (a retry that trained a committed hop again), as tests/test_celery_howto.py checks them."""
     from mop_airflow.records.layout import RunLayout  # noqa: PLC0415
     from mop_airflow.store import Store  # noqa: PLC0415
+    from mop_airflow.training.slot_commits import rewritten_after_marked  # noqa: PLC0415
 
     store = Store(f"file://{store_root}")
     layout = RunLayout(store, DAG_ID, run_id)
-    return [name.split(".", 2)[2] for folder in store.glob(f"{layout.run_uri}/slots/*/commits/*")
-            for name in store.names_after(folder)]
+    marked = {name.split(".", 2)[2] for folder in store.glob(f"{layout.run_uri}/slots/*/commits/*")
+              for name in store.names_after(folder)}
+    return marked, rewritten_after_marked(layout)
 
 
 def key(ti: dict[str, Any]) -> str:
@@ -160,9 +163,9 @@ def one_run(af, kind: str, args: argparse.Namespace, store_root: Path) -> dict[s
         facts["worker_ready_at_s"] = None if ready is None else round(ready - began, 1)
     if state == "success":
         facts["leaderboard"] = leaderboard(store_root, run_id)
-        marks = commit_marks(store_root, run_id)
-        facts["hops_committed"] = len(marks)
-        facts["committed_twice"] = sorted({m for m in marks if marks.count(m) > 1})
+        marked, rewritten = commit_marks(store_root, run_id)
+        facts["hops_committed"] = len(marked)
+        facts["committed_twice"] = rewritten
     return facts
 
 

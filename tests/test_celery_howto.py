@@ -35,6 +35,7 @@ from mop_airflow.airflow.local import CeleryWorker, LocalAirflow, free_port, thr
 from mop_airflow.airflow.run_status import WAITING_AFTER_S
 from mop_airflow.records.layout import RunLayout
 from mop_airflow.store import Store
+from mop_airflow.training.slot_commits import rewritten_after_marked
 from tests.test_distributed import PG, REDIS, _reachable, _skip_or_fail
 
 pytestmark = [pytest.mark.integration, pytest.mark.distributed]
@@ -255,14 +256,16 @@ def test_the_howto_on_celery_gives_the_demo_leaderboard_and_a_lost_worker_costs_
               f"task running on one {running_wait:.0f} s after it")
 
     celery_board = leaderboard(mop_home / "store", run_id)
-    # the retried train task skipped what its first try committed: every hop committed once, by one try
-    # (a retry that took a hop whose next hop another shard had trained for "not committed" trained it
-    # again from a checkpoint already cleaned up, and overwrote its record)
+    # the retried train task skipped what its first try committed: every hop marked committed, and no record
+    # rewritten by a later try than one that marked it (a retry that took a hop whose next hop another shard
+    # had trained for "not committed" trained it again from a checkpoint already cleaned up, and overwrote
+    # its record)
     store = Store(f"file://{mop_home / 'store'}")
     layout = RunLayout(store, DAG_ID, run_id)
-    marks = [name.split(".", 2)[2] for folder in store.glob(f"{layout.run_uri}/slots/*/commits/*")
-             for name in store.names_after(folder)]
-    assert marks and len(marks) == len(set(marks)), sorted(m for m in marks if marks.count(m) > 1)
+    marks = {name.split(".", 2)[2] for folder in store.glob(f"{layout.run_uri}/slots/*/commits/*")
+             for name in store.names_after(folder)}
+    assert marks == {f"{r['config_id']}.{r['t']}" for r in map(store.read_json, store.glob(layout.hops_glob))}
+    assert rewritten_after_marked(layout) == []
     assert demo.wait(900) == 0, (tmp_path / "demo.log").read_text()[-6000:]
     demo_board = leaderboard(tmp_path / "demo" / "store")
     assert len(celery_board["leaderboard"]) == 8 and all(row["val_accuracy"] > 0 for row in celery_board["leaderboard"])

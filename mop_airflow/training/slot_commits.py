@@ -138,3 +138,17 @@ class CommitPoller:
             else:  # it trains: slowly, but at once when it runs out of work
                 interval = self.first
                 self.idle.wait(self.most)
+
+
+def rewritten_after_marked(layout: RunLayout) -> list[str]:
+    """The hops of a run whose record a later try wrote after a try had marked them committed: a retry
+    that trained a committed hop again and overwrote its record. Every marker names the try that wrote
+    it; a retry that finds a hop committed marks it again and leaves the earlier try's record as it was,
+    so a hop may have several markers, and its record's try is never later than any of them."""
+    store, out = layout.store, set()
+    for folder in store.glob(f"{layout.run_uri}/slots/*/commits/*"):
+        for name in store.names_after(folder):
+            key = _key(name)
+            if key is not None and HopRecord.read(store, layout.hop_record_uri(*key)).try_number > int(name[:4]):
+                out.add(f"{key[0]} t={key[1]}")
+    return sorted(out)
