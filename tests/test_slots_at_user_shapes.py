@@ -3,8 +3,9 @@ not ``dag.test()``).
 
 - A grid of 8 configurations, 4 of them built with a layer whose output turns NaN some steps into their
   second or third hop (what a learning rate too high does), on 4 x 1, 8 x 1 and 3 x 2 shards x slots:
-  the run succeeds, each diverged configuration is reported with where it diverged, and every other
-  configuration's leaderboard row equals that of the same grid where nothing diverges. Before its
+  the run succeeds, each diverged configuration is reported with where it diverged and its later hops
+  settled, and every other configuration's hops train once, to the checkpoints of the same grid where
+  nothing diverges, and rank as there. Before its
   failure was settled along the chain, the grid failed on 4 shards and hung on 8.
 - ASHA (n=9, r=1, R=9, eta=3) of sleepy models on 2 shards with shard 1's train task stopped
   (SIGSTOP) mid-search: its watchdog kills it, Airflow retries it, shard 0 takes back the hop it had
@@ -26,7 +27,7 @@ from pathlib import Path
 import pytest
 
 from mop_airflow.planning.task_plan import shard_pool
-from mop_airflow.records import BlockDecision, SlotStatus
+from mop_airflow.records import BlockDecision, HopRecord, SlotStatus
 from mop_airflow.records.layout import RunLayout
 from mop_airflow.store import Store
 from tests.conftest import airflow_part
@@ -113,7 +114,35 @@ def test_a_grid_with_configurations_diverging_mid_search_succeeds_and_ranks_the_
     tries = {ti["task_id"]: ti["try_number"] for ti in airflow.task_instances(f"mop_diverging_{shape}", run_id)}
     assert {t: n for t, n in tries.items() if t.startswith("train_shard_")} == {
         t: 1 for t in tries if t.startswith("train_shard_")}  # no slot failed, none retried
+    # the hops, as tests/training/test_failures_travel.py checks them in processes without Airflow: every
+    # other configuration's hops trained once, to the bits of the run where nothing diverges; a diverged
+    # one's later hops settled with the hop it diverged at; one marker a hop; every slot ended its block done
+    clean_hops, hops = _hops(airflow, f"mop_clean_{shape}", clean_id), _hops(airflow, f"mop_diverging_{shape}", run_id)
+    for (cid, t), record in clean_hops.items():
+        if cid not in diverged:
+            assert hops[cid, t].status == "ok" and hops[cid, t].checkpoint_sha256 == record.checkpoint_sha256
+            assert hops[cid, t].try_number == 1
+    for cid in diverged:
+        mine = sorted((t, r) for (c, t), r in hops.items() if c == cid)
+        first = next(r for _, r in mine if r.status != "ok")
+        assert first.status == "diverged" and first.dropped_after is None and first.t == hop
+        assert [t for t, r in mine if r.status == "ok"] == list(range(hop))
+        later = [r for t, r in mine if t > first.t]
+        assert later and all(r.dropped_after == first.t and r.error == first.error for r in later)
+    layout = RunLayout(airflow.store, f"mop_diverging_{shape}", run_id)
+    marked = [n.split(".", 2)[2] for folder in airflow.store.glob(f"{layout.run_uri}/slots/*/commits/*")
+              for n in airflow.store.names_after(folder)]
+    assert len(marked) == len(set(marked)) == len(hops)
+    statuses = airflow.store.glob(f"{layout.run_uri}/slots/*/shard_*_slot_*.json")
+    assert {u.rsplit("/", 1)[1] for u in statuses} == {f"shard_{s:02d}_slot_{k}.json" for s in range(shards)
+                                                        for k in range(slots)}
+    assert all(SlotStatus.from_dict(json.loads(airflow.store.read_bytes(u))).state == "done" for u in statuses)
     print(f"{shape}: diverging {took:.1f} s, clean {clean_took:.1f} s")
+
+
+def _hops(af, dag_id, run_id):
+    layout = RunLayout(af.store, dag_id, run_id)
+    return {(r.config_id, r.t): r for r in (HopRecord.read(af.store, u) for u in af.store.glob(layout.hops_glob))}
 
 
 def _asha_ended(af, dag_id, run_id, n=9):
