@@ -9,9 +9,8 @@ final word, and none follows it, so the slots waiting for this one never read "r
 
 A slot waiting for another judges it by its progress count moving (batches trained, hops committed,
 looks for hops), not by its heartbeat: a process whose training hangs may heartbeat for ever
-(:class:`~mop_airflow.training.slot_protocol.PeerView`, fed with :func:`read_status`; :class:`Peer` reads
-the file itself). A try killed says no last word; on its last try (no retry writes again) a heartbeat
-silent for the wait bound says it ended for good
+(:class:`~mop_airflow.training.slot_protocol.PeerView`, fed with :func:`read_status`). A try killed says
+no last word; on its last try (no retry writes again) a heartbeat silent for the wait bound says it ended for good
 (:func:`~mop_airflow.training.slot_messages.died_on_last_try`).
 """
 
@@ -28,7 +27,6 @@ from mop_airflow.records import SlotStatus
 from mop_airflow.records.layout import RunLayout
 from mop_airflow.training import progress
 from mop_airflow.training.model_hop import Where
-from mop_airflow.training.slot_protocol import PeerView
 
 log = logging.getLogger(__name__)
 
@@ -93,27 +91,3 @@ def read_status(layout: RunLayout, block: str, shard: int, slot: int) -> SlotSta
     data = layout.store.read_if_there(layout.slot_status_uri(block, shard, slot))
     return None if data is None else SlotStatus.from_dict(json.loads(data))
 
-
-class Peer(PeerView):
-    """Another slot of the block, as its status file shows it, read at most once per heartbeat: the
-    machine's judgement (:class:`~mop_airflow.training.slot_protocol.PeerView`), reading the store itself
-    (the shard loop reads statuses when its machine asks instead)."""
-
-    def __init__(self, layout: RunLayout, block: str, shard: int, slot: int, *, began: float, since: float) -> None:
-        super().__init__(began, since, name=f"shard {shard} slot {slot}")
-        self.layout, self.block, self.shard, self.slot = layout, block, shard, slot
-
-    def started(self, now: float, wait: float) -> bool:
-        if not self.seen:
-            self._refresh(now, HEARTBEAT_SECONDS)
-        return super().started(now, wait)
-
-    def gone(self, now: float, wait: float) -> tuple[str, bool] | None:
-        self._refresh(now, min(HEARTBEAT_SECONDS, wait / 2))
-        return super().gone(now, wait)
-
-    def _refresh(self, now: float, every: float) -> None:
-        if now - self.read_at < every:
-            return
-        self.read_at = now
-        self.read(read_status(self.layout, self.block, self.shard, self.slot), now)

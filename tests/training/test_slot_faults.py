@@ -16,7 +16,8 @@ from mop_airflow.records import HopRecord, SlotStatus
 from mop_airflow.training import slot_status
 from mop_airflow.training.model_hop import Where
 from mop_airflow.training.shard_loop import run_slot
-from mop_airflow.training.slot_status import Peer, StatusWriter
+from mop_airflow.training.slot_protocol import PeerView
+from mop_airflow.training.slot_status import HEARTBEAT_SECONDS, StatusWriter, read_status
 from mop_airflow.training.watchdog import Watchdog, stall_seconds
 
 from .test_shard_loop import _hops, _setup
@@ -104,6 +105,30 @@ def test_a_heartbeat_in_flight_never_lands_after_the_final_status(toy_data, tmp_
     status = SlotStatus.read(layout.store, layout.slot_status_uri("b0", 0, 0))
     assert (status.state, status.final, status.error, status.try_number) == ("failed", True, "boom", 2)
     assert slow.store.writes == ["running", "running", "failed"]  # the one in flight landed first; none after
+
+
+class Peer(PeerView):
+    """Another slot of the block as the machine judges it (:class:`PeerView`), fed with its status file
+    at most once per heartbeat, as the shard loop feeds it when its machine asks."""
+
+    def __init__(self, layout: RunLayout, block: str, shard: int, slot: int, *, began: float, since: float) -> None:
+        super().__init__(began, since, name=f"shard {shard} slot {slot}")
+        self.layout, self.block, self.shard, self.slot = layout, block, shard, slot
+
+    def started(self, now: float, wait: float) -> bool:
+        if not self.seen:
+            self._refresh(now, HEARTBEAT_SECONDS)
+        return super().started(now, wait)
+
+    def gone(self, now: float, wait: float) -> tuple[str, bool] | None:
+        self._refresh(now, min(HEARTBEAT_SECONDS, wait / 2))
+        return super().gone(now, wait)
+
+    def _refresh(self, now: float, every: float) -> None:
+        if now - self.read_at < every:
+            return
+        self.read_at = now
+        self.read(read_status(self.layout, self.block, self.shard, self.slot), now)
 
 
 def test_a_peer_reads_progress_not_heartbeats_and_ignores_an_older_try(toy_data, tmp_path):
