@@ -214,19 +214,67 @@ def failed_logs(af, dag_id: str, run_id: str) -> str:
 # MOP_AIRFLOW_HOME and a store, and no pool or DAG of the file before it.
 
 
-@pytest.fixture(scope="session")
-def shared_airflow(tmp_path_factory):
-    """The embedded Airflow of this test worker; files use it through :func:`airflow_part`."""
-    from mop_airflow.airflow.local import LocalAirflow
+class SharedAirflow:
+    """The embedded Airflow of this test worker: started when a file first asks for it, stopped when the
+    worker goes on to a file that does not use it (:func:`pytest_runtest_setup`).
 
-    root = tmp_path_factory.mktemp("shared_airflow")
-    (root / "dags").mkdir()
-    # parallelism 10: test_slots_at_user_shapes runs 8 train tasks at once beside a control task (the
-    # LocalExecutor forks its worker processes once, idle ones cost nothing)
-    with LocalAirflow(root / "airflow", root / "dags", log=lambda *_: None,
-                      extra_env={"MOP_AIRFLOW_HOME": str(root / "mop"), "AIRFLOW__CORE__PARALLELISM": "10"}) as af:
-        yield af
-    assert not any(af.alive().values())  # stop() ended every service it started
+    An idle embedded Airflow costs about a tenth of a core (its scheduler loops every 0.2 s: 8.5 % of a
+    core on a 2-core AMD EPYC, 2026-11-28), and the files that use it take the first third of a whole
+    run: kept until the session ended, it cost some 250 CPU-seconds of the other files' time.
+    """
+
+    def __init__(self, root: Path):
+        self.root, self.af, self.starts = root, None, 0
+        (root / "dags").mkdir()
+
+    def running(self):
+        if self.af is None:
+            from mop_airflow.airflow.local import LocalAirflow
+
+            # parallelism 10: test_slots_at_user_shapes runs 8 train tasks at once beside a control task
+            # (the LocalExecutor forks its worker processes once, idle ones cost nothing)
+            # a home of its own each start: a fresh metadata database, nothing of an earlier file in it
+            self.starts += 1
+            af = LocalAirflow(self.root / f"airflow{self.starts}", self.root / "dags", log=lambda *_: None,
+                              extra_env={"MOP_AIRFLOW_HOME": str(self.root / "mop"), "AIRFLOW__CORE__PARALLELISM": "10"})
+            try:
+                af.start()
+            except BaseException:
+                af.stop()
+                raise
+            self.af = af
+        return self.af
+
+    def stop(self) -> None:
+        af, self.af = self.af, None
+        if af is not None:
+            af.stop()
+            assert not any(af.alive().values())  # stop() ended every service it started
+
+
+_SHARED: list[SharedAirflow] = []  # this worker's, once a file asked for it
+_USES_SHARED: set = set()  # the files with a test that uses it (pytest_collection_modifyitems)
+
+
+@pytest.fixture(scope="session")
+def _shared_airflow_holder(tmp_path_factory):
+    holder = SharedAirflow(tmp_path_factory.mktemp("shared_airflow"))
+    _SHARED.append(holder)
+    yield holder
+    holder.stop()
+
+
+@pytest.fixture(scope="module")
+def shared_airflow(_shared_airflow_holder):
+    """The embedded Airflow of this test worker, running; files use it through :func:`airflow_part`."""
+    return _shared_airflow_holder.running()
+
+
+def pytest_runtest_setup(item):
+    """A file that does not use the shared Airflow stops it: the files that do come first (see
+    :func:`pytest_collection_modifyitems`), so it is seldom started again."""
+    if _SHARED and item.path not in _USES_SHARED:
+        _SHARED[0].stop()
 
 
 class AirflowPart:
@@ -354,24 +402,25 @@ def airflow_part(shared, root: Path, name: str, env=None, paths=()):
         part.clear()
 
 
-# Seconds a file took in a whole `make test` on a 2-core machine (setup, calls and teardown; 2026-11-28,
-# from --junitxml, with a third process busy beside it), for the files of 40 s or more: the longest go
-# first. test_command_line (one `up` start less since) and test_failures_travel (its 8 x 1 shape now on
-# the real scheduler only) as estimated from that run less what left them.
+# Seconds a file took in a whole `make test` on a quiet 2-core machine (setup, calls and teardown, from
+# --junitxml; 2026-11-28, AMD EPYC), for the files of 30 s or more: the longest go first. A file's first
+# test that starts the shared Airflow counts its start.
 FILE_SECONDS = {
-    "test_celery_howto.py": 627, "test_command_line.py": 600, "test_slots_at_user_shapes.py": 505,
-    "test_slot_faults_scheduler.py": 420, "test_distributed.py": 280, "test_shard_loop.py": 200,
-    "test_real_scheduler.py": 200, "test_end_to_end.py": 175, "test_jax_backend.py": 172, "test_failures_travel.py": 171,
-    "test_shared_compile.py": 155, "test_slot_sim.py": 148, "test_results_page.py": 135, "test_hyperband_blocks.py": 132,
-    "test_asha_runs.py": 132, "test_task_group.py": 127, "test_fused.py": 103, "test_pbt_runs.py": 90,
-    "test_credentials.py": 84, "test_model_check.py": 74, "test_failing_configurations.py": 69,
-    "test_retraining_dags.py": 49, "test_tracking.py": 48,
+    "test_command_line.py": 401, "test_slots_at_user_shapes.py": 385, "test_celery_howto.py": 370,
+    "test_slot_faults_scheduler.py": 342, "test_distributed.py": 236, "test_jax_backend.py": 206,
+    "test_real_scheduler.py": 185, "test_end_to_end.py": 184, "test_shard_loop.py": 178, "test_results_page.py": 148,
+    "test_failures_travel.py": 118, "test_asha_runs.py": 102, "test_slot_sim.py": 100, "test_task_group.py": 91,
+    "test_shared_compile.py": 71, "test_hyperband_blocks.py": 67, "test_pbt_runs.py": 63, "test_retraining_dags.py": 63,
+    "test_fused.py": 56, "test_credentials.py": 36, "test_model_check.py": 34, "test_failing_configurations.py": 32,
+    "test_one_run_searches.py": 31,
 }
 
 
 def pytest_collection_modifyitems(config, items):
-    """The longest files first: those measured (:data:`FILE_SECONDS`), longest first, then the
-    other files holding a slow test, then the rest, each group in the order collected.
+    """The files that use the shared Airflow first, then the others, each part the longest files first:
+    those measured (:data:`FILE_SECONDS`), longest first, then the other files holding a slow test, then
+    the rest, each group in the order collected. A worker stops its shared Airflow when it goes on to the
+    second part (:func:`pytest_runtest_setup`).
 
     `make test` hands whole files to two workers, one at a time as each finishes, so the suite ends
     when the worker that took the last long file ends it. xdist's own order (most tests first) left
@@ -380,5 +429,7 @@ def pytest_collection_modifyitems(config, items):
     (two whole runs, 2026-11-26).
     """
     slow = {item.path for item in items if item.get_closest_marker("slow")}
+    _USES_SHARED.update(item.path for item in items if "shared_airflow" in getattr(item, "fixturenames", ()))
     # stable: the order within each group stays
-    items.sort(key=lambda item: (-FILE_SECONDS.get(item.path.name, 0), item.path not in slow))
+    items.sort(key=lambda item: (item.path not in _USES_SHARED, -FILE_SECONDS.get(item.path.name, 0),
+                                 item.path not in slow))
