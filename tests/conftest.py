@@ -215,12 +215,13 @@ def failed_logs(af, dag_id: str, run_id: str) -> str:
 
 
 class SharedAirflow:
-    """The embedded Airflow of this test worker: started when a file first asks for it, stopped when the
+    """The embedded Airflow that the files using it share, on the test worker that takes them (one unit of
+    work, :func:`pytest_xdist_make_scheduler`): started when a file first asks for it, stopped when the
     worker goes on to a file that does not use it (:func:`pytest_runtest_setup`).
 
     An idle embedded Airflow costs about a tenth of a core (its scheduler loops every 0.2 s: 8.5 % of a
-    core on a 2-core AMD EPYC, 2026-11-28), and the files that use it take the first third of a whole
-    run: kept until the session ended, it cost some 250 CPU-seconds of the other files' time.
+    core on a 2-core AMD EPYC, 2026-11-28). One for each worker, kept to the session's end, idled
+    through most of a whole run, and each start costs some 30 CPU-seconds.
     """
 
     def __init__(self, root: Path):
@@ -231,9 +232,9 @@ class SharedAirflow:
         if self.af is None:
             from mop_airflow.airflow.local import LocalAirflow
 
+            # a home of its own each start: a fresh metadata database, nothing of an earlier file in it;
             # parallelism 10: test_slots_at_user_shapes runs 8 train tasks at once beside a control task
             # (the LocalExecutor forks its worker processes once, idle ones cost nothing)
-            # a home of its own each start: a fresh metadata database, nothing of an earlier file in it
             self.starts += 1
             af = LocalAirflow(self.root / f"airflow{self.starts}", self.root / "dags", log=lambda *_: None,
                               extra_env={"MOP_AIRFLOW_HOME": str(self.root / "mop"), "AIRFLOW__CORE__PARALLELISM": "10"})
@@ -252,8 +253,9 @@ class SharedAirflow:
             assert not any(af.alive().values())  # stop() ended every service it started
 
 
-_SHARED: list[SharedAirflow] = []  # this worker's, once a file asked for it
+_SHARED: list[SharedAirflow] = []  # this worker's, once a file asked for it (pytest_runtest_setup stops it)
 _USES_SHARED: set = set()  # the files with a test that uses it (pytest_collection_modifyitems)
+SHARED_UNIT = "the files of the shared Airflow"  # their unit of work under xdist
 
 
 @pytest.fixture(scope="session")
@@ -270,9 +272,28 @@ def shared_airflow(_shared_airflow_holder):
     return _shared_airflow_holder.running()
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadfile`` (`make test`'s), with the files that use the shared Airflow as one unit of work:
+    the files whose source names the fixture (xdist's controller does not collect, it sees test ids)."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    shared = {path.relative_to(config.rootpath).as_posix() for path in (REPO / "tests").rglob("test_*.py")
+              if "shared_airflow" in path.read_text()}
+
+    class SharedAirflowAsOneUnit(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = super()._split_scope(nodeid)
+            return SHARED_UNIT if path in shared else path
+
+    return SharedAirflowAsOneUnit(config, log)
+
+
 def pytest_runtest_setup(item):
-    """A file that does not use the shared Airflow stops it: the files that do come first (see
-    :func:`pytest_collection_modifyitems`), so it is seldom started again."""
+    """A file that does not use the shared Airflow stops it: the files that do are one unit of work, run
+    one after the other (see :func:`pytest_collection_modifyitems`), so it is not started again."""
     if _SHARED and item.path not in _USES_SHARED:
         _SHARED[0].stop()
 
@@ -417,16 +438,21 @@ FILE_SECONDS = {
 
 
 def pytest_collection_modifyitems(config, items):
-    """The files that use the shared Airflow first, then the others, each part the longest files first:
-    those measured (:data:`FILE_SECONDS`), longest first, then the other files holding a slow test, then
-    the rest, each group in the order collected. A worker stops its shared Airflow when it goes on to the
-    second part (:func:`pytest_runtest_setup`).
+    """`make test`'s units of work and their order.
 
-    `make test` hands whole files to two workers, one at a time as each finishes, so the suite ends
-    when the worker that took the last long file ends it. xdist's own order (most tests first) left
-    the files of one long test, such as the Celery how-to's five minutes, for last, with the other
-    worker idle: taking the long files first took the suite from 22:03 to 19:27 on a 2-core machine
-    (two whole runs, 2026-11-26).
+    The files that use the shared Airflow are one unit (:func:`pytest_xdist_make_scheduler`): one worker
+    takes them all, one after the other, on one embedded Airflow, while the other worker takes the other
+    files, one file a unit, as ``--dist loadfile`` does. That
+    Airflow starts once in a whole run instead of once a worker, and its files, which mostly wait on
+    heartbeat, stall and wait bounds, run beside files that compute. The unit comes first, then the
+    other files: the longest first (:data:`FILE_SECONDS`), then the other files holding a slow test,
+    then the rest, each group in the order collected. The worker stops the Airflow when it goes on to
+    another file (:func:`pytest_runtest_setup`).
+
+    The suite ends when the worker that took the last long file ends it: xdist's own order (most tests
+    first) left the files of one long test, such as the Celery how-to's five minutes, for last, with the
+    other worker idle; taking the long files first took the suite from 22:03 to 19:27 on a 2-core
+    machine (two whole runs, 2026-11-26).
     """
     slow = {item.path for item in items if item.get_closest_marker("slow")}
     _USES_SHARED.update(item.path for item in items if "shared_airflow" in getattr(item, "fixturenames", ()))
