@@ -183,3 +183,51 @@ def test_a_dag_naming_an_example_model_reads_its_own_data_and_gets_no_example_da
     (tmp_path / "example.py").write_text("from mop_airflow.examples.mnist1d_spec import mnist1d_data_spec\n")
     assert up.uses_example_data(tmp_path)
     assert up.uses_example_data(Path(__file__).resolve().parents[1] / "dags")
+
+
+def test_an_idempotent_request_the_sqlite_database_failed_is_sent_once_more_and_no_other(tmp_path):
+    """A request caught in a cycle of SQLite locks fails with 500 "Database error" after the lock wait, its
+    transaction rolled back: the embedded Airflow's client sends a GET, PUT, PATCH or DELETE once more, never
+    a POST (a DAG run triggered twice), nor another error."""
+    import http.server
+    import threading
+
+    seen: list[str] = []
+    answers: dict[str, list[tuple[int, dict]]] = {}
+    database_error = (500, {"detail": {"reason": "Database error", "statement": "hidden"}})
+
+    class Airflow(http.server.BaseHTTPRequestHandler):
+        def _answer(self):
+            seen.append(f"{self.command} {self.path}")
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            status, body = (200, {"access_token": "t"}) if self.path == "/auth/token" else answers[self.path].pop(0)
+            data = json.dumps(body).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        do_GET = do_POST = do_PATCH = _answer
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Airflow)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        af = local.LocalAirflow(tmp_path / "airflow", tmp_path, port=server.server_address[1], log=lambda *_: None)
+        answers["/api/v2/dags/d"] = [database_error, (200, {"is_paused": False})]
+        assert af.api("PATCH", "/dags/d", json={"is_paused": False}) == {"is_paused": False}
+        answers["/api/v2/dags/d/dagRuns"] = [database_error]
+        with pytest.raises(local.AirflowApiError) as refused:
+            af.api("POST", "/dags/d/dagRuns", json={"logical_date": None})
+        assert refused.value.status == 500
+        answers["/api/v2/dags/e"] = [(500, {"detail": "something else"})]
+        with pytest.raises(local.AirflowApiError):
+            af.api("GET", "/dags/e")
+        assert [s for s in seen if s != "GET /auth/token"] == [
+            "PATCH /api/v2/dags/d", "PATCH /api/v2/dags/d", "POST /api/v2/dags/d/dagRuns", "GET /api/v2/dags/e"]
+        af.rest.close()
+    finally:
+        server.shutdown()

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from mop_airflow.errors import AirflowApiError
 from mop_airflow.hooks.rest import PASSWORD_ENV, USER_ENV, AirflowAPI
 from mop_airflow.training.session import HOPS_PER_WORKER_ENV
 
@@ -369,8 +370,19 @@ class LocalAirflow:
         return self.rest.client
 
     def api(self, method: str, path: str, **kwargs: Any) -> Any:
-        """``method`` on ``/api/v2{path}``; :class:`~mop_airflow.errors.AirflowApiError` (a RuntimeError) on failure."""
-        return self.rest.call(method, path, **kwargs)
+        """``method`` on ``/api/v2{path}``; :class:`~mop_airflow.errors.AirflowApiError` (a RuntimeError) on failure.
+
+        An idempotent request that the embedded SQLite database failed with 500 "Database error" is sent
+        once more: a request caught in a cycle of SQLite locks waits out ``SQLITE_LOCK_WAIT_S`` and fails,
+        and then the others go on (seen: a PATCH of a DAG beside two task heartbeats, all three held 60 s,
+        2026-11-28). Its transaction was rolled back: it changed nothing."""
+        try:
+            return self.rest.call(method, path, **kwargs)
+        except AirflowApiError as exc:
+            if exc.status != 500 or method.upper() not in ("GET", "PUT", "PATCH", "DELETE") or "Database error" not in str(exc):
+                raise
+            self.log(f"{method} {path}: Airflow's database failed it ({exc}); sending it again")
+            return self.rest.call(method, path, **kwargs)
 
     def wait_api(self, timeout: float = 180) -> None:
         """Until the api-server answers (the other services may still be starting)."""
