@@ -226,6 +226,7 @@ class SharedAirflow:
 
     def __init__(self, root: Path):
         self.root, self.af, self.starts = root, None, 0
+        self._started = contextlib.ExitStack()  # LocalAirflow's own context: stopped if its start fails
         (root / "dags").mkdir()
 
     def running(self):
@@ -236,20 +237,15 @@ class SharedAirflow:
             # parallelism 10: test_slots_at_user_shapes runs 8 train tasks at once beside a control task
             # (the LocalExecutor forks its worker processes once, idle ones cost nothing)
             self.starts += 1
-            af = LocalAirflow(self.root / f"airflow{self.starts}", self.root / "dags", log=lambda *_: None,
-                              extra_env={"MOP_AIRFLOW_HOME": str(self.root / "mop"), "AIRFLOW__CORE__PARALLELISM": "10"})
-            try:
-                af.start()
-            except BaseException:
-                af.stop()
-                raise
-            self.af = af
+            self.af = self._started.enter_context(LocalAirflow(
+                self.root / f"airflow{self.starts}", self.root / "dags", log=lambda *_: None,
+                extra_env={"MOP_AIRFLOW_HOME": str(self.root / "mop"), "AIRFLOW__CORE__PARALLELISM": "10"}))
         return self.af
 
     def stop(self) -> None:
         af, self.af = self.af, None
+        self._started.close()
         if af is not None:
-            af.stop()
             assert not any(af.alive().values())  # stop() ended every service it started
 
 

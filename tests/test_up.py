@@ -192,23 +192,19 @@ def test_an_idempotent_request_the_sqlite_database_failed_is_sent_once_more_and_
     import http.server
     import threading
 
+    from tests.test_setup_errors import _Refusing
+
     seen: list[str] = []
     answers: dict[str, list[tuple[int, dict]]] = {}
     database_error = (500, {"detail": {"reason": "Database error", "statement": "hidden"}})
 
-    class Airflow(http.server.BaseHTTPRequestHandler):
-        def _answer(self):
+    class Airflow(_Refusing):  # its JSON answers; the routes are this test's
+        def _route(self):
             seen.append(f"{self.command} {self.path}")
             self.rfile.read(int(self.headers.get("Content-Length") or 0))
-            status, body = (200, {"access_token": "t"}) if self.path == "/auth/token" else answers[self.path].pop(0)
-            data = json.dumps(body).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+            self._answer(*((200, {"access_token": "t"}) if self.path == "/auth/token" else answers[self.path].pop(0)))
 
-        do_GET = do_POST = do_PATCH = _answer
+        do_GET = do_POST = do_PATCH = _route
 
         def log_message(self, *args):
             pass
