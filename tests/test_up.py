@@ -5,6 +5,7 @@ a stand-in that records its settings and stops at once, as Ctrl-C would."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import stat
 import subprocess
@@ -185,24 +186,21 @@ def test_a_dag_naming_an_example_model_reads_its_own_data_and_gets_no_example_da
     assert up.uses_example_data(Path(__file__).resolve().parents[1] / "dags")
 
 
-def test_an_idempotent_request_the_sqlite_database_failed_is_sent_once_more_and_no_other(tmp_path):
-    """A request caught in a cycle of SQLite locks fails with 500 "Database error" after the lock wait, its
-    transaction rolled back: the embedded Airflow's client sends a GET, PUT, PATCH or DELETE once more, never
-    a POST (a DAG run triggered twice), nor another error."""
+@contextlib.contextmanager
+def _fake_airflow(tmp_path, answers: dict, seen: list):
+    """A LocalAirflow whose api-server is a real HTTP server answering from ``answers`` (path: the answers
+    to its next requests, in turn; a callable: the answer to every request), ``seen`` the requests."""
     import http.server
     import threading
 
     from tests.test_setup_errors import _Refusing
 
-    seen: list[str] = []
-    answers: dict[str, list[tuple[int, dict]]] = {}
-    database_error = (500, {"detail": {"reason": "Database error", "statement": "hidden"}})
-
     class Airflow(_Refusing):  # its JSON answers; the routes are this test's
         def _route(self):
             seen.append(f"{self.command} {self.path}")
             self.rfile.read(int(self.headers.get("Content-Length") or 0))
-            self._answer(*((200, {"access_token": "t"}) if self.path == "/auth/token" else answers[self.path].pop(0)))
+            answer = (lambda: (200, {"access_token": "t"})) if self.path == "/auth/token" else answers[self.path.split("?")[0]]
+            self._answer(*(answer() if callable(answer) else answer.pop(0)))
 
         do_GET = do_POST = do_PATCH = _route
 
@@ -211,8 +209,22 @@ def test_an_idempotent_request_the_sqlite_database_failed_is_sent_once_more_and_
 
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Airflow)
     threading.Thread(target=server.serve_forever, daemon=True).start()
+    af = local.LocalAirflow(tmp_path / "airflow", tmp_path, port=server.server_address[1], log=lambda *_: None)
     try:
-        af = local.LocalAirflow(tmp_path / "airflow", tmp_path, port=server.server_address[1], log=lambda *_: None)
+        yield af
+    finally:
+        af.rest.close()
+        server.shutdown()
+
+
+def test_an_idempotent_request_the_sqlite_database_failed_is_sent_once_more_and_no_other(tmp_path):
+    """A request caught in a cycle of SQLite locks fails with 500 "Database error" after the lock wait, its
+    transaction rolled back: the embedded Airflow's client sends a GET, PUT, PATCH or DELETE once more, never
+    a POST (a DAG run triggered twice), nor another error."""
+    seen: list[str] = []
+    answers: dict = {}
+    database_error = (500, {"detail": {"reason": "Database error", "statement": "hidden"}})
+    with _fake_airflow(tmp_path, answers, seen) as af:
         answers["/api/v2/dags/d"] = [database_error, (200, {"is_paused": False})]
         assert af.api("PATCH", "/dags/d", json={"is_paused": False}) == {"is_paused": False}
         answers["/api/v2/dags/d/dagRuns"] = [database_error]
@@ -222,8 +234,32 @@ def test_an_idempotent_request_the_sqlite_database_failed_is_sent_once_more_and_
         answers["/api/v2/dags/e"] = [(500, {"detail": "something else"})]
         with pytest.raises(local.AirflowApiError):
             af.api("GET", "/dags/e")
-        assert [s for s in seen if s != "GET /auth/token"] == [
-            "PATCH /api/v2/dags/d", "PATCH /api/v2/dags/d", "POST /api/v2/dags/d/dagRuns", "GET /api/v2/dags/e"]
-        af.rest.close()
-    finally:
-        server.shutdown()
+    assert [s for s in seen if s != "GET /auth/token"] == [
+        "PATCH /api/v2/dags/d", "PATCH /api/v2/dags/d", "POST /api/v2/dags/d/dagRuns", "GET /api/v2/dags/e"]
+
+
+def test_a_dag_never_parsed_says_what_the_api_answered_and_how_the_dag_processors_log_ends(tmp_path):
+    """Waiting for a DAG the dag-processor never writes ends at the bound with the api-server's last answer
+    and the end of the dag-processor's log (but its bundle refreshes, one every few seconds); it ends at once
+    when the dag-processor has exited."""
+    seen: list[str] = []
+    answers = {"/api/v2/importErrors": lambda: (200, {"import_errors": [], "total_entries": 0}),
+               "/api/v2/dags/mop_late": lambda: (404, {"detail": "The Dag with ID: `mop_late` was not found"})}
+    with _fake_airflow(tmp_path, answers, seen) as af:
+        (af.home / "logs").mkdir(parents=True)
+        (af.home / "logs" / "dag-processor.log").write_text(
+            "[info] Bulk-writing dags to db count=1\n[error] (sqlite3.OperationalError) database is locked\n"
+            + "[info] Refreshing bundle dags-folder\n[info] Searching for files in dags-folder\n" * 50)
+        af.processes["dag-processor"] = subprocess.Popen(["sleep", "60"])
+        try:
+            with pytest.raises(TimeoutError) as late:
+                af.wait_for_dag("mop_late", timeout=2)
+        finally:
+            af.processes["dag-processor"].kill()
+            af.processes["dag-processor"].wait()
+        message = str(late.value)
+        assert "DAG mop_late was not parsed within 2s" in message and "404" in message
+        assert "database is locked" in message and "Bulk-writing" in message and "Refreshing bundle" not in message
+        with pytest.raises(RuntimeError, match="the dag-processor exited while mop_late waited"):
+            af.wait_for_dag("mop_late", timeout=60)
+    assert seen.count("GET /api/v2/dags/mop_late") >= 2

@@ -420,18 +420,38 @@ class LocalAirflow:
             time.sleep(0.5)
         raise TimeoutError(f"Airflow did not become healthy in {timeout}s (last health: {last})")
 
-    def wait_for_dag(self, dag_id: str, timeout: float = 120) -> None:
-        deadline = time.time() + timeout
+    def wait_for_dag(self, dag_id: str, timeout: float = 300) -> None:
+        """Until the dag-processor has written ``dag_id`` to the metadata database.
+
+        A parse takes well under a second, but the dag-processor's writes wait for SQLite's lock like
+        every other process's (up to ``SQLITE_LOCK_WAIT_S`` each) on a busy machine: the bound allows
+        a few such waits. A dead dag-processor or an import error fails at once; a timeout says what
+        the api-server last answered and how the dag-processor's log ends."""
+        deadline, last = time.time() + timeout, None
         while time.time() < deadline:
-            errors = self.api("GET", "/importErrors").get("import_errors", [])
-            if errors:
-                raise RuntimeError("DAG import errors:\n" + "\n".join(e["stack_trace"][-2000:] for e in errors))
+            if self.processes.get("dag-processor") is not None and self.processes["dag-processor"].poll() is not None:
+                raise RuntimeError(f"the dag-processor exited while {dag_id} waited to be parsed; "
+                                   f"see {self.home / 'logs' / 'dag-processor.log'}")
             try:
+                errors = self.api("GET", "/importErrors").get("import_errors", [])
+                if errors:
+                    raise RuntimeError("DAG import errors:\n" + "\n".join(e["stack_trace"][-2000:] for e in errors))
                 self.api("GET", f"/dags/{dag_id}")
                 return
-            except RuntimeError:
+            except AirflowApiError as exc:
+                last = exc
                 time.sleep(1)
-        raise TimeoutError(f"DAG {dag_id} was not parsed within {timeout}s")
+        raise TimeoutError(f"DAG {dag_id} was not parsed within {timeout}s; the api-server last answered: {last}\n"
+                           f"the dag-processor's log ends:\n{self._log_tail('dag-processor')}")
+
+    def _log_tail(self, service: str, lines: int = 25) -> str:
+        """The last ``lines`` of a service's log, but its bundle refresh messages (one every few seconds)."""
+        log = self.home / "logs" / f"{service}.log"
+        if not log.exists():
+            return f"(no {log})"
+        noise = ("Refreshing bundle", "Searching for files", "Not time to refresh", "Found ")
+        kept = [line for line in log.read_text(errors="replace").splitlines() if not any(n in line for n in noise)]
+        return "\n".join(line[:300] for line in kept[-lines:])
 
     def trigger(self, dag_id: str, conf: Mapping[str, Any] | None = None) -> str:
         self.api("PATCH", f"/dags/{dag_id}", json={"is_paused": False})
