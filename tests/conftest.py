@@ -239,8 +239,22 @@ class SharedAirflow:
             self.starts += 1
             self.af = self._started.enter_context(LocalAirflow(
                 self.root / f"airflow{self.starts}", self.root / "dags", log=lambda *_: None,
+                sql_alchemy_conn=self._database(),
                 extra_env={"MOP_AIRFLOW_HOME": str(self.root / "mop"), "AIRFLOW__CORE__PARALLELISM": "10"}))
         return self.af
+
+    def _database(self) -> str | None:
+        """A PostgreSQL database of its own (dropped when it stops) where a server is on 127.0.0.1:5432 (CI's
+        and every machine `.ci/run` prepared), else the embedded SQLite. On SQLite every process's write
+        waits for one lock: in whole runs the dag-processor stood 60 s at a time (its heartbeat "recovered
+        after 60.65 seconds", a DAG deactivated as not parsed for 91 s) and a file's DAGs were not
+        parsed within 120 s, while the files beside it trained and killed task processes."""
+        from mop_airflow.airflow.local import throwaway_postgres
+        from tests.test_distributed import PG, _reachable
+
+        if not _reachable(PG):
+            return None
+        return self._started.enter_context(throwaway_postgres(*PG, prefix="mop_airflow_tests_shared"))
 
     def stop(self) -> None:
         af, self.af = self.af, None
@@ -338,9 +352,13 @@ class AirflowPart:
                               f"dag = build_mop_dag(json.loads({json.dumps(json.dumps(spec))}), dag_id={dag_id!r}, "
                               f"**{kwargs!r})\n")
 
+    def wait_for_dag(self, dag_id: str, timeout: float = 300) -> None:
+        """:meth:`LocalAirflow.wait_for_dag`, failed by import errors of this file's DAGs only."""
+        self.af.wait_for_dag(dag_id, timeout=timeout, folder=self.dags)
+
     def wait_for_dags(self, *dag_ids: str) -> None:
         for dag_id in dag_ids:
-            self.af.wait_for_dag(dag_id)
+            self.wait_for_dag(dag_id)
 
     def my_dags(self) -> list[str]:
         folder = str(self.dags.resolve())

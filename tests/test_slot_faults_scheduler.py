@@ -21,7 +21,6 @@ import datetime as dt
 import json
 import os
 import signal
-import sqlite3
 import subprocess
 import sys
 import time
@@ -41,6 +40,7 @@ SLEEPY = "mop_airflow.examples.timed_models:sleepy"
 UNDISTURBED, KILLED, STOPPED = "mop_slots_undisturbed", "mop_slots_killed", "mop_slots_stopped"
 LATE, YIELDING = "mop_slots_late_peer", "mop_slots_yielding"
 HOLDERS = ("hold_mop_shard_0", "hold_mop_shard_1")  # each holds its shard's pool
+HOLD_AT_MOST_S = 300  # a holder holds until the test has seen what it waits for (see _held_during), or this long
 
 
 def _spec(root, *, slots):
@@ -62,12 +62,21 @@ def _mop_dag(part, dag_id, spec, env=None, retries=2):
 
 
 def _holder(part, dag_id, pool, seconds):
-    """A DAG whose one task holds both slots of ``pool`` for ``seconds``: another DAG's long task."""
+    """A DAG whose one task holds both slots of ``pool`` until :func:`_release` has written its file, or for
+    ``seconds`` at most: another DAG's long task."""
     part.write_dag(
-        dag_id, "import time\nfrom airflow.sdk import dag, task\n"
+        dag_id, "import os, time\nfrom airflow.sdk import dag, task\n"
         f"@dag(dag_id={dag_id!r}, schedule=None)\ndef hold():\n"
-        f"    @task(pool={pool!r}, pool_slots=2, priority_weight=1000000, weight_rule='absolute')\n    def sleep():\n        time.sleep({seconds})\n"
+        f"    @task(pool={pool!r}, pool_slots=2, priority_weight=1000000, weight_rule='absolute')\n    def sleep():\n"
+        f"        deadline = time.time() + {seconds}\n"
+        f"        while time.time() < deadline and not os.path.exists({str(_release(part.root, dag_id))!r}):\n"
+        "            time.sleep(0.5)\n"
         "    sleep()\nhold()\n")
+
+
+def _release(root, holder):
+    """The file that ends ``holder``'s hold."""
+    return root / f"release_{holder}"
 
 
 @pytest.fixture(scope="module")
@@ -82,8 +91,8 @@ def airflow(shared_airflow, tmp_path_factory):
         one = _spec(root, slots=1)
         _mop_dag(af, LATE, one, {"MOP_SHARD_WAIT_SECONDS": "20"}, retries=4)
         _mop_dag(af, YIELDING, one, {"MOP_SHARD_YIELD_SECONDS": "8"})
-        _holder(af, HOLDERS[0], shard_pool(0), 45)
-        _holder(af, HOLDERS[1], shard_pool(1), 60)
+        _holder(af, HOLDERS[0], shard_pool(0), HOLD_AT_MOST_S)
+        _holder(af, HOLDERS[1], shard_pool(1), HOLD_AT_MOST_S)
         for dag_id in (UNDISTURBED, KILLED, STOPPED, LATE, YIELDING, *HOLDERS):
             af.wait_for_dag(dag_id)
         sync = subprocess.run([sys.executable, "-m", "mop_airflow.cli.main", "pools", "sync", "--shards", "2",
@@ -121,9 +130,17 @@ def _tries(af, dag_id, run_id):
 
 
 def _reschedules(af, dag_id, run_id):
-    with sqlite3.connect(f"file:{af.home / 'airflow.db'}?mode=ro", uri=True) as db:
-        rows = db.execute("SELECT ti.task_id FROM task_reschedule tr JOIN task_instance ti ON tr.ti_id = ti.id "
-                          "WHERE ti.dag_id = ? AND ti.run_id = ?", (dag_id, run_id)).fetchall()
+    """The task reschedules of a run, from the metadata database (the REST API does not list them)."""
+    import sqlalchemy
+
+    engine = sqlalchemy.create_engine(af.env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"])
+    try:
+        with engine.connect() as db:
+            rows = db.execute(sqlalchemy.text(
+                "SELECT ti.task_id FROM task_reschedule tr JOIN task_instance ti ON tr.ti_id = ti.id "
+                "WHERE ti.dag_id = :dag_id AND ti.run_id = :run_id"), {"dag_id": dag_id, "run_id": run_id}).fetchall()
+    finally:
+        engine.dispose()
     return sorted(task_id for (task_id,) in rows)
 
 
@@ -189,10 +206,14 @@ def test_a_hung_train_task_is_killed_by_its_watchdog_and_retried(airflow, undist
     print(f"stopped: {took:.1f} s against {baseline:.1f} s undisturbed; {killed}")
 
 
-def _held_during(airflow, dag_id, shard):
+def _held_during(airflow, dag_id, shard, until):
     """Run ``dag_id`` with shard ``shard``'s holder DAG holding its pool (both slots) from the end of the
-    run's stage task of that shard, before that shard's train task can start; returns the run's id and
-    seconds. The holder's run must succeed too.
+    run's stage task of that shard, before that shard's train task can start, until ``until(run_id)`` is
+    true; returns the run's id and seconds. The holder's run must succeed too.
+
+    The hold ends on what it is for, not after fixed seconds: a hold of 60 s ended, in a whole run on two
+    busy cores, before shard 0's slot had waited its 20 s for shard 1 (its train task started late), and
+    the late peer was never waited for.
 
     Every train task waits for every stage task, so once ``stage`` runs, nothing of this run asks for
     ``pool`` until the stage ends. The pool is closed (0 slots) while the holder is triggered and until
@@ -228,6 +249,10 @@ def _held_during(airflow, dag_id, shard):
             assert time.time() < deadline, f"{holder} never waited for {pool}"
         finally:
             resize(2)
+        deadline = time.time() + HOLD_AT_MOST_S
+        while time.time() < deadline and not until(run_id):
+            time.sleep(1)
+        _release(airflow.root, holder).touch()
 
     run_id, took = _run(airflow, dag_id, during=hold)
     assert airflow.wait_for_run(holder, held[0], timeout=180) == "success"
@@ -235,7 +260,10 @@ def _held_during(airflow, dag_id, shard):
 
 
 def test_a_late_peer_is_waited_for_and_never_fails_the_block_for_good(airflow):
-    run_id, took = _held_during(airflow, LATE, 1)
+    # held until shard 0's slot has given up waiting for shard 1 once: its train task is retried
+    run_id, took = _held_during(airflow, LATE, 1, until=lambda run_id: any(
+        ti["task_id"] == "train_shard_0" and (ti["try_number"] >= 2 or ti["state"] == "up_for_retry")
+        for ti in airflow.task_instances(LATE, run_id)))
     tries = _tries(airflow, LATE, run_id)
     assert tries["train_shard_1"] == 1 and tries["train_shard_0"] >= 2, tries  # retried while shard 1 was late
     log = airflow.task_log(LATE, run_id, "train_shard_0", 1)
@@ -248,7 +276,9 @@ def test_a_late_peer_is_waited_for_and_never_fails_the_block_for_good(airflow):
 
 
 def test_a_slot_whose_earlier_slot_waits_for_its_pool_is_rescheduled_without_a_try(airflow):
-    run_id, took = _held_during(airflow, YIELDING, 0)
+    # held until shard 1's slot, waiting for shard 0's, has given its pool slot back once
+    run_id, took = _held_during(airflow, YIELDING, 0,
+                                until=lambda run_id: "train_shard_1" in _reschedules(airflow, YIELDING, run_id))
     assert _tries(airflow, YIELDING, run_id) == {"train_shard_0": 1, "train_shard_1": 1}
     rescheduled = _reschedules(airflow, YIELDING, run_id)
     assert "train_shard_1" in rescheduled and "train_shard_0" not in rescheduled  # the first slot never yields

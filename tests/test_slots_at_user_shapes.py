@@ -32,7 +32,7 @@ from mop_airflow.records.layout import RunLayout
 from mop_airflow.store import Store
 from tests.conftest import airflow_part
 from tests.test_end_to_end import MLP, tiny_spec, write_digits
-from tests.test_slot_faults_scheduler import HOLDERS, _held_during, _holder, _mop_dag, _run
+from tests.test_slot_faults_scheduler import HOLD_AT_MOST_S, HOLDERS, _held_during, _holder, _mop_dag, _run
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -75,7 +75,7 @@ def airflow(shared_airflow, tmp_path_factory):
         bounds = {"MOP_SHARD_WAIT_SECONDS": "20", "MOP_SHARD_STALL_SECONDS": "60"}
         _mop_dag(af, ASHA_STOPPED, _asha(root), bounds)
         _mop_dag(af, ASHA_LATE, _asha(root), bounds)
-        _holder(af, HOLDERS[1], shard_pool(1), 50)
+        _holder(af, HOLDERS[1], shard_pool(1), HOLD_AT_MOST_S)
         for dag_id in [*(f"mop_{k}_{n}" for k in ("diverging", "clean") for n in SHAPES), ASHA_STOPPED, ASHA_LATE,
                        HOLDERS[1]]:
             af.wait_for_dag(dag_id)
@@ -162,6 +162,16 @@ def _asha_ended(af, dag_id, run_id, n=9):
     assert len({(h["config_id"], h["t"]) for h in hops}) == len(hops)
 
 
+def _logged(af, dag_id, run_id, task_id, text) -> bool:
+    """Whether ``text`` is in the log of ``task_id``'s first try (False while it has none)."""
+    from mop_airflow.errors import AirflowApiError
+
+    try:
+        return text in af.task_log(dag_id, run_id, task_id, 1)
+    except AirflowApiError:
+        return False
+
+
 def _committed(af, dag_id, run_id, shard):
     layout = RunLayout(af.store, dag_id, run_id)
     return [n for b in af.store.glob(f"{layout.run_uri}/slots/*")
@@ -199,7 +209,9 @@ def test_asha_with_a_slot_hung_mid_search_ends(airflow):
 
 
 def test_asha_with_a_slot_held_past_the_wait_bound_ends(airflow):
-    run_id, took = _held_during(airflow, ASHA_LATE, 1)
+    # held until shard 0's slot has given up a hop that shard 1's was due to train
+    run_id, took = _held_during(airflow, ASHA_LATE, 1, until=lambda run_id: _logged(
+        airflow, ASHA_LATE, run_id, "train_shard_0", "given up"))
     tries = {ti["task_id"]: ti["try_number"] for ti in airflow.task_instances(ASHA_LATE, run_id)}
     assert tries["train_shard_1"] == 1, tries
     _asha_ended(airflow, ASHA_LATE, run_id)

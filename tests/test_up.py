@@ -263,3 +263,26 @@ def test_a_dag_never_parsed_says_what_the_api_answered_and_how_the_dag_processor
         with pytest.raises(RuntimeError, match="the dag-processor exited while mop_late waited"):
             af.wait_for_dag("mop_late", timeout=60)
     assert seen.count("GET /api/v2/dags/mop_late") >= 2
+
+
+def test_waiting_for_a_dag_fails_on_import_errors_of_files_that_exist_in_the_folder_asked_about(tmp_path):
+    """An import error of a file deleted while it was parsed (the dag-processor's "Failed to write serialized
+    DAG": FileNotFoundError) stays until its next listing and says nothing about the DAG waited for; nor does
+    one of another folder's file, where a folder is given. One of an existing file of that folder fails the
+    wait at once, with its stack trace."""
+    mine, theirs = tmp_path / "mine", tmp_path / "theirs"
+    for folder in (mine, theirs):
+        folder.mkdir()
+        (folder / "broken.py").write_text("raise ValueError('broken')\n")
+    errors = [{"filename": "gone/deleted.py", "stack_trace": "FileNotFoundError: gone/deleted.py"},
+              {"filename": "theirs/broken.py", "stack_trace": "ValueError: theirs"}]
+    answers = {"/api/v2/importErrors": lambda: (200, {"import_errors": errors, "total_entries": len(errors)}),
+               "/api/v2/dags/mop_mine": lambda: (200, {"dag_id": "mop_mine"})}
+    with _fake_airflow(tmp_path, answers, []) as af:
+        af.wait_for_dag("mop_mine", timeout=5, folder=mine)  # neither error is of an existing file of mine/
+        with pytest.raises(RuntimeError, match="ValueError: theirs"):
+            af.wait_for_dag("mop_mine", timeout=5)  # any folder: theirs/broken.py exists
+        errors.append({"filename": str(mine / "broken.py"), "stack_trace": "ValueError: mine"})
+        with pytest.raises(RuntimeError, match="ValueError: mine") as failed:
+            af.wait_for_dag("mop_mine", timeout=5, folder=mine)
+        assert "theirs" not in str(failed.value)

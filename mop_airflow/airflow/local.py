@@ -420,20 +420,25 @@ class LocalAirflow:
             time.sleep(0.5)
         raise TimeoutError(f"Airflow did not become healthy in {timeout}s (last health: {last})")
 
-    def wait_for_dag(self, dag_id: str, timeout: float = 300) -> None:
+    def wait_for_dag(self, dag_id: str, timeout: float = 300, folder: Path | None = None) -> None:
         """Until the dag-processor has written ``dag_id`` to the metadata database.
 
         A parse takes well under a second, but the dag-processor's writes wait for SQLite's lock like
         every other process's (up to ``SQLITE_LOCK_WAIT_S`` each) on a busy machine: the bound allows
         a few such waits. A dead dag-processor or an import error fails at once; a timeout says what
-        the api-server last answered and how the dag-processor's log ends."""
+        the api-server last answered and how the dag-processor's log ends.
+
+        Import errors count for files that still exist (under ``folder`` where given): one for a file
+        deleted while it was parsed ("Failed to write serialized DAG": FileNotFoundError) stays until
+        the dag-processor's next listing of the folder, and says nothing about ``dag_id``."""
         deadline, last = time.time() + timeout, None
         while time.time() < deadline:
             if self.processes.get("dag-processor") is not None and self.processes["dag-processor"].poll() is not None:
                 raise RuntimeError(f"the dag-processor exited while {dag_id} waited to be parsed; "
                                    f"see {self.home / 'logs' / 'dag-processor.log'}")
             try:
-                errors = self.api("GET", "/importErrors").get("import_errors", [])
+                errors = [e for e in self.api("GET", "/importErrors").get("import_errors", [])
+                          if self._live_file(e.get("filename") or "", folder)]
                 if errors:
                     raise RuntimeError("DAG import errors:\n" + "\n".join(e["stack_trace"][-2000:] for e in errors))
                 self.api("GET", f"/dags/{dag_id}")
@@ -443,6 +448,10 @@ class LocalAirflow:
                 time.sleep(1)
         raise TimeoutError(f"DAG {dag_id} was not parsed within {timeout}s; the api-server last answered: {last}\n"
                            f"the dag-processor's log ends:\n{self._log_tail('dag-processor')}")
+
+    def _live_file(self, filename: str, folder: Path | None) -> bool:
+        path = Path(filename) if Path(filename).is_absolute() else Path(self.dags_folder) / filename
+        return path.exists() and (folder is None or path.resolve().is_relative_to(Path(folder).resolve()))
 
     def _log_tail(self, service: str, lines: int = 25) -> str:
         """The last ``lines`` of a service's log, but its bundle refresh messages (one every few seconds)."""
