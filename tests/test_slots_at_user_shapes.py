@@ -43,6 +43,7 @@ REPO = Path(__file__).resolve().parents[1]
 # training rows in batches of 32 are 12, 6 and 15 steps a hop): mid-search on every shape
 SHAPES = {"4x1": (4, 1, 13, 1), "8x1": (8, 1, 13, 2), "3x2": (3, 2, 20, 1)}
 ASHA_STOPPED, ASHA_LATE = "mop_asha_stopped", "mop_asha_late_peer"
+WAIT_S = 20  # the ASHA DAGs' wait bound for a peer slot's hop
 
 
 def _grid(root, shards, slots):
@@ -72,7 +73,7 @@ def airflow(shared_airflow, tmp_path_factory):
         for name, (shards, slots, step, _) in SHAPES.items():
             _mop_dag(af, f"mop_diverging_{name}", _grid(root, shards, slots), {"MOP_TEST_NAN_AT_STEP": str(step)})
             _mop_dag(af, f"mop_clean_{name}", _grid(root, shards, slots), {"MOP_TEST_NAN_AT_STEP": "1000000"})
-        bounds = {"MOP_SHARD_WAIT_SECONDS": "20", "MOP_SHARD_STALL_SECONDS": "60"}
+        bounds = {"MOP_SHARD_WAIT_SECONDS": str(WAIT_S), "MOP_SHARD_STALL_SECONDS": "60"}
         _mop_dag(af, ASHA_STOPPED, _asha(root), bounds)
         _mop_dag(af, ASHA_LATE, _asha(root), bounds)
         _holder(af, HOLDERS[1], shard_pool(1), HOLD_AT_MOST_S)
@@ -162,14 +163,14 @@ def _asha_ended(af, dag_id, run_id, n=9):
     assert len({(h["config_id"], h["t"]) for h in hops}) == len(hops)
 
 
-def _logged(af, dag_id, run_id, task_id, text) -> bool:
-    """Whether ``text`` is in the log of ``task_id``'s first try (False while it has none)."""
-    from mop_airflow.errors import AirflowApiError
+def _running_for(af, dag_id, run_id, task_id) -> float:
+    """Seconds since ``task_id``'s current try started (0 before it has)."""
+    import datetime as dt
 
-    try:
-        return text in af.task_log(dag_id, run_id, task_id, 1)
-    except AirflowApiError:
-        return False
+    [ti] = [t for t in af.task_instances(dag_id, run_id) if t["task_id"] == task_id]
+    if not ti["start_date"]:
+        return 0.0
+    return (dt.datetime.now(dt.timezone.utc) - dt.datetime.fromisoformat(ti["start_date"])).total_seconds()
 
 
 def _committed(af, dag_id, run_id, shard):
@@ -209,9 +210,10 @@ def test_asha_with_a_slot_hung_mid_search_ends(airflow):
 
 
 def test_asha_with_a_slot_held_past_the_wait_bound_ends(airflow):
-    # held until shard 0's slot has given up a hop that shard 1's was due to train
-    run_id, took = _held_during(airflow, ASHA_LATE, 1, until=lambda run_id: _logged(
-        airflow, ASHA_LATE, run_id, "train_shard_0", "given up"))
+    # held until shard 0's train task has run for the wait bound and 30 s more (it trains its first hops in
+    # about 10 s, then waits for shard 1's): from its start, so a task that started late still waits past it
+    run_id, took = _held_during(airflow, ASHA_LATE, 1, until=lambda run_id: _running_for(
+        airflow, ASHA_LATE, run_id, "train_shard_0") > WAIT_S + 30)
     tries = {ti["task_id"]: ti["try_number"] for ti in airflow.task_instances(ASHA_LATE, run_id)}
     assert tries["train_shard_1"] == 1, tries
     _asha_ended(airflow, ASHA_LATE, run_id)
