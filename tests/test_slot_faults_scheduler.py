@@ -61,14 +61,14 @@ def _mop_dag(part, dag_id, spec, env=None, retries=2):
         " 'retry_exponential_backoff': 0})\n")
 
 
-def _holder(part, dag_id, pool, seconds):
+def _holder(part, dag_id, pool):
     """A DAG whose one task holds both slots of ``pool`` until :func:`_release` has written its file, or for
-    ``seconds`` at most: another DAG's long task."""
+    ``HOLD_AT_MOST_S`` at most: another DAG's long task."""
     part.write_dag(
         dag_id, "import os, time\nfrom airflow.sdk import dag, task\n"
         f"@dag(dag_id={dag_id!r}, schedule=None)\ndef hold():\n"
         f"    @task(pool={pool!r}, pool_slots=2, priority_weight=1000000, weight_rule='absolute')\n    def sleep():\n"
-        f"        deadline = time.time() + {seconds}\n"
+        f"        deadline = time.time() + {HOLD_AT_MOST_S}\n"
         f"        while time.time() < deadline and not os.path.exists({str(_release(part.root, dag_id))!r}):\n"
         "            time.sleep(0.5)\n"
         "    sleep()\nhold()\n")
@@ -91,8 +91,8 @@ def airflow(shared_airflow, tmp_path_factory):
         one = _spec(root, slots=1)
         _mop_dag(af, LATE, one, {"MOP_SHARD_WAIT_SECONDS": "20"}, retries=4)
         _mop_dag(af, YIELDING, one, {"MOP_SHARD_YIELD_SECONDS": "8"})
-        _holder(af, HOLDERS[0], shard_pool(0), HOLD_AT_MOST_S)
-        _holder(af, HOLDERS[1], shard_pool(1), HOLD_AT_MOST_S)
+        _holder(af, HOLDERS[0], shard_pool(0))
+        _holder(af, HOLDERS[1], shard_pool(1))
         for dag_id in (UNDISTURBED, KILLED, STOPPED, LATE, YIELDING, *HOLDERS):
             af.wait_for_dag(dag_id)
         sync = subprocess.run([sys.executable, "-m", "mop_airflow.cli.main", "pools", "sync", "--shards", "2",

@@ -16,6 +16,7 @@ not ``dag.test()``).
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import signal
@@ -32,7 +33,7 @@ from mop_airflow.records.layout import RunLayout
 from mop_airflow.store import Store
 from tests.conftest import airflow_part
 from tests.test_end_to_end import MLP, tiny_spec, write_digits
-from tests.test_slot_faults_scheduler import HOLD_AT_MOST_S, HOLDERS, _held_during, _holder, _mop_dag, _run
+from tests.test_slot_faults_scheduler import HOLDERS, _held_during, _holder, _mop_dag, _run
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -76,7 +77,7 @@ def airflow(shared_airflow, tmp_path_factory):
         bounds = {"MOP_SHARD_WAIT_SECONDS": str(WAIT_S), "MOP_SHARD_STALL_SECONDS": "60"}
         _mop_dag(af, ASHA_STOPPED, _asha(root), bounds)
         _mop_dag(af, ASHA_LATE, _asha(root), bounds)
-        _holder(af, HOLDERS[1], shard_pool(1), HOLD_AT_MOST_S)
+        _holder(af, HOLDERS[1], shard_pool(1))
         for dag_id in [*(f"mop_{k}_{n}" for k in ("diverging", "clean") for n in SHAPES), ASHA_STOPPED, ASHA_LATE,
                        HOLDERS[1]]:
             af.wait_for_dag(dag_id)
@@ -165,8 +166,6 @@ def _asha_ended(af, dag_id, run_id, n=9):
 
 def _running_for(af, dag_id, run_id, task_id) -> float:
     """Seconds since ``task_id``'s current try started (0 before it has)."""
-    import datetime as dt
-
     [ti] = [t for t in af.task_instances(dag_id, run_id) if t["task_id"] == task_id]
     if not ti["start_date"]:
         return 0.0

@@ -433,7 +433,7 @@ class LocalAirflow:
         the dag-processor's next listing of the folder, and says nothing about ``dag_id``."""
         deadline, last = time.time() + timeout, None
         while time.time() < deadline:
-            if self.processes.get("dag-processor") is not None and self.processes["dag-processor"].poll() is not None:
+            if self.alive().get("dag-processor") is False:
                 raise RuntimeError(f"the dag-processor exited while {dag_id} waited to be parsed; "
                                    f"see {self.home / 'logs' / 'dag-processor.log'}")
             try:
@@ -450,7 +450,7 @@ class LocalAirflow:
                            f"the dag-processor's log ends:\n{self._log_tail('dag-processor')}")
 
     def _live_file(self, filename: str, folder: Path | None) -> bool:
-        path = Path(filename) if Path(filename).is_absolute() else Path(self.dags_folder) / filename
+        path = self.dags_folder / filename  # an absolute filename stays as it is
         return path.exists() and (folder is None or path.resolve().is_relative_to(Path(folder).resolve()))
 
     def _log_tail(self, service: str, lines: int = 25) -> str:
