@@ -7,6 +7,8 @@ import subprocess
 import sys
 from types import SimpleNamespace
 
+import pytest
+
 from tests.conftest import AirflowPart, with_header
 
 
@@ -33,3 +35,46 @@ def test_a_dag_file_sets_its_test_files_home_and_builders_path_in_the_process_th
     out = subprocess.run([sys.executable, str(path)], env=env, capture_output=True, text=True, check=True).stdout
     assert out.split() == [str(tmp_path / "file" / "mop"), "from", "the", "part", "1"]
     assert part.dag_env["PYTHONPATH"].split(os.pathsep)[0] == str(lib)  # for processes the task starts
+
+
+class _DyingProcessor:
+    """A stand-in for LocalAirflow whose dag-processor has exited once: its first wait fails as
+    LocalAirflow's does, and every call is recorded."""
+
+    def __init__(self, tmp_path):
+        self.dags_folder, self.calls, self.processor_up = tmp_path / "dags", [], False
+
+    def alive(self):
+        return {"scheduler": True, "dag-processor": self.processor_up}
+
+    def wait_for_dag(self, dag_id, timeout, folder):
+        self.calls.append(("wait", dag_id, folder.name))
+        if not self.processor_up:
+            raise RuntimeError("the dag-processor exited (exit code 1) while a waited to be parsed; its log ends:\nboom")
+
+    def stop_service(self, name, timeout):
+        self.calls.append(("stop", name))
+
+    def start_service(self, name):
+        self.calls.append(("start", name))
+        self.processor_up = True
+
+
+def test_a_dag_processor_that_exited_is_started_again_once_with_a_warning_that_says_why(tmp_path):
+    af = _DyingProcessor(tmp_path)
+    part = AirflowPart(af, tmp_path / "file", "one_file")
+    with pytest.warns(UserWarning, match=r"(?s)exit code 1.*boom.*started again"):
+        part.wait_for_dag("a")
+    assert af.calls == [("wait", "a", "one_file"), ("stop", "dag-processor"), ("start", "dag-processor"),
+                        ("wait", "a", "one_file")]
+    af.processor_up, af.calls = True, []
+    part.wait_for_dag("b")  # a live one is only waited on
+    assert af.calls == [("wait", "b", "one_file")]
+
+
+def test_an_import_error_is_not_taken_for_a_dag_processor_that_exited(tmp_path):
+    af = _DyingProcessor(tmp_path)
+    af.processor_up = True
+    af.wait_for_dag = lambda dag_id, timeout, folder: (_ for _ in ()).throw(RuntimeError("DAG import errors:\nx"))
+    with pytest.raises(RuntimeError, match="DAG import errors"):
+        AirflowPart(af, tmp_path / "file", "one_file").wait_for_dag("a")

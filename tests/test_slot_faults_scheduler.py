@@ -24,6 +24,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -144,6 +145,34 @@ def _reschedules(af, dag_id, run_id):
     return sorted(task_id for (task_id,) in rows)
 
 
+class Stopped:
+    """Processes SIGSTOPped by a test (:meth:`stop`), SIGKILLed when it leaves (``with``) if each is still the
+    process it stopped: a hung slot's watchdog kills it long before the run ends, and by then its pid may
+    be another process's (a task of the run, a service of the shared Airflow, the other test worker)."""
+
+    def __init__(self):
+        self.stopped: list[tuple[int, str]] = []
+
+    @staticmethod
+    def _started(pid: int) -> str | None:
+        try:  # the process's start time (field 22 of /proc/<pid>/stat, after the parenthesised name)
+            return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+        except (OSError, IndexError):
+            return None
+
+    def stop(self, pid: int) -> None:
+        self.stopped.append((pid, self._started(pid)))
+        os.kill(pid, signal.SIGSTOP)  # every thread of it stops: heartbeats and all
+
+    def __enter__(self) -> "Stopped":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for pid, started in self.stopped:
+            if started is not None and self._started(pid) == started:
+                os.kill(pid, signal.SIGKILL)
+
+
 def _slot_pid(af, dag_id, run_id, shard, slot, *, timeout=240):
     """The pid of the slot's task process once it has committed a hop (its first commit marker is
     there) and has more to train (its status says running, and which process it is)."""
@@ -182,19 +211,8 @@ def test_a_train_task_killed_mid_block_costs_seconds_and_changes_nothing(airflow
 
 def test_a_hung_train_task_is_killed_by_its_watchdog_and_retried(airflow, undisturbed):
     board, baseline = undisturbed
-    stopped = []
-
-    def stop(run_id):
-        stopped.append(_slot_pid(airflow, STOPPED, run_id, 1, 1))
-        os.kill(stopped[0], signal.SIGSTOP)  # every thread of it stops: heartbeats and all
-
-    try:
-        run_id, took = _run(airflow, STOPPED, during=stop)
-    finally:
-        try:  # never leave a stopped process behind, whatever happened
-            os.kill(stopped[0], signal.SIGKILL)
-        except (ProcessLookupError, IndexError):
-            pass
+    with Stopped() as stopped:  # never leaves a stopped process behind, whatever happens
+        run_id, took = _run(airflow, STOPPED, during=lambda run_id: stopped.stop(_slot_pid(airflow, STOPPED, run_id, 1, 1)))
     tries = _tries(airflow, STOPPED, run_id)
     assert tries.pop("train_shard_1_slot_1") == 2 and set(tries.values()) == {1}
     assert _board(airflow, STOPPED, run_id) == board

@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import os
-import signal
 import subprocess
 import sys
 import time
@@ -33,7 +31,7 @@ from mop_airflow.records.layout import RunLayout
 from mop_airflow.store import Store
 from tests.conftest import airflow_part
 from tests.test_end_to_end import MLP, tiny_spec, write_digits
-from tests.test_slot_faults_scheduler import HOLDERS, _held_during, _holder, _mop_dag, _run
+from tests.test_slot_faults_scheduler import HOLDERS, Stopped, _held_during, _holder, _mop_dag, _run
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -179,8 +177,6 @@ def _committed(af, dag_id, run_id, shard):
 
 
 def test_asha_with_a_slot_hung_mid_search_ends(airflow):
-    stopped = []
-
     def stop(run_id):
         deadline = time.time() + 300
         while len(_committed(airflow, ASHA_STOPPED, run_id, 1)) < 6 and time.time() < deadline:
@@ -189,16 +185,10 @@ def test_asha_with_a_slot_hung_mid_search_ends(airflow):
         status = [SlotStatus.from_dict(json.loads(airflow.store.read_bytes(u)))
                   for u in airflow.store.glob(f"{layout.run_uri}/slots/*/shard_01_slot_0.json")]
         assert status and status[0].state == "running", "shard 1 ended before it could be stopped"
-        stopped.append(status[0].pid)
-        os.kill(status[0].pid, signal.SIGSTOP)  # every thread of it stops: heartbeats and all
+        stopped.stop(status[0].pid)
 
-    try:
+    with Stopped() as stopped:  # never leaves a stopped process behind
         run_id, took = _run(airflow, ASHA_STOPPED, during=stop, timeout=900)
-    finally:
-        try:  # never leave a stopped process behind
-            os.kill(stopped[0], signal.SIGKILL)
-        except (ProcessLookupError, IndexError):
-            pass
     tries = {ti["task_id"]: ti["try_number"] for ti in airflow.task_instances(ASHA_STOPPED, run_id)}
     assert tries["train_shard_1"] == 2 and tries["train_shard_0"] == 1, tries
     _asha_ended(airflow, ASHA_STOPPED, run_id)

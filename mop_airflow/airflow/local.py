@@ -364,6 +364,16 @@ class LocalAirflow:
     def alive(self) -> dict[str, bool]:
         return {name: proc.poll() is None for name, proc in self.processes.items()}
 
+    def _raise_if_exited(self, during: str) -> None:
+        """A RuntimeError naming every service that has exited, with its exit code and how its log ends:
+        a service that dies says why where the error is read (a CI log, a terminal), not only on this
+        machine's disk."""
+        dead = {name: proc.returncode for name, proc in self.processes.items() if proc.poll() is not None}
+        if dead:
+            raise RuntimeError("\n".join(
+                f"the {name} exited (exit code {code}) {during}; its log ({self.home / 'logs' / f'{name}.log'}) ends:\n"
+                f"{self._log_tail(name)}" for name, code in dead.items()))
+
     # -- REST API ----------------------------------------------------------------------------
     @property
     def client(self):
@@ -390,9 +400,7 @@ class LocalAirflow:
 
         deadline = time.time() + timeout
         while time.time() < deadline:
-            dead = [n for n, ok in self.alive().items() if not ok]
-            if dead:
-                raise RuntimeError(f"{', '.join(dead)} exited; see {self.home / 'logs'}")
+            self._raise_if_exited("while Airflow started")
             try:
                 if self.client.get("/api/v2/monitor/health").status_code == 200:
                     return
@@ -407,9 +415,7 @@ class LocalAirflow:
         deadline = time.time() + timeout
         last = None
         while time.time() < deadline:
-            dead = [n for n, ok in self.alive().items() if not ok]
-            if dead:
-                raise RuntimeError(f"{', '.join(dead)} exited; see {self.home / 'logs'}")
+            self._raise_if_exited("while Airflow started")
             try:
                 health = self.client.get("/api/v2/monitor/health").json()
                 last = health
@@ -433,9 +439,7 @@ class LocalAirflow:
         the dag-processor's next listing of the folder, and says nothing about ``dag_id``."""
         deadline, last = time.time() + timeout, None
         while time.time() < deadline:
-            if self.alive().get("dag-processor") is False:
-                raise RuntimeError(f"the dag-processor exited while {dag_id} waited to be parsed; "
-                                   f"see {self.home / 'logs' / 'dag-processor.log'}")
+            self._raise_if_exited(f"while {dag_id} waited to be parsed")
             try:
                 errors = [e for e in self.api("GET", "/importErrors").get("import_errors", [])
                           if self._live_file(e.get("filename") or "", folder)]
@@ -487,8 +491,6 @@ class LocalAirflow:
                 on_tick(state)
             if state in ("success", "failed"):
                 return state
-            dead = [n for n, ok in self.alive().items() if not ok]
-            if dead:
-                raise RuntimeError(f"{', '.join(dead)} exited during the run; see {self.home / 'logs'}")
+            self._raise_if_exited(f"during run {run_id} of {dag_id}")
             time.sleep(tick)
         raise TimeoutError(f"run {run_id} of {dag_id} did not finish within {timeout}s")
