@@ -160,6 +160,10 @@ class Stopped:
         except (OSError, IndexError):
             return None
 
+    @property
+    def pids(self) -> list[int]:
+        return [pid for pid, _ in self.stopped]
+
     def stop(self, pid: int) -> None:
         self.stopped.append((pid, self._started(pid)))
         os.kill(pid, signal.SIGSTOP)  # every thread of it stops: heartbeats and all
@@ -218,7 +222,7 @@ def test_a_hung_train_task_is_killed_by_its_watchdog_and_retried(airflow, undist
     assert _board(airflow, STOPPED, run_id) == board
     # killed after the bound learned from its steps (its first hop's), not the 300 s before a first step
     log = airflow.task_log(STOPPED, run_id, "train_shard_1_slot_1", 1)
-    assert f"no progress in process {stopped[0]} for " in log and "(10 x its slowest step so far" in log, log[-3000:]
+    assert f"no progress in process {stopped.pids[0]} for " in log and "(10 x its slowest step so far" in log, log[-3000:]
     assert took <= baseline + 180, (took, baseline)
     killed = log[log.index("no progress in process"):].split("killing it")[0]
     print(f"stopped: {took:.1f} s against {baseline:.1f} s undisturbed; {killed}")
