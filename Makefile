@@ -8,12 +8,17 @@ STAMP := $(VENV)/.installed
 
 setup: $(STAMP)
 
-# --no-compile: compiling all 25,000 modules (TensorFlow's, Airflow's...) took 60 s of the setup;
-# Python compiles the few it imports, once, when it first imports them.
+# The installed modules are compiled here, on every core (31 s on 2 cores, against pip's 60 s on one):
+# where PYTHONDONTWRITEBYTECODE is set (as in many containers and CI images) Python never writes the
+# bytecode it compiles, so every process compiled TensorFlow's, Keras's and Airflow's sources again on
+# import: 12 s of CPU to import TensorFlow instead of 4.5, 17.6 s for a task host's preload instead of
+# 7.4 (2-core AMD EPYC, 2026-11-29). Bytecode is read whatever that variable says. A file that does not
+# compile (a package's Python 2 example) is never imported: compileall's exit code is not the setup's.
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip setuptools wheel
 	$(BIN)/python -m pip install --quiet --no-compile -e ".[test,examples]"
+	$(BIN)/python -m compileall -q -j 0 $$($(BIN)/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])") >/dev/null || true
 	touch $(STAMP)
 
 demo: setup
