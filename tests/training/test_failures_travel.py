@@ -6,7 +6,6 @@ four, the slot two shards on waited for a hop nobody would train, and the block 
 
 from __future__ import annotations
 
-import multiprocessing
 
 import pytest
 
@@ -19,6 +18,7 @@ from mop_airflow.store import Store
 from mop_airflow.training.shard_loop import block_hops, run_slot
 
 from . import toys
+from .slot_processes import slot_context
 from .toys import TOY_MODEL, toy_spec
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -44,8 +44,8 @@ def _records(run, layout, hops):
 
 
 def _slot_process(folder, toy_data, name, shards, slots, iterations, shard, slot):
-    """One shard slot's task, in a process of its own (spawned: a fresh Keras, as on a worker; slots in
-    threads of one process would share Keras's global seed while they build)."""
+    """One shard slot's task, in a process of its own (forked as a worker forks its tasks:
+    :mod:`.slot_processes`; slots in threads of one process would share Keras's global seed while they build)."""
     run, layout, manifest, classes = _block(folder, toy_data, name, shards, iterations)
     hops = block_hops(classes, shards=shards, slots=slots, start=0, end=shards * iterations)
     run_slot(layout, run, manifest, hops, block="b0", shard=shard, slot=slot, cache_dir=run.store.local_cache,
@@ -67,7 +67,7 @@ def test_a_configuration_diverging_mid_search_never_holds_up_the_block(toy_data,
     assert len(clean) == len(run.configs) * hops_each
     monkeypatch.undo()
 
-    context = multiprocessing.get_context("spawn")
+    context = slot_context()
     procs = [context.Process(target=_slot_process, args=(tmp_path, toy_data, "diverging", shards, slots, iterations,
                                                           s, k)) for s in range(shards) for k in range(slots)]
     for proc in procs:

@@ -4,7 +4,6 @@ trains only what is not committed; a slot waiting for a slot that is gone stops,
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import threading
 import time
@@ -21,6 +20,7 @@ from mop_airflow.store import Store
 from mop_airflow.training.model_hop import run_hop
 from mop_airflow.training.shard_loop import SlotYielded, block_hops, run_slot
 
+from .slot_processes import slot_context
 from .toys import TOY_MODEL, toy_spec
 
 SHARDS = 2
@@ -67,7 +67,7 @@ def _shas(run, layout):
 
 
 def _slot_process(folder, toy_data, name, shard, slot, slots, die_after, wait):
-    """One shard slot's task, in a process of its own (spawned: a fresh Keras, as on a worker)."""
+    """One shard slot's task, in a process of its own (forked as a worker forks its tasks: :mod:`.slot_processes`)."""
     os.environ["MOP_SHARD_WAIT_SECONDS"] = str(wait)
     run, layout, manifest = _setup(folder, toy_data, name)
     done = []
@@ -82,7 +82,7 @@ def _slot_process(folder, toy_data, name, shard, slot, slots, die_after, wait):
 
 
 def _slots_in_processes(folder, toy_data, name, *, slots=1, die=None, wait=120):
-    context = multiprocessing.get_context("spawn")
+    context = slot_context()
     procs = [context.Process(target=_slot_process, args=(folder, toy_data, name, s, k, slots,
                                                           die[1] if die and die[0] == (s, k) else None, wait))
              for s in range(SHARDS) for k in range(slots)]
