@@ -81,8 +81,10 @@ def _slot_process(folder, toy_data, name, shard, slot, slots, die_after, wait):
              cache_dir=run.store.local_cache, on_hop=after)
 
 
-def _slots_in_processes(folder, toy_data, name, *, slots=1, die=None, wait=120):
-    context = slot_context()
+def _slots_in_processes(folder, toy_data, name, *, slots=1, die=None, wait=120, context=None):
+    """Each shard slot's task in a process of its own, started from ``context`` (:func:`.slot_context`'s unless
+    given); their exit codes."""
+    context = context or slot_context()
     procs = [context.Process(target=_slot_process, args=(folder, toy_data, name, s, k, slots,
                                                           die[1] if die and die[0] == (s, k) else None, wait))
              for s in range(SHARDS) for k in range(slots)]

@@ -6,6 +6,7 @@ wait is bounded."""
 from __future__ import annotations
 
 import fcntl
+import multiprocessing
 import os
 import time
 
@@ -55,14 +56,17 @@ def test_a_lock_wait_is_bounded(tmp_path):
 def test_slots_on_jax_train_the_same_bits_with_shared_compilation_and_without(toy_data, tmp_path, monkeypatch):
     slots = 2
     pytest.importorskip("jax")
-    monkeypatch.setenv("KERAS_BACKEND", "jax")  # the slot processes are spawned: a fresh Keras on JAX
+    # the slot processes are spawned, not forked from the tests' forkserver (Keras on TensorFlow, and the
+    # environment it started with): a fresh Keras on JAX, with the switch below
+    monkeypatch.setenv("KERAS_BACKEND", "jax")
     monkeypatch.setenv("JAX_PLATFORMS", "cpu")
     shas, locks = {}, {}
     for switch in ("1", "0"):
         name = f"shared-{switch}"
         monkeypatch.setenv(shared_compile.SHARED_COMPILE_ENV, switch)
         run, layout, _ = _setup(tmp_path, toy_data, name)
-        assert _slots_in_processes(tmp_path, toy_data, name, slots=slots) == {
+        spawned = multiprocessing.get_context("spawn")
+        assert _slots_in_processes(tmp_path, toy_data, name, slots=slots, context=spawned) == {
             (s, k): 0 for s in range(SHARDS) for k in range(slots)}
         shas[switch] = _shas(run, layout)
         locks[switch] = list((tmp_path / f"{name}-cache").rglob("compile-*.lock"))
