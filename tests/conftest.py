@@ -215,7 +215,7 @@ def failed_logs(af, dag_id: str, run_id: str) -> str:
 
 
 class SharedAirflow:
-    """The embedded Airflow that the files using it share, on the test worker that takes them (one unit of
+    """The embedded Airflow that the files using it share, on the test worker that takes them (a unit of
     work, :func:`pytest_xdist_make_scheduler`): started when a file first asks for it, stopped when the
     worker goes on to a file that does not use it (:func:`pytest_runtest_setup`).
 
@@ -265,7 +265,7 @@ class SharedAirflow:
 
 _SHARED: list[SharedAirflow] = []  # this worker's, once a file asked for it (pytest_runtest_setup stops it)
 _USES_SHARED: set = set()  # the files with a test that uses it (pytest_collection_modifyitems)
-SHARED_UNIT = "the files of the shared Airflow"  # their unit of work under xdist
+SHARED_UNIT = "the files of the shared Airflow"  # their units of work under xdist: this, then " 1", " 2"...
 
 
 @pytest.fixture(scope="session")
@@ -282,23 +282,40 @@ def shared_airflow(_shared_airflow_holder):
     return _shared_airflow_holder.running()
 
 
+def shared_units(files: list[str], units: int) -> dict[str, str]:
+    """Each file of the shared Airflow's unit of work, ``units`` units as even in seconds as
+    :data:`FILE_SECONDS` makes them: the longest file first, each to the unit with the fewest seconds yet."""
+    load = [0.0] * units
+    unit_of = {}
+    for path in sorted(files, key=lambda f: -FILE_SECONDS.get(Path(f).name, 0)):
+        k = load.index(min(load))
+        load[k] += FILE_SECONDS.get(Path(path).name, 0)
+        unit_of[path] = SHARED_UNIT if units == 1 else f"{SHARED_UNIT} {k + 1}"
+    return unit_of
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
-    """``--dist loadfile`` (`make test`'s), with the files that use the shared Airflow as one unit of work:
-    the files whose source names the fixture (xdist's controller does not collect, it sees test ids)."""
+    """``--dist loadfile`` (`make test`'s), with the files that use the shared Airflow as units of work of
+    their own: one unit for each worker but one (each worker that takes one starts its own Airflow), so
+    that one worker always takes the other files, which compute, while the files of the shared Airflows,
+    which mostly wait on bounds, run beside it. The files are those whose source names the fixture (xdist's
+    controller does not collect, it sees test ids)."""
     if config.getvalue("dist") != "loadfile":
         return None
     from xdist.scheduler import LoadFileScheduling
 
-    shared = {path.relative_to(config.rootpath).as_posix() for path in (REPO / "tests").rglob("test_*.py")
-              if "shared_airflow" in path.read_text()}
+    shared = [path.relative_to(config.rootpath).as_posix() for path in sorted((REPO / "tests").rglob("test_*.py"))
+              if "shared_airflow" in path.read_text()]
+    workers = config.getvalue("numprocesses")
+    unit_of = shared_units(shared, max(1, (workers if isinstance(workers, int) else 2) - 1))
 
-    class SharedAirflowAsOneUnit(LoadFileScheduling):
+    class SharedAirflowUnits(LoadFileScheduling):
         def _split_scope(self, nodeid: str) -> str:
             path = super()._split_scope(nodeid)
-            return SHARED_UNIT if path in shared else path
+            return unit_of.get(path, path)
 
-    return SharedAirflowAsOneUnit(config, log)
+    return SharedAirflowUnits(config, log)
 
 
 def pytest_runtest_setup(item):
@@ -451,30 +468,30 @@ def airflow_part(shared, root: Path, name: str, env=None, paths=()):
         part.clear()
 
 
-# Seconds a file took in a whole `make test` on a quiet 2-core machine (setup, calls and teardown, from
-# --junitxml; 2026-11-28, AMD EPYC), for the files of 30 s or more: the longest go first. A file's first
-# test that starts the shared Airflow counts its start.
+# Seconds a file took in a whole `make test` on a quiet 2-core machine (setup, calls and teardown of its
+# tests, two workers; 2026-11-29, AMD EPYC), for the files of 25 s or more: the longest go first, and the
+# shared Airflow's files are dealt into units by them. A file's first test that starts the shared Airflow
+# counts its start.
 FILE_SECONDS = {
-    "test_command_line.py": 401, "test_slots_at_user_shapes.py": 385, "test_celery_howto.py": 370,
-    "test_slot_faults_scheduler.py": 342, "test_distributed.py": 236, "test_jax_backend.py": 206,
-    "test_real_scheduler.py": 185, "test_end_to_end.py": 184, "test_shard_loop.py": 178, "test_results_page.py": 148,
-    "test_failures_travel.py": 118, "test_asha_runs.py": 102, "test_slot_sim.py": 100, "test_task_group.py": 91,
-    "test_shared_compile.py": 71, "test_hyperband_blocks.py": 67, "test_pbt_runs.py": 63, "test_retraining_dags.py": 63,
-    "test_fused.py": 56, "test_credentials.py": 36, "test_model_check.py": 34, "test_failing_configurations.py": 32,
-    "test_one_run_searches.py": 31,
+    "test_slots_at_user_shapes.py": 414, "test_slot_faults_scheduler.py": 227, "test_celery_howto.py": 216,
+    "test_command_line.py": 172, "test_distributed.py": 162, "test_real_scheduler.py": 108, "test_shard_loop.py": 106,
+    "test_results_page.py": 102, "test_end_to_end.py": 97, "test_task_group.py": 93, "test_pbt_runs.py": 92,
+    "test_hyperband_blocks.py": 91, "test_failures_travel.py": 59, "test_retraining_dags.py": 56, "test_asha_runs.py": 52,
+    "test_slot_sim.py": 47, "test_model_check.py": 45, "test_jax_backend.py": 43, "test_fused.py": 36,
+    "test_shared_compile.py": 28, "test_one_run_searches.py": 27, "test_failing_configurations.py": 26,
 }
 
 
 def pytest_collection_modifyitems(config, items):
     """`make test`'s units of work and their order.
 
-    The files that use the shared Airflow are one unit (:func:`pytest_xdist_make_scheduler`): one worker
-    takes them all, one after the other, on one embedded Airflow, while the other worker takes the other
-    files, one file a unit, as ``--dist loadfile`` does. That
-    Airflow starts once in a whole run instead of once a worker, and its files, which mostly wait on
-    heartbeat, stall and wait bounds, run beside files that compute. The unit comes first, then the
-    other files: the longest first (:data:`FILE_SECONDS`), then the other files holding a slow test,
-    then the rest, each group in the order collected. The worker stops the Airflow when it goes on to
+    The files that use the shared Airflow are units of work of their own, one for each worker but one
+    (:func:`pytest_xdist_make_scheduler`): a worker that takes one runs its files one after the other on
+    one embedded Airflow of its own, while the last worker takes the other files, one file a unit, as
+    ``--dist loadfile`` does. Those files mostly wait on heartbeat, stall and wait bounds, so they run
+    beside files that compute: `make test` runs three workers on two cores. The units come first, then
+    the other files: the longest first (:data:`FILE_SECONDS`), then the other files holding a slow test,
+    then the rest, each group in the order collected. A worker stops its Airflow when it goes on to
     another file (:func:`pytest_runtest_setup`).
 
     The suite ends when the worker that took the last long file ends it: xdist's own order (most tests

@@ -78,3 +78,23 @@ def test_an_import_error_is_not_taken_for_a_dag_processor_that_exited(tmp_path):
     af.wait_for_dag = lambda dag_id, timeout, folder: (_ for _ in ()).throw(RuntimeError("DAG import errors:\nx"))
     with pytest.raises(RuntimeError, match="DAG import errors"):
         AirflowPart(af, tmp_path / "file", "one_file").wait_for_dag("a")
+
+
+def test_the_shared_files_are_dealt_into_units_even_in_seconds_longest_first():
+    from tests.conftest import FILE_SECONDS, SHARED_UNIT, shared_units
+
+    files = [f"tests/{name}" for name in ("test_slots_at_user_shapes.py", "test_slot_faults_scheduler.py",
+                                          "test_real_scheduler.py", "test_pbt_runs.py", "test_asha_runs.py",
+                                          "test_new_file.py")]
+    assert set(shared_units(files, 1).values()) == {SHARED_UNIT}  # one unit: as with two workers
+    units = shared_units(files, 2)
+    seconds = {}
+    for path, unit in units.items():
+        seconds[unit] = seconds.get(unit, 0) + FILE_SECONDS.get(path.split("/")[-1], 0)
+    assert sorted(seconds) == [f"{SHARED_UNIT} 1", f"{SHARED_UNIT} 2"] and set(units) == set(files)
+    assert units["tests/test_slots_at_user_shapes.py"] == f"{SHARED_UNIT} 1"  # the longest starts the first unit
+    assert units["tests/test_slot_faults_scheduler.py"] == f"{SHARED_UNIT} 2"
+    # the unit with more seconds holds nothing that would have fitted the other with less between them
+    longer, shorter = sorted(seconds, key=seconds.get, reverse=True)
+    gap = seconds[longer] - seconds[shorter]
+    assert all(FILE_SECONDS.get(p.split("/")[-1], 0) >= gap for p, u in units.items() if u == longer)
