@@ -285,11 +285,12 @@ def shared_airflow(_shared_airflow_holder):
 def shared_units(files: list[str], units: int) -> dict[str, str]:
     """Each file of the shared Airflow's unit of work, ``units`` units as even in seconds as
     :data:`FILE_SECONDS` makes them: the longest file first, each to the unit with the fewest seconds yet."""
-    load = [0.0] * units
+    seconds = {path: FILE_SECONDS.get(Path(path).name, 0) for path in files}
+    load = [0] * units
     unit_of = {}
-    for path in sorted(files, key=lambda f: -FILE_SECONDS.get(Path(f).name, 0)):
+    for path in sorted(files, key=lambda f: -seconds[f]):
         k = load.index(min(load))
-        load[k] += FILE_SECONDS.get(Path(path).name, 0)
+        load[k] += seconds[path]
         unit_of[path] = SHARED_UNIT if units == 1 else f"{SHARED_UNIT} {k + 1}"
     return unit_of
 
@@ -504,7 +505,6 @@ def pytest_collection_modifyitems(config, items):
     # stable: the order within each group stays
     items.sort(key=lambda item: (item.path not in _USES_SHARED, -FILE_SECONDS.get(item.path.name, 0),
                                  item.path not in slow))
-
 
 
 def _freeze_what_is_alive() -> None:

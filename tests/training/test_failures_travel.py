@@ -6,7 +6,6 @@ four, the slot two shards on waited for a hop nobody would train, and the block 
 
 from __future__ import annotations
 
-
 import pytest
 
 from mop_airflow.data.shard import shard_dataset

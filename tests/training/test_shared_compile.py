@@ -60,12 +60,12 @@ def test_slots_on_jax_train_the_same_bits_with_shared_compilation_and_without(to
     # environment it started with): a fresh Keras on JAX, with the switch below
     monkeypatch.setenv("KERAS_BACKEND", "jax")
     monkeypatch.setenv("JAX_PLATFORMS", "cpu")
+    spawned = multiprocessing.get_context("spawn")
     shas, locks = {}, {}
     for switch in ("1", "0"):
         name = f"shared-{switch}"
         monkeypatch.setenv(shared_compile.SHARED_COMPILE_ENV, switch)
         run, layout, _ = _setup(tmp_path, toy_data, name)
-        spawned = multiprocessing.get_context("spawn")
         assert _slots_in_processes(tmp_path, toy_data, name, slots=slots, context=spawned) == {
             (s, k): 0 for s in range(SHARDS) for k in range(slots)}
         shas[switch] = _shas(run, layout)
