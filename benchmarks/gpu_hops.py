@@ -146,7 +146,7 @@ def worker_main(parser: argparse.ArgumentParser) -> None:
 
     import mop_airflow.data.cache  # noqa: F401
     import mop_airflow.training.builder  # noqa: F401
-    import mop_airflow.training.shard_loop  # noqa: F401
+    import mop_airflow.slots.driver  # noqa: F401
     import mop_airflow.training.checkpoint  # noqa: F401
     import mop_airflow.training.hop  # noqa: F401
 

@@ -114,7 +114,7 @@ def commit_marks(store_root: Path, run_id: str) -> tuple[set[str], list[str]]:
     had marked them (a retry that trained a committed hop again), as tests/test_celery_howto.py checks them."""
     from mop_airflow.records.layout import RunLayout  # noqa: PLC0415
     from mop_airflow.store import Store  # noqa: PLC0415
-    from mop_airflow.training.slot_commits import rewritten_after_marked  # noqa: PLC0415
+    from mop_airflow.slots.commits import rewritten_after_marked  # noqa: PLC0415
 
     store = Store(f"file://{store_root}")
     layout = RunLayout(store, DAG_ID, run_id)

@@ -1,6 +1,6 @@
 """Requests a block's shard slots make to an S3 store, per hop, counted at the endpoint.
 
-Every shard slot of one block runs :func:`mop_airflow.training.shard_loop.run_slot` as its train task
+Every shard slot of one block runs :func:`mop_airflow.slots.driver.run_slot` as its train task
 would, each in a thread of this process (16 Airflow slots are too heavy for a small machine; the loop
 runs without Airflow), against moto's S3 server on loopback, which counts every request it answers by
 kind. The models are sleepy (``mop_airflow.examples.timed_models:sleepy``: a sleep per training batch,
@@ -104,7 +104,7 @@ def one_block(root: str, options: dict | None, folder: Path, args, counter: Coun
     from mop_airflow.records.layout import RunLayout
     from mop_airflow.store import Store
     from mop_airflow.training.model_hop import Where
-    from mop_airflow.training.shard_loop import block_hops, run_slot
+    from mop_airflow.slots.driver import block_hops, run_slot
 
     source = write_data(folder, rows=int(args.shards * 16 / 0.9) + 1)
     run_id = f"r{time.time_ns()}"

@@ -8,7 +8,7 @@ run side by side on two cores without competing for CPU. The DAG (``--shards`` s
 ``--slots`` slots each, ``--iterations`` iterations) runs on a real embedded Airflow (SQLite,
 LocalExecutor). A block is one train task per shard slot (``train_shard_<s>``, or
 ``train_shard_<s>_slot_<k>``) that trains every hop of the block falling on its slot in one warm
-process (:mod:`mop_airflow.training.shard_loop`), so a hop is not a task instance: each hop's place
+process (:mod:`mop_airflow.slots.driver`), so a hop is not a task instance: each hop's place
 and time come from its hop record, the train tasks' from the task instances.
 
 measured   per hop: ``started_at`` (its slot's process took it) -> ``released_at`` (the slot free for

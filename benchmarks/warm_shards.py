@@ -2,7 +2,7 @@
 
 What a block of mop_airflow's DAG does once its train tasks run: one process per shard slot (4
 shards x 1 slot sharing this machine's device), each started once, reading its shard once and
-training every hop the block puts on it (:func:`mop_airflow.training.shard_loop.run_slot`), the
+training every hop the block puts on it (:func:`mop_airflow.slots.driver.run_slot`), the
 models hopping through the store. Beside it, on the same data and the same configurations:
 
   task-parallel   what a Ray Tune trial does: a process per configuration over the whole data
@@ -78,7 +78,7 @@ def slot_main(args: argparse.Namespace) -> None:
     from mop_airflow.records.layout import RunLayout
     from mop_airflow.store import Store
     from mop_airflow.training.model_hop import Where
-    from mop_airflow.training.shard_loop import block_hops, run_slot
+    from mop_airflow.slots.driver import block_hops, run_slot
 
     state = json.loads(Path(args.state).read_text())
     store = Store(state["store"])

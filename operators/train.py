@@ -4,7 +4,7 @@ A block (a plain search's run, or the hops to the next decision of an adaptive s
 such task per shard slot, on the shard's pool and queue. Each reads what the block trains from the
 store as it starts (the plan's offset classes, or the block's decision, with every configuration's
 starting point: :mod:`mop_airflow.planning.resume`), then trains, in one process that stays warm,
-every hop the block puts on its shard slot (:func:`mop_airflow.training.shard_loop.run_slot`).
+every hop the block puts on its shard slot (:func:`mop_airflow.slots.driver.run_slot`).
 This operator maps Airflow's context onto it and its outcome onto task states.
 """
 
@@ -57,7 +57,7 @@ class MopTrainShardOperator(MopBaseOperator):
 
     def work(self, context: Any) -> dict[str, Any]:
         from mop_airflow.operators.preflight import running_in_dag_test  # noqa: PLC0415
-        from mop_airflow.training.shard_loop import block_hops  # noqa: PLC0415
+        from mop_airflow.slots.driver import block_hops  # noqa: PLC0415
 
         layout = self.layout(context)
         if self.asha:  # the one block of an ASHA search: its hops come as the slots decide them
@@ -107,8 +107,8 @@ class MopTrainShardOperator(MopBaseOperator):
         from mop_airflow.training.devices import place_this_process  # noqa: PLC0415
         from mop_airflow.training.model_hop import Where  # noqa: PLC0415
         from mop_airflow.errors import BlockIncompleteError  # noqa: PLC0415
-        from mop_airflow.training.shard_loop import SlotYielded, run_slot  # noqa: PLC0415
-        from mop_airflow.training.watchdog import stall_seconds  # noqa: PLC0415
+        from mop_airflow.slots.driver import SlotYielded, run_slot  # noqa: PLC0415
+        from mop_airflow.slots.watchdog import stall_seconds  # noqa: PLC0415
 
         placement = place_this_process()
         if placement is not None and placement.gpu is not None:
@@ -132,7 +132,7 @@ class MopTrainShardOperator(MopBaseOperator):
 
         more = None
         if self.asha:
-            from mop_airflow.training.asha_source import AshaSource  # noqa: PLC0415
+            from mop_airflow.slots.asha_source import AshaSource  # noqa: PLC0415
 
             more = AshaSource(layout, run, shard=self.shard, slot=self.slot, shards=self.shards, slots=self.slots,
                               alone=alone)

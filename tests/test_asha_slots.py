@@ -93,9 +93,9 @@ def test_a_leg_whose_next_hop_is_on_a_slot_dead_for_good_fails_there_and_the_sea
     import time
 
     from mop_airflow.records import SlotStatus
-    from mop_airflow.training.asha_source import AshaSource
+    from mop_airflow.slots.asha_source import AshaSource
     from mop_airflow.training.model_hop import Where
-    from mop_airflow.training.shard_loop import _Loop
+    from mop_airflow.slots.driver import _Loop
 
     layout, run, plan = planned(Store(f"file://{tmp_path / 'store'}"), asha(f"file://{tmp_path / 'store'}"))
     ids = [c["config_id"] for c in run.configs]
@@ -140,14 +140,14 @@ def test_a_hop_given_up_is_taken_back_once_its_input_is_found_in_the_store_thoug
     up after a minute; a given-up hop's never was, and an ASHA slot kept it given up for ever."""
     import time
 
-    from mop_airflow.training.asha_source import AshaSource
+    from mop_airflow.slots.asha_source import AshaSource
     from mop_airflow.training.model_hop import Where
-    from mop_airflow.training.shard_loop import _Loop
+    from mop_airflow.slots.driver import _Loop
 
     layout, run, plan = planned(Store(f"file://{tmp_path / 'store'}"), asha(f"file://{tmp_path / 'store'}"))
     ids = [c["config_id"] for c in run.configs]
     Ledger(layout, run, 2, 1).decide(shard=1, slot=0)  # ids[0]: hop 0 on shard 1, hop 1 on shard 0
-    from mop_airflow.training.slot_messages import Decide, Train
+    from mop_airflow.slots.messages import Decide, Train
 
     more = AshaSource(layout, run, shard=0, slot=0, shards=2, slots=1)
     loop = _Loop(layout, run, None, [], [], block="b0", shard=0, slot=0, cache_dir=str(tmp_path / "cache"),

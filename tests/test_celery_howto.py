@@ -35,7 +35,7 @@ from mop_airflow.airflow.local import CeleryWorker, LocalAirflow, free_port, thr
 from mop_airflow.airflow.run_status import WAITING_AFTER_S
 from mop_airflow.records.layout import RunLayout
 from mop_airflow.store import Store
-from mop_airflow.training.slot_commits import rewritten_after_marked
+from mop_airflow.slots.commits import rewritten_after_marked
 from tests.test_distributed import PG, REDIS, _reachable, _skip_or_fail
 
 pytestmark = [pytest.mark.integration, pytest.mark.distributed]

@@ -610,7 +610,8 @@ def test_the_environment_page_lists_every_variable_the_code_reads_with_its_defau
     rows = _env_rows()
     assert sorted(read - set(rows)) == [], "read by the code, missing on docs/reference/environment.md"
     assert sorted(set(rows) - read) == [], "on docs/reference/environment.md, read nowhere in the code"
-    from mop_airflow.training import devices, session, shard_loop, watchdog
+    from mop_airflow.slots import driver as shard_loop, watchdog
+    from mop_airflow.training import devices, session
     from mop_airflow.cli.runs import DEFAULT_PORT
 
     defaults = {"MOP_SHARD_STALL_SECONDS": watchdog.STALL_SECONDS, "MOP_SHARD_WAIT_SECONDS": shard_loop.WAIT_SECONDS,

@@ -15,7 +15,7 @@ import sys
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 # Lowest first. The README's "Where things live" table says the same in words.
-LAYERS = ["errors", "store", "search", "config", "records", "planning", "data", "training", "results", "serving",
+LAYERS = ["errors", "store", "search", "config", "records", "planning", "data", "training", "slots", "results", "serving",
           "examples", "hooks", "operators", "airflow", "plugins", "cli"]
 BOUNDARY = {"hooks", "operators", "airflow", "plugins", "cli"}  # the only layers that may import Airflow
 

@@ -2,7 +2,7 @@
 shard slots take a class's configurations. Pure and seeded; no Airflow, no TensorFlow.
 
 A block is one warm train task per shard slot that trains every hop the block puts on its slot as
-soon as it is ready (:mod:`mop_airflow.training.shard_loop`). What the plan decides for it: which
+soon as it is ready (:mod:`mop_airflow.slots.driver`). What the plan decides for it: which
 configurations share an offset class (:func:`deal`: the seeded deal, or each model's configurations
 together when hops are short next to building a model), and the order a class's configurations are
 taken in (:func:`line_up`: by model, so a slot trains the configurations that share a compiled model

@@ -63,7 +63,7 @@ def simulate(plan: TaskPlan, classes: Sequence[Sequence[str]], seconds: Seconds,
     - A shard pool runs at most ``slots`` tasks at once (its Airflow pool's slots; the plan's own
       slots per shard say how many train tasks a block has); tasks outside shard pools never wait. Among
       ready tasks the highest priority weight goes first, then the earliest in the plan.
-    - A train task (one shard slot of a block, :mod:`mop_airflow.training.shard_loop`) trains the
+    - A train task (one shard slot of a block, :mod:`mop_airflow.slots.driver`) trains the
       block's hops on its shard slot: unit ``i`` of the block (over its classes in order) on slot
       ``i mod slots``. Idle, it takes its ready hop (the unit's previous hop ended) of the highest
       weight, then the earliest in the block; it ends when its hops are done (at once without any).
@@ -183,7 +183,7 @@ Hop = tuple  # (unit, step, shard, weight, order)
 
 def _block_hops(plan: TaskPlan, spec: TaskSpec, plain: Sequence[Sequence[str]],
                 ends: Mapping[str, int], dealt: Mapping[str, Sequence[Sequence[str]]]) -> list[Hop]:
-    """The hops of a train task's block on its shard slot, as :func:`~mop_airflow.training.shard_loop.block_hops`
+    """The hops of a train task's block on its shard slot, as :func:`~mop_airflow.slots.driver.block_hops`
     places them: unit ``i`` of the block on slot ``i mod slots``, hop ``t`` of class ``o`` on shard ``(o + t) mod p``."""
     args, hops, index = spec.args, [], 0
     prefix = spec.task_id.rpartition(".")[0]

@@ -16,7 +16,7 @@ Shape of a plain search (``p`` shards, ``T = iterations * p`` hops, ``m`` slots 
                              a warm process that reads the plan (offset class o's hop t is on shard
                              (o + t) mod p) and trains every hop of the block on its shard slot,
                              each as soon as its configuration's previous hop is committed
-                             (:mod:`mop_airflow.training.shard_loop`)
+                             (:mod:`mop_airflow.slots.driver`)
     every train task >> report >> publish
     publish     emits the DAG's champion Asset event when the run's winner beats the champion
 

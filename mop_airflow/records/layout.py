@@ -75,7 +75,7 @@ class RunLayout:
 
     def slot_commits_uri(self, block: str, shard: int, slot: int) -> str:
         """The folder of empty markers a slot leaves after each hop it records, in order: what the slots
-        waiting for its hops list (one listing a poll, :mod:`mop_airflow.training.slot_commits`)."""
+        waiting for its hops list (one listing a poll, :mod:`mop_airflow.slots.commits`)."""
         return self._at("slots", safe_segment(block), "commits", f"shard_{shard:02d}_slot_{slot}")
 
     def slots_glob(self, run_id: str) -> str:

@@ -1,6 +1,6 @@
 """A count of what this process's training has done: every training or evaluation batch, every hop
 committed, every look for another slot's hop. A shard slot's status carries it, and its watchdog
-(:mod:`~mop_airflow.training.watchdog`) reads it: a slot is judged by this count moving, not by being
+(:mod:`~mop_airflow.slots.watchdog`) reads it: a slot is judged by this count moving, not by being
 alive, since a hung step or a stalled mount keeps every heartbeat going.
 
 The watchdog's bound follows the steps it has seen (the time between two moves of the count), so a

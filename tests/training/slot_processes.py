@@ -14,7 +14,7 @@ import multiprocessing
 
 # What the forkserver imports before it forks: the training stack (as the preload does) and the test
 # modules' own imports. The first test of a pytest process to ask starts the server.
-PRELOAD = ["keras", "numpy", "pyarrow.parquet", "mop_airflow.training.shard_loop", "mop_airflow.training.model_hop",
+PRELOAD = ["keras", "numpy", "pyarrow.parquet", "mop_airflow.slots.driver", "mop_airflow.training.model_hop",
            "mop_airflow.data.shard", "mop_airflow.planning.resolve", "tests.training.toys"]
 
 

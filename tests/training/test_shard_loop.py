@@ -18,7 +18,7 @@ from mop_airflow.records import Assignment, HopRecord, SlotStatus
 from mop_airflow.records.layout import RunLayout
 from mop_airflow.store import Store
 from mop_airflow.training.model_hop import run_hop
-from mop_airflow.training.shard_loop import SlotYielded, block_hops, run_slot
+from mop_airflow.slots.driver import SlotYielded, block_hops, run_slot
 
 from .slot_processes import slot_context
 from .toys import TOY_MODEL, toy_spec
@@ -179,7 +179,7 @@ def test_a_slow_store_holds_at_most_two_trained_hops_behind_the_writer(toy_data,
             waiting[0] -= 1
         return record
 
-    monkeypatch.setattr("mop_airflow.training.shard_loop.train_hop", counted_train_hop)
+    monkeypatch.setattr("mop_airflow.slots.driver.train_hop", counted_train_hop)
     monkeypatch.setattr(model_hop.TrainedHop, "commit", slow_commit)
     result = run_slot(layout, run, manifest, hops, block="b0", shard=0, slot=0, mine=hops,
                       cache_dir=run.store.local_cache)
@@ -296,7 +296,7 @@ def test_a_slot_asked_to_stop_ends_after_its_hop_in_progress_and_a_retry_trains_
     after the hop it trains and that hop's commit, and its retry trains only what is left."""
     import threading
 
-    from mop_airflow.training.shard_loop import SlotStopped
+    from mop_airflow.slots.driver import SlotStopped
 
     run, layout, manifest = _setup(tmp_path, toy_data, "store")
     hops = _hops(run)

@@ -10,7 +10,7 @@ from mop_airflow.errors import SpecError
 from mop_airflow.records import Assignment, HopRecord
 from mop_airflow.training import session as session_module
 from mop_airflow.training.session import TaskSession, cache_bytes, model_bytes, out_of_memory
-from mop_airflow.training.shard_loop import block_hops, deal_slots, run_slot
+from mop_airflow.slots.driver import block_hops, deal_slots, run_slot
 
 from .test_shard_loop import _hops, _setup
 from .toys import TOY_MODEL
@@ -64,7 +64,7 @@ class ResourceExhaustedError(Exception):
 
 
 def test_a_device_out_of_memory_empties_the_cache_and_trains_the_hop_again(toy_data, tmp_path, monkeypatch):
-    from mop_airflow.training import shard_loop
+    from mop_airflow.slots import driver as shard_loop
 
     run, layout, manifest = _setup(tmp_path, toy_data, "store", models=(TOY_MODEL, "tests.training.toys:remember_hparams"))
     hops = _hops(run)

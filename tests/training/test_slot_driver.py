@@ -6,10 +6,10 @@ failures, what earlier tries committed) steers what the loop trains, writes, dro
 from __future__ import annotations
 
 from mop_airflow.records import HopRecord
-from mop_airflow.training import shard_loop
-from mop_airflow.training.shard_loop import block_hops, run_slot
-from mop_airflow.training.slot_messages import Check, End, Train, Write
-from mop_airflow.training.slot_protocol import SlotMachine
+from mop_airflow.slots import driver as shard_loop
+from mop_airflow.slots.driver import block_hops, run_slot
+from mop_airflow.slots.messages import Check, End, Train, Write
+from mop_airflow.slots.machine import SlotMachine
 
 from .test_shard_loop import HOPS, SHARDS, _classes, _setup
 from .toys import TOY_MODEL

@@ -13,12 +13,12 @@ import pytest
 
 from mop_airflow.errors import BlockIncompleteError
 from mop_airflow.records import HopRecord, SlotStatus
-from mop_airflow.training import slot_status
+from mop_airflow.slots import status as slot_status
 from mop_airflow.training.model_hop import Where
-from mop_airflow.training.shard_loop import run_slot
-from mop_airflow.training.slot_protocol import PeerView
-from mop_airflow.training.slot_status import HEARTBEAT_SECONDS, StatusWriter, read_status
-from mop_airflow.training.watchdog import Watchdog, stall_seconds
+from mop_airflow.slots.driver import run_slot
+from mop_airflow.slots.machine import PeerView
+from mop_airflow.slots.status import HEARTBEAT_SECONDS, StatusWriter, read_status
+from mop_airflow.slots.watchdog import Watchdog, stall_seconds
 
 from .test_shard_loop import _hops, _setup
 
@@ -233,7 +233,7 @@ def test_slots_of_three_shards_learn_their_hops_from_the_previous_shards_markers
     from mop_airflow.records import Assignment
     from mop_airflow.records.layout import RunLayout
     from mop_airflow.store import Store
-    from mop_airflow.training.shard_loop import block_hops
+    from mop_airflow.slots.driver import block_hops
 
     from .toys import toy_spec
 

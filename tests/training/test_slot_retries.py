@@ -17,7 +17,7 @@ from mop_airflow.records import Assignment, HopRecord
 from mop_airflow.records.layout import RunLayout
 from mop_airflow.store import Store
 from mop_airflow.training.model_hop import Where
-from mop_airflow.training.shard_loop import block_hops, run_slot
+from mop_airflow.slots.driver import block_hops, run_slot
 
 from .toys import toy_spec
 

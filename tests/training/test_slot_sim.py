@@ -1,4 +1,4 @@
-"""The slot protocol checked by deterministic simulation (mop_airflow.training.slot_sim), and the state
+"""The slot protocol checked by deterministic simulation (slot_sim), and the state
 machine itself by hand.
 
 Thousands of schedules (each a seed: a search, its shards and slots, faults) run the production rules;
@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from mop_airflow.training import slot_protocol as sp
-from mop_airflow.training.slot_sim import RULES, diagnose, run_many, run_one
+from mop_airflow.slots import machine as sp
+from slot_sim import RULES, diagnose, run_many, run_one
 
 # What the simulation found in the production rules (shard_loop, slot_commits, slot_status, asha_source),
 # each with the seed that shows it first and the rules before its fix; the seeds pass with the fix.
@@ -97,7 +97,7 @@ def test_a_seed_replays_to_the_same_trace_in_any_process():
     outputs = []
     for hash_seed in ("1", "2"):  # str hashes differ between these processes: nothing may depend on them
         env = {**os.environ, "PYTHONHASHSEED": hash_seed}
-        out = subprocess.run([sys.executable, "-m", "mop_airflow.training.slot_sim", "--seed", "1909",
+        out = subprocess.run([sys.executable, "-m", "slot_sim", "--seed", "1909",
                               "--rules", "before-marks"],
                              capture_output=True, text=True, env=env, timeout=120)
         outputs.append(out.stdout)

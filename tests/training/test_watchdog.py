@@ -11,7 +11,7 @@ import time
 import pytest
 
 from mop_airflow.training import progress
-from mop_airflow.training.watchdog import STALL_FLOOR_SECONDS, STALL_MULTIPLE, STALL_SECONDS, StallBound, Watchdog
+from mop_airflow.slots.watchdog import STALL_FLOOR_SECONDS, STALL_MULTIPLE, STALL_SECONDS, StallBound, Watchdog
 
 
 def test_the_bound_is_long_before_the_first_step_then_follows_the_slowest_step_with_a_floor():
@@ -129,7 +129,7 @@ def test_the_watchdog_kills_a_stalled_process_within_the_learned_bound_and_spare
 
 @pytest.mark.parametrize("value", ["soon", "-1", "nan"])
 def test_a_bad_floor_fails_with_the_fix(value, monkeypatch):
-    from mop_airflow.training.watchdog import stall_floor_seconds, stall_seconds
+    from mop_airflow.slots.watchdog import stall_floor_seconds, stall_seconds
 
     env = {"MOP_SHARD_STALL_FLOOR_SECONDS": value}
     with pytest.raises(ValueError, match=r"MOP_SHARD_STALL_FLOOR_SECONDS='.*': must be a number of seconds >= 0 "

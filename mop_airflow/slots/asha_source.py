@@ -1,6 +1,6 @@
 """A shard slot's hops of an ASHA search, as its decisions come (:mod:`mop_airflow.planning.asha_slots`).
 
-The shard loop (:func:`mop_airflow.training.shard_loop.run_slot`) asks :meth:`AshaSource.new_hops`
+The shard loop (:func:`mop_airflow.slots.driver.run_slot`) asks :meth:`AshaSource.new_hops`
 for the hops decided since it last asked, on every slot (it keeps every slot's, to know whom a hop
 waits for), and :meth:`AshaSource.idle` when it has nothing ready to train: the slot then takes the
 search's next decision, whose first hop lands on its own shard. The store is read at most once per
@@ -14,7 +14,7 @@ import time
 from mop_airflow.planning.asha_slots import Ledger, legs_of
 from mop_airflow.records import RunRecord
 from mop_airflow.records.layout import RunLayout
-from mop_airflow.training.shard_loop import BlockHop
+from mop_airflow.slots.driver import BlockHop
 
 EVERY_LOCAL, EVERY_REMOTE = 0.05, 0.5  # seconds between two reads of the decisions: a stat, or a request
 

@@ -1,19 +1,19 @@
 """Deterministic simulation of a block's shard slots, as FoundationDB and TigerBeetle's VOPR check theirs.
 
-Every slot of a search's blocks runs the production rules (:class:`~mop_airflow.training.slot_protocol.SlotMachine`)
-on one virtual clock (:mod:`~mop_airflow.training.slot_sim_world`), against an in-memory store and an
+Every slot of a search's blocks runs the production rules (:class:`~mop_airflow.slots.machine.SlotMachine`)
+on one virtual clock (:mod:`~slot_sim.world`), against an in-memory store and an
 Airflow that inject what a deployment does: hop durations, store latency, requests that fail and are
 retried, 409s on exclusive creates, listings that show new names late, a slot SIGKILLed (it loses what
 it had not committed; Airflow retries it after a delay, up to ``retries``) or SIGSTOPped (its watchdog
 kills it after the stall bound), a pool held elsewhere, a scheduler that starts tasks late,
-configurations that fail or diverge at a drawn hop (:mod:`~mop_airflow.training.slot_sim_shapes`). Hops
-sit where production puts them (:func:`~mop_airflow.training.shard_loop.block_hops`), ASHA decides with
-production's :func:`~mop_airflow.search.asha.next_jobs` (:mod:`~mop_airflow.training.slot_sim_asha`).
+configurations that fail or diverge at a drawn hop (:mod:`~slot_sim.shapes`). Hops
+sit where production puts them (:func:`~mop_airflow.slots.driver.block_hops`), ASHA decides with
+production's :func:`~mop_airflow.search.asha.next_jobs` (:mod:`~slot_sim.asha`).
 Everything is drawn from one ``random.Random(seed)``: a schedule is its seed, and replaying it gives the
 same trace.
 
 After each schedule :func:`check` verifies the invariants (:data:`INVARIANTS`) and :func:`diagnose` names
-the known bug a violation shows. ``python -m mop_airflow.training.slot_sim --schedules 1000000 --workers 2``
+the known bug a violation shows. ``python -m slot_sim --schedules 1000000 --workers 2``
 runs many; a violation prints its seed, and ``--seed N`` replays it with its trace.
 """
 
@@ -26,9 +26,9 @@ import platform
 import sys
 import time
 
-from mop_airflow.training import slot_protocol as sp
-from mop_airflow.training.slot_sim_shapes import after, describe, oracle
-from mop_airflow.training.slot_sim_world import World
+from mop_airflow.slots import machine as sp
+from slot_sim.shapes import after, describe, oracle
+from slot_sim.world import World
 
 INVARIANTS = (
     "every hop of a configuration that did not fail is committed exactly once, in its order, from the "
@@ -209,7 +209,7 @@ def run_many(first: int, count: int, rules: str = "production", *, workers: int 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m mop_airflow.training.slot_sim", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m slot_sim", description=__doc__.split("\n")[0])
     parser.add_argument("--schedules", type=int, default=10_000, help="how many schedules (seeds) to run")
     parser.add_argument("--first", type=int, default=0, help="the first seed")
     parser.add_argument("--workers", type=int, default=1, help="processes to run them in")
@@ -243,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
           f"succeeded ended at {late:.0%} of its time bound, "
           f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC")
     if bad:
-        print(f"replay one: python -m mop_airflow.training.slot_sim --seed {bad[0][0]} --rules {args.rules}")
+        print(f"replay one: python -m slot_sim --seed {bad[0][0]} --rules {args.rules}")
     return 1 if bad else 0
 
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from mop_airflow.planning.blocks import completions as rung_completions
 from mop_airflow.search.asha import next_jobs
-from mop_airflow.training import slot_protocol as sp
-from mop_airflow.training.shard_loop import BlockHop
-from mop_airflow.training.slot_sim_shapes import metric
+from mop_airflow.slots import machine as sp
+from mop_airflow.slots.driver import BlockHop
+from slot_sim.shapes import metric
 
 
 class AshaDecisions:

@@ -1,4 +1,4 @@
-"""What a shard slot's state machine (:mod:`~mop_airflow.training.slot_protocol`) hears and says.
+"""What a shard slot's state machine (:mod:`~mop_airflow.slots.machine`) hears and says.
 
 The data of its events (a state, a hop record, a peer's status, what the store says of a hop), the
 actions it asks its driver to carry out, and the :class:`Rules` a test may switch. Plain frozen

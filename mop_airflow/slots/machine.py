@@ -1,14 +1,14 @@
 """One shard slot's decisions in a block, as a pure state machine (sans-IO).
 
-The rules of :mod:`~mop_airflow.training.shard_loop` (what to train next, when to wait, settle a failed
+The rules of :mod:`~mop_airflow.slots.driver` (what to train next, when to wait, settle a failed
 configuration forward, give a hop up or take it back, yield the pool slot, end), with every read, write,
 thread and clock left to a driver: :meth:`SlotMachine.decide` takes the time and returns one action;
 what the action found, and whatever arrived meanwhile (markers, commits, peers' statuses, ASHA's
 decisions), comes back as events. Deterministic: the same events give the same actions. So
-:mod:`~mop_airflow.training.slot_sim` can run many slots on a virtual clock against a store that
+:mod:`~slot_sim` can run many slots on a virtual clock against a store that
 injects faults, and replay any schedule from its seed, as FoundationDB and TigerBeetle check theirs.
 
-It is the production rules, not a copy of them: the shard loop (:mod:`~mop_airflow.training.shard_loop`)
+It is the production rules, not a copy of them: the shard loop (:mod:`~mop_airflow.slots.driver`)
 is a driver of this machine that carries its actions out with the store, its threads and the clock,
 as the simulation's world does on a virtual clock; so production takes exactly the decisions the
 simulation checks. Hops are anything shaped like ``shard_loop.BlockHop`` (``config_id``, ``hop``,
@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from mop_airflow.training.slot_messages import (  # noqa: F401 - the machine's words, re-exported
+from mop_airflow.slots.messages import (  # noqa: F401 - the machine's words, re-exported
     ASHA_EVERY, HEARTBEAT, NEVER, STATES_HELD, Check, Decide, End, Facts, Look, PeerStatus, Read, ReadPeers,
     Record, Rules, State, Train, Wait, Write, Yield, died_on_last_try, state_after)
 

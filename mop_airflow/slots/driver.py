@@ -28,7 +28,7 @@ The guarantees of a task per hop are kept:
   does the same, but its task is retried: that slot may be late (its pool held elsewhere) or hung, and
   comes back;
 - a slot whose own progress stops (a step that hangs, a stalled mount, a stopped process) is killed by
-  its watchdog after ``MOP_SHARD_STALL_SECONDS`` (:mod:`~mop_airflow.training.watchdog`), and retried.
+  its watchdog after ``MOP_SHARD_STALL_SECONDS`` (:mod:`~mop_airflow.slots.watchdog`), and retried.
 
 A block's slots wait for each other's hops, so they must all run at once. Two blocks that share
 the shard pools at once (two selections, two DAGs) could each hold some of them and wait for the
@@ -42,8 +42,8 @@ each hold a slot of the first shard and wait, up to the wait bound).
 
 What the slot decides (what to train next, when to wait, settle a failed configuration forward, give a
 hop up or take it back, yield, end) is a pure state machine,
-:class:`~mop_airflow.training.slot_protocol.SlotMachine`, which the slot protocol's simulation
-(:mod:`~mop_airflow.training.slot_sim`) checks over many schedules; the loop here is its driver: it
+:class:`~mop_airflow.slots.machine.SlotMachine`, which the slot protocol's simulation
+(:mod:`~slot_sim`) checks over many schedules; the loop here is its driver: it
 carries each action out with the store, its threads and the clock, and tells the machine what it found.
 Training, committing, the slot's status and the task's result stay here.
 
@@ -62,20 +62,21 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Collection, Iterable, Sequence
 
 from mop_airflow.errors import BlockIncompleteError, TrainingError
-from mop_airflow.training import progress, slot_messages
+from mop_airflow.slots import messages as slot_messages
+from mop_airflow.training import progress
 from mop_airflow.planning.schedule import DEFAULT_PRIORITY, priority_weight, shard_at
 from mop_airflow.records import Assignment, HopRecord, Manifest, RunRecord
 from mop_airflow.records.layout import RunLayout
 from mop_airflow.training.fused import fused_partners, fuses_here, train_fused_hop
 from mop_airflow.training.model_hop import (CLEANUP, Where, failure_of, read_hashed, record_failure, sha256_of,
                                             state_after, train_hop, with_digest)
-from mop_airflow.training.slot_commits import CommitLog, CommitPoller
+from mop_airflow.slots.commits import CommitLog, CommitPoller
 from mop_airflow.training.session import WARM_MODELS, TaskSession, out_of_memory
-from mop_airflow.training.slot_messages import (Check, Decide, Facts, Look, Read, ReadPeers, Rules, Train, Wait,
+from mop_airflow.slots.messages import (Check, Decide, Facts, Look, Read, ReadPeers, Rules, Train, Wait,
                                                 Write, Yield)
-from mop_airflow.training.slot_protocol import PeerView, SlotMachine
-from mop_airflow.training.slot_status import HEARTBEAT_SECONDS, StatusWriter, read_status
-from mop_airflow.training.watchdog import Watchdog
+from mop_airflow.slots.machine import PeerView, SlotMachine
+from mop_airflow.slots.status import HEARTBEAT_SECONDS, StatusWriter, read_status
+from mop_airflow.slots.watchdog import Watchdog
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +88,7 @@ WAIT_SECONDS = 600.0
 # How long a slot waits for a hop's input, its slot alive, before it looks the input's record up in the
 # store itself: the marker that names it may have landed after a name its poller had already listed
 # past (a commit and a failure marked at once, a marker PUT retried, a listing that lags), and then no
-# listing ever shows it. Found by the slot protocol's simulation (mop_airflow.training.slot_sim).
+# listing ever shows it. Found by the slot protocol's simulation (slot_sim).
 LOOK_SECONDS = 60.0
 YIELD_ENV = "MOP_SHARD_YIELD_SECONDS"
 # How long a slot that has trained nothing waits for the slots of its block ranked before it to
@@ -251,9 +252,9 @@ def run_slot(layout: RunLayout, run: RunRecord, manifest: Manifest, hops: Sequen
     its pool slot back (``yield_seconds``, by default ``MOP_SHARD_YIELD_SECONDS``; never with ``mine``).
     ``stop`` set (the task's ``on_kill``): the slot ends after its hop in progress and its commits,
     raising :class:`SlotStopped`. ``stall_seconds``: a watchdog process kills this process when its
-    progress stops that long (:mod:`~mop_airflow.training.watchdog`; a task of its own only, never the
+    progress stops that long (:mod:`~mop_airflow.slots.watchdog`; a task of its own only, never the
     caller's process of ``dag.test()``; None or 0: none). ``more``: where hops decided while the block
-    trains come from (an ASHA search, :class:`~mop_airflow.training.asha_source.AshaSource`): the slot
+    trains come from (an ASHA search, :class:`~mop_airflow.slots.asha_source.AshaSource`): the slot
     asks it for new hops as it polls, and to decide when it has nothing ready, until it says the
     search has ended. ``last_try``: no retry follows this try; its status says so, so that the slots
     waiting for it know it ended for good if it dies (it says no last word then).
@@ -288,7 +289,7 @@ def run_slot(layout: RunLayout, run: RunRecord, manifest: Manifest, hops: Sequen
 
 
 class _Loop:
-    """The driver of the slot's state machine (:class:`~mop_airflow.training.slot_protocol.SlotMachine`): it
+    """The driver of the slot's state machine (:class:`~mop_airflow.slots.machine.SlotMachine`): it
     asks the machine what to do next and carries that out with the store, its threads and the clock,
     telling it what it found and what arrived meanwhile (markers its poller listed, commits its writer
     thread made, peers' statuses, records, ASHA's decisions). What to train next, when to wait, what to

@@ -10,7 +10,7 @@ configuration's next record up cost a request per configuration per poll. A poll
 listing, backing off while nothing arrives; while the slot has a hop to train it lists only every
 :data:`POLL_MOST_REMOTE` (0.5 s on S3), and the training thread only reads the sets it fills.
 
-The slot's state machine (:class:`~mop_airflow.training.slot_protocol.SlotMachine`) then asks for the
+The slot's state machine (:class:`~mop_airflow.slots.machine.SlotMachine`) then asks for the
 hop record a marker names when the hop it waits for is that one.
 """
 

@@ -1,7 +1,7 @@
 """The virtual world of the slot simulation: a clock, a store, an Airflow, and every slot's process.
 
-:class:`World` runs one schedule (a :class:`~mop_airflow.training.slot_sim_shapes.Shape`, drawn from its
-seed): each shard slot's task is a :class:`~mop_airflow.training.slot_protocol.SlotMachine` whose actions
+:class:`World` runs one schedule (a :class:`~slot_sim.shapes.Shape`, drawn from its
+seed): each shard slot's task is a :class:`~mop_airflow.slots.machine.SlotMachine` whose actions
 the world carries out on a virtual clock, a heap of events, in a deterministic order:
 
 - **the store** keeps hop records, checkpoints (a hop's commit writes its checkpoint and record, deletes
@@ -31,10 +31,10 @@ from collections import defaultdict, deque
 from typing import Any, Callable
 
 from mop_airflow.search.asha import AshaPlan
-from mop_airflow.training import slot_protocol as sp
-from mop_airflow.training.shard_loop import block_hops
-from mop_airflow.training.slot_sim_asha import AshaDecisions
-from mop_airflow.training.slot_sim_shapes import Block, Search, Shape, after, draw
+from mop_airflow.slots import machine as sp
+from mop_airflow.slots.driver import block_hops
+from slot_sim.asha import AshaDecisions
+from slot_sim.shapes import Block, Search, Shape, after, draw
 
 NEVER = math.inf
 

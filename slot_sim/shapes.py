@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mop_airflow.search.promotion import promote
-from mop_airflow.training.slot_protocol import State
+from mop_airflow.slots.machine import State
 
 MASK = (1 << 64) - 1
 

@@ -1,0 +1,3 @@
+from slot_sim.run import main
+
+raise SystemExit(main())
