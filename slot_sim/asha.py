@@ -1,16 +1,20 @@
-"""ASHA's decisions in the slot simulation, as :class:`~mop_airflow.planning.asha_slots.Ledger` takes them.
+"""ASHA's decisions in the slot simulation, taken by production's rules.
 
 A slot with nothing ready takes the search's next decision from the decisions and hop records it sees,
-with production's :func:`~mop_airflow.search.asha.next_jobs` and
-:func:`~mop_airflow.planning.blocks.completions`, then creates decision ``k`` exclusively: the first create
+with the functions :class:`~mop_airflow.planning.asha_slots.Ledger` calls
+(:func:`~mop_airflow.planning.asha_slots.choose`, :func:`~mop_airflow.planning.asha_slots.ends_leg`,
+:func:`~mop_airflow.planning.blocks.completions`), then creates decision ``k`` exclusively: the first create
 to land wins, a 409 is retried, a slot that lost reads the winner's. Every slot reads the decisions as
-they land and adds the hops that fall on it.
+they land and adds the hops that fall on it. Before it decides, a slot fails the legs whose next hop is
+on a slot ended for good as production's driver does (:func:`~mop_airflow.planning.asha_slots.dead_legs`),
+judging that slot through its own :class:`~mop_airflow.slots.machine.PeerView`, not the raw statuses.
+Only the store's I/O is the simulation's: no rule is copied here.
 """
 
 from __future__ import annotations
 
+from mop_airflow.planning.asha_slots import Leg, choose, dead_leg_error, dead_legs, ends_leg, next_hops_of
 from mop_airflow.planning.blocks import completions as rung_completions
-from mop_airflow.search.asha import next_jobs
 from mop_airflow.slots import machine as sp
 from mop_airflow.slots.driver import BlockHop
 from slot_sim.shapes import metric
@@ -83,52 +87,58 @@ class AshaDecisions:
         return {**decision, "jobs": [job]}
 
     def _decision(self, ledger: list) -> dict | None:
-        """Ledger.decide, but where the job trains (the deciding slot's shard and index)."""
+        """Ledger.decide's choice (where the job trains is the deciding slot's: _next_decision)."""
         plan, p = self.plan, self.s.shards
         jobs = [job["job"] for d in ledger for job in d["jobs"]]
         seen = list(ledger[-1]["completions"]) if ledger else []
-        done = {(c.config_id, c.rung) for c in seen}
-        in_flight = [j for j in jobs if (j.config_id, j.rung) not in done]
-        new = self._completions(in_flight)
-        if not new and len(in_flight) >= self.capacity:
-            return None
-        seen += new
-        done |= {(c.config_id, c.rung) for c in new}
-        in_flight = [j for j in in_flight if (j.config_id, j.rung) not in done]
-        if len(in_flight) >= self.capacity:
-            return None
-        handed = sum(j.iterations - (plan.rungs[j.rung - 1] if j.rung else 0) for j in jobs)
-        jobs_now = next_jobs(plan, seen, [(j.config_id, j.rung - 1) for j in jobs if j.kind == "promote"],
-                             [j.config_id for j in jobs if j.kind == "start"], self.s.configs, 1, direction="min",
-                             block=handed // self.capacity, slots=p * self.s.slots)
+        choice = choose(plan, self.capacity, jobs, seen, self._completions, self.s.configs, direction="min",
+                        shards=p, slots=self.s.slots)
         k = len(ledger)
-        if not jobs_now:
-            return None if in_flight else {"k": k, "finished": True, "jobs": [], "completions": seen}
-        (job,) = jobs_now
-        first = 0 if job.kind == "start" else plan.rungs[job.rung - 1] * p
+        if choice is None or choice.finished:
+            return None if choice is None else {"k": k, "finished": True, "jobs": [], "completions": choice.completions}
+        job, first = choice.job, choice.first
         record = self.records.get((job.config_id, first - 1))
         start = sp.State(job.config_id, first - 1, None if first == 0 else record.checkpoint_sha256)
-        return {"k": k, "finished": False, "completions": seen, "jobs": [{
+        return {"k": k, "finished": False, "completions": choice.completions, "jobs": [{
             "job": job, "config_id": job.config_id, "rung": job.rung, "kind": job.kind, "first": first,
             "end": job.iterations * p, "from": start}]}
 
     def _fail_dead_legs(self, proc: Proc) -> None:
-        """Rules.asha_dead_legs: a job in flight whose next hop is on a slot ended for good (failed for good,
-        or died on its last try) fails there: asha_source.AshaSource.idle."""
-        p = self.s.shards
-        for cid, (first, end, offset, slot) in sorted(self.legs.items()):
-            t = first
-            while t < end and (cid, t) in self.records and self.records[cid, t].status == "ok":
-                t += 1
-            if t == end or (cid, t) in self.records:
-                continue
-            owner = self.tasks[(offset + t) % p * self.s.slots + slot]
-            status = owner.status(self.now)
-            if status is not None and ((status.state == "failed" and status.final) or (
-                    self.rules.last_try_dies and sp.died_on_last_try(status, self.now, self.s.wait))):
-                self._put(sp.Record(cid, t, (offset + t) % p, "failed", try_number=proc.task.try_number,
-                                    error=f"TrainingError: its hop {t} on shard {(offset + t) % p} was given up: "
-                                          f"shard {owner.shard} slot {owner.slot} failed for good"), lambda: None)
+        """The driver's _Loop._fail_dead_legs: the legs in flight by the decisions this slot read, each
+        slot judged by this slot's PeerView (its status read at most every min(heartbeat, wait / 2))."""
+        p, m, now = self.s.shards, proc.machine, self.now
+        done = {(c.config_id, c.rung) for c in (proc.ledger[-1]["completions"] if proc.ledger else [])}
+        legs, flying = {}, set()
+        for d in proc.ledger:
+            for j in d["jobs"]:
+                legs[j["config_id"]] = Leg(d["k"], j["config_id"], j["first"], j["end"], j["offset"], j["slot"],
+                                           j["from"])
+                if (j["config_id"], j["rung"]) not in done:
+                    flying.add(j["config_id"])
+                else:
+                    flying.discard(j["config_id"])
+        if not flying:
+            return
+        recorded: dict = {}
+        for cid, t in self.records:
+            recorded.setdefault(cid, set()).add(t)
+
+        def gone(owner: tuple) -> tuple | None:
+            peer = m.peer(owner, now)
+            if now - peer.read_at >= min(sp.HEARTBEAT, self.s.wait / 2):
+                peer.read_at = now
+                peer.read(self.tasks[owner[0] * self.s.slots + owner[1]].status(now), now)
+            return peer.gone(now, self.s.wait)
+
+        def failed(cid: str, t: int) -> bool:
+            return (cid, t) in self.records and self.records[cid, t].status != "ok"
+
+        for leg, t, shard, why in dead_legs(next_hops_of(legs, flying, recorded), shards=p,
+                                            me=proc.task.shard_slot, gone=gone, failed=failed):
+            record = sp.Record(leg.config_id, t, shard, "failed", try_number=proc.task.try_number,
+                               error="TrainingError: " + dead_leg_error(t, shard, why))
+            m.recorded(record)
+            self._put(record, lambda record=record: self._mark(proc, record, lambda: None))
 
     def _completions(self, in_flight: list) -> list:
         last = {}
@@ -140,7 +150,7 @@ class AshaDecisions:
             if t is None:
                 continue
             record = self.records[job.config_id, t]
-            if record.status != "ok" or t == job.iterations * self.s.shards - 1:
+            if ends_leg(record, job, self.s.shards):
                 records.append(_Seen(record, self.landed[job.config_id, t]))
         return rung_completions(records, in_flight, shards=self.s.shards, metric="loss")
 

@@ -112,7 +112,7 @@ def _check_asha(w: World, ok: dict, first_failure: dict) -> list[str]:
     for cid, r in sorted(first_failure.items()):
         drawn = s.fail.get(cid)
         if not ((drawn == (r.t, r.status) and f"hop {r.t} on shard {r.shard}" in (r.error or ""))
-                or "was given up" in (r.error or "")):
+                or "was given up" in (r.error or "") or "never trained" in (r.error or "")):
             out.append(f"{cid} recorded failed at hop {r.t} with cause {r.error!r}, not its own")
     if w.outcome == "succeeded":
         if not decisions or not decisions[-1]["finished"]:

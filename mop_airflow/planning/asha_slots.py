@@ -26,14 +26,14 @@ Reads and writes records only: no Airflow, no TensorFlow.
 from __future__ import annotations
 
 import dataclasses
-from typing import Iterable
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from mop_airflow.planning.blocks import block_capacity, completions
 from mop_airflow.planning.resume import resume_at
 from mop_airflow.records import Assignment, BlockDecision, HopRecord, RunRecord
 from mop_airflow.records.layout import RunLayout
 from mop_airflow.search.adaptive import adaptive_plan
-from mop_airflow.search.asha import next_jobs
+from mop_airflow.search.asha import AshaPlan, next_jobs
 from mop_airflow.search.jobs import Completion, Job
 
 
@@ -56,6 +56,100 @@ def legs_of(decision: BlockDecision) -> list[Leg]:
     return [Leg(decision.block, job["config_id"], decision.training[job["config_id"]],
                 job["iterations"] * job["shards"], job["offset"], job["slot"], Assignment.from_dict(job["from"]))
             for job in decision.jobs]
+
+
+# The rules below are the ledger's decisions as pure functions of what a slot has read: the Ledger
+# (production, over the store) and the slot protocol's simulation (slot_sim, over its virtual store)
+# both call them, so the simulation checks the rule production runs, not a copy of it.
+
+@dataclasses.dataclass(frozen=True)
+class Choice:
+    """The next decision of an ASHA search: the completions it saw and its job (None: the search is
+    finished), whose leg trains from hop ``first``."""
+
+    completions: list[Completion]
+    job: Job | None
+    first: int = 0
+
+    @property
+    def finished(self) -> bool:
+        return self.job is None
+
+
+def choose(plan: AshaPlan, capacity: int, jobs: Sequence[Job], seen: Sequence[Completion],
+           completed: Callable[[list[Job]], list[Completion]], candidates: Sequence[str], *, direction: str,
+           shards: int, slots: int) -> Choice | None:
+    """ASHA's next decision from the jobs handed out so far (``jobs``), the completions the last decision
+    saw (``seen``) and ``completed(in_flight)``: the jobs in flight that completed their rung or failed
+    since, in the order their hops were saved. None when nothing can be decided now (every job in
+    flight, or the capacity full)."""
+    seen = list(seen)
+    done = {(c.config_id, c.rung) for c in seen}
+    in_flight = [j for j in jobs if (j.config_id, j.rung) not in done]
+    new = completed(in_flight)
+    if not new and len(in_flight) >= capacity:
+        return None
+    seen += new
+    done |= {(c.config_id, c.rung) for c in new}
+    in_flight = [j for j in in_flight if (j.config_id, j.rung) not in done]
+    if len(in_flight) >= capacity:
+        return None
+    handed_iterations = sum(j.iterations - (plan.rungs[j.rung - 1] if j.rung else 0) for j in jobs)
+    handed = next_jobs(plan, seen, [(j.config_id, j.rung - 1) for j in jobs if j.kind == "promote"],
+                       [j.config_id for j in jobs if j.kind == "start"], candidates, 1, direction=direction,
+                       block=handed_iterations // capacity, slots=shards * slots)
+    if not handed:
+        return None if in_flight else Choice(seen, None)  # with a job in flight, its completion may be promoted
+    (job,) = handed
+    return Choice(seen, job, 0 if job.kind == "start" else plan.rungs[job.rung - 1] * shards)
+
+
+def ends_leg(record: Any, job: Job, shards: int) -> bool:
+    """Whether ``record``, the latest of ``job``'s configuration, completes the job: a failure, or the hop
+    that ends its rung (read then, to take its metric)."""
+    return record.status != "ok" or record.t == job.iterations * shards - 1
+
+
+def next_hops_of(legs: Mapping[str, Leg], flying: Iterable[str],
+                 recorded: Mapping[str, Iterable[int]]) -> list[tuple[Leg, int]]:
+    """Each configuration in flight (``flying``) with its latest leg (``legs``) and the hop that leg trains
+    next: the first of the leg with no record (``recorded``: each configuration's hops with one)."""
+    out = []
+    for cid in sorted(flying):
+        leg, t = legs[cid], legs[cid].first
+        done = set(recorded.get(cid, ()))
+        while t in done:
+            t += 1
+        if t < leg.end:
+            out.append((leg, t))
+    return out
+
+
+def dead_legs(next_hops: Iterable[tuple[Leg, int]], *, shards: int, me: tuple[int, int],
+              gone: Callable[[tuple[int, int]], tuple[str, bool] | None],
+              failed: Callable[[str, int], bool]) -> list[tuple[Leg, int, int, str]]:
+    """The legs in flight to fail because their next hop is on a slot that ended for good:
+    ``(leg, hop, shard, why)``. ``gone(owner)``: the waiting slot's view of slot ``owner``
+    (:meth:`~mop_airflow.slots.machine.PeerView.gone`); ``failed(config_id, t)``: whether hop ``t``'s record
+    is a failure (then the leg's completion is on its way to the next decision). When that hop is its
+    leg's last, no slot waits for it, and the search would wait for the job for ever (seed 539)."""
+    out = []
+    for leg, t in next_hops:
+        owner = ((leg.offset + t) % shards, leg.slot)
+        if owner == me:
+            continue
+        why = gone(owner)
+        if why is None or not why[1]:
+            continue
+        if t > leg.first and failed(leg.config_id, t - 1):
+            continue
+        out.append((leg, t, owner[0], f"never trained: {why[0]}"))
+    return out
+
+
+def dead_leg_error(t: int, shard: int, why: str) -> str:
+    """The cause a dead leg's failure record gives (a TrainingError's message)."""
+    return f"its hop {t} on shard {shard} {why}"
 
 
 class Ledger:
@@ -101,31 +195,17 @@ class Ledger:
         self.read()
         if self.finished:
             return None
-        jobs, seen = self.jobs(), self.seen()
-        done = {(c.config_id, c.rung) for c in seen}
-        in_flight = [j for j in jobs if (j.config_id, j.rung) not in done]
-        new = self._completions(in_flight)
-        if not new and len(in_flight) >= self.capacity:
+        p, plan, k = self.shards, self.plan, len(self.decisions)
+        choice = choose(plan, self.capacity, self.jobs(), self.seen(), self._completions,
+                        [c["config_id"] for c in self.run.configs], direction=self.run.direction, shards=p,
+                        slots=self.slots)
+        if choice is None:
             return None
-        seen += new
-        done |= {(c.config_id, c.rung) for c in new}
-        in_flight = [j for j in in_flight if (j.config_id, j.rung) not in done]
-        if len(in_flight) >= self.capacity:
-            return None
-        p, plan = self.shards, self.plan
-        handed_iterations = sum(j.iterations - (plan.rungs[j.rung - 1] if j.rung else 0) for j in jobs)
-        handed = next_jobs(plan, seen, [(j.config_id, j.rung - 1) for j in jobs if j.kind == "promote"],
-                           [j.config_id for j in jobs if j.kind == "start"], [c["config_id"] for c in self.run.configs],
-                           1, direction=self.run.direction, block=handed_iterations // self.capacity,
-                           slots=p * self.slots)
-        k = len(self.decisions)
-        if not handed:
-            if in_flight:
-                return None  # a completion to come may be promoted
+        seen = choice.completions
+        if choice.finished:
             return self._take(BlockDecision(block=k, capacity=self.capacity, finished=True,
                                             completions=[dataclasses.asdict(c) for c in seen]), shard, slot)
-        (job,) = handed
-        first = 0 if job.kind == "start" else plan.rungs[job.rung - 1] * p
+        job, first = choice.job, choice.first
         offset = (shard - first) % p  # its first hop of the job on the deciding slot's shard
         start = (Assignment(config_id=job.config_id, t=-1, checkpoint=None) if first == 0
                  else resume_at(self.layout, job.config_id, first - 1))
@@ -148,14 +228,7 @@ class Ledger:
         for uri in self.layout.store.glob(self.layout.hops_glob):
             cid, name = uri.rsplit("/", 2)[-2:]
             recorded.setdefault(cid, set()).add(int(name[1:].split(".")[0]))
-        out = []
-        for cid in sorted(flying):
-            leg, t = legs[cid], legs[cid].first
-            while t in recorded.get(cid, ()):
-                t += 1
-            if t < leg.end:
-                out.append((leg, t))
-        return out
+        return next_hops_of(legs, flying, recorded)
 
     def _take(self, decision: BlockDecision, shard: int, slot: int) -> BlockDecision:
         """Write ``decision`` unless another slot took decision ``k`` first; either way, the decision ``k`` is."""
@@ -183,6 +256,6 @@ class Ledger:
             if last is None:
                 continue
             record = HopRecord.read(self.layout.store, self.layout.hop_record_uri(job.config_id, last))
-            if record.status != "ok" or last == job.iterations * self.shards - 1:
+            if ends_leg(record, job, self.shards):
                 records.append(record)
         return completions(records, jobs, shards=self.shards, metric=self.run.metric)

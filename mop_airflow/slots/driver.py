@@ -62,6 +62,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Collection, Iterable, Sequence
 
 from mop_airflow.errors import BlockIncompleteError, TrainingError
+from mop_airflow.planning.asha_slots import dead_leg_error, dead_legs
 from mop_airflow.slots import messages as slot_messages
 from mop_airflow.training import progress
 from mop_airflow.planning.schedule import DEFAULT_PRIORITY, priority_weight, shard_at
@@ -629,26 +630,23 @@ class _Loop:
         if now - self.legs_checked_at < HEARTBEAT_SECONDS:
             return
         self.legs_checked_at = now
-        shards = self.more.shards
-        for leg, t in self.more.ledger.next_hops():
-            owner = ((leg.offset + t) % shards, leg.slot)
-            if owner == self.slot_of:
-                continue
-            gone = self._peer(owner, now).gone(now, self.wait)
-            if gone is None or not gone[1]:
-                continue
-            if t > leg.first:
-                before = self.layout.hop_record_uri(leg.config_id, t - 1)
-                if self.layout.store.exists(before) and HopRecord.read(self.layout.store, before).status != "ok":
-                    continue  # failed already: its completion is on its way to the next decision
-            self._fail_for_good(leg.config_id, t, owner[0], f"never trained: {gone[0]}")
+        store = self.layout.store
+
+        def failed(config_id: str, t: int) -> bool:
+            uri = self.layout.hop_record_uri(config_id, t)
+            return store.exists(uri) and HopRecord.read(store, uri).status != "ok"
+
+        for leg, t, shard, why in dead_legs(self.more.ledger.next_hops(), shards=self.more.shards, me=self.slot_of,
+                                            gone=lambda owner: self._peer(owner, now).gone(now, self.wait),
+                                            failed=failed):
+            self._fail_for_good(leg.config_id, t, shard, why)
 
     def _fail_for_good(self, config_id: str, t: int, shard: int, why: str) -> None:
         """ASHA: record configuration ``config_id`` failed at its hop ``t`` (on ``shard``), which will never
         train; the search goes on without it."""
         failure = record_failure(self.layout, Assignment(config_id, t - 1, None), t=t, shard=shard,
                                  shards=self.run.schedule.shards, where=self.where,
-                                 error=TrainingError(f"its hop {t} on shard {shard} {why}"))
+                                 error=TrainingError(dead_leg_error(t, shard, why)))
         self.marks.mark(failure)
         self.result.failed.append(failure)
         self.machine.recorded(failure)

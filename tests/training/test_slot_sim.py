@@ -72,7 +72,9 @@ def test_asha_legs_reaching_a_dead_slot_after_its_death_shows_are_failed_too(see
     assert world.problems == [] and world.outcome in ("succeeded", "failed")
 
 
-@pytest.mark.parametrize("seed", (136875, 212597, 813197))
+# (212597 showed it too until the simulation's dead-leg check went through production's PeerView: the
+# schedule changed and no longer reaches it)
+@pytest.mark.parametrize("seed", (136875, 813197))
 def test_a_hop_given_up_is_taken_back_when_its_input_comes_with_a_marker_no_listing_shows(seed):
     """Found by the 1,000,000 schedules (9 of them, all ASHA): a slot gave a hop up, the slot it waited for
     came back and committed the input, but its marker landed after a later name (or a listing lagged)
