@@ -2,8 +2,7 @@
 
 A slot with nothing ready takes the search's next decision from the decisions and hop records it sees,
 with the functions :class:`~mop_airflow.planning.asha_slots.Ledger` calls
-(:func:`~mop_airflow.planning.asha_slots.choose`, :func:`~mop_airflow.planning.asha_slots.ends_leg`,
-:func:`~mop_airflow.planning.blocks.completions`), then creates decision ``k`` exclusively: the first create
+(:func:`~mop_airflow.planning.asha_slots.choose`, :func:`~mop_airflow.planning.asha_slots.leg_completions`), then creates decision ``k`` exclusively: the first create
 to land wins, a 409 is retried, a slot that lost reads the winner's. Every slot reads the decisions as
 they land and adds the hops that fall on it. Before it decides, a slot fails the legs whose next hop is
 on a slot ended for good as production's driver does (:func:`~mop_airflow.planning.asha_slots.dead_legs`),
@@ -13,11 +12,18 @@ Only the store's I/O is the simulation's: no rule is copied here.
 
 from __future__ import annotations
 
-from mop_airflow.planning.asha_slots import Leg, choose, dead_leg_error, dead_legs, ends_leg, next_hops_of
-from mop_airflow.planning.blocks import completions as rung_completions
+from mop_airflow.planning.asha_slots import Leg, choose, dead_leg_error, dead_legs, leg_completions, next_hops_of
 from mop_airflow.slots import machine as sp
 from mop_airflow.slots.driver import BlockHop
 from slot_sim.shapes import metric
+
+# A search of n configurations takes at most one decision a configuration and rung, and the last: past
+# a few times that, it decides again and again (a configuration promoted twice) and runs away
+DECISIONS_CAP = 8
+
+
+class Runaway(Exception):
+    """The schedule cannot go on (its violation says why): the world stops it."""
 
 
 class AshaDecisions:
@@ -98,6 +104,13 @@ class AshaDecisions:
             return None if choice is None else {"k": k, "finished": True, "jobs": [], "completions": choice.completions}
         job, first = choice.job, choice.first
         record = self.records.get((job.config_id, first - 1))
+        if first > 0 and (record is None or record.status != "ok"):  # production's resume_at raises
+            self.violate(f"ASHA promoted {job.config_id} to rung {job.rung} from its hop {first - 1}, "
+                         f"which is {'not recorded' if record is None else record.status}")
+            raise Runaway
+        if k > DECISIONS_CAP * len(self.s.configs):
+            self.violate(f"ASHA took {k} decisions for {len(self.s.configs)} configurations: it runs away")
+            raise Runaway
         start = sp.State(job.config_id, first - 1, None if first == 0 else record.checkpoint_sha256)
         return {"k": k, "finished": False, "completions": choice.completions, "jobs": [{
             "job": job, "config_id": job.config_id, "rung": job.rung, "kind": job.kind, "first": first,
@@ -144,15 +157,9 @@ class AshaDecisions:
         last = {}
         for cid, t in self.records:
             last[cid] = max(last.get(cid, -1), t)
-        records = []
-        for job in in_flight:
-            t = last.get(job.config_id)
-            if t is None:
-                continue
-            record = self.records[job.config_id, t]
-            if ends_leg(record, job, self.s.shards):
-                records.append(_Seen(record, self.landed[job.config_id, t]))
-        return rung_completions(records, in_flight, shards=self.s.shards, metric="loss")
+        latest = [_Seen(self.records[j.config_id, last[j.config_id]], self.landed[j.config_id, last[j.config_id]])
+                  for j in in_flight if j.config_id in last]
+        return leg_completions(latest, in_flight, shards=self.s.shards, metric="loss")
 
     def _asha_landed(self, record: sp.Record) -> None:
         if self.s.method != "asha":

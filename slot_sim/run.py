@@ -26,8 +26,11 @@ import platform
 import sys
 import time
 
+from mop_airflow.search import promotion
 from mop_airflow.slots import machine as sp
-from slot_sim.shapes import after, describe, oracle
+from slot_sim.oracle import asha_job, best_first, reference
+from slot_sim.planted import BUGS, PENDING, planted
+from slot_sim.shapes import after, describe, metric
 from slot_sim.world import World
 
 INVARIANTS = (
@@ -37,8 +40,9 @@ INVARIANTS = (
     "within the fault envelope (infrastructure faults the protocol must absorb) the search succeeds",
     "a search that succeeded leaves every configuration as a run without infrastructure faults does",
     "a failed configuration is recorded with its cause: the hop and shard it failed at",
-    "ASHA takes each decision once, never promotes a configuration twice, never exceeds its budget, "
-    "and ends with every configuration finished, stopped or failed",
+    "ASHA takes each decision once, by its rule (the reference's get_job), never promotes a configuration "
+    "twice, never exceeds its budget, and ends with every configuration finished, stopped or failed",
+    "a search that succeeded ranks its leaderboard (production's ranking) as the reference does, winner first",
 )
 
 
@@ -61,7 +65,8 @@ def check(w: World) -> list[str]:
     if s.method == "asha":
         out += _check_asha(w, ok, first_failure)
     else:
-        trained, final = oracle(s)
+        ref = reference(s)
+        trained, final = ref.trained, ref.final
         for key, r in sorted(ok.items()):
             if trained.get(key) != r.checkpoint_sha256:
                 out.append(f"{key[0]} t={key[1]}: checkpoint {r.checkpoint_sha256:x} where a run without faults has "
@@ -78,8 +83,61 @@ def check(w: World) -> list[str]:
                                            or f"hop {end[1]} on shard {end[2]}" not in (got.error or "")):
                     out.append(f"{cid} fails at hop {end[1]} on shard {end[2]} ({end[3]}), but its record says "
                                f"{None if got is None else (got.t, got.shard, got.status, got.error)}")
+            out += _check_leaderboard(w, ok, first_failure, ref.leaderboard)
     if s.benign and w.outcome != "succeeded" and not w.violations:
         out.append(f"the search {w.outcome} though every fault was within the envelope: " + w._stuck())
+    return out
+
+
+def _leaderboard(scores: dict) -> list[str]:
+    """Production's ranking (:func:`~mop_airflow.search.promotion.rank_rung`) of ``config -> metric``."""
+    ranked = promotion.rank_rung([{"config_id": cid, "metric": m, "status": "ok"} for cid, m in sorted(scores.items())],
+                       direction="min")
+    return [r["config_id"] for r in ranked]
+
+
+def _check_leaderboard(w: World, ok: dict, first_failure: dict, expected: list) -> list[str]:
+    """The configurations that trained the most hops, ranked by production's rule, against the reference's."""
+    if w.outcome != "succeeded":
+        return []
+    last: dict = {}
+    for cid, t in ok:
+        if cid not in first_failure:
+            last[cid] = max(last.get(cid, -1), t)
+    most = max(last.values(), default=-1)
+    got = _leaderboard({cid: metric(ok[cid, t].checkpoint_sha256) for cid, t in last.items() if t == most})
+    if got != expected:
+        return [f"the leaderboard ranks {got[:5]} where the reference ranks {expected[:5]} (winner "
+                f"{got[0] if got else None}, not {expected[0] if expected else None})"]
+    return []
+
+
+def _check_asha_rule(w: World, decisions: list) -> list[str]:
+    """Each decision's job is the one ASHA's rule (the reference's get_job) hands out from the completions
+    that decision saw; the search finishes only when the rule hands nothing and nothing is in flight; the
+    leaderboard (the top rung reached, production's ranking) is the reference's."""
+    out, jobs = [], []
+    for d in decisions:
+        seen = [(c.config_id, c.rung, c.metric if c.status == "ok" else None) for c in d["completions"]]
+        want = asha_job(w.s, seen, jobs, w.capacity)
+        got = None if d["finished"] else (d["jobs"][0]["config_id"], d["jobs"][0]["rung"], d["jobs"][0]["kind"])
+        if got != want and not (got is None and want is None):
+            out.append(f"ASHA's decision {d['k']} hands {got} where its rule hands {want} (from completions "
+                       f"{seen[-6:]})")
+            return out
+        if got is None:
+            flying = {(cid, rung) for cid, rung, _ in jobs} - {(cid, rung) for cid, rung, _ in seen}
+            if flying:
+                out.append(f"ASHA finished at decision {d['k']} with {sorted(flying)[:4]} still in flight")
+        else:
+            jobs.append(got)
+    if w.outcome == "succeeded" and decisions and decisions[-1]["finished"]:
+        seen = [(c.config_id, c.rung, c.metric) for c in decisions[-1]["completions"] if c.status == "ok"]
+        top = max((rung for _, rung, _ in seen), default=0)
+        scores = {cid: m for cid, rung, m in seen if rung == top}
+        got, want = _leaderboard(scores), best_first(scores)
+        if got != want:
+            out.append(f"ASHA's leaderboard ranks {got[:5]} where the reference ranks {want[:5]}")
     return out
 
 
@@ -88,6 +146,7 @@ def _check_asha(w: World, ok: dict, first_failure: dict) -> list[str]:
     decisions = [w.decisions[k][1] for k in sorted(w.decisions)]
     if [d["k"] for d in decisions] != list(range(len(decisions))):
         out.append("ASHA's decisions are not numbered in sequence")
+    out += _check_asha_rule(w, decisions)
     jobs = [job for d in decisions for job in d["jobs"]]
     pairs = [(j["config_id"], j["rung"]) for j in jobs]
     if len(set(pairs)) != len(pairs):
@@ -129,10 +188,24 @@ def _check_asha(w: World, ok: dict, first_failure: dict) -> list[str]:
     return out
 
 
-def run_one(seed: int, rules: sp.Rules = sp.Rules(), trace: bool = False) -> World:
+def run_one(seed: int, rules: sp.Rules = sp.Rules(), trace: bool = False, bug: str | None = None) -> World:
+    """Schedule ``seed`` under ``rules``, or with planted bug ``bug`` (:mod:`slot_sim.planted`), checked."""
+    if bug is not None:
+        with planted(bug) as bug_rules:
+            return run_one(seed, bug_rules, trace)
     world = World(seed, rules, trace=trace).run()
     world.problems = check(world)
     return world
+
+
+def first_caught(bug: str, first: int = 0, limit: int = 2_000) -> int | None:
+    """The first seed from ``first`` whose schedule violates an invariant with ``bug`` planted (None: none
+    of ``limit``)."""
+    with planted(bug) as rules:
+        for seed in range(first, first + limit):
+            if run_one(seed, rules).problems:
+                return seed
+    return None
 
 
 RULES = {
@@ -149,16 +222,17 @@ RULES = {
 
 
 def _chunk(args: tuple) -> tuple:
-    first, count, rules = args
+    first, count, rules, bug = args
     bad = []
     events, late = 0, 0.0
-    for seed in range(first, first + count):
-        world = run_one(seed, RULES[rules])
-        events += world.events
-        if world.problems:
-            bad.append((seed, world.problems[0], describe(world.s), diagnose(world)))
-        elif world.outcome == "succeeded":
-            late = max(late, world.now / world.bound)
+    with planted(bug) as bug_rules:
+        for seed in range(first, first + count):
+            world = run_one(seed, bug_rules if bug is not None else RULES[rules])
+            events += world.events
+            if world.problems:
+                bad.append((seed, world.problems[0], describe(world.s), diagnose(world)))
+            elif world.outcome == "succeeded":
+                late = max(late, world.now / world.bound)
     return count, events, bad, late
 
 
@@ -173,13 +247,14 @@ def _machine() -> str:
 
 
 def run_many(first: int, count: int, rules: str = "production", *, workers: int = 1, seconds: float = 0,
-             progress: int = 0) -> tuple[int, int, list, float]:
+             progress: int = 0, bug: str | None = None) -> tuple[int, int, list, float]:
     """Run seeds ``first`` to ``first + count - 1`` (in chunks, on ``workers`` processes; stopping after
-    ``seconds`` if given): how many ran, their events, each violation ``(seed, what, shape, diagnosis)``,
-    and the latest a search that succeeded ended, as a share of its time bound."""
+    ``seconds`` if given; with planted bug ``bug``): how many ran, their events, each violation
+    ``(seed, what, shape, diagnosis)``, and the latest a search that succeeded ended, as a share of its
+    time bound."""
     began = time.perf_counter()
     size = max(1, min(500, count // (workers * 8) or 1))
-    chunks = [(s, min(size, first + count - s), rules) for s in range(first, first + count, size)]
+    chunks = [(s, min(size, first + count - s), rules, bug) for s in range(first, first + count, size)]
     done, events, bad, late, told = 0, 0, [], 0.0, 0
 
     def tally(result: tuple) -> bool:
@@ -215,13 +290,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=1, help="processes to run them in")
     parser.add_argument("--rules", choices=sorted(RULES), default="production", help="the protocol's rules")
     parser.add_argument("--seed", type=int, help="replay this one seed and print its trace")
+    parser.add_argument("--bug", choices=sorted(BUGS), help="plant this bug (slot_sim.planted)")
+    parser.add_argument("--planted", action="store_true", help="run every planted bug over the schedules and "
+                        "print the table: the first seed that catches it, the schedules violated")
     parser.add_argument("--show", type=int, default=10, help="violations to print")
     parser.add_argument("--progress", type=int, default=0, help="print a line every this many schedules")
     parser.add_argument("--seconds", type=float, default=0, help="stop after this long (0: never), reporting the "
                         "schedules run")
     args = parser.parse_args(argv)
+    if args.planted:
+        return _table(args)
     if args.seed is not None:
-        world = run_one(args.seed, RULES[args.rules], trace=True)
+        world = run_one(args.seed, RULES[args.rules], trace=True, bug=args.bug)
         print("\n".join(world.trace))
         print(f"seed {args.seed}: {describe(world.s)}; {world.outcome} at {world.now:.1f} s (bound "
               f"{world.bound:.0f} s)")
@@ -229,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1 if world.problems else 0
     began = time.perf_counter()
     done, events, bad, late = run_many(args.first, args.schedules, args.rules, workers=args.workers,
-                                       seconds=args.seconds, progress=args.progress)
+                                       seconds=args.seconds, progress=args.progress, bug=args.bug)
     seconds = time.perf_counter() - began
     for seed, problem, shape, why in bad[:args.show]:
         print(f"seed {seed}: {problem[:400]}\n    {shape}\n    diagnosis: {why}")
@@ -245,6 +325,26 @@ def main(argv: list[str] | None = None) -> int:
     if bad:
         print(f"replay one: python -m slot_sim --seed {bad[0][0]} --rules {args.rules}")
     return 1 if bad else 0
+
+
+def _table(args: argparse.Namespace) -> int:
+    """Every planted bug over seeds ``--first`` on: the table the docs show. Exit 1 if one survives."""
+    began, n, survived = time.perf_counter(), args.schedules, 0
+    print(f"| planted bug | first seed that catches it | schedules violated of {n:,} |\n|---|---|---|")
+    for name in BUGS:
+        if BUGS[name].needs:
+            continue
+        done, _, bad, _ = run_many(args.first, n, workers=args.workers, bug=name)
+        survived += not bad
+        print(f"| {name} | {bad[0][0] if bad else '**none**'} | {len(bad):,} |", flush=True)
+    for name in [n for n in BUGS if BUGS[n].needs]:
+        done, _, bad, _ = run_many(args.first, n, workers=args.workers, bug=name)
+        print(f"| {name} | {bad[0][0] if bad else 'none yet'} | {len(bad):,} (needs {BUGS[name].needs}) |", flush=True)
+    for name, why in PENDING.items():
+        print(f"| {name} | not plantable yet | {why} |")
+    print(f"\nseeds {args.first} to {args.first + n - 1}, {time.perf_counter() - began:.0f} s on {_machine()}, "
+          f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC")
+    return 1 if survived else 0
 
 
 def diagnose(w: World) -> str:

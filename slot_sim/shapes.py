@@ -1,13 +1,14 @@
-"""The searches the slot simulation runs, drawn from a seed, and what a fault-free run of each leaves.
+"""The searches the slot simulation runs, drawn from a seed.
 
 A :class:`Shape` is one schedule's world: the search (a plain grid, successive halving, Hyperband's
 brackets side by side, PBT, ASHA), its shards and slots, fused groups, the configurations that fail or
 diverge at a drawn hop, and the infrastructure's faults (kills, hangs, late pools, a slow and failing
-store). :class:`Search` says which block trains next from the results of the one before, the same
-rule for the simulation (which reads the results from its store) and for :func:`oracle` (which
-computes them: a checkpoint is a hash chain, ``sha(t) = H(sha(t - 1), config, t, shard)``), so the two
-can only differ where the slots got a hop wrong. Decisions between blocks rank with the production
-rule (:func:`~mop_airflow.search.promotion.promote`). No Airflow, no Keras.
+store). :class:`Search` says which block trains next from the results of the one before, as the
+product's decisions between blocks do, ranking with the production rule
+(:func:`~mop_airflow.search.promotion.promote`): it is under test. The reference the simulation is
+checked against (:mod:`~slot_sim.oracle`) is written apart from it, from the papers. A checkpoint is a
+hash chain, ``sha(t) = H(sha(t - 1), config, t, shard)``, and a hop's metric a function of its hash.
+No Airflow, no Keras.
 """
 
 from __future__ import annotations
@@ -253,28 +254,6 @@ class Search:
             return None
         starts = {cid: copies.get(cid, results[cid][1]) for cid, _ in members}
         return self._block(k, members, starts, copies)
-
-
-def oracle(shape: Shape) -> tuple[dict, dict]:
-    """What a run without infrastructure faults leaves: every hop trained ((config, hop) -> checkpoint)
-    and each configuration's end ("ok", State) or ("failed", hop, shard, status)."""
-    search, index, p = Search(shape), shape.index, shape.shards
-    block, trained, final = search.first(), {}, {}
-    while block is not None:
-        results = {}
-        for cid, offset in block.members:
-            state, out = block.starts[cid], None
-            for t in range(block.start, block.end):
-                shard = (offset + t) % p
-                if shape.fail.get(cid, (None,))[0] == t:
-                    out = ("failed", t, shard, shape.fail[cid][1])
-                    break
-                state = after(state, index[cid], t, shard)
-                trained[cid, t] = state.checkpoint_sha256
-            results[cid] = out or ("ok", state)
-        final.update(results)
-        block = search.next(block, results)
-    return trained, final
 
 
 def describe(s: Shape) -> str:

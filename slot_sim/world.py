@@ -33,10 +33,17 @@ from typing import Any, Callable
 from mop_airflow.search.asha import AshaPlan
 from mop_airflow.slots import machine as sp
 from mop_airflow.slots.driver import block_hops
-from slot_sim.asha import AshaDecisions
+from slot_sim.asha import AshaDecisions, Runaway
 from slot_sim.shapes import Block, Search, Shape, after, draw
 
 NEVER = math.inf
+# A schedule's cap in events (its cap in virtual time is its bound): the most any of the first 100,000
+# schedules took was a few thousand, so a schedule past this has run away (a decision taken again and
+# again, actions that never end), and fails with its seed instead of running for ever. A slot's
+# actions answered at once (reads) count too, each as an event.
+EVENT_CAP = 100_000
+
+
 
 
 class Task:
@@ -124,6 +131,10 @@ class World(AshaDecisions):
         else:
             self._start_block(self.search.first(), 0.0)
         while self.heap and self.outcome == "running":
+            if self.events > EVENT_CAP:
+                self.violate(f"the schedule ran away: {self.events} events by {self.now:.0f} s of virtual time "
+                             f"(its cap is {EVENT_CAP}): " + self._stuck())
+                break
             when, _, fn, args = heapq.heappop(self.heap)
             if when > self.bound:
                 self.violate(f"the search has not ended by {self.bound:.0f} s of virtual time (its bound): "
@@ -135,7 +146,13 @@ class World(AshaDecisions):
                 break
             self.now = when
             self.events += 1
-            fn(*args)
+            try:
+                fn(*args)
+            except Runaway:  # a cap passed, or a state the world cannot go on from: its violation says so
+                if not self.violations:
+                    self.violate(f"the schedule ran away: {self.events} events by {self.now:.0f} s of virtual "
+                                 f"time (its cap is {EVENT_CAP})")
+                break
         if self.outcome == "running" and not self.violations:
             self.violate("no event left and the search has not ended (a deadlock): " + self._stuck())
         return self
@@ -361,6 +378,9 @@ class World(AshaDecisions):
         if self.keep_trace:
             self.note(type(act).__name__, proc.task.shard, proc.task.slot, act)
         while type(act) is sp.ReadPeers or type(act) is sp.Read:
+            self.events += 1
+            if self.events > EVENT_CAP:
+                raise Runaway
             # a status file, and a record a marker listed names, is read at once (its latency changes
             # nothing: a record lands before its marker, and is never written again)
             if type(act) is sp.Read:

@@ -110,6 +110,16 @@ def ends_leg(record: Any, job: Job, shards: int) -> bool:
     return record.status != "ok" or record.t == job.iterations * shards - 1
 
 
+def leg_completions(latest: Iterable[Any], in_flight: Sequence[Job], *, shards: int, metric: str) -> list[Completion]:
+    """What the jobs in flight came to, from each one's configuration's latest hop record (``latest``: a
+    ``HopRecord``, or anything with its fields): those that complete the job (:func:`ends_leg`), in the
+    order their hops were saved (:func:`~mop_airflow.planning.blocks.completions`)."""
+    by_config = {r.config_id: r for r in latest}
+    ended = [by_config[j.config_id] for j in in_flight
+             if j.config_id in by_config and ends_leg(by_config[j.config_id], j, shards)]
+    return completions(ended, in_flight, shards=shards, metric=metric)
+
+
 def next_hops_of(legs: Mapping[str, Leg], flying: Iterable[str],
                  recorded: Mapping[str, Iterable[int]]) -> list[tuple[Leg, int]]:
     """Each configuration in flight (``flying``) with its latest leg (``legs``) and the hop that leg trains
@@ -253,9 +263,6 @@ class Ledger:
         records: list[HopRecord] = []
         for job in jobs:
             last = listed.get(job.config_id)
-            if last is None:
-                continue
-            record = HopRecord.read(self.layout.store, self.layout.hop_record_uri(job.config_id, last))
-            if ends_leg(record, job, self.shards):
-                records.append(record)
-        return completions(records, jobs, shards=self.shards, metric=self.run.metric)
+            if last is not None:
+                records.append(HopRecord.read(self.layout.store, self.layout.hop_record_uri(job.config_id, last)))
+        return leg_completions(records, jobs, shards=self.shards, metric=self.run.metric)

@@ -1,0 +1,183 @@
+"""Bugs planted on purpose in the slot protocol, switched in by name, to show the simulation catches each.
+
+Mutation testing, as the design notes ask: a planted bug that no schedule catches names a missing
+invariant or fault. Each bug is the production code with one rule broken: a :class:`~mop_airflow.slots.
+messages.Rules` switch the machine already has, or a production function replaced for the length of a
+``with`` (:func:`planted`), so that production's code stays as it ships. ``python -m slot_sim --planted``
+runs every bug over a range of seeds and prints the table the docs show; the CI test
+(``tests/training/test_slot_sim.py``) fails if any bug survives its seeds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+from unittest import mock
+
+from mop_airflow.planning import asha_slots
+from mop_airflow.search import asha as search_asha
+from mop_airflow.search import promotion
+from mop_airflow.slots import machine
+from mop_airflow.slots.messages import Rules
+
+
+@dataclass(frozen=True)
+class Bug:
+    """A planted bug: what it breaks, in words; the rules it runs with; the production functions it
+    replaces (``(owner, attribute, replacement(original))``); ``needs``: a fault the simulated world does
+    not have yet, without which no schedule can catch it (then it is listed, not required)."""
+
+    what: str
+    rules: Rules = Rules()
+    patches: tuple = ()
+    needs: str | None = None
+
+
+def _gone_without_wait_bound(original: Callable) -> Callable:
+    def gone(self: Any, now: float, wait: float) -> Any:
+        why = original(self, now, wait)
+        return None if why is not None and not why[1] and "made no progress" in why[0] else why
+    return gone
+
+
+def _read_ignoring_same_try(original: Callable) -> Callable:
+    def read(self: Any, status: Any, at: float) -> None:
+        if status is not None and self.latest is not None and status.try_number <= self.latest.try_number:
+            return  # `<` made `<=`: a later word of the same try is dropped as if it were older
+        original(self, status, at)
+    return read
+
+
+def _promoting_again(original: Callable) -> Callable:
+    def next_jobs(plan: Any, completions: Any, promoted: Any, *args: Any, **kwargs: Any) -> Any:
+        return original(plan, completions, [], *args, **kwargs)
+    return next_jobs
+
+
+def _over_budget(original: Callable) -> Callable:
+    def next_jobs(plan: Any, *args: Any, **kwargs: Any) -> Any:
+        return original(dataclasses.replace(plan, budget=None), *args, **kwargs)
+    return next_jobs
+
+
+def _reversed(original: Callable) -> Callable:
+    def rank_rung(results: Any, *, direction: str) -> Any:
+        return original(results, direction="max" if direction == "min" else "min")
+    return rank_rung
+
+
+def _any_record_ends_leg(original: Callable) -> Callable:
+    return lambda record, job, shards: True
+
+
+def _completed_at_latest(original: Callable) -> Callable:
+    def completions(records: Any, jobs: Any, *, shards: int, metric: str) -> Any:
+        # each job completes at its configuration's latest record, whatever hop of its leg that is
+        done = {r.config_id: r for r in records}
+        out = []
+        for job in jobs:
+            r = done.get(job.config_id)
+            if r is not None:
+                out.append(original([dataclasses.replace(r, t=job.iterations * shards - 1)
+                                     if dataclasses.is_dataclass(r) else _At(r, job.iterations * shards - 1)],
+                                    [job], shards=shards, metric=metric)[0])
+        return out
+    return completions
+
+
+class _At:
+    def __init__(self, record: Any, t: int) -> None:
+        self.__dict__.update(vars(record))
+        self.t = t
+
+
+def _dies_on_any_try(original: Callable) -> Callable:
+    def died_on_last_try(status: Any, now: float, wait: float) -> bool:
+        return status is not None and status.state == "running" and now - status.heartbeat > wait
+    return died_on_last_try
+
+
+def _failure_not_written(original: Callable) -> Callable:
+    def trained_failed(self: Any, hop: Any, state: Any, status: str, error: str) -> None:
+        original(self, hop, state, status, error)
+        self.outbox.pop()  # learnt here, never written: the slots after it wait for a record that never comes
+    return trained_failed
+
+
+def _never_taken_back(original: Callable) -> Callable:
+    return lambda self, now: None
+
+
+def _never_earlier(original: Callable) -> Callable:
+    return lambda self, hop, state, facts: None
+
+
+BUGS: dict[str, Bug] = {
+    "failed configuration not settled forward": Bug(
+        "a slot that drops a failed configuration's hops writes no record where the next one was due",
+        Rules(settle_forward=False)),
+    "retry does not check commits": Bug(
+        "a retry takes no hop as committed by its earlier try, and trains it again",
+        patches=((machine.SlotMachine, "_earlier", _never_earlier),)),
+    "no bound on waiting for a silent peer": Bug(
+        "a slot waits for ever for a peer whose progress stopped (no wait bound)",
+        patches=((machine.PeerView, "gone", _gone_without_wait_bound),),
+        needs="a slot task that never starts (another engineer's fault kind)"),
+    "PeerView.read `<` made `<=`": Bug(
+        "a peer's later status from the same try is ignored",
+        patches=((machine.PeerView, "read", _read_ignoring_same_try),)),
+    "ASHA promotes twice": Bug(
+        "ASHA forgets which configurations it promoted",
+        patches=((asha_slots, "next_jobs", _promoting_again),)),
+    "production ranking reversed": Bug(
+        "every rung, leaderboard and promotion ranks worst first",
+        patches=((promotion, "rank_rung", _reversed), (search_asha, "rank_rung", _reversed))),
+    "ASHA over its budget": Bug(
+        "ASHA hands out legs past its budget's last block",
+        patches=((asha_slots, "next_jobs", _over_budget),)),
+    "promotion without its rung complete": Bug(
+        "an ASHA job counts as complete at its configuration's latest record, mid-leg",
+        patches=((asha_slots, "ends_leg", _any_record_ends_leg), (asha_slots, "completions", _completed_at_latest))),
+    "found commit not marked": Bug(
+        "a retry that finds its hop committed does not mark it", Rules(mark_found=False)),
+    "waiting hop never looked up": Bug(
+        "a hop waited for, its slot alive, never has its input's record looked up", Rules(look_after=None)),
+    "given-up hop never looked up": Bug(
+        "a hop given up never has its input's record looked up again", Rules(look_given_up=False)),
+    "a peer dead on its last try waited for": Bug(
+        "a slot silent on its last try is not taken as ended for good", Rules(last_try_dies=False)),
+    "ASHA dead legs kept": Bug(
+        "ASHA never fails a leg whose next hop is on a slot ended for good", Rules(asha_dead_legs=False)),
+    "silent peer dead on any try": Bug(
+        "a peer silent for the wait bound is taken as ended for good though a retry follows",
+        patches=((machine, "died_on_last_try", _dies_on_any_try),)),
+    "failure not recorded": Bug(
+        "a configuration that fails is not recorded failed (the slot only learns it)",
+        patches=((machine.SlotMachine, "trained_failed", _failure_not_written),)),
+    "give-up never taken back": Bug(
+        "a hop given up stays given up when its input comes after all",
+        patches=((machine.SlotMachine, "_take_back", _never_taken_back),)),
+}
+# Named for the protocol's fixes still to land, plantable once they do: the fence (a copy superseded
+# by a later try overwrites a committed record) and the yield bound (production's yield_bound is off,
+# so "yields unbounded" is today's rule).
+PENDING = {
+    "fence removed": "writes are not fenced by try yet, and the world has no zombie copies yet",
+    "yields unbounded": "production does not bound yields yet (Rules.yield_bound is off), and the world has "
+                        "no slot task that never starts",
+}
+
+
+@contextlib.contextmanager
+def planted(name: str | None) -> Iterator[Rules]:
+    """Run the ``with`` body with bug ``name`` planted (None: none); yields the rules to run with."""
+    if name is None:
+        yield Rules()
+        return
+    bug = BUGS[name]
+    with contextlib.ExitStack() as stack:
+        for owner, attribute, replace in bug.patches:
+            stack.enter_context(mock.patch.object(owner, attribute, replace(getattr(owner, attribute))))
+        yield bug.rules
