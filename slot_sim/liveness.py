@@ -1,0 +1,79 @@
+"""How long a search may take: the fault-free run's time plus the stated cost of each fault injected.
+
+A search with faults within the envelope (those the protocol must absorb) must end by the time the
+same search takes without them, plus what each fault it injected may cost, from :data:`COSTS`, the
+table ``docs/concepts/shard-slots.md`` shows users. Not a loose multiple of a worst case: a planted
+bug that makes hops wait longer than a fault explains (a peer's progress ignored, a look-up that
+comes late) shows as a schedule past its time.
+
+The fault-free time comes from the same search run without its faults, every hop as slow as its
+drawn duration may make it (the simulation draws each hop's seconds between 0.8 and 1.25 of its
+configuration's: the reference takes 1.25 / 0.8 of them, so its hops are never quicker than the
+faulted run's), against the same store.
+
+Each cost is the longest the protocol, as documented, may spend on the fault: for a slot killed,
+Airflow's detection, its retry delay, the scheduler's lateness, the retry's start, and the hops the
+slot trains again (the one in progress and those trained but not committed, at most ``STATES_HELD``).
+A fault kind added to the world adds its row here, with its cost in the same words.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+from mop_airflow.slots.messages import HEARTBEAT, STATES_HELD
+
+RESCHEDULE = 20.0  # the most a yielded slot waits to be started again (the world: 10 to 20 s)
+JITTER = 1.25 / 0.8  # the reference's hops against the quickest a faulted run's may be
+
+
+def _hops_again(s) -> float:
+    """A try lost mid-hop: the hop in progress and those not committed, trained again, and the retry's
+    first reads (its status, the markers, its earlier try's commits)."""
+    return (1 + STATES_HELD) * 1.25 * max(s.durations.values()) + 4 * _op(s)
+
+
+def _op(s) -> float:
+    """One store request, its retries included."""
+    return s.latency[1] + (4.0 if s.transient else 0.0)
+
+
+def _restart(s) -> float:
+    return s.detect + s.retry_delay[1] + s.scheduler_late + _hops_again(s) + HEARTBEAT
+
+
+# fault kind -> (what it costs, in words; seconds, from the shape and the fault's own seconds)
+COSTS: dict[str, tuple[str, Callable]] = {
+    "kill": ("a slot's try killed (SIGKILL, a lost worker): Airflow sees it gone (its detection), retries it "
+             "after the retry delay and the scheduler's lateness, and the retry trains again the hop in progress "
+             "and those trained but not committed (at most 2)",
+             lambda s, seconds: _restart(s)),
+    "stop": ("a slot hung (SIGSTOP): its watchdog kills it after the stall bound, then as a kill",
+             lambda s, seconds: s.stall + _restart(s)),
+    "late": ("a slot's pool held elsewhere for a while: those seconds, then the slots that gave their pool slot "
+             "back meanwhile come again (a reschedule, the scheduler's lateness)",
+             lambda s, seconds: seconds + s.give_back + RESCHEDULE + s.scheduler_late + HEARTBEAT),
+}
+
+
+def faults_of(s) -> list[tuple[str, float]]:
+    """Every fault a shape injects, as ``(kind, its own seconds)``."""
+    return ([(kind, 0.0) for *_, kind in s.faults] + [("late", seconds) for seconds in s.late.values()])
+
+
+def allowance(s) -> tuple[float, list[str]]:
+    """The seconds the faults of shape ``s`` may add, and each one's share in words."""
+    total, parts = 0.0, []
+    for kind, seconds in faults_of(s):
+        cost = COSTS[kind][1](s, seconds)
+        total += cost
+        parts.append(f"{kind} {cost:.0f} s")
+    # the weather, not a fault: store requests retried, listings late; the reference draws its own
+    slack = 10.0 + 8 * _op(s) + 2 * s.lag_most + 2 * s.poll_most
+    return total + slack, parts + [f"store and listings {slack:.0f} s"]
+
+
+def reference_shape(s):
+    """Shape ``s`` without its faults, each hop as slow as its draw may make it."""
+    return dataclasses.replace(s, faults=[], late={}, durations={c: d * JITTER for c, d in s.durations.items()})
