@@ -52,6 +52,7 @@ Runs and is tested without Airflow; the shard operator maps Airflow's context on
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import threading
@@ -75,7 +76,7 @@ from mop_airflow.training.session import WARM_MODELS, TaskSession, out_of_memory
 from mop_airflow.slots.messages import (Check, Decide, Facts, Look, Read, ReadPeers, Rules, Train, Wait,
                                                 Write, Yield)
 from mop_airflow.slots.machine import PeerView, SlotMachine
-from mop_airflow.slots.status import HEARTBEAT_SECONDS, StatusWriter, read_status
+from mop_airflow.slots.status import HEARTBEAT_SECONDS, StatusWriter, end_never_started, read_status, yielding_since
 from mop_airflow.slots.watchdog import Watchdog
 
 log = logging.getLogger(__name__)
@@ -270,6 +271,8 @@ def run_slot(layout: RunLayout, run: RunRecord, manifest: Manifest, hops: Sequen
     try:
         result = loop.train_all()
     except SlotYielded as exc:
+        # when this try first gave its pool slot back: its next start reads it back (Rules.yield_bound)
+        loop.status.yielding_since = loop.machine.yielding_since or time.time()
         loop.status.stop("yielded", error=str(exc))
         raise
     except BaseException as exc:
@@ -282,6 +285,9 @@ def run_slot(layout: RunLayout, run: RunRecord, manifest: Manifest, hops: Sequen
             watchdog.stop()
     if result.untrained:
         error = BlockIncompleteError(shard, slot, result.untrained, for_good=loop.for_good)
+        error.absent = loop.absent  # the slots it waited for that never started: a last try ends their tasks
+        if loop.absent and final(error):
+            end_never_started(layout, block, loop.absent, f"shard {shard} slot {slot} failed for good waiting for it")
         loop.status.stop("failed", final=final(error), error=str(error)[:1000])
         raise error
     loop.status.stop("done")
@@ -317,13 +323,15 @@ class _Loop:
                                    asha=more is not None, alone=give_back is None,
                                    shards=more.shards if more is not None else run.schedule.shards,
                                    slots=more.slots if more is not None else 1,
-                                   rules=Rules(look_after=LOOK_SECONDS), state_after=state_after)
+                                   rules=Rules(look_after=LOOK_SECONDS), state_after=state_after,
+                                   yielding_since=yielding_since(layout, block, shard, slot, where.try_number))
         self.poller = CommitPoller(layout, block, self.machine.polled)
         self.marks = CommitLog(layout, block, shard, slot, where.try_number)
         self.status = StatusWriter(layout, block, shard, slot, where, left=len(self.machine.pending), last_try=last_try)
         self.result = SlotResult()
         self.for_good: set[str] = set()  # hops given up because their slot ended for good
         self.legs_checked_at = 0.0  # ASHA: when the slots of the legs in flight were last checked
+        self.absent: list[tuple[int, int]] = []  # the slots its hops waited for that never started
 
     def train_all(self) -> SlotResult:
         self.status.start()
@@ -395,6 +403,7 @@ class _Loop:
         CLEANUP.retry(self.layout.store)  # a stale checkpoint whose delete failed: once more before the task ends
         result.untrained = dict(act.untrained)
         self.for_good = set(act.for_good)
+        self.absent = sorted(act.absent)
         return result
 
     def _next(self) -> Any:
@@ -409,7 +418,7 @@ class _Loop:
             for wanted, event in ((machine.wants_poll, self.poller.wanted), (machine.idle, self.poller.idle)):
                 event.set() if wanted else event.clear()
             if isinstance(act, Read):
-                machine.read({key: HopRecord.read(store, self.layout.hop_record_uri(*key)) for key in act.keys})
+                self._read_records(act)
             elif isinstance(act, ReadPeers):
                 now = time.time()
                 for owner in act.owners:
@@ -422,6 +431,21 @@ class _Loop:
                 self._write(act)
             else:
                 return act
+
+    def _read_records(self, act: Read) -> None:
+        """The records the listed markers name; one that a reader of this store cannot read yet (listed, but
+        404 here for a while) is read again later: the machine waits for it as for a hop not listed."""
+        found, missing = {}, []
+        for key in act.keys:
+            data = self.layout.store.read_if_there(self.layout.hop_record_uri(*key))
+            if data is None:
+                missing.append(key)
+                log.warning("%s t=%d: its marker is listed but its record cannot be read yet; read again shortly", *key)
+            else:
+                found[key] = HopRecord.from_dict(json.loads(data))
+        self.machine.read(found)
+        if missing:
+            self.machine.unreadable(missing)
 
     def _report(self, given_up: dict[str, str]) -> None:
         """What the machine's last decision dropped, gave up or took back: into the result and the log."""
