@@ -171,7 +171,7 @@ class MopTrainShardOperator(MopBaseOperator):
                 final=lambda exc: (isinstance(exc, NOT_RETRIED) and not _may_come(exc)) or run.fail_fast
                 or try_number > max_tries,
                 stop=self._stop, stall_seconds=None if alone else stall_seconds(), more=more,
-                last_try=try_number > max_tries)
+                last_try=try_number > max_tries, tries_left=max(1, max_tries - try_number + 2))
         except BlockIncompleteError as exc:
             if getattr(exc, "absent", None) and (not _may_come(exc) or run.fail_fast or try_number > max_tries):
                 self._end_never_started(context, exc.absent)  # this try's failure is final: theirs too
@@ -190,6 +190,10 @@ class MopTrainShardOperator(MopBaseOperator):
             later = dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=YIELD_DELAY * (1 + random.random()))
             self.log.info("%s; rescheduled for %s", exc, later.isoformat(timespec="seconds"))
             raise AirflowRescheduleException(later) from exc
+        except Exception as exc:  # fatal to the try; on a try that ends for good, run_slot ended its block's
+            if getattr(exc, "absent", None):  # slots not started: their tasks are ended too
+                self._end_never_started(context, exc.absent)
+            raise
         self.log.info("shard %d slot %d: %d hop(s) trained, %d already committed, %d configuration(s) failed here, "
                       "%d hop(s) dropped after a failure elsewhere; %.1f s waiting for hops of other slots",
                       self.shard, self.slot, len(result.trained), len(result.committed), len(result.failed),

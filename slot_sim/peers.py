@@ -6,9 +6,9 @@ exactly what it drew before; each is carried out by :class:`PeerWorld`, a mixin 
 
 - **a slot task that never starts** (no worker serves its queue, a Pod stays Pending, a crash before its
   first status), or one **late past the wait bound** (its pool held elsewhere). The slots waiting for it
-  stop waiting within the bound (``Rules.yield_bound``, ``Rules.absent_peers``); a last try that fails
-  for it says so (``End.absent``), and Airflow's task of the absent slot is failed with its final word,
-  as the train operator does through the REST API;
+  stop waiting within the bound (``Rules.yield_bound``, ``Rules.absent_peers``), naming it; a try that
+  fails for good fails the block's tasks not started, with a final word, as the driver and the train
+  operator (through the REST API) do;
 - **a fatal failure** (a store outage past its retries, 409s past the limit) at a drawn moment of every
   try from a drawn one on: the try ends failed, for good on its last try (then ``PeerView`` must take
   the end as final even for a reader that began after it, ``Rules.stale_ends``);
@@ -88,6 +88,11 @@ class PeerWorld:
         return any(owner.get((cid, t + 1), task.shard_slot) != task.shard_slot
                    for (cid, t), place in owner.items() if place == task.shard_slot)
 
+    def _absent_quiet(self) -> float:
+        """What a slot that never starts adds to the longest a search may go without anything moving: an
+        ASHA slot waits the wait bound of every try it has left at once before it fails naming it."""
+        return self.s.wait * self.s.retries if self.pf.never and self.s.method == "asha" else 0.0
+
     def _arm(self, task: Any, proc: Any) -> None:
         """A started try: its host's clock, and a fatal failure due on it."""
         proc.skew += self.pf.skew.get(task.shard_slot, 0.0)
@@ -109,6 +114,7 @@ class PeerWorld:
                                              error=f"StoreError: the store went away (try {task.try_number})"))
         if final:
             task.state = "failed"
+            self._end_absent()
             self._asha_changed()
             self._block_over()
         else:
@@ -143,16 +149,16 @@ class PeerWorld:
                 return False
         return True
 
-    def _end_absent(self, act: Any) -> None:
-        """A last try failed for good waiting for slots that never started: their tasks are failed, with a
-        final word (the train operator through the REST API, ``status.end_never_started``)."""
-        for shard, slot in sorted(getattr(act, "absent", ())):
-            task = self.tasks[shard * self.s.slots + slot]
+    def _end_absent(self, act: Any = None) -> None:
+        """A try failed for good, so its block has: the block's tasks that have not started (never, a
+        yield, or a retry not begun) are failed with a final word, as the driver (``status.end_never_started``)
+        and the train operator (through the REST API) do; else a task that never starts kept the run going."""
+        for task in self.tasks:
             if task.state != "queued" or (task.proc is not None and task.proc.alive):
                 continue
             task.state = "failed"
             number = task.word[1].try_number if task.word is not None else task.try_number
             task.word = (self.now, sp.PeerStatus(number, "failed", self.now, final=True,
-                                                 error="never started: its task waits for a worker or a pool slot"))
-            self.note("never started, failed", shard, slot)
+                                                 error="never started: a slot of its block failed for good"))
+            self.note("not started, failed", task.shard, task.slot)
             self._asha_changed()

@@ -112,6 +112,7 @@ class World(AshaDecisions, PeerWorld):
         self.quiet = (max(s.late.values(), default=0.0) + s.wait + 3 * sp.HEARTBEAT + s.stall + s.detect
                       + s.retry_delay[1] + s.scheduler_late + s.give_back + 20.0 + s.lag_most
                       + 1.25 * max(s.durations.values()) + 60.0)
+        self.quiet += self._absent_quiet()  # slot_sim.peers
         self.moved = 0.0
         self.events = 0
 
@@ -219,7 +220,7 @@ class World(AshaDecisions, PeerWorld):
                                  try_number=task.try_number, began=self.now, wait=self.s.wait,
                                  give_back=self.s.give_back, partners=self.partners, asha=asha,
                                  shards=self.s.shards, rules=self.rules, yielding_since=task.yielding_since,
-                                 slots=self.s.slots)
+                                 slots=self.s.slots, absent_wait=self.s.wait * (self.s.retries + 2 - task.try_number))
         proc = task.proc = Proc(task, machine, self.rng.uniform(-0.05, 0.05))
         self._arm(task, proc)
         task.beat = (task.try_number, self.now, NEVER)

@@ -348,12 +348,20 @@ def _closed_for_ever(airflow, dag_id, shard):
     while time.time() < deadline and states().get(stage) not in ("running", "success"):
         time.sleep(0.2)
     assert time.time() < deadline, f"{stage} of {dag_id} never ran"
+    airflow.pool_slots = airflow.api("GET", f"/pools/{pool}")["slots"]  # given back by _reopen
     airflow.api("PATCH", f"/pools/{pool}", json={"pool": pool, "slots": 0, "include_deferred": False},
                 params={"update_mask": "slots"})
     closed = time.time()
     train = {t: s for t, s in states().items() if t.startswith(f"train_shard_{shard}")}
     assert all(s in (None, "scheduled") for s in train.values()), (f"{pool} closed too late", train)
     return run_id, closed
+
+
+def _reopen(airflow, shard):
+    """The pool as it was before :func:`_closed_for_ever`: the next test's stage tasks need it."""
+    pool = shard_pool(shard)
+    airflow.api("PATCH", f"/pools/{pool}", json={"pool": pool, "slots": getattr(airflow, "pool_slots", 1),
+                                                 "include_deferred": False}, params={"update_mask": "slots"})
 
 
 def _ended_naming_the_absent_shard(airflow, dag_id, run_id, closed):
@@ -378,12 +386,18 @@ def _ended_naming_the_absent_shard(airflow, dag_id, run_id, closed):
 
 
 def test_a_grid_whose_third_shard_never_starts_ends_failed_within_the_bound_naming_it(airflow):
-    run_id, closed = _closed_for_ever(airflow, NEVER_GRID, 2)
-    took, bound = _ended_naming_the_absent_shard(airflow, NEVER_GRID, run_id, closed)
+    try:
+        run_id, closed = _closed_for_ever(airflow, NEVER_GRID, 2)
+        took, bound = _ended_naming_the_absent_shard(airflow, NEVER_GRID, run_id, closed)
+    finally:
+        _reopen(airflow, 2)
     print(f"grid, shard 2 never started: failed {took:.0f} s after its pool closed (bound {bound} s + Airflow's)")
 
 
 def test_asha_whose_third_shard_never_starts_ends_failed_within_the_bound_naming_it(airflow):
-    run_id, closed = _closed_for_ever(airflow, NEVER_ASHA, 2)
-    took, bound = _ended_naming_the_absent_shard(airflow, NEVER_ASHA, run_id, closed)
+    try:
+        run_id, closed = _closed_for_ever(airflow, NEVER_ASHA, 2)
+        took, bound = _ended_naming_the_absent_shard(airflow, NEVER_ASHA, run_id, closed)
+    finally:
+        _reopen(airflow, 2)
     print(f"ASHA, shard 2 never started: failed {took:.0f} s after its pool closed (bound {bound} s + Airflow's)")

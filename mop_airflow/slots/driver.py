@@ -241,7 +241,7 @@ def run_slot(layout: RunLayout, run: RunRecord, manifest: Manifest, hops: Sequen
              wait_seconds: float | None = None, yield_seconds: float | None = None,
              session: TaskSession | None = None, on_hop: Callable[[HopRecord], object] | None = None,
              stop: threading.Event | None = None, stall_seconds: float | None = None,
-             more: Any = None, last_try: bool = False) -> SlotResult:
+             more: Any = None, last_try: bool = False, tries_left: int = 1) -> SlotResult:
     """Train the hops of ``hops`` (the whole block) that fall on ``(shard, slot)``, or ``mine``.
 
     ``mine`` lets one process train more than its slot: every hop of the block when tasks run one
@@ -258,7 +258,9 @@ def run_slot(layout: RunLayout, run: RunRecord, manifest: Manifest, hops: Sequen
     trains come from (an ASHA search, :class:`~mop_airflow.slots.asha_source.AshaSource`): the slot
     asks it for new hops as it polls, and to decide when it has nothing ready, until it says the
     search has ended. ``last_try``: no retry follows this try; its status says so, so that the slots
-    waiting for it know it ended for good if it dies (it says no last word then).
+    waiting for it know it ended for good if it dies (it says no last word then). ``tries_left``: this try
+    and the retries after it; an ASHA slot waits that many wait bounds for a slot of its block that has
+    not started before it fails for good naming it (a grid's slot waits one a try).
     """
     own = list(mine) if mine is not None else [h for h in hops if h.shard == shard and h.slot == slot]
     loop = _Loop(layout, run, manifest, hops, own, block=block, shard=shard, slot=slot, cache_dir=cache_dir,
@@ -266,7 +268,7 @@ def run_slot(layout: RunLayout, run: RunRecord, manifest: Manifest, hops: Sequen
                  wait=wait_seconds if wait_seconds is not None else float(os.environ.get(WAIT_ENV) or WAIT_SECONDS),
                  give_back=None if mine is not None else (
                      yield_seconds if yield_seconds is not None else float(os.environ.get(YIELD_ENV) or YIELD_SECONDS)),
-                 stop=stop, more=more, last_try=last_try)
+                 stop=stop, more=more, last_try=last_try, tries_left=tries_left)
     watchdog = Watchdog(stall_seconds) if stall_seconds and mine is None else None
     try:
         result = loop.train_all()
@@ -277,21 +279,37 @@ def run_slot(layout: RunLayout, run: RunRecord, manifest: Manifest, hops: Sequen
         raise
     except BaseException as exc:
         # a slot stopped on request (SIGTERM) is not given up: its task's retry, or Airflow back, goes on
-        loop.status.stop("failed", final=not isinstance(exc, SlotStopped) and final(exc),
-                         error=f"{type(exc).__name__}: {exc}"[:1000])
+        ends = not isinstance(exc, SlotStopped) and final(exc)
+        if ends and isinstance(exc, Exception):
+            exc.absent = _end_the_unstarted(loop, layout, block, f"{type(exc).__name__}: {exc}")
+        loop.status.stop("failed", final=ends, error=f"{type(exc).__name__}: {exc}"[:1000])
         raise
     finally:
         if watchdog is not None:
             watchdog.stop()
     if result.untrained:
         error = BlockIncompleteError(shard, slot, result.untrained, for_good=loop.for_good)
-        error.absent = loop.absent  # the slots it waited for that never started: a last try ends their tasks
-        if loop.absent and final(error):
-            end_never_started(layout, block, loop.absent, f"shard {shard} slot {slot} failed for good waiting for it")
+        error.absent = loop.absent  # the slots it waited for that never started
+        if final(error):
+            error.absent = _end_the_unstarted(loop, layout, block, "it waited for their hops")
         loop.status.stop("failed", final=final(error), error=str(error)[:1000])
         raise error
     loop.status.stop("done")
     return result
+
+
+def _end_the_unstarted(loop: "_Loop", layout: RunLayout, block: str, why: str) -> list[tuple[int, int]]:
+    """This slot failed for good, so its block has: the slots of the block that have not started (no
+    status, yielded, or failed and waiting for a retry) are said failed for good too, and returned (the
+    operator fails their tasks). Else a task that never starts (no worker on its queue, no slot in its
+    pool) kept the run running for ever, whether or not a slot waited for its hops."""
+    shard, slot = loop.slot_of
+    try:
+        return end_never_started(layout, block, sorted(loop.machine.block_slots() - {loop.slot_of}),
+                                 f"shard {shard} slot {slot} of its block failed for good ({why})"[:900])
+    except Exception:  # noqa: BLE001 - the store may be what failed: this task's own error is the one to report
+        log.warning("could not say the slots of block %s that never started failed for good", block, exc_info=True)
+        return list(loop.absent)
 
 
 class _Loop:
@@ -306,7 +324,8 @@ class _Loop:
                  own: list[BlockHop], *, block: str, shard: int, slot: int, cache_dir: str, where: Where,
                  fatal: Callable[[BaseException], bool], session: TaskSession | None,
                  on_hop: Callable[[HopRecord], object] | None, wait: float, give_back: float | None,
-                 stop: threading.Event | None = None, more: Any = None, last_try: bool = False) -> None:
+                 stop: threading.Event | None = None, more: Any = None, last_try: bool = False,
+                 tries_left: int = 1) -> None:
         self.layout, self.run, self.manifest = layout, run, manifest
         self.cache_dir, self.where, self.fatal, self.on_hop, self.wait = cache_dir, where, fatal, on_hop, wait
         self.stop = stop or threading.Event()
@@ -324,7 +343,8 @@ class _Loop:
                                    shards=more.shards if more is not None else run.schedule.shards,
                                    slots=more.slots if more is not None else 1,
                                    rules=Rules(look_after=LOOK_SECONDS), state_after=state_after,
-                                   yielding_since=yielding_since(layout, block, shard, slot, where.try_number))
+                                   yielding_since=yielding_since(layout, block, shard, slot, where.try_number),
+                                   absent_wait=wait * max(1, tries_left))
         self.poller = CommitPoller(layout, block, self.machine.polled)
         self.marks = CommitLog(layout, block, shard, slot, where.try_number)
         self.status = StatusWriter(layout, block, shard, slot, where, left=len(self.machine.pending), last_try=last_try)

@@ -148,13 +148,18 @@ class SlotMachine:
                  give_back: float | None = None, partners: Mapping[tuple, frozenset] | None = None,
                  asha: bool = False, shards: int = 1, rules: Rules = Rules(),
                  yielding_since: float | None = None, own: Iterable[Any] | None = None, alone: bool = False,
-                 slots: int = 1, state_after: Callable[[Any], Any] = state_after) -> None:
+                 slots: int = 1, state_after: Callable[[Any], Any] = state_after,
+                 absent_wait: float | None = None) -> None:
         hops = list(hops)
         self.slot_of, self.try_number, self.began, self.wait = (shard, slot), try_number, began, wait
         self.give_back, self.partners, self.asha, self.rules = give_back, dict(partners or {}), asha, rules
         self.yielding_since = yielding_since  # when this task first gave its pool slot back, if it did
         self.alone, self.state_after = alone, state_after
         self.shape = (shards, slots)  # the block's shards and slots per shard
+        # ASHA: how long a slot of the block may stay not started before this try fails for good naming it.
+        # Its tries never end on a hop given up (a late slot's hops are taken back), so it waits the wait
+        # bound of every try it has left at once: what a grid's slots wait over their tries
+        self.absent_wait = wait if absent_wait is None else absent_wait
         self.pending = sorted((h for h in hops if (h.shard, h.slot) == self.slot_of) if own is None else own,
                               key=_priority)
         self.owner = {(h.config_id, h.hop): (h.shard, h.slot) for h in hops}
@@ -618,6 +623,8 @@ class SlotMachine:
         every = min(HEARTBEAT, self.wait / 2)
         times = [self.peers[o].read_at + every for o in self.watched]
         times += [self.peers[o].alive_at + self.wait + 1e-6 for o in self.watched]
+        if self.asha:
+            times += [self.peers[o].alive_at + self.absent_wait + 1e-6 for o in self.watched]
         if self.give_back is not None and not self.joined:
             times.append(self.began + self.give_back + 1e-6)
             if self.rules.yield_bound and self.yielding_since is not None:
@@ -632,8 +639,15 @@ class SlotMachine:
 
     def _end(self) -> End:
         now = self.clock
-        absent = frozenset(o for o, p in self.peers.items() if self.untrained and p.absent(now, self.wait))
+        absent = frozenset(o for o, p in self.peers.items() if self.untrained and p.absent(now, min(self.wait, self.absent_wait)))
         return End(dict(self.untrained), frozenset(self.for_good), absent)
+
+    def block_slots(self) -> set:
+        """Every slot of the block that has hops: those of the hops known (a plain block's are all known at
+        its start), or every slot of the shards in ASHA (its legs cross them all)."""
+        if self.asha:
+            return {(s, k) for s in range(self.shape[0]) for k in range(self.shape[1])}
+        return set(self.owner.values())
 
     def _absent_anywhere(self, now: float) -> Any:
         """ASHA: every slot of the block must run, since every leg crosses every shard; one that has not
@@ -646,21 +660,27 @@ class SlotMachine:
         act = self._read(unseen, now, HEARTBEAT)
         if act is not None or self.commits or self.outbox:
             return act
-        for owner in unseen:
-            peer = self.peers[owner]
-            if peer.absent(now, self.wait):
-                self.untrained[f"the search's hops on shard {owner[0]} slot {owner[1]}"] = peer._absent_why(now, self.wait)
-                return self._end()
-        return None
+        self.watched.update(unseen)
+        return self._end() if self._absent_for_good(now, unseen) else None
+
+    def _absent_for_good(self, now: float, owners: Iterable[tuple]) -> bool:
+        """ASHA: whether one of these slots has not started for :attr:`absent_wait`; then it is given up
+        for good, with the hops given up for it, and this try ends failed for good naming it (which ends
+        the absent slot's task too): ASHA's slots never end while a configuration is in flight, so the
+        search waited for it for ever."""
+        absent = [o for o in owners if o in self.peers and self.peers[o].absent(now, self.absent_wait)]
+        for owner in absent:
+            label = f"the search's hops on shard {owner[0]} slot {owner[1]}"
+            self.untrained[label] = self.peers[owner]._absent_why(now, self.absent_wait)
+            self.for_good.add(label)
+        return bool(absent)
 
     def _absent_given_up(self, now: float) -> bool:
-        """ASHA: a hop is given up because its slot has not started for the wait bound. ASHA's slots never
-        end while a configuration is in flight, so the waiting try ends (its task retried, then failed for
-        good on its last try, which ends the absent slot's task too): else the search waited for ever."""
+        """ASHA: a hop is given up because its slot has not started (or its retry has not) for
+        :attr:`absent_wait`: :meth:`_absent_for_good`."""
         if not (self.asha and self.rules.absent_peers and self.given_up) or self.commits or self.outbox:
             return False
-        owners = {self.owner.get((cid, t - 1)) for cid, t in self.given_up}
-        return any(o is not None and o in self.peers and self.peers[o].absent(now, self.wait) for o in owners)
+        return self._absent_for_good(now, {self.owner.get((cid, t - 1)) for cid, t in self.given_up})
 
 
 def _label(hop: Any) -> str:

@@ -334,8 +334,9 @@ def _drive(machine, now, statuses):
 
 def test_asha_ends_its_try_when_a_slot_of_the_block_never_starts_and_names_it():
     """ASHA's legs cross every shard: a slot that never starts stalls the search even where no hop waits
-    for it yet. Past the wait bound the try ends naming it (retried, then failed for good, which ends the
-    absent slot's task too); before issue 70 the slots waited for ever."""
+    for it yet. Past the wait bound of every try it has left (``absent_wait``: one here) the try fails
+    for good naming it, which ends the absent slot's task too; before issue 70 the slots waited for ever.
+    A slot late but started within that bound is waited for (its hops taken back as before)."""
     from mop_airflow.slots import machine as sp
 
     running = sp.PeerStatus(1, "running", 1.0, progress=1)
@@ -346,8 +347,16 @@ def test_asha_ends_its_try_when_a_slot_of_the_block_never_starts_and_names_it():
     assert isinstance(act, sp.Wait) and act.until <= 21.0 + 1e-3  # wakes at the bound
     end = _drive(machine, 21.5, statuses)
     assert isinstance(end, sp.End) and not end.done and end.absent == frozenset({(2, 0)})
+    assert end.for_good == frozenset(end.untrained)  # for good: the absent slot's task is ended with it
     (why,) = end.untrained.values()
     assert why.startswith("shard 2 slot 0 has not started") and "queue mop_shard_2" in why
+    patient = _asha_machine(absent_wait=60.0)  # three tries' wait bounds: the slot starts at 45 s
+    _drive(patient, 1.0, statuses)
+    assert isinstance(_drive(patient, 30.0, statuses), sp.Wait)
+    assert isinstance(_drive(patient, 45.0, {**statuses, (2, 0): sp.PeerStatus(1, "running", 45.0, progress=1)}),
+                      sp.Wait)
+    assert isinstance(_drive(patient, 70.0, {**statuses, (2, 0): sp.PeerStatus(1, "running", 70.0, progress=9)}),
+                      sp.Wait)
     old = _asha_machine(sp.Rules(look_after=60.0, absent_peers=False))
     _drive(old, 1.0, statuses)
     assert isinstance(_drive(old, 500.0, statuses), sp.Wait)  # the rule before: waits on
