@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
-from mop_airflow.hooks.pools import POOL_MODES, check_parallelism, ensure_pools, required_pools
+from mop_airflow.hooks.pools import POOL_MODES, check_parallelism, check_queues_served, ensure_pools, required_pools
 from mop_airflow.errors import SpecError
 from mop_airflow.hooks.connections import open_spec_store
 from mop_airflow.planning.resolve import resolve_run
@@ -135,6 +135,11 @@ class MopPreflightOperator(MopBaseOperator):
             return pools
         # a block's train tasks wait for each other's hops: all of them must be able to run at once
         check_parallelism(schedule.shards, schedule.slots_per_shard)
+        # ... so under Celery a worker must listen on each shard's queue (a task there waits for ever else)
+        try:
+            check_queues_served(pools, slots=schedule.slots_per_shard)
+        except ImportError:  # a CeleryExecutor named without its provider: the scheduler says so itself
+            pass
         if self.pools != "off":
             created = ensure_pools(pools, shards=schedule.shards, slots=schedule.slots_per_shard, mode=self.pools)
             if created:

@@ -98,6 +98,29 @@ class MopTrainShardOperator(MopBaseOperator):
             raise AirflowSkipException(f"the block has no hop on shard {self.shard} slot {self.slot}")
         return self._train(context, layout, hops, mine, alone)
 
+    def _end_never_started(self, context: Any, absent: Sequence[tuple[int, int]]) -> None:
+        """Fail the train tasks of the slots this one waited for that never started: their tasks wait in
+        Airflow for a worker or a pool slot, and nothing else would end them (the run stayed running for
+        ever). This try failed for good, so the block cannot succeed."""
+        from mop_airflow.hooks.pools import fail_tasks_never_started  # noqa: PLC0415
+        from mop_airflow.planning.task_plan import shard_pool, train_task_id  # noqa: PLC0415
+
+        group = self.task_id.rpartition(".")[0]
+        ids = [train_task_id(f"{group}." if group else "", s, k, self.slots) for s, k in absent]
+        where = ", ".join(f"queue and pool {shard_pool(s)}" for s in sorted({s for s, _ in absent}))
+        note = (f"never started while {self.task_id} waited for its hops: no worker serves its queue, or its pool has "
+                f"no free slot ({where}); failed by {self.task_id} so the run ends. Fix the worker or the pool, then "
+                "clear the failed train tasks of this run")
+        dag_id = getattr(context.get("dag"), "dag_id", None) or context["ti"].dag_id
+        try:
+            failed = fail_tasks_never_started(dag_id, context["run_id"], ids, note)
+        except Exception as exc:  # noqa: BLE001 - this task's own failure is the one to report
+            self.log.error("could not fail %s, which never started (%s): mark it failed by hand, or the run waits "
+                           "for it for ever", ", ".join(ids), exc)
+            return
+        if failed:
+            self.log.error("%s never started (%s): failed now, so the run ends", ", ".join(failed), where)
+
     def _stopped(self, config_id: str, hop: int) -> None:
         self.log.info("%s did not finish hop %d (it failed earlier): it trains no further", config_id, hop)
 
@@ -148,8 +171,10 @@ class MopTrainShardOperator(MopBaseOperator):
                 final=lambda exc: (isinstance(exc, NOT_RETRIED) and not _may_come(exc)) or run.fail_fast
                 or try_number > max_tries,
                 stop=self._stop, stall_seconds=None if alone else stall_seconds(), more=more,
-                last_try=try_number > max_tries)
+                last_try=try_number > max_tries, tries_left=max(1, max_tries - try_number + 2))
         except BlockIncompleteError as exc:
+            if getattr(exc, "absent", None) and (not _may_come(exc) or run.fail_fast or try_number > max_tries):
+                self._end_never_started(context, exc.absent)  # this try's failure is final: theirs too
             if not _may_come(exc) or run.fail_fast:
                 raise
             # the slots it waited for are late or hung, not gone: a retry waits again (a TrainingError would not be)
@@ -165,6 +190,10 @@ class MopTrainShardOperator(MopBaseOperator):
             later = dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=YIELD_DELAY * (1 + random.random()))
             self.log.info("%s; rescheduled for %s", exc, later.isoformat(timespec="seconds"))
             raise AirflowRescheduleException(later) from exc
+        except Exception as exc:  # fatal to the try; on a try that ends for good, run_slot ended its block's
+            if getattr(exc, "absent", None):  # slots not started: their tasks are ended too
+                self._end_never_started(context, exc.absent)
+            raise
         self.log.info("shard %d slot %d: %d hop(s) trained, %d already committed, %d configuration(s) failed here, "
                       "%d hop(s) dropped after a failure elsewhere; %.1f s waiting for hops of other slots",
                       self.shard, self.slot, len(result.trained), len(result.committed), len(result.failed),

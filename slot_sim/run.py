@@ -234,9 +234,13 @@ RULES = {
     # input's record up (seeds 164, 432, 1909), a peer silent on its last try ended for good and ASHA
     # fails a leg whose next hop is on such a slot (seeds 544, 1581, 539): each found by this simulation
     "production": sp.Rules(),
-    "before-marks": sp.Rules(mark_found=False, look_after=None, last_try_dies=False, asha_dead_legs=False),
-    "before-last-try": sp.Rules(last_try_dies=False, asha_dead_legs=False),  # before those two fixes
-    "before-given-up-looks": sp.Rules(look_given_up=False),  # before a given-up hop's input was looked up
+    "before-marks": sp.Rules(mark_found=False, look_after=None, last_try_dies=False, asha_dead_legs=False,
+                             yield_bound=False),
+    # before those two fixes (and before yields were bounded, which also ends seed 544)
+    "before-last-try": sp.Rules(last_try_dies=False, asha_dead_legs=False, yield_bound=False),
+    # before a given-up hop's input was looked up (and before ASHA ended a try whose peer had not started,
+    # which also ends seed 212597)
+    "before-given-up-looks": sp.Rules(look_given_up=False, absent_peers=False),
     "no-settle": sp.Rules(settle_forward=False),
     "proposed": sp.Rules(yield_bound=True),
 }

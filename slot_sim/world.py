@@ -34,6 +34,7 @@ from mop_airflow.search.asha import AshaPlan
 from mop_airflow.slots import machine as sp
 from mop_airflow.slots.driver import block_hops
 from slot_sim.asha import AshaDecisions, Runaway
+from slot_sim.peers import PeerFaults, PeerWorld, draw_peer_faults
 from slot_sim.shapes import Block, Search, Shape, after, draw
 
 NEVER = math.inf
@@ -85,13 +86,14 @@ class Proc:
         self.hops_taken = 0
 
 
-class World(AshaDecisions):
+class World(AshaDecisions, PeerWorld):
     """One schedule: its shape, store, Airflow and slots on a virtual clock."""
 
     def __init__(self, seed: int, rules: sp.Rules = sp.Rules(), shape: Shape | None = None, trace: bool = False):
         self.seed, self.rules = seed, rules
         self.rng = random.Random(seed)
         self.s = shape or draw(self.rng)
+        self.pf = draw_peer_faults(seed, self.s) if shape is None else PeerFaults()  # slot_sim.peers
         self.index = self.s.index
         self.now, self.heap, self.seq = 0.0, [], 0
         self.keep_trace = trace
@@ -117,6 +119,7 @@ class World(AshaDecisions):
         self.quiet = (max(s.late.values(), default=0.0) + s.wait + 3 * sp.HEARTBEAT + s.stall + s.detect
                       + s.retry_delay[1] + s.scheduler_late + s.give_back + 20.0 + s.lag_most
                       + 1.25 * max(s.durations.values()) + 60.0)
+        self.quiet += self._absent_quiet()  # slot_sim.peers
         self.moved = 0.0
         self.events = 0
 
@@ -226,15 +229,17 @@ class World(AshaDecisions):
         return partners
 
     def _start(self, task: Task) -> None:
-        if task.state != "queued":
+        if task.state != "queued" or self._never_starts(task):
             return
         task.state = "running"
         asha = self.s.method == "asha"
         machine = sp.SlotMachine([] if asha else self.hops, shard=task.shard, slot=task.slot,
                                  try_number=task.try_number, began=self.now, wait=self.s.wait,
                                  give_back=self.s.give_back, partners=self.partners, asha=asha,
-                                 shards=self.s.shards, rules=self.rules, yielding_since=task.yielding_since)
+                                 shards=self.s.shards, rules=self.rules, yielding_since=task.yielding_since,
+                                 slots=self.s.slots, absent_wait=self.s.wait * (self.s.retries + 2 - task.try_number))
         proc = task.proc = Proc(task, machine, self.rng.uniform(-0.05, 0.05))
+        self._arm(task, proc)
         task.beat = (task.try_number, self.now, NEVER)
         self.moved = self.now
         self.note("start", task.shard, task.slot, f"try {task.try_number}")
@@ -301,6 +306,8 @@ class World(AshaDecisions):
         self.moved = self.now
         task.word = (self.now, word)
         self.note("ended", task.shard, task.slot, word.state, f"final={word.final}")
+        if word.final:
+            self._end_absent(act)
         if isinstance(act, sp.Yield):
             task.state = "queued"
             task.yields += 1
@@ -384,10 +391,11 @@ class World(AshaDecisions):
             # a status file, and a record a marker listed names, is read at once (its latency changes
             # nothing: a record lands before its marker, and is never written again)
             if type(act) is sp.Read:
-                m.read({key: self.records[key] for key in act.keys})
+                if not self._read_records(proc, act.keys):
+                    return
             else:
                 for owner in act.owners:
-                    m.peer_status(owner, self.tasks[owner[0] * self.s.slots + owner[1]].status(self.now), self.now)
+                    m.peer_status(owner, self._status_seen(proc, owner), self.now)
             act = m.decide(self.now)
             if self.keep_trace:
                 self.note(type(act).__name__, proc.task.shard, proc.task.slot, act)

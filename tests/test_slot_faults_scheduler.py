@@ -12,7 +12,10 @@ Sleepy models (0.15 s a batch, about 3.5 s a hop) on 2 shards:
 - shard 1's pool held by another DAG for longer than the wait bound (20 s here): shard 0's slot is
   retried, never failed for good, keeping its hops, and the run succeeds;
 - shard 0's pool held the same way: shard 1's slot gives its pool slot back and is rescheduled
-  (``AirflowRescheduleException``) until shard 0 starts, without a failed try.
+  (``AirflowRescheduleException``) until shard 0 starts, without a failed try;
+- on 3 shards, shard 2's pool closed for ever once its stage task ran (its train task never starts), in
+  a grid and in ASHA: the run ends failed within the stated bound, the slots' failures naming shard 2,
+  its pool and queue, and shard 2's train task failed by them so that nothing waits for it.
 """
 
 from __future__ import annotations
@@ -40,6 +43,10 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 SLEEPY = "mop_airflow.examples.timed_models:sleepy"
 UNDISTURBED, KILLED, STOPPED = "mop_slots_undisturbed", "mop_slots_killed", "mop_slots_stopped"
 LATE, YIELDING = "mop_slots_late_peer", "mop_slots_yielding"
+NEVER_GRID, NEVER_ASHA = "mop_slots_never_grid", "mop_slots_never_asha"
+# small bounds, so a slot that never starts ends the run in a minute or two (600 s and 30 s by default)
+NEVER_ENV = {"MOP_SHARD_WAIT_SECONDS": "15", "MOP_SHARD_YIELD_SECONDS": "8"}
+NEVER_RETRIES, NEVER_RETRY_DELAY = 1, 2
 HOLDERS = ("hold_mop_shard_0", "hold_mop_shard_1")  # each holds its shard's pool
 HOLD_AT_MOST_S = 300  # a holder holds until the test has seen what it waits for (see _held_during), or this long
 
@@ -94,7 +101,15 @@ def airflow(shared_airflow, tmp_path_factory):
         _mop_dag(af, YIELDING, one, {"MOP_SHARD_YIELD_SECONDS": "8"})
         _holder(af, HOLDERS[0], shard_pool(0))
         _holder(af, HOLDERS[1], shard_pool(1))
-        for dag_id in (UNDISTURBED, KILLED, STOPPED, LATE, YIELDING, *HOLDERS):
+        three = _spec(root, slots=1)
+        three["schedule"]["shards"] = 3
+        _mop_dag(af, NEVER_GRID, three, NEVER_ENV, retries=NEVER_RETRIES)
+        from tests.test_asha_runs import asha_spec
+
+        asha = asha_spec(root / "digits.parquet", f"file://{root / 'store'}")
+        asha["schedule"]["shards"] = 3
+        _mop_dag(af, NEVER_ASHA, asha, NEVER_ENV, retries=NEVER_RETRIES)
+        for dag_id in (UNDISTURBED, KILLED, STOPPED, LATE, YIELDING, *HOLDERS, NEVER_GRID, NEVER_ASHA):
             af.wait_for_dag(dag_id)
         sync = subprocess.run([sys.executable, "-m", "mop_airflow.cli.main", "pools", "sync", "--shards", "2",
                                "--slots", "2"], env=af.env, capture_output=True, text=True)
@@ -289,7 +304,9 @@ def test_a_late_peer_is_waited_for_and_never_fails_the_block_for_good(airflow):
     tries = _tries(airflow, LATE, run_id)
     assert tries["train_shard_1"] == 1 and tries["train_shard_0"] >= 2, tries  # retried while shard 1 was late
     log = airflow.task_log(LATE, run_id, "train_shard_0", 1)
-    assert "shard 1 slot 0 made no progress for" in log and "Airflow retries this task" in log
+    # named as a slot that has not started, with its pool and queue (issue 70), and retried: it may be late
+    assert "shard 1 slot 0 has not started" in log and "pool mop_shard_1" in log, log[-3000:]
+    assert "Airflow retries this task" in log
     hops = [airflow.store.read_json(u) for u in airflow.store.glob(RunLayout(airflow.store, LATE, run_id).hops_glob)]
     # shard 0's first try committed its first hops; no later try trained them again
     assert sorted(h["try_number"] for h in hops if h["shard"] == 0 and h["t"] == 0) == [1, 1]
@@ -305,3 +322,82 @@ def test_a_slot_whose_earlier_slot_waits_for_its_pool_is_rescheduled_without_a_t
     rescheduled = _reschedules(airflow, YIELDING, run_id)
     assert "train_shard_1" in rescheduled and "train_shard_0" not in rescheduled  # the first slot never yields
     print(f"yielding: {took:.1f} s, {len(rescheduled)} reschedule(s)")
+
+
+def _never_bound(wait, give_back, retries, retry_delay):
+    """The stated bound (docs/what-happens-when.md): from a slot's pool closing for good to the run's end,
+    a slot ranked after it yields for ``give_back`` + ``wait`` at most (and a reschedule, 20 s), then every try
+    of the slots waiting for it waits ``wait`` and is retried after ``retry_delay``; the last fails for good."""
+    return give_back + wait + 20 + (retries + 1) * (wait + retry_delay)
+
+
+AIRFLOW_SLACK_S = 120  # tasks started and ended by a scheduler on two busy cores, and the run's last tasks
+
+
+def _closed_for_ever(airflow, dag_id, shard):
+    """Trigger ``dag_id`` and close shard ``shard``'s pool (0 slots) once its stage task ran, before its
+    train task can start: that task never starts (as with no worker on its queue). Returns the run's id
+    and when the pool closed."""
+    stage, pool = f"stage_shard_{shard}", shard_pool(shard)
+    run_id = airflow.trigger(dag_id)
+    deadline = time.time() + 240
+
+    def states():
+        return {ti["task_id"]: ti["state"] for ti in airflow.task_instances(dag_id, run_id)}
+
+    while time.time() < deadline and states().get(stage) not in ("running", "success"):
+        time.sleep(0.2)
+    assert time.time() < deadline, f"{stage} of {dag_id} never ran"
+    airflow.pool_slots = airflow.api("GET", f"/pools/{pool}")["slots"]  # given back by _reopen
+    airflow.api("PATCH", f"/pools/{pool}", json={"pool": pool, "slots": 0, "include_deferred": False},
+                params={"update_mask": "slots"})
+    closed = time.time()
+    train = {t: s for t, s in states().items() if t.startswith(f"train_shard_{shard}")}
+    assert all(s in (None, "scheduled") for s in train.values()), (f"{pool} closed too late", train)
+    return run_id, closed
+
+
+def _reopen(airflow, shard):
+    """The pool as it was before :func:`_closed_for_ever`: the next test's stage tasks need it."""
+    pool = shard_pool(shard)
+    airflow.api("PATCH", f"/pools/{pool}", json={"pool": pool, "slots": getattr(airflow, "pool_slots", 1),
+                                                 "include_deferred": False}, params={"update_mask": "slots"})
+
+
+def _ended_naming_the_absent_shard(airflow, dag_id, run_id, closed):
+    state = airflow.wait_for_run(dag_id, run_id, timeout=600)
+    run = airflow.api("GET", f"/dags/{dag_id}/dagRuns/{run_id}")
+    took = dt.datetime.fromisoformat(run["end_date"]).timestamp() - closed
+    tis = {ti["task_id"]: ti for ti in airflow.task_instances(dag_id, run_id)}
+    assert state == "failed", [(t, ti["state"], ti["try_number"]) for t, ti in tis.items()]
+    bound = _never_bound(15, 8, NEVER_RETRIES, NEVER_RETRY_DELAY)
+    assert took <= bound + AIRFLOW_SLACK_S, (took, bound)
+    # shard 2's task never ran: failed by the slot whose last try gave up waiting for it, with a note
+    absent = tis["train_shard_2"]
+    assert absent["state"] == "failed" and "never started" in (absent.get("note") or ""), absent
+    assert "queue and pool mop_shard_2" in absent["note"]
+    logs = {t: airflow.task_log(dag_id, run_id, t, tis[t]["try_number"]) for t in ("train_shard_0", "train_shard_1")
+            if tis[t]["state"] == "failed"}
+    named = [t for t, log in logs.items() if "shard 2 slot 0 has not started" in log and "queue mop_shard_2" in log
+             and "pool mop_shard_2" in log]
+    assert named, {t: log[-3000:] for t, log in logs.items()}
+    assert any("never started (queue and pool mop_shard_2): failed now, so the run ends" in logs[t] for t in named)
+    return took, bound
+
+
+def test_a_grid_whose_third_shard_never_starts_ends_failed_within_the_bound_naming_it(airflow):
+    try:
+        run_id, closed = _closed_for_ever(airflow, NEVER_GRID, 2)
+        took, bound = _ended_naming_the_absent_shard(airflow, NEVER_GRID, run_id, closed)
+    finally:
+        _reopen(airflow, 2)
+    print(f"grid, shard 2 never started: failed {took:.0f} s after its pool closed (bound {bound} s + Airflow's)")
+
+
+def test_asha_whose_third_shard_never_starts_ends_failed_within_the_bound_naming_it(airflow):
+    try:
+        run_id, closed = _closed_for_ever(airflow, NEVER_ASHA, 2)
+        took, bound = _ended_naming_the_absent_shard(airflow, NEVER_ASHA, run_id, closed)
+    finally:
+        _reopen(airflow, 2)
+    print(f"ASHA, shard 2 never started: failed {took:.0f} s after its pool closed (bound {bound} s + Airflow's)")

@@ -41,3 +41,59 @@ def test_a_task_queued_with_no_worker_is_named_with_its_queue_and_since_when(air
         # another selection's tasks in the same DAG run are not this one's
         assert queued_without_worker(session, "mop_waiting", run.run_id, "other_group", now=now.timestamp()) == []
         session.rollback()
+
+
+class _Config:
+    """Airflow's configuration as the check reads it: the executor only."""
+
+    def __init__(self, executor):
+        self.executor = executor
+
+    def get(self, section, key, fallback=None):
+        assert (section, key) == ("core", "executor")
+        return self.executor
+
+
+def test_a_shard_queue_no_celery_worker_listens_on_is_refused_before_training(tmp_path):
+    """A real Celery worker (on the Redis broker here) listening on shard 0's queue only: the check before
+    training asks the workers which queues they listen on and refuses shard 1's, naming it and the fix;
+    under another executor it asks nothing."""
+    import subprocess
+    import sys
+    import time
+    import uuid
+
+    from celery import Celery
+
+    from mop_airflow.errors import SpecError
+    from mop_airflow.hooks.pools import check_queues_served
+
+    token = uuid.uuid4().hex[:8]
+    queues = [f"mop_shard_0_{token}", f"mop_shard_1_{token}"]  # unique: other workers on the broker serve others
+    broker = "redis://127.0.0.1:6379/14"
+    (tmp_path / "queue_app.py").write_text(f"from celery import Celery\napp = Celery('q', broker={broker!r})\n")
+    worker = subprocess.Popen([sys.executable, "-m", "celery", "-A", "queue_app", "worker", "-Q", queues[0], "--pool",
+                               "solo", "-n", f"w{token}@%h", "--without-gossip", "--without-mingle", "--loglevel",
+                               "WARNING"], cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    app = Celery("q", broker=broker)
+    try:
+        def active():
+            return app.control.inspect(timeout=2, destination=[f"w{token}@" + __import__("socket").gethostname()]
+                                       ).active_queues()
+
+        deadline = time.time() + 60
+        while time.time() < deadline and not active():
+            assert worker.poll() is None, worker.stderr.read().decode()[-2000:]
+            time.sleep(0.5)
+        check_queues_served(queues[:1], slots=2, config=_Config("CeleryExecutor"), active=active)  # served: passes
+        with pytest.raises(SpecError) as refused:
+            check_queues_served(queues, slots=2, config=_Config("CeleryExecutor"), active=active)
+        message = str(refused.value)
+        assert f"no Celery worker listens on queue(s) {queues[1]}" in message and queues[0] in message
+        assert f"airflow celery worker --queues {queues[1]} --concurrency 2" in message
+        check_queues_served(queues, slots=2, config=_Config("LocalExecutor"),
+                            active=lambda: pytest.fail("asked the workers under a LocalExecutor"))
+    finally:
+        worker.terminate()
+        worker.wait(timeout=30)
+        app.close()

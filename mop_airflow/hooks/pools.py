@@ -9,12 +9,14 @@ creates or resizes them from the metadata database directly.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+import logging
+from typing import Any, Callable, Sequence
 
 from mop_airflow.hooks.rest import API_CONN_ID, AirflowAPI
 from mop_airflow.errors import AirflowApiError, MopError, PoolsMissingError, SpecError
 from mop_airflow.planning.task_plan import shard_pool
 POOL_MODES = ("create", "check", "off")
+log = logging.getLogger(__name__)
 
 
 def required_pools(shards: int) -> list[str]:
@@ -205,3 +207,59 @@ def ensure_pools(names: Sequence[str], *, shards: int, slots: int, mode: str = "
                                             reason=f"the REST API user may not create pools ({exc})") from exc
                 raise _unreachable(exc) from exc
         return missing
+
+
+WAITING_STATES = (None, "none", "scheduled", "queued", "up_for_reschedule", "up_for_retry", "deferred")
+
+
+def fail_tasks_never_started(dag_id: str, run_id: str, task_ids: Sequence[str], note: str) -> list[str]:
+    """Fail the train tasks of a block's slots that never started (their task still waits in Airflow for a
+    worker or a pool slot) once a slot waiting for them has failed for good: nothing else would ever end
+    them, and the DAG run would stay running for ever. Returns the tasks failed; a task that has started
+    meanwhile is left alone. Through the REST API, as the pools are (task code may not touch the database)."""
+    failed = []
+    with _api() as api:
+        for task_id in task_ids:
+            path = f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}"
+            try:
+                if api.get(path).get("state") not in WAITING_STATES:
+                    continue
+                api.call("PATCH", path, json={"new_state": "failed", "note": note[:1000]})
+            except AirflowApiError as exc:
+                raise _unreachable(exc) from exc
+            failed.append(task_id)
+    return failed
+
+
+def celery_active_queues(timeout: float = 5.0) -> dict[str, list[dict[str, Any]]] | None:
+    """What each Celery worker listens on (``inspect().active_queues()``), through the Celery app Airflow's
+    CeleryExecutor configures (its broker); None when no worker answered within ``timeout``."""
+    from airflow.providers.celery.executors.celery_executor_utils import app  # noqa: PLC0415
+
+    return app.control.inspect(timeout=timeout).active_queues()
+
+
+def check_queues_served(queues: Sequence[str], *, slots: int, config: Any = None,
+                        active: Callable[[], dict[str, list[dict[str, Any]]] | None] = celery_active_queues) -> None:
+    """Refuse, before anything trains, shard queues no Celery worker listens on: a train task sent there
+    waits in "queued" for ever, and the slots of its block wait for it (then fail, after the wait bound).
+    Only under a CeleryExecutor (the others run every queue's tasks). No answer from any worker within
+    the timeout says nothing: it is logged by the caller, not refused."""
+    if config is None:
+        from airflow.configuration import conf as config  # noqa: PLC0415
+    if "CeleryExecutor" not in (config.get("core", "executor", fallback="") or ""):
+        return
+    answer = active()
+    if not answer:
+        log.warning("no Celery worker answered within the timeout: the queues %s were not checked", ", ".join(queues))
+        return
+    served = {q.get("name") for listened in answer.values() for q in (listened or ())}
+    missing = [q for q in queues if q not in served]
+    if missing:
+        workers = "; ".join(f"{w} listens on {', '.join(sorted(q.get('name', '?') for q in listened or ())) or 'nothing'}"
+                            for w, listened in sorted(answer.items()))
+        raise SpecError("schedule.shards", len(queues),
+                        f"no Celery worker listens on queue(s) {', '.join(missing)}, where this search's train tasks "
+                        f"of those shards go ({workers}); they would wait in 'queued' for ever and the other shards "
+                        "for them", f"start a worker on each shard's machine with `airflow celery worker --queues "
+                        f"{missing[0]} --concurrency {slots}` (one per queue), or use fewer shards")

@@ -481,6 +481,9 @@ class SlotStatus(Record):
     # judge it by this moving, since a hung process may still heartbeat
     progress: int = 0
     last_try: bool = False
+    # when this try first gave its pool slot back ("yielded"), if it did: its next start yields no longer
+    # than the wait bound in all from then
+    yielding_since: float | None = None
 
 
 @dataclass(frozen=True)

@@ -52,6 +52,7 @@ Runs and is tested without Airflow; the shard operator maps Airflow's context on
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import threading
@@ -76,7 +77,7 @@ from mop_airflow.training.session import WARM_MODELS, TaskSession, out_of_memory
 from mop_airflow.slots.messages import (Check, Decide, Facts, Look, Read, ReadPeers, Rules, Train, Wait,
                                                 Write, Yield)
 from mop_airflow.slots.machine import PeerView, SlotMachine
-from mop_airflow.slots.status import HEARTBEAT_SECONDS, StatusWriter, read_status
+from mop_airflow.slots.status import HEARTBEAT_SECONDS, StatusWriter, end_never_started, read_status, yielding_since
 from mop_airflow.slots.watchdog import Watchdog
 
 log = logging.getLogger(__name__)
@@ -241,7 +242,7 @@ def run_slot(layout: RunLayout, run: RunRecord, manifest: Manifest, hops: Sequen
              wait_seconds: float | None = None, yield_seconds: float | None = None,
              session: TaskSession | None = None, on_hop: Callable[[HopRecord], object] | None = None,
              stop: threading.Event | None = None, stall_seconds: float | None = None,
-             more: Any = None, last_try: bool = False) -> SlotResult:
+             more: Any = None, last_try: bool = False, tries_left: int = 1) -> SlotResult:
     """Train the hops of ``hops`` (the whole block) that fall on ``(shard, slot)``, or ``mine``.
 
     ``mine`` lets one process train more than its slot: every hop of the block when tasks run one
@@ -258,7 +259,9 @@ def run_slot(layout: RunLayout, run: RunRecord, manifest: Manifest, hops: Sequen
     trains come from (an ASHA search, :class:`~mop_airflow.slots.asha_source.AshaSource`): the slot
     asks it for new hops as it polls, and to decide when it has nothing ready, until it says the
     search has ended. ``last_try``: no retry follows this try; its status says so, so that the slots
-    waiting for it know it ended for good if it dies (it says no last word then).
+    waiting for it know it ended for good if it dies (it says no last word then). ``tries_left``: this try
+    and the retries after it; an ASHA slot waits that many wait bounds for a slot of its block that has
+    not started before it fails for good naming it (a grid's slot waits one a try).
     """
     own = list(mine) if mine is not None else [h for h in hops if h.shard == shard and h.slot == slot]
     loop = _Loop(layout, run, manifest, hops, own, block=block, shard=shard, slot=slot, cache_dir=cache_dir,
@@ -266,27 +269,48 @@ def run_slot(layout: RunLayout, run: RunRecord, manifest: Manifest, hops: Sequen
                  wait=wait_seconds if wait_seconds is not None else float(os.environ.get(WAIT_ENV) or WAIT_SECONDS),
                  give_back=None if mine is not None else (
                      yield_seconds if yield_seconds is not None else float(os.environ.get(YIELD_ENV) or YIELD_SECONDS)),
-                 stop=stop, more=more, last_try=last_try)
+                 stop=stop, more=more, last_try=last_try, tries_left=tries_left)
     watchdog = Watchdog(stall_seconds) if stall_seconds and mine is None else None
     try:
         result = loop.train_all()
     except SlotYielded as exc:
+        # when this try first gave its pool slot back: its next start reads it back (Rules.yield_bound)
+        loop.status.yielding_since = loop.machine.yielding_since or time.time()
         loop.status.stop("yielded", error=str(exc))
         raise
     except BaseException as exc:
         # a slot stopped on request (SIGTERM) is not given up: its task's retry, or Airflow back, goes on
-        loop.status.stop("failed", final=not isinstance(exc, SlotStopped) and final(exc),
-                         error=f"{type(exc).__name__}: {exc}"[:1000])
+        ends = not isinstance(exc, SlotStopped) and final(exc)
+        if ends and isinstance(exc, Exception):
+            exc.absent = _end_the_unstarted(loop, layout, block, f"{type(exc).__name__}: {exc}")
+        loop.status.stop("failed", final=ends, error=f"{type(exc).__name__}: {exc}"[:1000])
         raise
     finally:
         if watchdog is not None:
             watchdog.stop()
     if result.untrained:
         error = BlockIncompleteError(shard, slot, result.untrained, for_good=loop.for_good)
+        error.absent = loop.absent  # the slots it waited for that never started
+        if final(error):
+            error.absent = _end_the_unstarted(loop, layout, block, "it waited for their hops")
         loop.status.stop("failed", final=final(error), error=str(error)[:1000])
         raise error
     loop.status.stop("done")
     return result
+
+
+def _end_the_unstarted(loop: "_Loop", layout: RunLayout, block: str, why: str) -> list[tuple[int, int]]:
+    """This slot failed for good, so its block has: the slots of the block that have not started (no
+    status, yielded, or failed and waiting for a retry) are said failed for good too, and returned (the
+    operator fails their tasks). Else a task that never starts (no worker on its queue, no slot in its
+    pool) kept the run running for ever, whether or not a slot waited for its hops."""
+    shard, slot = loop.slot_of
+    try:
+        return end_never_started(layout, block, sorted(loop.machine.block_slots() - {loop.slot_of}),
+                                 f"shard {shard} slot {slot} of its block failed for good ({why})"[:900])
+    except Exception:  # noqa: BLE001 - the store may be what failed: this task's own error is the one to report
+        log.warning("could not say the slots of block %s that never started failed for good", block, exc_info=True)
+        return list(loop.absent)
 
 
 class _Loop:
@@ -301,7 +325,8 @@ class _Loop:
                  own: list[BlockHop], *, block: str, shard: int, slot: int, cache_dir: str, where: Where,
                  fatal: Callable[[BaseException], bool], session: TaskSession | None,
                  on_hop: Callable[[HopRecord], object] | None, wait: float, give_back: float | None,
-                 stop: threading.Event | None = None, more: Any = None, last_try: bool = False) -> None:
+                 stop: threading.Event | None = None, more: Any = None, last_try: bool = False,
+                 tries_left: int = 1) -> None:
         self.layout, self.run, self.manifest = layout, run, manifest
         self.cache_dir, self.where, self.fatal, self.on_hop, self.wait = cache_dir, where, fatal, on_hop, wait
         self.stop = stop or threading.Event()
@@ -318,13 +343,16 @@ class _Loop:
                                    asha=more is not None, alone=give_back is None,
                                    shards=more.shards if more is not None else run.schedule.shards,
                                    slots=more.slots if more is not None else 1,
-                                   rules=Rules(look_after=LOOK_SECONDS), state_after=state_after)
+                                   rules=Rules(look_after=LOOK_SECONDS), state_after=state_after,
+                                   yielding_since=yielding_since(layout, block, shard, slot, where.try_number),
+                                   absent_wait=wait * max(1, tries_left))
         self.poller = CommitPoller(layout, block, self.machine.polled)
         self.marks = CommitLog(layout, block, shard, slot, where.try_number)
         self.status = StatusWriter(layout, block, shard, slot, where, left=len(self.machine.pending), last_try=last_try)
         self.result = SlotResult()
         self.for_good: set[str] = set()  # hops given up because their slot ended for good
         self.legs_checked_at = 0.0  # ASHA: when the slots of the legs in flight were last checked
+        self.absent: list[tuple[int, int]] = []  # the slots its hops waited for that never started
 
     def train_all(self) -> SlotResult:
         self.status.start()
@@ -396,6 +424,7 @@ class _Loop:
         CLEANUP.retry(self.layout.store)  # a stale checkpoint whose delete failed: once more before the task ends
         result.untrained = dict(act.untrained)
         self.for_good = set(act.for_good)
+        self.absent = sorted(act.absent)
         return result
 
     def _next(self) -> Any:
@@ -410,7 +439,7 @@ class _Loop:
             for wanted, event in ((machine.wants_poll, self.poller.wanted), (machine.idle, self.poller.idle)):
                 event.set() if wanted else event.clear()
             if isinstance(act, Read):
-                machine.read({key: HopRecord.read(store, self.layout.hop_record_uri(*key)) for key in act.keys})
+                self._read_records(act)
             elif isinstance(act, ReadPeers):
                 now = time.time()
                 for owner in act.owners:
@@ -423,6 +452,21 @@ class _Loop:
                 self._write(act)
             else:
                 return act
+
+    def _read_records(self, act: Read) -> None:
+        """The records the listed markers name; one that a reader of this store cannot read yet (listed, but
+        404 here for a while) is read again later: the machine waits for it as for a hop not listed."""
+        found, missing = {}, []
+        for key in act.keys:
+            data = self.layout.store.read_if_there(self.layout.hop_record_uri(*key))
+            if data is None:
+                missing.append(key)
+                log.warning("%s t=%d: its marker is listed but its record cannot be read yet; read again shortly", *key)
+            else:
+                found[key] = HopRecord.from_dict(json.loads(data))
+        self.machine.read(found)
+        if missing:
+            self.machine.unreadable(missing)
 
     def _report(self, given_up: dict[str, str]) -> None:
         """What the machine's last decision dropped, gave up or took back: into the result and the log."""

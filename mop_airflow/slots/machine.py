@@ -22,8 +22,10 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
+from mop_airflow.planning.task_plan import shard_pool
+
 from mop_airflow.slots.messages import (  # noqa: F401 - the machine's words, re-exported
-    ASHA_EVERY, HEARTBEAT, NEVER, STATES_HELD, Check, Decide, End, Facts, Look, PeerStatus, Read, ReadPeers,
+    ASHA_EVERY, CLOCK_SKEW, HEARTBEAT, NEVER, READ_AGAIN, STATES_HELD, Check, Decide, End, Facts, Look, PeerStatus, Read, ReadPeers,
     Record, Rules, State, Train, Wait, Write, Yield, died_on_last_try, state_after)
 
 
@@ -32,12 +34,18 @@ class PeerView:
     ``SlotStatus``: the same fields). It is judged by its progress count moving (batches trained, hops
     committed, looks for hops), not by its heartbeat: a process whose training hangs may heartbeat for
     ever. ``began``: when the waiting slot's task began; ``since``: when it began to wait for this one;
-    ``dies``: Rules.last_try_dies."""
+    ``dies``: Rules.last_try_dies; ``stale_ends``, ``absent``: Rules.stale_ends, Rules.absent_peers;
+    ``shard``: the peer's shard (its pool and queue are named after it).
 
-    def __init__(self, began: float, since: float, dies: bool = True, name: str = "") -> None:
-        self.began = began - 1.0  # a second for clocks apart
+    Statuses are stamped with the writer's clock and read against the reader's: an end counts as said
+    since the reader began when stamped at most :data:`CLOCK_SKEW` before it. Skew past that costs at
+    most the wait bound (such an end counts once it has stood that long with no later try)."""
+
+    def __init__(self, began: float, since: float, dies: bool = True, name: str = "", *, stale_ends: bool = True,
+                 absent: bool = True, shard: int | None = None) -> None:
+        self.began = began - CLOCK_SKEW  # clocks apart by up to CLOCK_SKEW
         self.alive_at, self.read_at = since, -NEVER  # when its progress last moved; when it was last read
-        self.dies, self.name = dies, name
+        self.dies, self.name, self.stale_ends, self.absent_rule, self.shard = dies, name, stale_ends, absent, shard
         self.latest: Any = None  # the newest try's last word, whenever it was said
         self.status: Any = None  # the same, unless an end said before the waiting slot began
         self.seen = False
@@ -70,23 +78,52 @@ class PeerView:
                 s.state == "running" and s.heartbeat >= self.began) or (self.dies and died_on_last_try(s, now, wait)))
         return self.seen
 
+    def absent(self, now: float, wait: float) -> bool:
+        """Whether the peer has not started for the wait bound: no status at all, or it gave its pool slot
+        back, or its try failed and no retry has begun. Its task waits in Airflow: for a worker that
+        serves its queue, or a free slot of its pool."""
+        s = self.latest
+        return (self.absent_rule and now - self.alive_at > wait
+                and (s is None or s.state == "yielded" or (s.state == "failed" and not s.final)))
+
     def gone(self, now: float, wait: float) -> tuple[str, bool] | None:
         """Why the hops the waiting slot needs from the peer will not come, and whether never (the peer
         ended for good) or not within ``wait`` (it may still come: a retry of the waiting slot waits
         again); None while they may."""
-        s, name = self.status, self.name
+        s, name, latest = self.status, self.name, self.latest
         if s is not None and s.state == "failed" and s.final:
             return (f"{name} failed for good on its try {s.try_number} "
                     f"({(getattr(s, 'error', None) or 'no error recorded').splitlines()[0]})", True)
         if s is not None and s.state == "done":
             return f"{name} finished its block without this hop's input (it lost it too)", True
-        if self.dies and died_on_last_try(self.latest, now, wait):
-            return (f"{name} died on its last try {self.latest.try_number}: its heartbeat stopped "
-                    f"{now - self.latest.heartbeat:.0f} s ago and no retry follows", True)
+        if self.dies and died_on_last_try(latest, now, wait):
+            return (f"{name} died on its last try {latest.try_number}: its heartbeat stopped "
+                    f"{now - latest.heartbeat:.0f} s ago and no retry follows", True)
+        if (self.stale_ends and latest is not None and now - self.alive_at > wait
+                and (latest.state == "done" or (latest.state == "failed" and latest.final))):
+            # said before this slot began: a run cleared since would have started the peer's next try by
+            # now, so the end is this run's (a final failure read late, a clock behind): it stands
+            ended = "finished its block" if latest.state == "done" else "failed for good"
+            return (f"{name} {ended} on its try {latest.try_number} before this slot's task began, and no later "
+                    f"try of it has started in {wait:.0f} s ("
+                    f"{(getattr(latest, 'error', None) or 'no error recorded').splitlines()[0]})", True)
+        if self.absent(now, wait):
+            return self._absent_why(now, wait), False
         if now - self.alive_at > wait:
             return (f"{name} made no progress for {now - self.alive_at:.0f} s (the bound is {wait:.0f} s, "
                     "MOP_SHARD_WAIT_SECONDS): it may be late (its pool slots held elsewhere) or hung", False)
         return None
+
+    def _absent_why(self, now: float, wait: float) -> str:
+        s = self.latest
+        what = ("has not started: it wrote no status" if s is None else
+                "gave its pool slot back and has not started again" if s.state == "yielded" else
+                f"failed its try {s.try_number} and its retry has not started")
+        where = "" if self.shard is None else (
+            f"; its task waits in Airflow: no worker may serve its queue {shard_pool(self.shard)}, or its pool "
+            f"{shard_pool(self.shard)} may have no free slot (another DAG holds them, or it has too few)")
+        return (f"{self.name} {what} in {now - self.alive_at:.0f} s (the bound is {wait:.0f} s, "
+                f"MOP_SHARD_WAIT_SECONDS){where}")
 
 
 def _failure(state: Any) -> bool:
@@ -111,12 +148,18 @@ class SlotMachine:
                  give_back: float | None = None, partners: Mapping[tuple, frozenset] | None = None,
                  asha: bool = False, shards: int = 1, rules: Rules = Rules(),
                  yielding_since: float | None = None, own: Iterable[Any] | None = None, alone: bool = False,
-                 slots: int = 1, state_after: Callable[[Any], Any] = state_after) -> None:
+                 slots: int = 1, state_after: Callable[[Any], Any] = state_after,
+                 absent_wait: float | None = None) -> None:
         hops = list(hops)
         self.slot_of, self.try_number, self.began, self.wait = (shard, slot), try_number, began, wait
         self.give_back, self.partners, self.asha, self.rules = give_back, dict(partners or {}), asha, rules
         self.yielding_since = yielding_since  # when this task first gave its pool slot back, if it did
         self.alone, self.state_after = alone, state_after
+        self.shape = (shards, slots)  # the block's shards and slots per shard
+        # ASHA: how long a slot of the block may stay not started before this try fails for good naming it.
+        # Its tries never end on a hop given up (a late slot's hops are taken back), so it waits the wait
+        # bound of every try it has left at once: what a grid's slots wait over their tries
+        self.absent_wait = wait if absent_wait is None else absent_wait
         self.pending = sorted((h for h in hops if (h.shard, h.slot) == self.slot_of) if own is None else own,
                               key=_priority)
         self.owner = {(h.config_id, h.hop): (h.shard, h.slot) for h in hops}
@@ -128,6 +171,7 @@ class SlotMachine:
         self.failed: dict[str, Any] = {}
         self.listed: set = set()  # hops whose markers were seen, their records not taken in yet
         self.records: dict[tuple, Any] = {}  # the record a seen marker names, once read (Read)
+        self.unread_at: dict[tuple, float] = {}  # a listed marker's record this reader could not read yet: when
         self.known: set = set()  # every hop whose marker was seen (CommitPoller.known)
         self.given_up: dict[tuple, Any] = {}
         self.looked_at: dict[tuple, float] = {}  # a given-up hop's input: when it was last looked up
@@ -172,6 +216,17 @@ class SlotMachine:
     def read(self, found: Mapping[tuple, Any]) -> None:
         """The answer to :class:`Read`: the record each listed marker names."""
         self.records.update(found)
+        for key in found:
+            self.unread_at.pop(key, None)
+
+    def unreadable(self, keys: Iterable[tuple]) -> None:
+        """The answer to :class:`Read` for markers whose record this reader cannot read yet (a 404 though
+        the marker was listed: a store whose readers disagree for a while). Read again :data:`READ_AGAIN`
+        later; meanwhile the hop waits as if its marker had not been listed (its peer judged as ever)."""
+        if not self.rules.read_again:
+            raise LookupError(f"the records of {sorted(keys)} are listed but cannot be read")
+        for key in keys:
+            self.unread_at[key] = self.clock
 
     def flush(self) -> Write | None:
         """The writes still to do (the slot stops: what it learnt reaches the store first)."""
@@ -212,7 +267,9 @@ class SlotMachine:
         peer = self.peers.get(owner)
         if peer is None:
             name = f"shard {owner[0]} slot {owner[1]}"
-            peer = self.peers[owner] = PeerView(self.began, now, self.rules.last_try_dies, name)
+            peer = self.peers[owner] = PeerView(self.began, now, self.rules.last_try_dies, name,
+                                                stale_ends=self.rules.stale_ends, absent=self.rules.absent_peers,
+                                                shard=owner[0])
         return peer
 
     def looked(self, hops: Sequence[tuple], found: Mapping[tuple, Any]) -> None:
@@ -284,7 +341,7 @@ class SlotMachine:
             return Write(out)
         if self.taking is not None:
             return self._take(now)
-        if not (self.pending or self.commits or (self.asha and not self.ended)):
+        if not (self.pending or self.commits or (self.asha and not self.ended)) or self._absent_given_up(now):
             return self._end()
         step = self._ready(now)
         if not isinstance(step, tuple):
@@ -387,8 +444,10 @@ class SlotMachine:
 
     def _unread(self, hops: Iterable[Any]) -> Read | None:
         """Read the records of the listed markers that name these hops' inputs, unless read already."""
+        due = self.clock - READ_AGAIN
         keys = sorted({(h.config_id, h.hop - 1) for h in hops if h.start is None
                        and (h.config_id, h.hop - 1) in self.listed and (h.config_id, h.hop - 1) not in self.records
+                       and self.unread_at.get((h.config_id, h.hop - 1), -NEVER) <= due
                        and self._needs(h.config_id, h.hop)})
         return Read(tuple(keys)) if keys else None
 
@@ -477,6 +536,10 @@ class SlotMachine:
         up too: the marker that names it may have landed after a name the poller had already listed past
         (a commit and a failure marked at once, a marker PUT retried, a listing that lags), and then no
         listing ever shows it (seeds 432, 1909)."""
+        if self.asha and self.rules.absent_peers and not self.alone:
+            act = self._absent_anywhere(now)
+            if act is not None:
+                return act
         bounded = self.rules.yield_bound and self.yielding_since is not None and now - self.yielding_since > self.wait
         if self.give_back is not None and not self.joined and now - self.began > self.give_back and not bounded:
             act = self._read([o for o in self.before if not self._peer(o, now).seen], now, HEARTBEAT)
@@ -560,19 +623,64 @@ class SlotMachine:
         every = min(HEARTBEAT, self.wait / 2)
         times = [self.peers[o].read_at + every for o in self.watched]
         times += [self.peers[o].alive_at + self.wait + 1e-6 for o in self.watched]
+        if self.asha:
+            times += [self.peers[o].alive_at + self.absent_wait + 1e-6 for o in self.watched]
         if self.give_back is not None and not self.joined:
             times.append(self.began + self.give_back + 1e-6)
             if self.rules.yield_bound and self.yielding_since is not None:
                 times.append(self.yielding_since + self.wait + 1e-6)
         if self.asha and self.decide_due:
             times.append(self.decided_at + ASHA_EVERY)
+        times += [at + READ_AGAIN for at in self.unread_at.values()]
         if self.rules.look_after is not None:
             times += [at + self.rules.look_after + 1e-6 for at in self.waited_since.values()]
             times += [at + self.rules.look_after + 1e-6 for at in self.looked_at.values()]
         return min((t for t in times if t > now), default=NEVER)
 
     def _end(self) -> End:
-        return End(dict(self.untrained), frozenset(self.for_good))
+        now = self.clock
+        absent = frozenset(o for o, p in self.peers.items() if self.untrained and p.absent(now, min(self.wait, self.absent_wait)))
+        return End(dict(self.untrained), frozenset(self.for_good), absent)
+
+    def block_slots(self) -> set:
+        """Every slot of the block that has hops: those of the hops known (a plain block's are all known at
+        its start), or every slot of the shards in ASHA (its legs cross them all)."""
+        if self.asha:
+            return {(s, k) for s in range(self.shape[0]) for k in range(self.shape[1])}
+        return set(self.owner.values())
+
+    def _absent_anywhere(self, now: float) -> Any:
+        """ASHA: every slot of the block must run, since every leg crosses every shard; one that has not
+        started for the wait bound stalls the search even where no hop waits for it yet (a leg's last hop
+        on it: no slot waits for that). Its status is read until it is seen started (once per heartbeat,
+        then never again); past the bound this try ends, naming it."""
+        shards, slots = self.shape
+        unseen = [(s, k) for s in range(shards) for k in range(slots)
+                  if (s, k) != self.slot_of and not self._peer((s, k), now).started(now, self.wait)]
+        act = self._read(unseen, now, HEARTBEAT)
+        if act is not None or self.commits or self.outbox:
+            return act
+        self.watched.update(unseen)
+        return self._end() if self._absent_for_good(now, unseen) else None
+
+    def _absent_for_good(self, now: float, owners: Iterable[tuple]) -> bool:
+        """ASHA: whether one of these slots has not started for :attr:`absent_wait`; then it is given up
+        for good, with the hops given up for it, and this try ends failed for good naming it (which ends
+        the absent slot's task too): ASHA's slots never end while a configuration is in flight, so the
+        search waited for it for ever."""
+        absent = [o for o in owners if o in self.peers and self.peers[o].absent(now, self.absent_wait)]
+        for owner in absent:
+            label = f"the search's hops on shard {owner[0]} slot {owner[1]}"
+            self.untrained[label] = self.peers[owner]._absent_why(now, self.absent_wait)
+            self.for_good.add(label)
+        return bool(absent)
+
+    def _absent_given_up(self, now: float) -> bool:
+        """ASHA: a hop is given up because its slot has not started (or its retry has not) for
+        :attr:`absent_wait`: :meth:`_absent_for_good`."""
+        if not (self.asha and self.rules.absent_peers and self.given_up) or self.commits or self.outbox:
+            return False
+        return self._absent_for_good(now, {self.owner.get((cid, t - 1)) for cid, t in self.given_up})
 
 
 def _label(hop: Any) -> str:

@@ -15,6 +15,12 @@ HEARTBEAT = 5.0  # slot_status.HEARTBEAT_SECONDS: a peer's status is read at mos
 STATES_HELD = 2  # trained hops waiting for their commit, at most (shard_loop.STATES_HELD)
 ASHA_EVERY = 0.05  # asha_source.EVERY_LOCAL: an idle slot takes a decision at most this often
 NEVER = math.inf
+# The seconds two hosts' clocks may differ by that the protocol absorbs at no cost: a peer's status is
+# stamped with its own host's clock and read against the reader's (PeerView). Skew past it costs at most
+# the wait bound (an end stamped too early is taken for an earlier try's, and counts once it has stood
+# for the wait bound), and below the wait bound less a heartbeat it judges no live slot dead.
+CLOCK_SKEW = 1.0
+READ_AGAIN = 1.0  # a record whose marker was listed but which one reader cannot read yet: read again after
 
 
 @dataclass(frozen=True)
@@ -131,6 +137,9 @@ class Yield:  # give the pool slot back (SlotYielded); the task comes again with
 class End:  # the block is over for this slot: done, or incomplete (BlockIncompleteError)
     untrained: Mapping[str, str]
     for_good: frozenset
+    # the slots ((shard, slot)) its hops waited for that never started (no worker on their queue, no free
+    # slot in their pool): a last try's failure ends their tasks too, or the run waited for them for ever
+    absent: frozenset = frozenset()
 
     @property
     def done(self) -> bool:
@@ -144,7 +153,8 @@ class Rules:
     its earliest one), ``mark_found``, ``look_after`` (shard_loop.LOOK_SECONDS), ``last_try_dies``
     (slot_protocol.PeerView) and ``asha_dead_legs`` (the driver's check of the legs in flight before an
     ASHA decision, shard_loop._Loop._fail_dead_legs, which the simulation's world does as production
-    does); ``yield_bound`` is proposed, off as in production."""
+    does), ``yield_bound``, ``stale_ends``, ``absent_peers`` and ``read_again`` (issue 70: a slot that never
+    starts, a final failure read late, a record one reader cannot read yet)."""
 
     settle_forward: bool = True
     mark_found: bool = True  # a retry marks a hop an earlier try committed but may not have marked
@@ -157,4 +167,15 @@ class Rules:
     # ASHA's decisions fail a job whose next hop is on a slot that ended for good: when that is the
     # leg's last hop no slot waits for it, and the search waited for ever (seed 539)
     asha_dead_legs: bool = True
-    yield_bound: bool = False  # proposed: stop yielding once a slot has yielded for the wait bound in all
+    # a slot that has given its pool slot back for the wait bound in all stops yielding: it keeps its pool
+    # slot and waits as any slot does (off: it yielded for ever to a slot that never starts, issue 70)
+    yield_bound: bool = True
+    # an end (failed for good, done) a peer said before the waiting slot began counts once it has stood
+    # for the wait bound with no later try (off: it was never for good, and ASHA hung, issue 70)
+    stale_ends: bool = True
+    # a peer that has not started (no status, yielded, or its retry not begun) for the wait bound is named
+    # with its pool and queue; ASHA ends the waiting try then (off: ASHA waited for it for ever)
+    absent_peers: bool = True
+    # a record whose marker was listed but which this reader cannot read yet is read again a second later
+    # (off: a read of it fails the try, as a StoreError did)
+    read_again: bool = True

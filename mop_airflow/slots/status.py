@@ -40,6 +40,7 @@ class StatusWriter:
                  last_try: bool = False) -> None:
         self.layout, self.block, self.shard, self.slot, self.where = layout, block, shard, slot, where
         self.last_try = last_try  # no retry follows this try: said in every write
+        self.yielding_since: float | None = None  # when this try first gave its pool slot back, if it did
         self.uri = layout.slot_status_uri(block, shard, slot)
         self.trained = 0
         self.left = left
@@ -83,7 +84,7 @@ class StatusWriter:
                        try_number=self.where.try_number, final=final, host=self.where.host or socket.getfqdn(),
                        pid=os.getpid(), task_id=self.where.task_id, trained=self.trained, left=max(0, self.left),
                        training=self.training, error=error, progress=progress.count(),
-                       last_try=self.last_try).write(self.layout.store, self.uri)
+                       last_try=self.last_try, yielding_since=self.yielding_since).write(self.layout.store, self.uri)
 
 
 def read_status(layout: RunLayout, block: str, shard: int, slot: int) -> SlotStatus | None:
@@ -91,3 +92,29 @@ def read_status(layout: RunLayout, block: str, shard: int, slot: int) -> SlotSta
     data = layout.store.read_if_there(layout.slot_status_uri(block, shard, slot))
     return None if data is None else SlotStatus.from_dict(json.loads(data))
 
+
+def yielding_since(layout: RunLayout, block: str, shard: int, slot: int, try_number: int) -> float | None:
+    """When this try of slot ``(shard, slot)`` first gave its pool slot back, as its last word says (None:
+    it has not yielded). A reschedule keeps the try's number; a retry or a cleared task does not."""
+    status = read_status(layout, block, shard, slot)
+    if status is None or status.state != "yielded" or status.try_number != try_number:
+        return None
+    return status.yielding_since if status.yielding_since is not None else status.heartbeat
+
+
+def end_never_started(layout: RunLayout, block: str, owners: list[tuple[int, int]], why: str) -> list[tuple[int, int]]:
+    """Say for each slot ``(shard, slot)`` that never started that it failed for good (its task is failed
+    in Airflow at the same time): the slots of the block still waiting for it then stop waiting, and
+    ASHA fails the configurations whose next hop is on it, instead of waiting for ever. Written with the
+    slot's own try number if it said anything (a yield), so readers take it as its latest word. Returns
+    the slots said so (a slot running, done, or failed for good already is left as it is)."""
+    ended = []
+    for shard, slot in owners:
+        before = read_status(layout, block, shard, slot)
+        if before is not None and (before.state not in ("yielded", "failed") or before.final):
+            continue  # it started meanwhile, or ended: its own words stand
+        ended.append((shard, slot))
+        SlotStatus(block=block, shard=shard, slot=slot, state="failed", heartbeat=time.time(),
+                   try_number=before.try_number if before is not None else 1, final=True,
+                   error=f"never started: {why}"[:1000]).write(layout.store, layout.slot_status_uri(block, shard, slot))
+    return ended

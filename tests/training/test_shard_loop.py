@@ -245,6 +245,9 @@ def test_a_slot_gives_up_the_hops_of_a_slot_that_failed_for_good_and_names_it(to
 def test_a_slot_waits_for_a_silent_slot_only_within_its_bound(toy_data, tmp_path):
     run, layout, manifest = _setup(tmp_path, toy_data, "store")
     hops = _hops(run)
+    # shard 1 started and then fell silent (one that never started is named so: test_slot_faults.py)
+    SlotStatus(block="b0", shard=1, slot=0, state="running", heartbeat=time.time(), try_number=1).write(
+        layout.store, layout.slot_status_uri("b0", 1, 0))
     started = time.monotonic()
     with pytest.raises(BlockIncompleteError, match=r"shard 1 slot 0 made no progress for \d+ s"):
         run_slot(layout, run, manifest, hops, block="b0", shard=0, slot=0, cache_dir=run.store.local_cache,

@@ -260,3 +260,168 @@ def test_slots_of_three_shards_learn_their_hops_from_the_previous_shards_markers
         thread.join(timeout=240)
     assert errors == [] and sum(len(r.trained) for r in results.values()) == len(hops)
     assert all(SlotStatus.read(layout.store, layout.slot_status_uri("b0", s, 0)).state == "done" for s in range(3))
+
+
+# ------------------------------------------------------------------ issue 70: peers missing, silent or ended
+def test_a_final_failure_said_before_the_reader_began_ends_it_for_good_after_the_wait_bound(toy_data, tmp_path):
+    """A slot failed for good on its last try (a store outage) before this slot's task began: the end
+    may be an earlier run's (cleared since), so it is not taken at once, but once it has stood for the
+    wait bound with no later try it is final: ASHA then fails the legs on it instead of waiting for ever."""
+    run, layout, _ = _setup(tmp_path, toy_data, "store")
+    now = time.time()
+    _status(layout, 1, 0, "failed", try_number=3, final=True, ago=30)
+    peer = Peer(layout, "b0", 1, 0, began=now, since=now)
+    assert peer.gone(now, 60) is None  # said before this slot began: a cleared run's retry may still come
+    why, for_good = peer.gone(now + 61, 60)
+    assert for_good and why.startswith("shard 1 slot 0 failed for good on its try 3 before this slot's task began, "
+                                       "and no later try of it has started in 60 s")
+    old = PeerView(now, now, stale_ends=False, name="shard 1 slot 0")  # the rule before: never for good
+    old.read(read_status(layout, "b0", 1, 0), now)
+    assert old.gone(now + 61, 60)[1] is False
+    # a later try that starts meanwhile is what the reader judges instead
+    _status(layout, 1, 0, "running", try_number=4, progress=1)
+    again = Peer(layout, "b0", 1, 0, began=now, since=now)
+    again.read_at = -1e18
+    assert again.gone(now + 1, 60) is None and again.started(now + 1, 60)
+
+
+def test_clock_skew_within_the_allowance_is_harmless_and_past_it_costs_at_most_the_wait_bound(toy_data, tmp_path):
+    """A peer's host clock behind the reader's by up to CLOCK_SKEW: its final word, said after the reader
+    began, still counts at once. Further behind, it counts after the wait bound (never never)."""
+    from mop_airflow.slots.messages import CLOCK_SKEW, PeerStatus
+
+    now = time.time()
+    within = PeerView(now, now, name="shard 2 slot 0")
+    within.read(PeerStatus(1, "failed", now + 0.1 - CLOCK_SKEW, final=True, error="StoreError: gone"), now + 0.2)
+    assert within.gone(now + 0.2, 60) == ("shard 2 slot 0 failed for good on its try 1 (StoreError: gone)", True)
+    past = PeerView(now, now, name="shard 2 slot 0")
+    past.read(PeerStatus(1, "failed", now - 5 * CLOCK_SKEW, final=True, error="StoreError: gone"), now + 0.2)
+    assert past.gone(now + 0.2, 60) is None and past.gone(now + 60.3, 60)[1] is True
+
+
+def test_a_peer_that_never_started_is_named_with_its_pool_and_queue():
+    now = 1000.0
+    peer = PeerView(now, now, name="shard 2 slot 0", shard=2)
+    peer.read(None, now)  # no status file: its task never ran
+    assert peer.gone(now + 10, 20) is None and not peer.absent(now + 10, 20)
+    why, for_good = peer.gone(now + 21, 20)
+    assert not for_good and peer.absent(now + 21, 20)
+    assert why == ("shard 2 slot 0 has not started: it wrote no status in 21 s (the bound is 20 s, "
+                   "MOP_SHARD_WAIT_SECONDS); its task waits in Airflow: no worker may serve its queue mop_shard_2, "
+                   "or its pool mop_shard_2 may have no free slot (another DAG holds them, or it has too few)")
+
+
+def _asha_machine(rules=None, **kw):
+    from mop_airflow.slots import machine as sp
+
+    return sp.SlotMachine([], shard=0, slot=0, try_number=1, began=0.0, wait=20.0, give_back=30.0, asha=True,
+                          shards=3, slots=1, rules=rules or sp.Rules(look_after=60.0), **kw)
+
+
+def _drive(machine, now, statuses):
+    """Answer the machine's reads at ``now`` (statuses: owner -> PeerStatus or None) until it waits or ends."""
+    from mop_airflow.slots import machine as sp
+
+    for _ in range(50):
+        act = machine.decide(now)
+        if isinstance(act, sp.ReadPeers):
+            for owner in act.owners:
+                machine.peer_status(owner, statuses.get(owner), now)
+        elif not isinstance(act, sp.Decide):  # no decisions in these tests: nothing to add
+            return act
+    raise AssertionError("the machine never settled")
+
+
+def test_asha_ends_its_try_when_a_slot_of_the_block_never_starts_and_names_it():
+    """ASHA's legs cross every shard: a slot that never starts stalls the search even where no hop waits
+    for it yet. Past the wait bound of every try it has left (``absent_wait``: one here) the try fails
+    for good naming it, which ends the absent slot's task too; before issue 70 the slots waited for ever.
+    A slot late but started within that bound is waited for (its hops taken back as before)."""
+    from mop_airflow.slots import machine as sp
+
+    running = sp.PeerStatus(1, "running", 1.0, progress=1)
+    statuses = {(1, 0): running, (2, 0): None}
+    machine = _asha_machine()
+    assert isinstance(_drive(machine, 1.0, statuses), sp.Wait)
+    act = _drive(machine, 10.0, statuses)
+    assert isinstance(act, sp.Wait) and act.until <= 21.0 + 1e-3  # wakes at the bound
+    end = _drive(machine, 21.5, statuses)
+    assert isinstance(end, sp.End) and not end.done and end.absent == frozenset({(2, 0)})
+    assert end.for_good == frozenset(end.untrained)  # for good: the absent slot's task is ended with it
+    (why,) = end.untrained.values()
+    assert why.startswith("shard 2 slot 0 has not started") and "queue mop_shard_2" in why
+    patient = _asha_machine(absent_wait=60.0)  # three tries' wait bounds: the slot starts at 45 s
+    _drive(patient, 1.0, statuses)
+    assert isinstance(_drive(patient, 30.0, statuses), sp.Wait)
+    assert isinstance(_drive(patient, 45.0, {**statuses, (2, 0): sp.PeerStatus(1, "running", 45.0, progress=1)}),
+                      sp.Wait)
+    assert isinstance(_drive(patient, 70.0, {**statuses, (2, 0): sp.PeerStatus(1, "running", 70.0, progress=9)}),
+                      sp.Wait)
+    old = _asha_machine(sp.Rules(look_after=60.0, absent_peers=False))
+    _drive(old, 1.0, statuses)
+    assert isinstance(_drive(old, 500.0, statuses), sp.Wait)  # the rule before: waits on
+
+
+def test_a_record_listed_but_not_readable_yet_is_read_again_not_fatal():
+    """A store whose readers disagree for a while: the marker is listed, the record answers 404 to this
+    reader. The hop waits and its record is read again a second later (a StoreError failed the try)."""
+    from dataclasses import dataclass
+
+    from mop_airflow.slots import machine as sp
+
+    @dataclass(frozen=True)
+    class Hop:
+        config_id: str
+        hop: int
+        shard: int
+        slot: int = 0
+        weight: int = 1
+        order: int = 0
+        start: sp.State | None = None
+
+    hops = [Hop("a", 0, 0, start=sp.State("a", -1, None)), Hop("a", 1, 1)]
+    machine = sp.SlotMachine(hops, shard=1, slot=0, try_number=1, began=0.0, wait=60.0)
+    machine.decide(0.0)
+    machine.markers([("a", 0)])
+    assert machine.decide(1.0) == sp.Read((("a", 0),))
+    machine.unreadable([("a", 0)])
+    act = machine.decide(1.2)
+    while isinstance(act, sp.ReadPeers):
+        for owner in act.owners:
+            machine.peer_status(owner, sp.PeerStatus(1, "running", 1.2, progress=3), 1.2)
+        act = machine.decide(1.2)
+    assert isinstance(act, sp.Wait) and act.until == pytest.approx(1.0 + sp.READ_AGAIN)
+    assert machine.decide(2.1) == sp.Read((("a", 0),))  # read again
+    machine.read({("a", 0): sp.Record("a", 0, 0, "ok", None, "a0")})
+    assert isinstance(machine.decide(2.1), sp.Train)
+    strict = sp.SlotMachine(hops, shard=1, slot=0, try_number=1, began=0.0, wait=60.0, rules=sp.Rules(read_again=False))
+    with pytest.raises(LookupError):
+        strict.unreadable([("a", 0)])
+
+
+def test_a_slot_yields_for_the_wait_bound_at_most_then_fails_naming_the_slot_that_never_started(toy_data, tmp_path):
+    """Shard 0's task never starts (no worker on mop_shard_0). Shard 1 gives its pool slot back (it may
+    be another block's turn), but for the wait bound in all, counted from its first yield across its
+    reschedules (its status says when); then it waits as any slot, and its last try fails naming shard 0,
+    its pool and queue, and says shard 0 failed for good so that no slot waits for it any more."""
+    from mop_airflow.slots.driver import SlotYielded
+
+    run, layout, manifest = _setup(tmp_path, toy_data, "store")
+    hops = _hops(run)
+    kw = dict(block="b0", shard=1, slot=0, cache_dir=run.store.local_cache, yield_seconds=0.3, wait_seconds=2)
+    with pytest.raises(SlotYielded):
+        run_slot(layout, run, manifest, hops, **kw)
+    first = read_status(layout, "b0", 1, 0)
+    assert first.state == "yielded" and first.yielding_since is not None
+    with pytest.raises(SlotYielded):  # rescheduled, the same try: yields again, its first yield kept
+        run_slot(layout, run, manifest, hops, **kw)
+    assert read_status(layout, "b0", 1, 0).yielding_since == first.yielding_since
+    time.sleep(max(0.0, first.yielding_since + 2.1 - time.time()))
+    with pytest.raises(BlockIncompleteError) as caught:  # past the yield bound: it waits, then fails
+        run_slot(layout, run, manifest, hops, final=lambda exc: True, **kw)
+    error = caught.value
+    assert error.absent == [(0, 0)] and error.untrained
+    assert all(why.startswith("shard 0 slot 0 has not started: it wrote no status") and "queue mop_shard_0" in why
+               for why in error.untrained.values())
+    ended = read_status(layout, "b0", 0, 0)
+    assert (ended.state, ended.final) == ("failed", True) and ended.error.startswith("never started: shard 1 slot 0")
