@@ -140,9 +140,12 @@ RULES = {
     # input's record up (seeds 164, 432, 1909), a peer silent on its last try ended for good and ASHA
     # fails a leg whose next hop is on such a slot (seeds 544, 1581, 539): each found by this simulation
     "production": sp.Rules(),
-    "before-marks": sp.Rules(mark_found=False, look_after=None, last_try_dies=False, asha_dead_legs=False),
-    "before-last-try": sp.Rules(last_try_dies=False, asha_dead_legs=False),  # before those two fixes
-    "before-given-up-looks": sp.Rules(look_given_up=False),  # before a given-up hop's input was looked up
+    # (each before the fence too, which came later: the seeds replay as they were found)
+    "before-marks": sp.Rules(mark_found=False, look_after=None, last_try_dies=False, asha_dead_legs=False,
+                             fence=False),
+    "before-last-try": sp.Rules(last_try_dies=False, asha_dead_legs=False, fence=False),  # before those two fixes
+    "before-given-up-looks": sp.Rules(look_given_up=False, fence=False),  # before a given-up hop's input was looked up
+    "no-fence": sp.Rules(fence=False),  # two copies of one slot write over each other (issue 70)
     "no-settle": sp.Rules(settle_forward=False),
     "proposed": sp.Rules(yield_bound=True),
 }

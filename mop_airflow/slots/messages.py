@@ -82,7 +82,8 @@ class Facts:
 # Actions: what the driver does next, then it reports back and asks again.
 @dataclass(frozen=True)
 class Write:  # in order, each (record, how): "write" it then its marker, "settle" the same unless a record is
-    records: tuple  # there (an earlier try's stays), "mark": its marker only
+    records: tuple  # there (an earlier try's stays), "mark": its marker only. Fenced (Rules.fence), "write" and
+    # "settle" create the record only where none is, and a record found there goes back as lost()
 
 
 @dataclass(frozen=True)
@@ -128,6 +129,11 @@ class Yield:  # give the pool slot back (SlotYielded); the task comes again with
 
 
 @dataclass(frozen=True)
+class Superseded:  # a later try of this slot runs (this one was taken for dead): write nothing more, say nothing
+    why: str
+
+
+@dataclass(frozen=True)
 class End:  # the block is over for this slot: done, or incomplete (BlockIncompleteError)
     untrained: Mapping[str, str]
     for_good: frozenset
@@ -158,3 +164,7 @@ class Rules:
     # leg's last hop no slot waits for it, and the search waited for ever (seed 539)
     asha_dead_legs: bool = True
     yield_bound: bool = False  # proposed: stop yielding once a slot has yielded for the wait bound in all
+    # writes fenced by try: every record is created only where none is (a copy that finds another's keeps
+    # it, learns it and marks it), a checkpoint never replaces another, and a try that lists a marker of a
+    # later try of its own slot (it was paused or cut off, and Airflow runs its retry) writes nothing more
+    fence: bool = True
