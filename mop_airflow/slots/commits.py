@@ -123,6 +123,14 @@ class CommitPoller:
             self.arrived.set()
         return len(found)
 
+    def look_own(self) -> int:
+        """One listing of this slot's own folder for a marker a later try left since this one began;
+        :attr:`later_try`."""
+        if self.own is not None:
+            names = self.layout.store.names_after(self.own, self.after.get(self.own, ""))
+            self.later_try = max(self.later_try, later_try(names, self.try_number, self.began_ns))
+        return self.later_try
+
     def take(self) -> set[Key]:
         """The hops learnt of since the last take (a poll's error is raised here, on the loop's thread)."""
         if self._error is not None:

@@ -282,8 +282,12 @@ def run_slot(layout: RunLayout, run: RunRecord, manifest: Manifest, hops: Sequen
         loop.status.abandon()  # no last word: the status is the later try's now
         raise
     except BaseException as exc:
-        # a slot stopped on request (SIGTERM) is not given up: its task's retry, or Airflow back, goes on
-        loop.status.stop("failed", final=not isinstance(exc, SlotStopped) and final(exc),
+        if loop.superseded():  # a copy taken for dead that failed (its input gone): no word over its retry's
+            loop.status.abandon()
+            raise
+        # a slot stopped on request (SIGTERM) is not given up while its task's retry follows; on its last
+        # try none does, and the slots waiting for it must not wait for ever (slot_sim's graceful stop)
+        loop.status.stop("failed", final=last_try if isinstance(exc, SlotStopped) else final(exc),
                          error=f"{type(exc).__name__}: {exc}"[:1000])
         raise
     finally:
@@ -437,6 +441,14 @@ class _Loop:
                 self._write(act)
             else:
                 return act
+
+    def superseded(self) -> bool:
+        """Whether a later try of this slot left a marker since this try began (one listing of its own
+        folder, made when the slot ends failing: a copy taken for dead must not say a last word then)."""
+        try:
+            return self.poller.look_own() > 0
+        except Exception:  # noqa: BLE001 - the task's own error is the one to report
+            return False
 
     def _report(self, given_up: dict[str, str]) -> None:
         """What the machine's last decision dropped, gave up or took back: into the result and the log."""
