@@ -207,3 +207,17 @@ def test_a_try_that_lists_a_later_try_of_its_slot_writes_nothing_more_unless_unf
         machine.trained_failed(second, second.start, "failed", "boom")
         act = machine.decide(0.0)
         assert isinstance(act, Superseded) if fence else isinstance(act, Write)
+
+
+@pytest.mark.parametrize("seed,written", [(85, "the same ok record"), (96, "the same ok record"),
+                                          (141, "another failed record")])
+def test_the_simulation_finds_copies_writing_over_each_other_without_the_fence_and_nothing_with_it(seed, written):
+    """Schedules of the slot simulation with a try taken for dead that comes back (and, in 141, a commit
+    whose marker is refused after its record landed, so the slot records the hop failed over it)."""
+    from slot_sim import run_one
+
+    unfenced = run_one(seed, Rules(fence=False))
+    assert any("was written again" in p and written in p for p in unfenced.problems), unfenced.problems
+    fenced = run_one(seed)
+    assert "zombie" in [kind for *_, kind in fenced.s.faults]
+    assert fenced.problems == [] and fenced.outcome == "succeeded"
