@@ -8,8 +8,9 @@
   checkpoint, its record or its marker. A store error ends the task (the driver's ``fatal``), its status
   says failed (for good on its last try) and Airflow retries it; a marker refused for another reason (a
   403) fails only the configuration, whose record landed;
-- **a graceful stop mid-block** (``sigterm``): the slot ends after its action in progress, its commits
-  and its writes, saying failed (for good only on its last try), and Airflow retries it;
+- **a graceful stop mid-block** (``sigterm``): the machine is told to stop (``SlotMachine.stop``, as the
+  driver tells it), ends after its action in progress, its commits and its writes, saying failed (for
+  good only on its last try), and Airflow retries it;
 - **a listing that loses an entry**: a marker that no listing ever shows (the slot waiting for it looks
   the record up after ``Rules.look_after``).
 
@@ -193,30 +194,15 @@ class ManyMachines:
 
     # ------------------------------------------------------------------ a graceful stop
     def _sigterm(self, proc: Any) -> None:
-        proc.stopping = True
-        if proc.waiting:
-            self._wake(proc)
+        proc.machine.stop()  # the machine takes nothing more; its commits and writes, then Stopped
+        self._wake(proc)
 
-    def _stopping(self, proc: Any) -> None:
-        """The driver's stop: its commits (the writer's, in order), the machine's writes (flush), then
-        SlotStopped: failed, for good only on its last try."""
-        if proc.stopping == "ended":
-            return
-        if proc.writer:
-            proc.waiting, proc.token = True, proc.token + 1  # woken by the writer's next commit
-            return
-        out = proc.machine.flush()
-        if out is not None:
-            self._write(proc, list(out.records), lambda: self._step(proc))
-            return
-        proc.stopping = "ended"
+    def _stopped(self, proc: Any, act: Any) -> None:
+        """run_slot on SlotStopped: the last word says failed, for good only on its last try."""
         task = proc.task
-        if proc.__dict__.get("taken_for_dead"):
-            self._copy_ends(proc, "stopped")
-            return
         word = sp.PeerStatus(task.try_number, "failed", self.now, final=task.try_number > self.s.retries)
         task.beat = (task.beat[0], task.beat[1], self.now)
-        self.at(self.now + self.latency(), self._ended, proc, sp.End({"stopped": "SIGTERM"}, frozenset()), word)
+        self.at(self.now + self.latency(), self._ended, proc, sp.End({"stopped": act.why}, frozenset()), word)
 
     # ------------------------------------------------------------------ a listing that loses an entry
     def _listing_loses(self, lag: float) -> float:

@@ -272,6 +272,9 @@ class World(AshaDecisions, ManyMachines):
 
     def _end(self, proc: Proc, act: Any) -> None:
         task = proc.task
+        if type(act) is sp.Stopped and not proc.__dict__.get("taken_for_dead"):
+            self._stopped(proc, act)  # SIGTERM: failed, for good only on its last try
+            return
         if type(act) is sp.Superseded or proc.__dict__.get("taken_for_dead"):
             self._copy_ends(proc, act)  # a try taken for dead: Airflow heeds none of its ends
             return
@@ -360,9 +363,6 @@ class World(AshaDecisions, ManyMachines):
 
     def _step(self, proc: Proc) -> None:
         if not self._live(proc):
-            return
-        if proc.__dict__.get("stopping"):  # SIGTERM: its commits, its writes, then a last word
-            self._stopping(proc)
             return
         m = proc.machine
         if self.s.method == "asha":

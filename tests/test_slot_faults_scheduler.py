@@ -312,15 +312,16 @@ BUILDING = "mop_slots_stopped_building"
 
 
 def test_a_slot_hung_while_it_builds_a_model_costs_the_long_step_bound_it_learned(airflow):
-    """A grid of 8 architectures, each hop building its model (3 s, as a large one takes; one model kept),
+    """A grid of 8 architectures, each hop building its model (10 s, as a large one takes; one model kept),
     at the default settings: shard 1 slot 1 SIGSTOPped just after its first commit, in its next build. Its
     watchdog kills it after 5 x its slowest build so far, at least 120 s (not the 300 s ceiling before the
-    first build), and the slot's retry commits its next hop within 3 minutes of its last commit."""
+    first build), and its retry commits the slot's next hop within a minute more: within 3 minutes of
+    its last commit. Timed from the records and the watchdog's bound, not the run's wall clock."""
     spec = _spec(airflow.root, slots=2)
     params = spec["search"]["space"]["params"]
     params.update(learning_rate=[1e-2])
     params["hparams"] = {"units": [8, 12, 16, 20, 24, 28, 32, 36], "seconds_per_batch": [0.15],
-                         "seconds_to_build": [3.0]}
+                         "seconds_to_build": [10.0]}
     _mop_dag(airflow, BUILDING, spec, {"MOP_MODEL_CACHE_BYTES": "1"})  # every hop builds its model
     airflow.wait_for_dag(BUILDING)
     with Stopped() as stopped:
@@ -342,6 +343,7 @@ def test_a_slot_hung_while_it_builds_a_model_costs_the_long_step_bound_it_learne
     slot = [h for h in hops if (h["task_id"] or "").endswith("train_shard_1_slot_1")]
     last_before = max(h["saved_at"] for h in slot if h["try_number"] == 1)
     first_after = min(h["saved_at"] for h in slot if h["try_number"] == 2)
-    assert bound <= first_after - last_before <= 180.0, (first_after - last_before, bound)
+    retry = first_after - last_before - bound  # Airflow's retry, the task's start and its first hop
+    assert 0 < retry <= 60.0 and bound + 60.0 <= 180.0, (first_after - last_before, bound)
     print(f"stopped in a build: {took:.1f} s; killed after {bound:.0f} s (builds {slowest:.1f} s); the slot's "
           f"commits {first_after - last_before:.1f} s apart")

@@ -72,8 +72,8 @@ from mop_airflow.training.model_hop import (CLEANUP, Where, failure_of, read_has
                                             state_after, train_hop, with_digest)
 from mop_airflow.slots.commits import CommitLog, CommitPoller
 from mop_airflow.training.session import WARM_MODELS, TaskSession, out_of_memory
-from mop_airflow.slots.messages import (Check, Decide, Facts, Look, Read, ReadPeers, Rules, Superseded, Train,
-                                        Wait, Write, Yield)
+from mop_airflow.slots.messages import (Check, Decide, Facts, Look, Read, ReadPeers, Rules, Stopped, Superseded,
+                                        Train, Wait, Write, Yield)
 from mop_airflow.slots.machine import PeerView, SlotMachine
 from mop_airflow.slots.status import HEARTBEAT_SECONDS, StatusWriter, read_status
 from mop_airflow.slots.watchdog import Watchdog
@@ -356,11 +356,8 @@ class _Loop:
             commits: list[tuple[BlockHop, Assignment, Future]] = []
             ahead: dict[str, Future] = {}
             while True:
-                if self.stop.is_set():
-                    self._settle(commits, block=True, every=True)
-                    self._write(machine.flush())  # a commit that failed is recorded before the slot stops
-                    raise SlotStopped(f"asked to stop with {len(machine.pending)} hop(s) left; the "
-                                      f"{len(result.trained)} committed stay, and a retry trains the rest")
+                if self.stop.is_set() and not machine.stopping:
+                    machine.stop()  # the machine waits for the commits and its writes, then says Stopped
                 self._settle(commits, block=False)
                 if self.more is not None:
                     self._extend(self.more.new_hops())
@@ -403,6 +400,9 @@ class _Loop:
                     self._extend(self.more.new_hops())
                 elif isinstance(act, Yield):
                     raise SlotYielded(act.why)
+                elif isinstance(act, Stopped):
+                    raise SlotStopped(f"{act.why}; the {len(result.trained)} committed stay, and a retry trains "
+                                      "the rest")
                 elif isinstance(act, Superseded):
                     log.error("%s", act.why)
                     raise SlotSuperseded(act.why)

@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from mop_airflow.slots.messages import (  # noqa: F401 - the machine's words, re-exported
     ASHA_EVERY, HEARTBEAT, NEVER, STATES_HELD, Check, Decide, End, Facts, Look, PeerStatus, Read, ReadPeers,
-    Record, Rules, State, Superseded, Train, Wait, Write, Yield, died_on_last_try, state_after)
+    Record, Rules, State, Stopped, Superseded, Train, Wait, Write, Yield, died_on_last_try, state_after)
 
 
 class PeerView:
@@ -156,6 +156,7 @@ class SlotMachine:
         self.wants_poll = True  # it waits for other slots' hops: list their markers
         self.idle = False  # and has nothing to train meanwhile
         self.superseded_by: int | None = None  # a later try of this slot that runs meanwhile (Rules.fence)
+        self.stopping = False  # asked to stop (SIGTERM)
 
     # ----------------------------------------------------------------- events
     def markers(self, listed: Iterable[Any]) -> None:
@@ -214,6 +215,12 @@ class SlotMachine:
         the later try's status and records are the slot's."""
         if self.rules.fence and try_number > self.try_number:
             self.superseded_by = max(self.superseded_by or 0, try_number)
+
+    def stop(self) -> None:
+        """The slot is asked to stop (SIGTERM: its task's on_kill). It takes nothing more: it ends after the
+        action in progress once the writer committed what it holds and what the slot learnt is written
+        (a failed commit recorded), with :class:`Stopped`; its task's retry trains the rest."""
+        self.stopping = True
 
     def commit_failed(self, hop: Any, state: Any, status: str, error: str) -> None:
         """The writer could not commit this slot's oldest hop: its configuration fails, as if it failed."""
@@ -315,6 +322,13 @@ class SlotMachine:
             return Superseded(f"try {self.superseded_by} of shard {self.slot_of[0]} slot {self.slot_of[1]} runs "
                               f"since this try {self.try_number} began (this one was taken for dead: its host "
                               "paused or cut off): this copy writes nothing more and ends")
+        if self.stopping:
+            if self.commits:
+                return Wait(NEVER, commit=True)
+            if self.outbox:
+                return self.flush()
+            return Stopped(f"asked to stop with {len(self.pending) + len(self.taking[0] if self.taking else ())} "
+                           "hop(s) left")
         if self.outbox:
             out = tuple(self.outbox)
             self.outbox.clear()

@@ -129,6 +129,11 @@ class Yield:  # give the pool slot back (SlotYielded); the task comes again with
 
 
 @dataclass(frozen=True)
+class Stopped:  # asked to stop (SIGTERM): its commits and writes are done; the task ends, a retry trains the rest
+    why: str
+
+
+@dataclass(frozen=True)
 class Superseded:  # a later try of this slot runs (this one was taken for dead): write nothing more, say nothing
     why: str
 
