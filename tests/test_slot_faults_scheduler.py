@@ -325,8 +325,8 @@ def test_a_slot_hung_while_it_builds_a_model_costs_the_long_step_bound_it_learne
     _mop_dag(airflow, BUILDING, spec, {"MOP_MODEL_CACHE_BYTES": "1"})  # every hop builds its model
     airflow.wait_for_dag(BUILDING)
     with Stopped() as stopped:
-        run_id, took = _run(airflow, BUILDING,
-                            during=lambda run_id: stopped.stop(_slot_pid(airflow, BUILDING, run_id, 1, 1)))
+        run_id, took = _run(airflow, BUILDING, timeout=900,
+                            during=lambda run_id: stopped.stop(_slot_pid(airflow, BUILDING, run_id, 1, 1, timeout=600)))
     tries = _tries(airflow, BUILDING, run_id)
     assert tries.pop("train_shard_1_slot_1") == 2 and set(tries.values()) == {1}
     log = airflow.task_log(BUILDING, run_id, "train_shard_1_slot_1", 1)
