@@ -318,12 +318,17 @@ class Store:
 
     def create_json(self, uri: str, obj: Any) -> bool:
         """Write ``obj`` at ``uri`` only if nothing is there yet, atomically: True when this call wrote it,
-        False when another writer was first (its object stays). A decision that several processes may
-        take at once is taken once: on ``file://`` the written file is linked into place (``link``
-        fails when the name exists); on S3 the PUT carries ``If-None-Match: *``, which refuses to
-        replace an object (412), and a 409 conflict is tried again. :func:`check_create_if_absent`
-        proves, before a run trains, that the store keeps that promise."""
-        data = json.dumps(obj, indent=2, sort_keys=True, default=str).encode()
+        False when another writer was first (its object stays). See :meth:`create_bytes`."""
+        return self.create_bytes(uri, json.dumps(obj, indent=2, sort_keys=True, default=str).encode())
+
+    def create_bytes(self, uri: str, data: bytes) -> bool:
+        """Write ``data`` at ``uri`` only if nothing is there yet, atomically: True when this call wrote it,
+        False when another writer was first (its object stays, whole). A decision that several processes
+        may take at once is taken once, and a write fenced so that it never replaces another's: on
+        ``file://`` the written file is linked into place (``link`` fails when the name exists); on S3 the
+        PUT carries ``If-None-Match: *``, which refuses to replace an object (412), and a 409 conflict is
+        tried again. One request on S3, as a plain write. :func:`check_create_if_absent` proves, before a
+        run trains, that the store keeps that promise."""
         if self.protocol == "file":
             path = self._path(uri)
             os.makedirs(os.path.dirname(path), exist_ok=True)

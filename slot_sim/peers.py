@@ -98,27 +98,13 @@ class PeerWorld:
         proc.skew += self.pf.skew.get(task.shard_slot, 0.0)
         fatal = self.pf.fatal.get((task.block.index, task.shard, task.slot))
         if fatal is not None and task.try_number >= fatal[0]:
-            self.at(self.now + fatal[1], self._fatal, proc)
+            self.at(self.now + fatal[1], self._store_gone, proc)
 
-    def _fatal(self, proc: Any) -> None:
-        """A fatal error ends the try (after its status write): failed, for good on its last try."""
-        if not self._live(proc):
-            return
-        task = proc.task
-        final = task.try_number > self.s.retries
-        self.note("fatal", task.shard, task.slot, f"try {task.try_number}", "final" if final else "retried")
-        proc.alive = False
-        self.moved = self.now
-        task.beat = (task.beat[0], task.beat[1], self.now)
-        task.word = (self.now, sp.PeerStatus(task.try_number, "failed", self.now, final=final,
-                                             error=f"StoreError: the store went away (try {task.try_number})"))
-        if final:
-            task.state = "failed"
-            self._end_absent()
-            self._asha_changed()
-            self._block_over()
-        else:
-            self._retry_or_fail(task, self.now)
+    def _store_gone(self, proc: Any) -> None:
+        """A fatal error ends the try (after its status write): failed, for good on its last try
+        (ManyMachines._fatal, the driver's one rule for a fatal error)."""
+        if self._live(proc):
+            self._fatal(proc, f"StoreError: the store went away (try {proc.task.try_number})")
 
     def _status_seen(self, proc: Any, owner: tuple) -> Any:
         """Slot ``owner``'s status as ``proc`` reads it: perhaps as it was a moment ago, stamped with its
@@ -145,7 +131,7 @@ class PeerWorld:
             try:
                 proc.machine.unreadable(missing)
             except LookupError:  # Rules.read_again off: a StoreError, fatal to the try (as before issue 70)
-                self._fatal(proc)
+                self._store_gone(proc)
                 return False
         return True
 

@@ -34,6 +34,7 @@ from mop_airflow.search.asha import AshaPlan
 from mop_airflow.slots import machine as sp
 from mop_airflow.slots.driver import block_hops
 from slot_sim.asha import AshaDecisions, Runaway
+from slot_sim.machines import ManyMachines
 from slot_sim.peers import PeerFaults, PeerWorld, draw_peer_faults
 from slot_sim.shapes import Block, Search, Shape, after, draw
 
@@ -86,7 +87,7 @@ class Proc:
         self.hops_taken = 0
 
 
-class World(AshaDecisions, PeerWorld):
+class World(AshaDecisions, PeerWorld, ManyMachines):
     """One schedule: its shape, store, Airflow and slots on a virtual clock."""
 
     def __init__(self, seed: int, rules: sp.Rules = sp.Rules(), shape: Shape | None = None, trace: bool = False):
@@ -112,7 +113,8 @@ class World(AshaDecisions, PeerWorld):
         self.search = None if self.s.method == "asha" else Search(self.s)
         self.block: Block | None = None
         self.outcome = "running"
-        self.bound = self._bound()
+        self._draw_many_machines()  # issue 70's faults, from a generator of their own (ManyMachines)
+        self.bound = self._bound() + self.fault_allowance
         s = self.s
         # the longest a search may go without a record, a decision or a task starting or ending: a pool
         # held elsewhere, then a slot waited out, killed by its watchdog, seen gone and retried
@@ -255,7 +257,9 @@ class World(AshaDecisions, PeerWorld):
         if proc is None or not self._live(proc):
             return
         self.note(kind, task.shard, task.slot, f"try {task.try_number}")
-        if kind == "kill":
+        if kind in self.MANY_MACHINES:
+            getattr(self, self.MANY_MACHINES[kind])(proc)
+        elif kind == "kill":
             self._die(proc)
         else:  # SIGSTOP: nothing of it runs; its watchdog kills it after the stall bound
             proc.frozen = self.now
@@ -290,6 +294,12 @@ class World(AshaDecisions, PeerWorld):
 
     def _end(self, proc: Proc, act: Any) -> None:
         task = proc.task
+        if type(act) is sp.Stopped and not proc.__dict__.get("taken_for_dead"):
+            self._stopped(proc, act)  # SIGTERM: failed, for good only on its last try
+            return
+        if type(act) is sp.Superseded or proc.__dict__.get("taken_for_dead"):
+            self._copy_ends(proc, act)  # a try taken for dead: Airflow heeds none of its ends
+            return
         if isinstance(act, sp.Yield):
             word = sp.PeerStatus(task.try_number, "yielded", self.now)
         else:
@@ -443,6 +453,8 @@ class World(AshaDecisions, PeerWorld):
             self._step(proc)
 
     def _train(self, proc: Proc, act: sp.Train) -> None:
+        if proc.__dict__.get("taken_for_dead") and self._copy_finds_gone(proc, act):
+            return
         for hop, state in act.members:  # the input checkpoint is read first
             if state.t >= 0 and self.checkpoints.get((hop.config_id, state.t)) != state.checkpoint_sha256:
                 self.violate(f"{hop.config_id} t={hop.hop} on shard {hop.shard} slot {hop.slot} read the checkpoint of "
@@ -463,7 +475,7 @@ class World(AshaDecisions, PeerWorld):
                 continue
             out = after(state, self.index[hop.config_id], hop.hop, hop.shard)
             record = sp.Record(hop.config_id, hop.hop, hop.shard, "ok", state.checkpoint_sha256, out.checkpoint_sha256,
-                               try_number=task.try_number)
+                               try_number=m.try_number)  # the process's own try (a copy taken for dead keeps its)
             m.trained_ok(hop)
             proc.writer.append(record)
         self._commit_next(proc)
@@ -473,12 +485,18 @@ class World(AshaDecisions, PeerWorld):
         """The writer thread: checkpoint, record, stale checkpoint deleted (keep 2), marker; one at a time."""
         if proc.writing or not proc.writer or not self._live(proc):
             return
+        if proc.__dict__.get("commit_fails"):
+            self._commit_fails(proc)
+            return
         proc.writing = True
         record = proc.writer[0]
         key = (record.config_id, record.t)
 
         def saved() -> None:  # the checkpoint, its record, the stale checkpoint deleted: each a request, as one
             # event (a checkpoint without its record is never read; the stale one is not read once it is)
+            if self.rules.fence and key in self.records:
+                self._commit_lost(proc, key)  # created only where none is: the first record stands
+                return
             self.checkpoints[key] = record.checkpoint_sha256
             self.checkpoints.pop((record.config_id, record.t - 2), None)
             self._put(record, lambda: self._mark(proc, record, done))
@@ -524,7 +542,9 @@ class World(AshaDecisions, PeerWorld):
         record, how = todo.pop(0)
         go_on = lambda: self._write(proc, todo, then)  # noqa: E731
         key = (record.config_id, record.t)
-        if how == "mark":
+        if self.rules.fence and how != "mark":
+            self._create(proc, record, how, go_on)
+        elif how == "mark":
             self._mark(proc, record, go_on)
         elif how == "settle":
             self._op(proc, lambda: go_on() if key in self.records else self._op(
@@ -535,11 +555,12 @@ class World(AshaDecisions, PeerWorld):
     def _mark(self, proc: Proc, record: sp.Record, then: Callable) -> None:
         """CommitLog.mark: the name takes the process's clock (kept rising) now; the object lands later."""
         proc.last_name = max(proc.last_name + 1, int((self.now + proc.skew) * 1e9))
-        name = (proc.task.try_number, proc.last_name)
+        name = (proc.machine.try_number, proc.last_name)
         folder = (proc.task.block.index, proc.task.shard, proc.task.slot)
 
         def land() -> None:
             lag = self.rng.uniform(0, self.s.lag_most) if self.rng.random() < self.s.lag else 0.0
+            lag = self._listing_loses(lag)
             self.folders[folder].append((name, self.now + lag, (record.config_id, record.t)))
             self._landed_mark[folder, name] = self.now
             for task in self.tasks:
@@ -585,6 +606,7 @@ class World(AshaDecisions, PeerWorld):
                     start += 1
             proc.scanned[folder] = start
             if names:
+                self._own_folder(proc, folder, names)
                 names.sort()
                 proc.after[folder] = names[-1][0]
                 found += [key for _, key in names]

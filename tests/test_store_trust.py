@@ -322,3 +322,25 @@ def test_a_denied_delete_of_a_stale_checkpoint_never_fails_its_configuration(s3_
         best = HopRecord.read(layout.store, layout.hop_record_uri(cid, 3)).best_t
         kept = sorted(int(u.rsplit("/t", 1)[1][:3]) for u in layout.store.glob(f"{layout.run_uri}/checkpoints/{cid}/*"))
         assert kept == sorted({2, 3, best})
+
+
+# -- writes fenced by try (two copies of one slot) -------------------------------------------------------
+
+@pytest.mark.parametrize("where", ["s3", "file"])
+def test_a_checkpoint_created_if_absent_is_never_replaced_and_costs_one_request(s3_endpoint, tmp_path, where):
+    """A slot's commit creates its checkpoint and its record only where none is: on S3 one PUT that carries
+    If-None-Match: * (seen at the endpoint's client), refused with 412 when a copy of the slot was first."""
+    store = s3_store(s3_endpoint, "trust-fence") if where == "s3" else Store(f"file://{tmp_path}/runs")
+    sent = []
+    if where == "s3":
+        Answers(store, "PutObject", DENIED, lambda request, key: sent.append(conditional(request)) and False)
+    uri = store.uri("d", "r", "checkpoints", "c0", "t003.npz")
+    first, second = bytes(range(256)) * 24_000, b"another copy's bytes" * 300_000  # 6 MB each: one PUT still
+    assert store.create_bytes(uri, first) is True
+    assert store.create_bytes(uri, second) is False
+    assert store.read_bytes(uri) == first
+    if where == "s3":
+        assert sent == [True, True]  # two conditional PUTs, nothing else written
+        assert keys(s3_endpoint, "trust-fence") == ["runs/d/r/checkpoints/c0/t003.npz"]
+    else:
+        assert sorted(p.name for p in (tmp_path / "runs/d/r/checkpoints/c0").iterdir()) == ["t003.npz"]

@@ -39,7 +39,8 @@ def resume_at(layout: Any, cid: str, last: int, record: HopRecord | None = None)
     if last < 0:
         return Assignment(config_id=cid, t=last, checkpoint=None)
     record = record or HopRecord.read(layout.store, layout.hop_record_uri(cid, last))
-    return Assignment(config_id=cid, t=last, checkpoint=layout.checkpoint_uri(cid, last),
+    # the checkpoint its record names (a copy of the hop that found another's checkpoint took its own name)
+    return Assignment(config_id=cid, t=last, checkpoint=record.checkpoint or layout.checkpoint_uri(cid, last),
                       checkpoint_sha256=record.checkpoint_sha256, best_t=record.best_t,
                       best_metric=record.best_metric)
 

@@ -53,8 +53,11 @@ class RunLayout:
     def slice_result_uri(self, index: int) -> str:
         return self._at("data", f"slice-{index:05d}.json")
 
-    def checkpoint_uri(self, config_id: str, t: int) -> str:
-        return self._at("checkpoints", config_id, f"t{t:03d}.npz")
+    def checkpoint_uri(self, config_id: str, t: int, sha256: str | None = None) -> str:
+        """Where hop ``t`` of ``config_id`` leaves its checkpoint; ``sha256``: the name a copy of the hop
+        takes when another copy's checkpoint holds the first name (its content's: two copies never write
+        different bytes under one name, and the record names the one it took)."""
+        return self._at("checkpoints", config_id, f"t{t:03d}.npz" if sha256 is None else f"t{t:03d}.{sha256[:16]}.npz")
 
     def hop_record_uri(self, config_id: str, t: int) -> str:
         return self._at("hops", config_id, f"t{t:03d}.json")

@@ -35,6 +35,11 @@ class Record:
     def write(self, store: Store, uri: str) -> str:
         return store.write_json(uri, self.to_dict())
 
+    def create(self, store: Store, uri: str) -> bool:
+        """Write it at ``uri`` only if no record is there (:meth:`~mop_airflow.store.Store.create_bytes`):
+        True when this call wrote it, False when another writer's stays."""
+        return store.create_json(uri, self.to_dict())
+
     @classmethod
     def read(cls: type[R], store: Store, uri: str) -> R:
         return cls.from_dict(store.read_json(uri))

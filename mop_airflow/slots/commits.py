@@ -56,6 +56,22 @@ class CommitLog:
         self.layout.store.write_bytes(f"{self.folder}/{name}", b"")
 
 
+def later_try(names: Iterable[str], try_number: int, since_ns: int) -> int:
+    """The latest try after ``try_number`` that left one of these markers (names) after ``since_ns`` (0: none).
+    A marker of a later try from before (a run started again under the same id, tries counted from 1
+    again) is not one: only a try that marks while this one runs has taken its place. The names' clock is
+    the marking host's, a second or so apart from this one's at most: far less than Airflow takes to
+    find a try gone and start its retry."""
+    latest = 0
+    for name in names:
+        parts = name.split(".")
+        if len(parts) >= 4 and parts[0].isdigit() and parts[1].isdigit():
+            number, sequence = int(parts[0]), int(parts[1])
+            if number > try_number and sequence > since_ns:
+                latest = max(latest, number)
+    return latest
+
+
 def _key(name: str) -> Key | None:
     parts = name.split(".")
     if name.startswith(".") or len(parts) < 4 or not parts[-1].isdigit():
@@ -66,9 +82,15 @@ def _key(name: str) -> Key | None:
 class CommitPoller:
     """Lists the markers of ``slots`` (``(shard, slot)``) while the loop waits for hops (:attr:`wanted`)."""
 
-    def __init__(self, layout: RunLayout, block: str, slots: Iterable[tuple[int, int]]) -> None:
+    def __init__(self, layout: RunLayout, block: str, slots: Iterable[tuple[int, int]], *,
+                 own: tuple[int, int] | None = None, try_number: int = 0, began: float = 0.0) -> None:
         self.layout = layout
         self.folders = [layout.slot_commits_uri(block, s, k) for s, k in sorted(set(slots))]
+        # this slot's own folder, listed like the others (an earlier try's markers): a marker a later try
+        # left there since this try began says Airflow runs that try meanwhile (later_try)
+        self.own = None if own is None else layout.slot_commits_uri(block, *own)
+        self.try_number, self.began_ns = try_number, int(began * 1e9)
+        self.later_try = 0  # the latest try of this slot seen marking since this one began (0: none)
         self.after = dict.fromkeys(self.folders, "")
         self.known: set[Key] = set()  # every hop whose marker was seen
         self._fresh: set[Key] = set()  # seen since the loop last took them
@@ -91,6 +113,8 @@ class CommitPoller:
             names = self.layout.store.names_after(folder, self.after[folder])
             if names:
                 self.after[folder] = names[-1]
+                if folder == self.own:
+                    self.later_try = max(self.later_try, later_try(names, self.try_number, self.began_ns))
             found.update(k for k in map(_key, names) if k is not None)
         if found:
             with self._lock:
@@ -98,6 +122,14 @@ class CommitPoller:
                 self._fresh |= found
             self.arrived.set()
         return len(found)
+
+    def look_own(self) -> int:
+        """One listing of this slot's own folder for a marker a later try left since this one began;
+        :attr:`later_try`."""
+        if self.own is not None:
+            names = self.layout.store.names_after(self.own, self.after.get(self.own, ""))
+            self.later_try = max(self.later_try, later_try(names, self.try_number, self.began_ns))
+        return self.later_try
 
     def take(self) -> set[Key]:
         """The hops learnt of since the last take (a poll's error is raised here, on the loop's thread)."""

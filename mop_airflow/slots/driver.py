@@ -74,8 +74,8 @@ from mop_airflow.training.model_hop import (CLEANUP, Where, failure_of, read_has
                                             state_after, train_hop, with_digest)
 from mop_airflow.slots.commits import CommitLog, CommitPoller
 from mop_airflow.training.session import WARM_MODELS, TaskSession, out_of_memory
-from mop_airflow.slots.messages import (Check, Decide, Facts, Look, Read, ReadPeers, Rules, Train, Wait,
-                                                Write, Yield)
+from mop_airflow.slots.messages import (Check, Decide, Facts, Look, Read, ReadPeers, Rules, Stopped, Superseded,
+                                        Train, Wait, Write, Yield)
 from mop_airflow.slots.machine import PeerView, SlotMachine
 from mop_airflow.slots.status import HEARTBEAT_SECONDS, StatusWriter, end_never_started, read_status, yielding_since
 from mop_airflow.slots.watchdog import Watchdog
@@ -101,6 +101,12 @@ YIELD_SECONDS = 30.0
 class SlotStopped(Exception):
     """The slot was asked to stop (its task was killed gracefully: SIGTERM, Airflow stopping): it ended
     after its hop in progress and its commits; a retry trains the rest."""
+
+
+class SlotSuperseded(Exception):
+    """A later try of this slot runs: this one was taken for dead (its host paused, or cut off while
+    Airflow started the retry) and came back. It ended writing nothing more, not even its status: the
+    later try's are the slot's (Rules.fence)."""
 
 
 class SlotYielded(Exception):
@@ -278,9 +284,16 @@ def run_slot(layout: RunLayout, run: RunRecord, manifest: Manifest, hops: Sequen
         loop.status.yielding_since = loop.machine.yielding_since or time.time()
         loop.status.stop("yielded", error=str(exc))
         raise
+    except SlotSuperseded:
+        loop.status.abandon()  # no last word: the status is the later try's now
+        raise
     except BaseException as exc:
-        # a slot stopped on request (SIGTERM) is not given up: its task's retry, or Airflow back, goes on
-        ends = not isinstance(exc, SlotStopped) and final(exc)
+        if loop.superseded():  # a copy taken for dead that failed (its input gone): no word over its retry's
+            loop.status.abandon()
+            raise
+        # a slot stopped on request (SIGTERM) is not given up while its task's retry follows; on its last
+        # try none does, and the slots waiting for it must not wait for ever (slot_sim's graceful stop)
+        ends = last_try if isinstance(exc, SlotStopped) else final(exc)
         if ends and isinstance(exc, Exception):
             exc.absent = _end_the_unstarted(loop, layout, block, f"{type(exc).__name__}: {exc}")
         loop.status.stop("failed", final=ends, error=f"{type(exc).__name__}: {exc}"[:1000])
@@ -346,7 +359,8 @@ class _Loop:
                                    rules=Rules(look_after=LOOK_SECONDS), state_after=state_after,
                                    yielding_since=yielding_since(layout, block, shard, slot, where.try_number),
                                    absent_wait=wait * max(1, tries_left))
-        self.poller = CommitPoller(layout, block, self.machine.polled)
+        self.poller = CommitPoller(layout, block, self.machine.polled, own=self.slot_of, try_number=where.try_number,
+                                   began=self.began)
         self.marks = CommitLog(layout, block, shard, slot, where.try_number)
         self.status = StatusWriter(layout, block, shard, slot, where, left=len(self.machine.pending), last_try=last_try)
         self.result = SlotResult()
@@ -371,11 +385,8 @@ class _Loop:
             commits: list[tuple[BlockHop, Assignment, Future]] = []
             ahead: dict[str, Future] = {}
             while True:
-                if self.stop.is_set():
-                    self._settle(commits, block=True, every=True)
-                    self._write(machine.flush())  # a commit that failed is recorded before the slot stops
-                    raise SlotStopped(f"asked to stop with {len(machine.pending)} hop(s) left; the "
-                                      f"{len(result.trained)} committed stay, and a retry trains the rest")
+                if self.stop.is_set() and not machine.stopping:
+                    machine.stop()  # the machine waits for the commits and its writes, then says Stopped
                 self._settle(commits, block=False)
                 if self.more is not None:
                     self._extend(self.more.new_hops())
@@ -418,6 +429,12 @@ class _Loop:
                     self._extend(self.more.new_hops())
                 elif isinstance(act, Yield):
                     raise SlotYielded(act.why)
+                elif isinstance(act, Stopped):
+                    raise SlotStopped(f"{act.why}; the {len(result.trained)} committed stay, and a retry trains "
+                                      "the rest")
+                elif isinstance(act, Superseded):
+                    log.error("%s", act.why)
+                    raise SlotSuperseded(act.why)
                 else:
                     break
             self._settle(commits, block=True, every=True)
@@ -432,6 +449,8 @@ class _Loop:
         after the reads and writes it asks for first, each answered at once."""
         machine, store = self.machine, self.layout.store
         machine.markers(sorted(self.poller.take()))  # a poll's error is raised here, on the loop's thread
+        if self.poller.later_try:
+            machine.later_try(self.poller.later_try)
         while True:
             given_up = dict(machine.untrained)
             act = machine.decide(time.time())
@@ -467,6 +486,14 @@ class _Loop:
         self.machine.read(found)
         if missing:
             self.machine.unreadable(missing)
+
+    def superseded(self) -> bool:
+        """Whether a later try of this slot left a marker since this try began (one listing of its own
+        folder, made when the slot ends failing: a copy taken for dead must not say a last word then)."""
+        try:
+            return self.poller.look_own() > 0
+        except Exception:  # noqa: BLE001 - the task's own error is the one to report
+            return False
 
     def _report(self, given_up: dict[str, str]) -> None:
         """What the machine's last decision dropped, gave up or took back: into the result and the log."""
@@ -526,16 +553,23 @@ class _Loop:
     def _write(self, act: Write | None) -> None:
         """The machine's writes, in order: a failure, a drop settled forward (unless a record is there: an
         earlier try's stays), a marker a retry found missing; each record then its marker."""
-        store = self.layout.store
+        store, fence = self.layout.store, self.machine.rules.fence
         for record, how in () if act is None else act.records:
             if how == "mark":
                 self.marks.mark(record)
                 continue
             uri = self.layout.hop_record_uri(record.config_id, record.t)
-            if how == "settle" and store.exists(uri):
-                continue
             written = self._hop_record(record)
-            written.write(store, uri)
+            if fence:
+                # created only where no record is: one request, where a look and a write were two; a record
+                # there (an earlier try's settle, or another copy's commit of the hop) stands
+                if not written.create(store, uri):
+                    self.machine.lost(record, None if how == "settle" else HopRecord.read(store, uri))
+                    continue
+            elif how == "settle" and store.exists(uri):
+                continue
+            else:
+                written.write(store, uri)
             self.marks.mark(written)
             if how == "write":
                 self.result.failed.append(written)
@@ -635,13 +669,19 @@ class _Loop:
         while commits and (commits[0][2].done() or block):
             hop, state, future = commits.pop(0)
             try:
-                record = future.result()
+                record, won = future.result()
             except Exception as exc:
                 if self.fatal(exc):
                     raise
                 self._failed(hop, state, exc, commit=True)
                 continue
             progress.tick()
+            if not won:  # another copy of the hop committed it first (Rules.fence): its record stands
+                self.result.committed.append(hop.label)
+                self.machine.commit_lost(record)
+                log.warning("%s: try %d of %s committed it first; its record stands and this copy's is not written",
+                            hop.label, record.try_number, record.task_id or "another task")
+                continue
             self.result.trained.append(record)
             self.machine.committed(record)
             self.status.hop_done()
@@ -650,11 +690,13 @@ class _Loop:
             if not every:
                 block = False
 
-    def _commit(self, trained: Any) -> HopRecord:
-        """On the writer thread: the hop's checkpoint and record, then its marker for the waiting slots."""
-        record = trained.commit()
-        self.marks.mark(record)
-        return record
+    def _commit(self, trained: Any) -> tuple[HopRecord, bool]:
+        """On the writer thread: the hop's checkpoint and record, then its marker for the waiting slots; the
+        record that stands, and whether it is this one (fenced, another copy's may have been first)."""
+        record = trained.commit(fence=self.machine.rules.fence)
+        if trained.won:
+            self.marks.mark(record)
+        return record, trained.won
 
     def _failed(self, hop: BlockHop, state: Assignment, exc: BaseException, *, commit: bool = False) -> None:
         """Configuration ``hop.config_id`` failed at ``hop`` (or its commit did): the machine has it recorded
@@ -690,10 +732,15 @@ class _Loop:
         train; the search goes on without it."""
         failure = record_failure(self.layout, Assignment(config_id, t - 1, None), t=t, shard=shard,
                                  shards=self.run.schedule.shards, where=self.where,
-                                 error=TrainingError(dead_leg_error(t, shard, why)))
+                                 error=TrainingError(dead_leg_error(t, shard, why)),
+                                 fence=self.machine.rules.fence)
         self.marks.mark(failure)
-        self.result.failed.append(failure)
         self.machine.recorded(failure)
+        if failure.error and why in failure.error:
+            self.result.failed.append(failure)
+        else:  # another copy recorded the hop first (Rules.fence): its record stands
+            log.warning("%s t=%d: try %d of %s recorded it first; its record stands", config_id, t,
+                        failure.try_number, failure.task_id)
         log.error("%s t=%d: its hop %s; %s is recorded failed and the search goes on", config_id, t, why, config_id)
 
     def _peer(self, owner: tuple[int, int], now: float) -> PeerView:

@@ -25,8 +25,9 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 from mop_airflow.planning.task_plan import shard_pool
 
 from mop_airflow.slots.messages import (  # noqa: F401 - the machine's words, re-exported
-    ASHA_EVERY, CLOCK_SKEW, HEARTBEAT, NEVER, READ_AGAIN, STATES_HELD, Check, Decide, End, Facts, Look, PeerStatus, Read, ReadPeers,
-    Record, Rules, State, Train, Wait, Write, Yield, died_on_last_try, state_after)
+    ASHA_EVERY, CLOCK_SKEW, HEARTBEAT, NEVER, READ_AGAIN, STATES_HELD, Check, Decide, End, Facts, Look, PeerStatus,
+    Read, ReadPeers, Record, Rules, State, Stopped, Superseded, Train, Wait, Write, Yield, died_on_last_try,
+    state_after)
 
 
 class PeerView:
@@ -199,6 +200,8 @@ class SlotMachine:
                                          if (h.config_id, h.hop - 1) in self.owner})
         self.wants_poll = True  # it waits for other slots' hops: list their markers
         self.idle = False  # and has nothing to train meanwhile
+        self.superseded_by: int | None = None  # a later try of this slot that runs meanwhile (Rules.fence)
+        self.stopping = False  # asked to stop (SIGTERM)
 
     # ----------------------------------------------------------------- events
     def markers(self, listed: Iterable[Any]) -> None:
@@ -231,12 +234,49 @@ class SlotMachine:
     def flush(self) -> Write | None:
         """The writes still to do (the slot stops: what it learnt reaches the store first)."""
         out, self.outbox = tuple(self.outbox), []
-        return Write(out) if out else None
+        return Write(out) if out and self.superseded_by is None else None
 
     def committed(self, record: Any) -> None:
         """The writer committed this slot's oldest hop in its hands (checkpoint, record, marker)."""
         self.commits.pop(0)
         self._learn(record)
+
+    def commit_lost(self, standing: Any) -> None:
+        """The writer's create of this slot's oldest hop's record found ``standing`` there (Rules.fence):
+        another copy of the hop committed first (an earlier try that was taken for dead and resumed, a
+        later try of this slot running at once). The record there stands: learnt as this hop's, its
+        checkpoint untouched, and marked for the slots waiting for it (its writer may not have yet)."""
+        self.commits.pop(0)
+        self._stands(standing)
+
+    def lost(self, record: Any, standing: Any) -> None:
+        """A fenced create of ``record`` (a failure, a drop settled, Write) found ``standing`` there. A settle
+        leaves an earlier record as it is; a failure learnt when it was written is taken back for what
+        stands (another copy of the hop committed it: the configuration is healthy, and not recorded failed)."""
+        if record.dropped_after is not None:
+            return
+        if self.failed.get(record.config_id) is record:
+            del self.failed[record.config_id]
+        self._stands(standing)
+
+    def _stands(self, standing: Any) -> None:
+        self._learn(standing)
+        if self.rules.mark_found:
+            self.outbox.append((standing, "mark"))
+
+    def later_try(self, try_number: int) -> None:
+        """A marker that a later try ``try_number`` of this slot left since this try began was listed in this
+        slot's own folder: Airflow took this try for dead (its host paused or cut off) and runs its retry.
+        Fenced (Rules.fence), this copy writes nothing more and ends without a last word (:class:`Superseded`):
+        the later try's status and records are the slot's."""
+        if self.rules.fence and try_number > self.try_number:
+            self.superseded_by = max(self.superseded_by or 0, try_number)
+
+    def stop(self) -> None:
+        """The slot is asked to stop (SIGTERM: its task's on_kill). It takes nothing more: it ends after the
+        action in progress once the writer committed what it holds and what the slot learnt is written
+        (a failed commit recorded), with :class:`Stopped`; its task's retry trains the rest."""
+        self.stopping = True
 
     def commit_failed(self, hop: Any, state: Any, status: str, error: str) -> None:
         """The writer could not commit this slot's oldest hop: its configuration fails, as if it failed."""
@@ -335,6 +375,18 @@ class SlotMachine:
     def decide(self, now: float) -> Any:
         """The next action at ``now``: what to train, read, write or wait for."""
         self.clock = now
+        if self.superseded_by is not None:
+            self.outbox.clear()  # the later try writes what it finds; a copy taken for dead writes nothing more
+            return Superseded(f"try {self.superseded_by} of shard {self.slot_of[0]} slot {self.slot_of[1]} runs "
+                              f"since this try {self.try_number} began (this one was taken for dead: its host "
+                              "paused or cut off): this copy writes nothing more and ends")
+        if self.stopping:
+            if self.commits:
+                return Wait(NEVER, commit=True)
+            if self.outbox:
+                return self.flush()
+            return Stopped(f"asked to stop with {len(self.pending) + len(self.taking[0] if self.taking else ())} "
+                           "hop(s) left")
         if self.outbox:
             out = tuple(self.outbox)
             self.outbox.clear()

@@ -88,7 +88,8 @@ class Facts:
 # Actions: what the driver does next, then it reports back and asks again.
 @dataclass(frozen=True)
 class Write:  # in order, each (record, how): "write" it then its marker, "settle" the same unless a record is
-    records: tuple  # there (an earlier try's stays), "mark": its marker only
+    records: tuple  # there (an earlier try's stays), "mark": its marker only. Fenced (Rules.fence), "write" and
+    # "settle" create the record only where none is, and a record found there goes back as lost()
 
 
 @dataclass(frozen=True)
@@ -130,6 +131,16 @@ class Wait:  # until ``until`` or anything arrives; ``commit``: for this slot's 
 
 @dataclass(frozen=True)
 class Yield:  # give the pool slot back (SlotYielded); the task comes again with the same try
+    why: str
+
+
+@dataclass(frozen=True)
+class Stopped:  # asked to stop (SIGTERM): its commits and writes are done; the task ends, a retry trains the rest
+    why: str
+
+
+@dataclass(frozen=True)
+class Superseded:  # a later try of this slot runs (this one was taken for dead): write nothing more, say nothing
     why: str
 
 
@@ -179,3 +190,7 @@ class Rules:
     # a record whose marker was listed but which this reader cannot read yet is read again a second later
     # (off: a read of it fails the try, as a StoreError did)
     read_again: bool = True
+    # writes fenced by try: every record is created only where none is (a copy that finds another's keeps
+    # it, learns it and marks it), a checkpoint never replaces another, and a try that lists a marker of a
+    # later try of its own slot (it was paused or cut off, and Airflow runs its retry) writes nothing more
+    fence: bool = True

@@ -75,6 +75,14 @@ class StatusWriter:
         if self._thread is not None:
             self._thread.join(timeout=HEARTBEAT_SECONDS)
 
+    def abandon(self) -> None:
+        """End without a last word (a later try of the slot runs: the status is its own now)."""
+        self._stop.set()
+        with self._lock:
+            self._ended = True
+        if self._thread is not None:
+            self._thread.join(timeout=HEARTBEAT_SECONDS)
+
     def write(self, state: str, *, final: bool = False, error: str | None = None, last: bool = False) -> None:
         with self._lock:  # held for the whole write: see the module's docstring
             if self._ended:

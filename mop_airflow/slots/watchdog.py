@@ -15,8 +15,11 @@ The bound follows the steps seen (:class:`StallBound`): ``MOP_SHARD_STALL_SECOND
 slot's first step, which waits out reading its shard and building and compiling its first model; then
 10 times the slowest time between two moves of the count so far, at least
 ``MOP_SHARD_STALL_FLOOR_SECONDS`` (60 s) and at most ``MOP_SHARD_STALL_SECONDS``. A step announced by
-:func:`~mop_airflow.training.progress.long_step` (a model built mid-block, a large file fetched) has
-the long bound again until it is over.
+:func:`~mop_airflow.training.progress.long_step` (a model built mid-block, a large file fetched) has a
+bound of its own, learned the same way from the long steps seen: ``MOP_SHARD_STALL_SECONDS`` until the
+first one ended (the slot's first model build, in its start), then 5 times the slowest long step so far,
+at least twice the floor (120 s) and at most ``MOP_SHARD_STALL_SECONDS``. A slot hung in a model build
+then costs that bound (2 minutes for builds of seconds) and Airflow's retry, not the 300 s ceiling.
 """
 
 from __future__ import annotations
@@ -53,6 +56,19 @@ STALL_SECONDS = 300.0
 # A long step that was waited out counts as a step: the bound grows with it for the rest of the task.
 STALL_FLOOR_SECONDS = 60.0
 STALL_MULTIPLE = 10.0
+# A long step's bound once one was seen: LONG_MULTIPLE x the slowest long step so far (from its
+# announcement to the end of the first step after it: a build, its restore, its first trace and compile),
+# at least LONG_FLOOR_TIMES x the floor:
+# - the first build is seen in the slot's start (every slot builds its first model there), so the 300 s
+#   ceiling holds only before it;
+# - a later build may be of a larger architecture than any before, and another slot may load the
+#   machine: 5 x the slowest leaves room for a model several times slower to build, and 120 s for any
+#   build of up to two minutes whatever came before; a build longer still says so in the log when it
+#   is killed, and MOP_SHARD_STALL_FLOOR_SECONDS raises the floor;
+# - a hung build then costs 120 s (builds of seconds) and Airflow's retry: within the 3 minutes a hung
+#   step costs.
+LONG_MULTIPLE = 5.0
+LONG_FLOOR_TIMES = 2.0
 FEED_SECONDS = 1.0
 
 # Run with ``python -S -c``: only the standard library, so it starts in tens of milliseconds. Each line
@@ -125,8 +141,13 @@ class StallBound:
     ``read_every`` at least, as the count is read no more often), at least ``floor``, at most ``ceiling``."""
 
     def __init__(self, ceiling: float, floor: float = STALL_FLOOR_SECONDS, multiple: float = STALL_MULTIPLE,
-                 read_every: float = FEED_SECONDS) -> None:
+                 read_every: float = FEED_SECONDS, long_multiple: float = LONG_MULTIPLE) -> None:
         self.ceiling, self.floor, self.multiple = ceiling, floor, multiple
+        self.long_multiple, self.long_floor = long_multiple, LONG_FLOOR_TIMES * floor
+        self.read_at: float | None = None  # when the count was last read
+        self.long_mark = 0  # the end of the latest long step announced, as last read
+        self.long_began: float | None = None  # the long step in progress: began at most at the read before it was seen
+        self.slowest_long: float | None = None  # the longest long step seen to its end (None: none yet)
         self.first: int | None = None  # the count when the watchdog began
         self.last: int | None = None
         self.moved_at: float | None = None  # when the count last moved (None: not since it began)
@@ -143,16 +164,39 @@ class StallBound:
             if self.moved_at is not None:
                 self.slowest = max(self.slowest, now - self.moved_at)
             self.moved_at, self.last = now, count
+        self._see_long(count, now, long_until)
         if count < self.first + 2:
             return self.ceiling, f"the bound before a first step, {STALL_ENV}"
         if count < long_until:
-            return self.ceiling, f"the bound of a long step (a model built, a file fetched), {STALL_ENV}"
+            return self._long_bound()
         learned = max(self.floor, self.multiple * self.slowest)
         if learned >= self.ceiling:
             return self.ceiling, (f"{self.multiple:g} x its slowest step so far ({self.slowest:.1f} s), "
                                   f"at most {STALL_ENV}")
         return learned, (f"{self.multiple:g} x its slowest step so far ({self.slowest:.1f} s), "
                          f"at least {FLOOR_ENV}={self.floor:g}")
+
+
+    def _see_long(self, count: int, now: float, long_until: int) -> None:
+        """Time the long steps announced: each from the read before the one that first saw it (it may have
+        begun just after it) to the read that sees the count past its end."""
+        if long_until != self.long_mark:
+            self.long_mark = long_until
+            self.long_began = now if self.read_at is None else self.read_at
+        if self.long_began is not None and count >= long_until:
+            self.slowest_long = max(self.slowest_long or 0.0, now - self.long_began)
+            self.long_began = None
+        self.read_at = now
+
+    def _long_bound(self) -> tuple[float, str]:
+        if self.slowest_long is None:
+            return self.ceiling, f"the bound of a long step before one was seen to its end, {STALL_ENV}"
+        learned = max(self.long_floor, self.long_multiple * self.slowest_long)
+        seen = (f"{self.long_multiple:g} x its slowest long step so far (a model built, a file fetched: "
+                f"{self.slowest_long:.1f} s)")
+        if learned >= self.ceiling:
+            return self.ceiling, f"{seen}, at most {STALL_ENV}"
+        return learned, f"{seen}, at least {LONG_FLOOR_TIMES:g} x {FLOOR_ENV}={self.long_floor:g}"
 
 
 class Watchdog:

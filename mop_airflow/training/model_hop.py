@@ -92,7 +92,15 @@ class TrainedHop:
     record: dict[str, Any]  # the HopRecord's fields but the checkpoint's bytes and sha256, saved_at and the save timing
     finished: float  # when training and evaluation ended
 
-    def commit(self) -> HopRecord:
+    won: bool = True  # whether the record commit() wrote stands (False: another copy's was first)
+
+    def commit(self, fence: bool = True) -> HopRecord:
+        """Pack, save and record the hop; returns the record that stands. ``fence`` (the slot protocol's
+        Rules.fence): two copies of one hop may commit at once (a try taken for dead that resumed beside
+        its retry), so nothing either writes replaces what the other wrote: the checkpoint is created only
+        where none is (else under its content's name), the record likewise; the first record stands, and
+        the copy that finds it there (``won`` False) leaves it, removes its own checkpoint and deletes no
+        stale one (its view of the best hop may differ)."""
         from mop_airflow.training.checkpoint import pack_state  # noqa: PLC0415
 
         store, cid, t = self.layout.store, self.assignment.config_id, self.record["t"]
@@ -101,13 +109,28 @@ class TrainedHop:
         sha256 = sha256_of(state)
         packed = time.time()
         uri = self.record["checkpoint"]
-        store.write_bytes(uri, state)  # atomic: a reader sees the previous object or this one
+        if not fence:
+            store.write_bytes(uri, state)  # atomic: a reader sees the previous object or this one
+        elif not store.create_bytes(uri, state):
+            # an earlier try's, dead before its record, or another copy's: never replaced. Same bytes, same name
+            uri = self.layout.checkpoint_uri(cid, t, sha256)
+            store.write_bytes(uri, state)
         saved = time.time()
-        fields = dict(self.record, checkpoint_bytes=len(state), checkpoint_sha256=sha256)
+        fields = dict(self.record, checkpoint=uri, checkpoint_bytes=len(state), checkpoint_sha256=sha256)
         fields["timings"] = {**fields["timings"], "pack": packed - began, "save": saved - self.finished}
         record = HopRecord(**fields, saved_at=saved)
-        record.write(store, self.layout.hop_record_uri(cid, t))
         self.state = {}  # the values may hold device memory: let them go
+        record_uri = self.layout.hop_record_uri(cid, t)
+        if not fence:
+            record.write(store, record_uri)
+        elif not record.create(store, record_uri):
+            self.won = False
+            standing = HopRecord.read(store, record_uri)
+            if standing.checkpoint != uri:
+                CLEANUP.delete(store, [uri])
+            log.warning("%s t=%d: try %d of %s recorded it first; its record stands", cid, t, standing.try_number,
+                        standing.task_id or "another task")
+            return standing
         # Only once this hop is recorded: a retry of it still finds the state it started from. A delete
         # that fails is logged and tried again later, never the configuration's failure: the hop is committed.
         stale = stale_checkpoints(t, self.run.store.keep_checkpoints, record.best_t, self.assignment.best_t)
@@ -440,13 +463,18 @@ def failure_of(error: BaseException) -> tuple[str, str]:
 
 
 def record_failure(layout: RunLayout, assignment: Assignment, *, t: int, shard: int, shards: int,
-                   error: BaseException, where: Where = Where()) -> HopRecord:
+                   error: BaseException, where: Where = Where(), fence: bool = False) -> HopRecord:
     """Record why a configuration's hop failed: the report marks it failed with that reason, and an
-    adaptive search prunes it."""
+    adaptive search prunes it. ``fence``: only where no record of the hop is; the record that stands is
+    returned (another copy's, when one was first)."""
     iteration, hop = divmod(t, shards)
     status, reason = failure_of(error)
     record = HopRecord(config_id=assignment.config_id, t=t, iteration=iteration, hop=hop, shard=shard, status=status,
                        task_id=where.task_id, error=reason, try_number=where.try_number,
                        input_sha256=assignment.checkpoint_sha256)
-    record.write(layout.store, layout.hop_record_uri(assignment.config_id, t))
+    uri = layout.hop_record_uri(assignment.config_id, t)
+    if not fence:
+        record.write(layout.store, uri)
+    elif not record.create(layout.store, uri):
+        return HopRecord.read(layout.store, uri)
     return record

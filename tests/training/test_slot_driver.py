@@ -14,8 +14,8 @@ from mop_airflow.slots.machine import SlotMachine
 from .test_shard_loop import HOPS, SHARDS, _classes, _setup
 from .toys import TOY_MODEL
 
-EVENTS = ("decide", "markers", "read", "committed", "commit_failed", "recorded", "trained_ok", "trained_failed",
-          "peer_status", "looked", "checked", "asha_hops", "store_changed", "flush")
+EVENTS = ("decide", "markers", "read", "committed", "commit_failed", "commit_lost", "lost", "later_try", "recorded",
+          "trained_ok", "trained_failed", "peer_status", "looked", "checked", "asha_hops", "store_changed", "flush")
 
 
 class _Recording(SlotMachine):

@@ -42,12 +42,47 @@ def test_a_long_step_announced_has_the_long_bound_until_the_count_moved_twice():
     for second in range(5):
         bound.see(second, float(second))
     assert bound.see(5, 5.0)[0] == 5.0
-    # a model to build at count 5: until 7 (its first step over) the bound is the long one
-    assert bound.see(5, 100.0, long_until=7) == (300.0, "the bound of a long step (a model built, a file fetched), "
+    # a model to build at count 5: until 7 (its first step over) the bound is the long one (none seen yet)
+    assert bound.see(5, 100.0, long_until=7) == (300.0, "the bound of a long step before one was seen to its end, "
                                                        "MOP_SHARD_STALL_SECONDS")
     assert bound.see(6, 150.0, long_until=7)[0] == 300.0
     # it was waited out, and counts as a step: 2 x 145 s
     assert bound.see(7, 151.0, long_until=7)[0] == 290.0
+
+
+def test_a_long_step_is_bound_by_the_long_steps_seen_with_the_ceiling_only_before_the_first():
+    bound = StallBound(300.0, floor=60.0, multiple=10.0)  # the defaults: a long step's floor is 2 x 60 s
+    assert bound.see(0, 0.0)[0] == 300.0  # the slot starts (its shard, imports)
+    # its first model is announced (count 0, ends at 2) after the read at 0 s, and seen at 1 s
+    assert bound.see(0, 1.0, long_until=2)[0] == 300.0
+    assert bound.see(1, 2.0, long_until=2)[0] == 300.0  # built and restored: its first step compiles
+    # the first step over (the count moved twice): a long step of 9 - 0 = 9 s, and a step of 9 - 2 = 7 s
+    assert bound.see(2, 9.0, long_until=2)[0] == 70.0  # steps: 10 x the slowest, as before
+    assert bound.slowest_long == 9.0
+    assert bound.see(3, 10.0, long_until=2)[0] == 70.0
+    assert bound.see(4, 11.0, long_until=2)[0] == 70.0
+    # another model to build (count 4, ends at 6), seen at 12 s: 5 x 9 s = 45 s, under the 120 s floor
+    assert bound.see(4, 12.0, long_until=6) == (
+        120.0, "5 x its slowest long step so far (a model built, a file fetched: 9.0 s), at least "
+               "2 x MOP_SHARD_STALL_FLOOR_SECONDS=120")
+    # hung there, it is killed after 120 s, not the 300 s ceiling. This build took 40 - 11 = 29 s (from the
+    # read before it was seen), a step of 29 s too: the step bound is 290 s
+    assert bound.see(6, 40.0, long_until=6)[0] == 290.0
+    assert bound.slowest_long == 29.0
+    assert bound.see(6, 41.0, long_until=8)[0] == 145.0  # the next build: 5 x 29 s
+    assert bound.see(8, 42.0, long_until=8)[0] == 290.0  # over at once (42 - 40 = 2 s): the slowest stays 29 s
+    assert bound.see(8, 43.0, long_until=10)[0] == 145.0
+    assert bound.see(10, 113.0, long_until=10)[0] == 300.0  # 71 s: both bounds at the ceiling from now on
+    assert bound.see(10, 114.0, long_until=12) == (300.0, "5 x its slowest long step so far (a model built, a file "
+                                                          "fetched: 71.0 s), at most MOP_SHARD_STALL_SECONDS")
+
+
+def test_a_long_step_announced_and_over_between_two_reads_counts_a_read_apart():
+    bound = StallBound(300.0, floor=60.0)
+    for second in range(4):
+        bound.see(second, float(second))
+    bound.see(6, 4.0, long_until=5)  # announced at count 3 after the read at 3 s, over by 4 s
+    assert bound.slowest_long == 1.0 and bound.see(6, 5.0, long_until=8)[0] == 120.0
 
 
 def test_progress_announces_a_long_step_until_two_ticks_more():
