@@ -2,9 +2,10 @@
 
 One environment file holds every setting the Airflow processes and the ``mop-airflow`` command need
 (executor, metadata database, broker, result backend, the API server's address, the JWT secret
-every process must share, the log server's ``[api] secret_key``, the login the tasks use), so each machine loads the same file before it
-starts ``airflow`` or ``mop-airflow``. Beside it: the preload hook's ``airflow_local_settings.py``
-and the simple auth manager's password file, seeded with a generated password for the login.
+every process must share, the log servers' ``[api] secret_key``, the login the tasks use), so each
+machine loads the same file before it starts ``airflow`` or ``mop-airflow``. Beside it: the preload
+hook's ``airflow_local_settings.py`` and the simple auth manager's password file, seeded with a
+generated password for the login.
 
 A lost worker is bounded by these settings (checked in Airflow 3.3, its Celery provider 3.26,
 Celery 5.6 and kombu 5.7, the first kombu whose sweep interval can be set; see docs/how-to/celery.md):
