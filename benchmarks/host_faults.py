@@ -25,6 +25,7 @@ median clean run. Exits non-zero if a run fails, a leaderboard differs or someth
 from __future__ import annotations
 
 import argparse
+import shutil
 import statistics
 import sys
 import tempfile
@@ -78,7 +79,7 @@ def main(argv=None) -> int:
     parser.add_argument("--warmup", type=int, default=1, help="clean runs first, in no median (default 1)")
     parser.add_argument("--cut-off", type=float, default=60.0, help="seconds shard host 1 stays cut off")
     parser.add_argument("--replace-after", type=float, default=20.0, help="seconds from the loss to the new host")
-    parser.add_argument("--home", help="keep the hosts' folders and logs here (default: a temporary folder)")
+    parser.add_argument("--home", help="keep the hosts' folders and logs here (default: a temporary folder, deleted)")
     args = parser.parse_args(argv)
     from tests.host_search import HostSearch  # noqa: PLC0415
     from tests.hosts import can_make_hosts  # noqa: PLC0415
@@ -92,18 +93,22 @@ def main(argv=None) -> int:
                           f"replaced {args.replace_after:g} s later; {args.warmup} warm-up")
     base = Path(args.home or tempfile.mkdtemp(prefix="mop-host-faults-")).absolute()
     runs: list[dict[str, Any]] = []
-    with HostSearch(base, log=lambda *a, **k: None, replacements=max(1, args.runs)) as search:
-        print("hosts ready", flush=True)
-        plan = [("warm-up", 0)] * args.warmup + [(kind, i) for i in range(args.runs) for kind in KINDS]
-        for kind, round_ in plan:
-            run = one_run(search, "clean" if kind == "warm-up" else kind, round_, args)
-            run["kind"] = kind
-            runs.append(run)
-            print(f"{kind:<8} {run['seconds']:7.1f} s  {run['state']}  fault at {run.get('fault_at_s', '-')} s; "
-                  f"ran again: {', '.join(run['ran_again']) or 'nothing'}; written twice: "
-                  f"{', '.join(run.get('written_twice', [])) or 'nothing'}", flush=True)
-            if run["state"] != "success":
-                break
+    plan = [("warm-up", 0)] * args.warmup + [(kind, i) for i in range(args.runs) for kind in KINDS]
+    try:
+        with HostSearch(base, log=lambda *a, **k: None, replacements=max(1, args.runs)) as search:
+            print("hosts ready", flush=True)
+            for kind, round_ in plan:
+                run = one_run(search, "clean" if kind == "warm-up" else kind, round_, args)
+                run["kind"] = kind
+                runs.append(run)
+                print(f"{kind:<8} {run['seconds']:7.1f} s  {run['state']}  fault at {run.get('fault_at_s', '-')} s; "
+                      f"ran again: {', '.join(run['ran_again']) or 'nothing'}; written twice: "
+                      f"{', '.join(run.get('written_twice', [])) or 'nothing'}", flush=True)
+                if run["state"] != "success":
+                    break
+    finally:
+        if not args.home:
+            shutil.rmtree(base, ignore_errors=True)
     seconds = {kind: [r["seconds"] for r in runs if r["kind"] == kind and r["state"] == "success"] for kind in KINDS}
     reference = next((r for r in runs if r["kind"] == "clean" and r["state"] == "success"), None)
     differ = [r["run_id"] for r in runs if r["state"] == "success" and reference
