@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test docs docs-serve benchmark clean
+.PHONY: setup demo test test-hosts docs docs-serve benchmark clean
 
 setup: $(STAMP)
 
@@ -30,6 +30,11 @@ demo: setup
 # (quiet 2-core AMD EPYC, 2026-11-29).
 test: setup
 	$(BIN)/python -m pytest -q -n 3 --dist loadfile --no-loadscope-reorder --durations=25
+
+# The search across hosts (tests/test_hosts.py): network namespaces as a control host, a storage host and
+# four shard hosts, a host cut off, lost and replaced, a queue no host serves. Needs root; `make test` skips it.
+test-hosts: setup
+	MOP_TEST_HOSTS=1 $(BIN)/python -m pytest -q tests/test_hosts.py
 
 # The documentation site (docs/, mkdocs.yml): built strict, so a broken link or a missing object fails.
 docs: setup

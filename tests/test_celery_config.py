@@ -31,6 +31,8 @@ def test_the_file_holds_the_deployment_the_login_and_the_lost_worker_settings(tm
     assert env["AIRFLOW__CORE__DAGS_FOLDER"] == str(tmp_path / "airflow" / "dags")
     assert env["MOP_AIRFLOW_HOME"] == str(tmp_path / "mop")
     assert len(env["AIRFLOW__API_AUTH__JWT_SECRET"]) == 64
+    # the log server's key: one for every machine, so a task's log is read from the API server's machine
+    assert len(env["AIRFLOW__API__SECRET_KEY"]) == 64 and env["AIRFLOW__API__SECRET_KEY"] != env["AIRFLOW__API_AUTH__JWT_SECRET"]
     # the bound the docs state comes from these
     assert env["AIRFLOW__CELERY__TASK_ACKS_LATE"] == "True"
     assert env["AIRFLOW__CELERY__WORKER_PREFETCH_MULTIPLIER"] == "1"
@@ -54,6 +56,7 @@ def test_writing_it_again_keeps_the_secret_and_the_password(tmp_path):
     assert configure(tmp_path, "--api-url", "http://127.0.0.1:9090") == 0
     second = read_env_file(tmp_path / "airflow" / "mop-celery.env")
     assert second["AIRFLOW__API_AUTH__JWT_SECRET"] == first["AIRFLOW__API_AUTH__JWT_SECRET"]
+    assert second["AIRFLOW__API__SECRET_KEY"] == first["AIRFLOW__API__SECRET_KEY"]
     assert second["MOP_AIRFLOW_API_PASSWORD"] == first["MOP_AIRFLOW_API_PASSWORD"]
     assert second["AIRFLOW__API__BASE_URL"] == "http://127.0.0.1:9090"
 

@@ -18,6 +18,7 @@ embedded `mop-airflow demo`'s to every digit.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import os
@@ -136,6 +137,45 @@ def leaderboard(store_root: Path, run_id: str | None = None) -> list[dict]:
     return store.read_json(RunLayout(store, DAG_ID, run_id).report_uri("leaderboard.json"))
 
 
+def start_demo_in(folder: Path) -> subprocess.Popen:
+    """`mop-airflow demo` in ``folder`` (its home, DAGs and log), without this deployment's Airflow settings."""
+    demo_dags = folder / "demo_dags"
+    demo_dags.mkdir()
+    shutil.copy(ROOT / "dags" / f"{DAG_ID}.py", demo_dags)
+    demo_env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW__", "AIRFLOW_CONN_"))}
+    with open(folder / "demo.log", "w") as log:
+        return subprocess.Popen([str(Path(sys.executable).with_name("mop-airflow")), "demo", "--home",
+                                 str(folder / "demo"), "--dags-folder", str(demo_dags)],
+                                env=demo_env, stdout=log, stderr=subprocess.STDOUT)
+
+
+def stop_demo(demo: subprocess.Popen) -> None:
+    if demo.poll() is None:
+        demo.terminate()  # the demo stops its Airflow on SIGTERM
+        try:
+            demo.wait(120)
+        except subprocess.TimeoutExpired:
+            demo.kill()
+
+
+@contextlib.contextmanager
+def run_demo(folder: Path):
+    """Starts `mop-airflow demo` in ``folder``; yields a function that waits for it and returns its
+    leaderboard (the same each call). Stopped (with its Airflow) if the caller ends before it does."""
+    demo, board = start_demo_in(folder), []
+
+    def leaderboard_of_demo() -> dict:
+        if not board:
+            assert demo.wait(900) == 0, (folder / "demo.log").read_text()[-6000:]
+            board.append(leaderboard(folder / "demo" / "store"))
+        return board[0]
+
+    try:
+        yield leaderboard_of_demo
+    finally:
+        stop_demo(demo)
+
+
 @pytest.fixture
 def start_demo(tmp_path):
     """Starts `mop-airflow demo` in a home of its own, without this deployment's Airflow settings;
@@ -143,24 +183,12 @@ def start_demo(tmp_path):
     started: list[subprocess.Popen] = []
 
     def start() -> subprocess.Popen:
-        demo_dags = tmp_path / "demo_dags"
-        demo_dags.mkdir()
-        shutil.copy(ROOT / "dags" / f"{DAG_ID}.py", demo_dags)
-        demo_env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW__", "AIRFLOW_CONN_"))}
-        with open(tmp_path / "demo.log", "w") as log:
-            started.append(subprocess.Popen([str(Path(sys.executable).with_name("mop-airflow")), "demo", "--home",
-                                             str(tmp_path / "demo"), "--dags-folder", str(demo_dags)],
-                                            env=demo_env, stdout=log, stderr=subprocess.STDOUT))
+        started.append(start_demo_in(tmp_path))
         return started[-1]
 
     yield start
     for demo in started:
-        if demo.poll() is None:
-            demo.terminate()  # the demo stops its Airflow on SIGTERM
-            try:
-                demo.wait(120)
-            except subprocess.TimeoutExpired:
-                demo.kill()
+        stop_demo(demo)
 
 
 @pytest.mark.slow

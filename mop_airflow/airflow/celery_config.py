@@ -2,9 +2,10 @@
 
 One environment file holds every setting the Airflow processes and the ``mop-airflow`` command need
 (executor, metadata database, broker, result backend, the API server's address, the JWT secret
-every process must share, the login the tasks use), so each machine loads the same file before it
-starts ``airflow`` or ``mop-airflow``. Beside it: the preload hook's ``airflow_local_settings.py``
-and the simple auth manager's password file, seeded with a generated password for the login.
+every process must share, the log servers' ``[api] secret_key``, the login the tasks use), so each
+machine loads the same file before it starts ``airflow`` or ``mop-airflow``. Beside it: the preload
+hook's ``airflow_local_settings.py`` and the simple auth manager's password file, seeded with a
+generated password for the login.
 
 A lost worker is bounded by these settings (checked in Airflow 3.3, its Celery provider 3.26,
 Celery 5.6 and kombu 5.7, the first kombu whose sweep interval can be set; see docs/how-to/celery.md):
@@ -111,7 +112,7 @@ class CeleryDeployment:
     def passwords_file(self) -> Path:
         return Path(self.airflow_home) / "simple_auth_manager_passwords.json.generated"
 
-    def environment(self, *, jwt_secret: str, password: str) -> dict[str, str]:
+    def environment(self, *, jwt_secret: str, password: str, secret_key: str) -> dict[str, str]:
         """Every process's settings, as Airflow's ``AIRFLOW__SECTION__KEY`` variables and ours."""
         base = self.api_url.rstrip("/")
         api = urlsplit(base)
@@ -131,6 +132,10 @@ class CeleryDeployment:
             "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{base}/execution/",
             # Every process signs or checks the tasks' tokens with it: one secret for the deployment.
             "AIRFLOW__API_AUTH__JWT_SECRET": jwt_secret,
+            # The API server signs its request for a task's log with it and the worker's log server checks
+            # it: without one value on every machine each makes its own ([api] secret_key, random per
+            # airflow.cfg), and a task's log cannot be read from another machine's UI or API.
+            "AIRFLOW__API__SECRET_KEY": secret_key,
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "False",
             # Several workers on one machine: MOP_AIRFLOW_WORKER_NAME=<name> tells them apart in the UI.
             "AIRFLOW__CORE__HOSTNAME_CALLABLE": "mop_airflow.airflow.local.worker_hostname",
@@ -165,8 +170,8 @@ def _keep_or_make_password(passwords_file: Path) -> str:
 
 def write_config(deployment: CeleryDeployment, out: Path | None = None) -> list[str]:
     """Write the environment file (default ``$AIRFLOW_HOME/mop-celery.env``), the preload hook and the
-    login's password; return a line per file saying what happened to it. An existing file's JWT secret
-    and password are kept, so writing again does not sign out running processes."""
+    login's password; return a line per file saying what happened to it. An existing file's JWT secret,
+    secret key and password are kept, so writing again does not sign out running processes."""
     from mop_airflow.airflow.preload import LOCAL_SETTINGS  # noqa: PLC0415
 
     home = Path(deployment.airflow_home)
@@ -174,6 +179,7 @@ def write_config(deployment: CeleryDeployment, out: Path | None = None) -> list[
     previous = read_env_file(out) if out.exists() else {}
     password = _keep_or_make_password(deployment.passwords_file)
     env = deployment.environment(jwt_secret=previous.get("AIRFLOW__API_AUTH__JWT_SECRET") or secrets.token_hex(32),
+                                 secret_key=previous.get("AIRFLOW__API__SECRET_KEY") or secrets.token_hex(32),
                                  password=password)
     out.parent.mkdir(parents=True, exist_ok=True)
     lines = ["# A CeleryExecutor deployment of mop_airflow, written by `mop-airflow celery config`.",
