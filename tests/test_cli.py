@@ -67,3 +67,55 @@ def test_plan_simulates_madlibs_hyperband_on_16_shards(capsys):
     assert "its 5 block(s) to the rung ends" in out
     simulated = float(out.split("simulated wall time: ")[1].split(" s")[0].replace(",", ""))
     assert 25296 * 0.1 / 16 <= simulated < 1.5 * 25296 * 0.1 / 16  # the bound, and the barriers at 4 rung ends
+
+
+# ---------------------------------------------------------------- help that reads as help
+def _commands(parser, path=()):
+    """(command path, its parser) for every command and sub-command."""
+    import argparse
+
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield (*path, name), sub
+                yield from _commands(sub, (*path, name))
+
+
+def test_every_command_has_a_description_and_every_option_help_text():
+    from mop_airflow.cli.main import build_parser
+
+    parser = build_parser()
+    found = list(_commands(parser))
+    assert {"check", "plan", "up", "demo", "report", "k8s values", "champion publish", "pools sync"} <= {
+        " ".join(path) for path, _ in found}
+    missing = []
+    for path, sub in found:
+        if not (sub.description or "").strip():
+            missing.append(f"{' '.join(path)}: no description")
+        for action in sub._actions:
+            if action.dest == "help" or action.help == "==SUPPRESS==" or action.__class__.__name__ == "SubCommands":
+                continue
+            if not (action.help or "").strip():
+                missing.append(f"{' '.join(path)} {'/'.join(action.option_strings) or action.dest}: no help")
+    assert missing == []
+
+
+def test_the_top_level_help_lists_the_commands_and_each_shows_its_defaults(capsys):
+    import pytest
+
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = capsys.readouterr().out
+    assert ":mod:" not in out and "this module" not in out
+    commands = [line.split()[0] for line in out.split("commands:")[1].splitlines()[2:] if line.startswith("    ")
+                and not line.startswith("     ")]
+    assert commands[:3] == ["check", "plan", "up"] and {"report", "k8s", "champion", "pools"} <= set(commands)
+    with pytest.raises(SystemExit):
+        main(["k8s", "values", "--help"])
+    out = "".join(capsys.readouterr().out.split())  # argparse wraps lines inside words with hyphens
+    assert "(default:mop-airflow-worker:cuda)" in out and "(default:mop-airflow-worker:cpu)" in out
+    assert "(default:aws_default)" in out
+    with pytest.raises(SystemExit):
+        main(["example-data", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "(default 20000)" in out and "data (default:" in out
