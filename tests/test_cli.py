@@ -1,5 +1,7 @@
 """`mop-airflow plan` prints the schedule before anything runs; bad input exits 2 with the rule."""
 
+import os
+
 from mop_airflow.cli.main import main
 
 
@@ -118,4 +120,75 @@ def test_the_top_level_help_lists_the_commands_and_each_shows_its_defaults(capsy
     with pytest.raises(SystemExit):
         main(["example-data", "--help"])
     out = " ".join(capsys.readouterr().out.split())
-    assert "(default 20000)" in out and "data (default:" in out
+    assert "(default 20000)" in out and "data/, /" in out.replace(os.sep, "/")
+
+
+# ---------------------------------------------------------------- mop-airflow check: no Airflow running
+def _toy(tmp_path, **kwargs):
+    import numpy as np
+
+    from tests.training.toys import toy_spec
+
+    rng = np.random.default_rng(0)
+    return toy_spec(tmp_path, rng.normal(size=(240, 6)).astype("float32"), rng.integers(0, 3, 240), shards=3,
+                    **kwargs)
+
+
+def test_check_validates_a_spec_file_builds_its_models_and_says_what_would_run(tmp_path, capsys):
+    import json
+
+    spec = _toy(tmp_path, models=("tests.training.toys:batchnorm_dropout_mlp", "tests.training.toys:regression_mlp"))
+    spec["schedule"]["slots_per_shard"] = 2
+    path = tmp_path / "spec.json"
+    path.write_text(json.dumps(spec))
+    assert main(["check", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "spec: spec valid; Grid search, 4 configurations" in out
+    assert "would train 4 configuration(s) (2 builder(s)) on 3 shard(s) x 2 slot(s), 1 block(s)" in out
+    assert "data valid: 240 row(s) in 1 file(s), 48 for validation; inputs f0, f1, f2, f3, f4, f5" in out
+    assert "models: 2 distinct model(s) built" in out
+    assert not (tmp_path / "store").exists()  # nothing written to the store: no run was made
+
+
+def test_check_names_a_broken_builder_and_exits_non_zero(tmp_path, capsys):
+    import yaml
+
+    spec = _toy(tmp_path, models=("tests.training.toys:batchnorm_dropout_mlp", "tests.training.toys:seven_outputs"))
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    assert main(["check", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert "c0002" in err or "seven_outputs" in err
+    assert ("the model outputs 7 value(s) per row but 3 classes and loss 'sparse_categorical_crossentropy' need(s) 3. "
+            "Fix: end with keras.layers.Dense(hparams['num_classes']") in err
+    assert "2 of 4 configuration(s) cannot train; the run would fail before training: model builder " \
+           "'tests.training.toys:seven_outputs' fails for each of its 2 configuration(s)" in err
+
+
+def test_check_names_the_field_value_rule_and_fix_of_a_bad_spec(tmp_path, capsys):
+    import json
+
+    spec = _toy(tmp_path)
+    spec["schedule"]["shards"] = 0
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(spec))
+    assert main(["check", str(path), "--no-models"]) == 2
+    err = capsys.readouterr().err
+    assert "schedule.shards" in err and "0" in err and "Fix" in err
+    assert main(["check", str(tmp_path / "missing.yaml")]) == 2
+    assert "no such file" in capsys.readouterr().err
+
+
+def test_check_finds_the_specs_a_dag_file_builds_without_airflow_running(tmp_path, capsys):
+    import json
+
+    spec = _toy(tmp_path)
+    dag_file = tmp_path / "my_dag.py"
+    dag_file.write_text("from mop_airflow import build_mop_dag\n\n"
+                        f"dag = build_mop_dag({json.dumps(spec)}, dag_id='toy_selection')\n")
+    assert main(["check", str(dag_file), "--no-models"]) == 0
+    out = capsys.readouterr().out
+    assert "toy_selection: spec valid" in out and "would train 2 configuration(s)" in out
+    (tmp_path / "no_dag.py").write_text("x = 1\n")
+    assert main(["check", str(tmp_path / "no_dag.py")]) == 2
+    assert "builds no mop_airflow DAG or task group and has no module-level `spec`" in capsys.readouterr().err
