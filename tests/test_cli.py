@@ -192,3 +192,40 @@ def test_check_finds_the_specs_a_dag_file_builds_without_airflow_running(tmp_pat
     (tmp_path / "no_dag.py").write_text("x = 1\n")
     assert main(["check", str(tmp_path / "no_dag.py")]) == 2
     assert "builds no mop_airflow DAG or task group and has no module-level `spec`" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- one prefix, one unit, one project home
+def test_environment_variables_old_names_still_read_with_a_warning_new_names_win(tmp_path, caplog):
+    import warnings
+
+    from mop_airflow.config import environment
+    from mop_airflow.training.devices import place_this_process  # noqa: F401 - reads MOP_SLOT_WAIT_SECONDS
+
+    environment._warned.discard("MOP_SLOT_WAIT_S")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert environment.env("MOP_SLOT_WAIT_SECONDS", environ={"MOP_SLOT_WAIT_S": "5"}) == "5"
+    assert [str(w.message) for w in caught] == [
+        "the environment variable MOP_SLOT_WAIT_S is deprecated: set MOP_SLOT_WAIT_SECONDS instead (same value)"]
+    assert "set MOP_SLOT_WAIT_SECONDS instead" in caplog.text
+    assert environment.env("MOP_SLOT_WAIT_SECONDS", environ={"MOP_SLOT_WAIT_S": "5", "MOP_SLOT_WAIT_SECONDS": "7"}) == "7"
+    assert environment.env("MOP_SLOT_WAIT_SECONDS", "60", environ={}) == "60"
+    home = str(tmp_path / "home")
+    assert environment.project_home({"MOP_AIRFLOW_HOME": home}) == home
+    assert environment.project_home({"MOP_HOME": home, "MOP_AIRFLOW_HOME": "/elsewhere"}) == home
+    assert environment.project_home({}) == os.path.expanduser("~/mop_airflow")
+    for new, old in environment.RENAMED.items():  # one prefix, one unit suffix
+        assert new.startswith("MOP_") and not new.startswith("MOP_AIRFLOW_") and not new.endswith("_S"), (new, old)
+
+
+def test_the_task_and_the_command_line_share_one_project_home(monkeypatch, tmp_path):
+    from mop_airflow.cli.main import build_parser
+    from mop_airflow.config.spec import default_home
+
+    monkeypatch.delenv("MOP_AIRFLOW_HOME", raising=False)
+    monkeypatch.setenv("MOP_HOME", str(tmp_path))
+    assert default_home() == str(tmp_path)  # where a task's default store and cache are
+    assert build_parser().parse_args(["report", "a_dag"]).home == str(tmp_path)  # where `report` looks
+    monkeypatch.delenv("MOP_HOME")
+    assert default_home() == build_parser().parse_args(["up", "--dags-folder", "d"]).home == os.path.expanduser(
+        "~/mop_airflow")

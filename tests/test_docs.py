@@ -518,7 +518,7 @@ RETIRED_CLAIMS = {
 # Dated records of earlier designs, not claims about this one.
 HISTORY = ("docs/changelog.md", "docs/performance.md")
 # Where a claim's words say something else: (file, pattern) -> why.
-NOT_A_CLAIM = {("mop_airflow/cli/main.py", r"decided between blocks of one iteration"):
+NOT_A_CLAIM = {("mop_airflow/cli/plan.py", r"decided between blocks of one iteration"):
                "`mop-airflow plan --asha` describes its simulator's clock, blocks of one iteration"}
 
 
@@ -615,11 +615,11 @@ def test_the_environment_page_lists_every_variable_the_code_reads_with_its_defau
     from mop_airflow.cli.runs import DEFAULT_PORT
 
     defaults = {"MOP_SHARD_STALL_SECONDS": watchdog.STALL_SECONDS, "MOP_SHARD_WAIT_SECONDS": shard_loop.WAIT_SECONDS,
-                "MOP_SHARD_YIELD_SECONDS": shard_loop.YIELD_SECONDS, "MOP_SLOT_WAIT_S": devices.DEFAULT_WAIT_S}
+                "MOP_SHARD_YIELD_SECONDS": shard_loop.YIELD_SECONDS, "MOP_SLOT_WAIT_SECONDS": devices.DEFAULT_WAIT_S}
     if hasattr(watchdog, "STALL_FLOOR_SECONDS"):
         defaults["MOP_SHARD_STALL_FLOOR_SECONDS"] = watchdog.STALL_FLOOR_SECONDS
     assert {name: f"| `{value:g}` |" in rows[name] for name, value in defaults.items()} == dict.fromkeys(defaults, True)
-    assert f"http://localhost:{DEFAULT_PORT}" in rows["MOP_AIRFLOW_API_URL"]
+    assert f"http://localhost:{DEFAULT_PORT}" in rows["MOP_API_URL"]
     assert session.HOST_CACHE_MOST == 1 << 30 and "up to 1 GiB" in rows["MOP_MODEL_CACHE_BYTES"]
     assert "reference/environment.md" in (ROOT / "mkdocs.yml").read_text()
 
@@ -630,7 +630,7 @@ def test_a_page_that_makes_the_example_data_installs_the_examples_extra():
         shell = "\n".join(text for lang, text in fenced_blocks(page) if lang in SHELLS)
         if "mop-airflow example-data" not in shell:
             continue
-        for extras in re.findall(r"pip install [\"']?mop-airflow\[([^\]]*)\]", shell):
+        for extras in re.findall(r"pip install [\"']?(?:mop-airflow|\.)\[([^\]]*)\]", shell):
             if "examples" not in extras.split(","):
                 missing.append(f"{page.relative_to(ROOT)}: mop-airflow[{extras}] without examples")
     assert missing == []

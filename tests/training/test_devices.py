@@ -228,7 +228,7 @@ def test_a_cpu_machine_is_left_exactly_as_it_was(environ, tmp_path):
 
 
 def test_place_this_process_gives_each_process_its_own_gpu(tmp_path):
-    base = {"MOP_GPUS": "2", "MOP_SLOTS": "2", "MOP_SLOT_LOCK_DIR": str(tmp_path), "MOP_SLOT_WAIT_S": "0",
+    base = {"MOP_GPUS": "2", "MOP_SLOTS": "2", "MOP_SLOT_LOCK_DIR": str(tmp_path), "MOP_SLOT_WAIT_SECONDS": "0",
             "MOP_GPU_RESERVE": "1"}
     first, second = dict(base), dict(base)
     assert place_this_process(first).gpu == "0"
@@ -258,8 +258,8 @@ def test_a_lone_slot_grows_memory_by_default_and_a_bad_reserve_flag_names_its_va
 
 
 def test_a_bad_wait_names_mop_slot_wait_s(tmp_path):
-    environ = {"MOP_GPUS": "1", "MOP_SLOT_LOCK_DIR": str(tmp_path), "MOP_SLOT_WAIT_S": "soon"}
-    with pytest.raises(SpecError, match="^MOP_SLOT_WAIT_S='soon': must be a number of seconds"):
+    environ = {"MOP_GPUS": "1", "MOP_SLOT_LOCK_DIR": str(tmp_path), "MOP_SLOT_WAIT_SECONDS": "soon"}
+    with pytest.raises(SpecError, match="^MOP_SLOT_WAIT_SECONDS='soon': must be a number of seconds"):
         place_this_process(environ)
 
 
