@@ -229,3 +229,17 @@ def test_the_task_and_the_command_line_share_one_project_home(monkeypatch, tmp_p
     monkeypatch.delenv("MOP_HOME")
     assert default_home() == build_parser().parse_args(["up", "--dags-folder", "d"]).home == os.path.expanduser(
         "~/mop_airflow")
+
+
+def test_check_trains_a_step_on_rows_of_the_data_and_names_a_loss_that_does_not_fit_the_labels(tmp_path, capsys):
+    import json
+
+    spec = _toy(tmp_path)
+    spec["search"]["space"]["params"]["loss"] = "categorical_crossentropy"  # one-hot targets; the labels are 0, 1, 2
+    path = tmp_path / "spec.json"
+    path.write_text(json.dumps(spec))
+    assert main(["check", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert "a training step on 8 rows of" in err and "'categorical_crossentropy'" in err
+    assert "Fix: make the model's output and loss ('categorical_crossentropy') fit the label 'y' (classification, " \
+           "3 classes as indices 0..2)" in err

@@ -10,7 +10,8 @@ the spec validated and the search space expanded (:func:`~mop_airflow.planning.r
 every builder's module found), the data source read and validated in batches
 (:func:`~mop_airflow.data.validate.validate_source`), then each distinct model built and compiled
 for the data's inputs, a batch passed through it, saved and loaded back
-(:func:`~mop_airflow.training.model_check.check_models`); and what the run would train: its
+(:func:`~mop_airflow.training.model_check.check_models`, as the DAG's check_models task), and one
+training step of it on the first rows of the data (:func:`train_on_rows`); and what the run would train: its
 configurations, shards, slots, blocks and tasks (:mod:`mop_airflow.planning.shape`).
 
 Exit codes: 0 every spec passes; 1 a model cannot train; 2 a spec or the data is wrong, or the file
@@ -156,8 +157,56 @@ def check_spec(name: str, spec: Any, *, models: bool = True) -> int:
               + (f"; the run would fail before training: {fatal}" if fatal else
                  "; the run would mark them failed at their first hop"), file=sys.stderr)
         return FAILED
-    print(f"  models: {found.built} distinct model(s) built, compiled, run on a batch, saved and loaded back")
+    stepped = train_on_rows(run, summary)
+    if stepped:
+        for cid, reason in sorted(stepped.items()):
+            print(f"  {cid} cannot train: {reason}", file=sys.stderr)
+        return FAILED
+    print(f"  models: {found.built} distinct model(s) built and compiled, a step trained on {FEW_ROWS} rows of the "
+          "data, saved and loaded back")
     return OK
+
+
+FEW_ROWS = 8
+
+
+def train_on_rows(run: Any, summary: dict[str, Any], rows: int = FEW_ROWS) -> dict[str, str]:
+    """One training step of each distinct model on the first ``rows`` rows of the source, as a hop's first
+    step takes them (the inputs decoded, the label as the targets): what a zero batch cannot show, such as
+    a loss that does not fit the labels. {config_id: why it cannot train} for every configuration of a
+    model that fails."""
+    import keras  # noqa: PLC0415
+
+    from mop_airflow.data.cache import targets  # noqa: PLC0415
+    from mop_airflow.data.inputs import InputSpec, input_columns, input_shapes, to_arrays  # noqa: PLC0415
+    from mop_airflow.data.source import iter_batches, list_source, source_options  # noqa: PLC0415
+    from mop_airflow.training.builder import build_model  # noqa: PLC0415
+    from mop_airflow.training.model_check import distinct_models  # noqa: PLC0415
+
+    data, task, classes = run.data, summary["task"], summary["classes"]
+    inputs = [InputSpec.from_dict(d) for d in summary["inputs"]]
+    options = source_options(data, None)
+    listing = list_source(data.source, options, labels=data.labels)
+    batch = next(iter_batches(listing, [*input_columns(inputs), data.label], batch_rows=rows, options=options))
+    x = to_arrays(batch.table, inputs, where=data.source)
+    y = targets(batch.table[data.label], data.label, classes, task, data.source)
+    failures: dict[str, str] = {}
+    for group in distinct_models(run.configs):
+        config = group[0]
+        keras.backend.clear_session()
+        try:
+            model = build_model(config, input_shapes=input_shapes(inputs), num_classes=len(classes),
+                                seed=run.schedule.seed, task=task)
+            model.fit(x, y, batch_size=len(y), epochs=1, verbose=0)
+        except Exception as exc:  # noqa: BLE001 - whatever Keras raises, the run's first hop would raise too
+            text = " ".join(str(exc).split())[:400]
+            reason = (f"model builder {config['model']!r} with hparams {dict(config.get('hparams') or {})}: a "
+                      f"training step on {len(y)} rows of {data.source} failed: {type(exc).__name__}: {text}. Fix: "
+                      f"make the model's output and loss ({config.get('loss')!r}) fit the label {data.label!r} "
+                      f"({task}{f', {len(classes)} classes as indices 0..{len(classes) - 1}' if classes else ''})")
+            failures.update((c["config_id"], reason) for c in group)
+    keras.backend.clear_session()
+    return failures
 
 
 def cmd_check(args: argparse.Namespace) -> int:
