@@ -53,7 +53,7 @@ def _entry_line(entry) -> str:
 def cmd_champion_list(args: argparse.Namespace) -> int:
     from mop_airflow.serving.champion import read_registry, registry_uri  # noqa: PLC0415
 
-    selection = runs.selection(args)
+    selection = runs.selection_of(args)
 
     def work(store) -> int:
         history = read_registry(store, selection)
@@ -82,7 +82,7 @@ def _emit_champion_event(args: argparse.Namespace, entry) -> int:
     from mop_airflow.errors import AirflowApiError  # noqa: PLC0415
     from mop_airflow.records.selection import task_id_in  # noqa: PLC0415
 
-    uri = champion_asset_uri(runs.selection(args))
+    uri = champion_asset_uri(runs.selection_of(args))
     again = (f"`mop-airflow champion publish {args.dag_id} {entry['version']}{runs.group_flag(args)}` (safe: the "
              "champion is not appended again, only the event is emitted), or "
              f"create the event on the Asset {uri} in the Airflow UI")
@@ -108,7 +108,7 @@ def _emit_champion_event(args: argparse.Namespace, entry) -> int:
 def cmd_champion_publish(args: argparse.Namespace) -> int:
     from mop_airflow.serving.champion import republish  # noqa: PLC0415
 
-    selection = runs.selection(args)
+    selection = runs.selection_of(args)
 
     def work(store) -> int:
         entry = republish(store, selection, args.which)

@@ -100,23 +100,6 @@ def quiet_airflow_import():
             os.environ[key] = previous
 
 
-@contextlib.contextmanager
-def quiet_airflow_import():
-    """Airflow reads its log level when first imported: WARNING for that import, the environment kept
-    as it was (in-process callers such as tests must not inherit it)."""
-    key = "AIRFLOW__LOGGING__LOGGING_LEVEL"
-    previous = os.environ.get(key)
-    if "airflow" not in sys.modules:
-        os.environ[key] = "WARNING"
-    try:
-        yield
-    finally:
-        if previous is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = previous
-
-
 def cmd_celery_config(args: argparse.Namespace) -> int:
     from mop_airflow.airflow.celery_config import CeleryDeployment, write_config  # noqa: PLC0415
     from mop_airflow.errors import SpecError  # noqa: PLC0415

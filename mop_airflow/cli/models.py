@@ -56,8 +56,8 @@ def _champion_layout(args: argparse.Namespace):
     """The folder of the run the selection's registry names as its current champion."""
     from mop_airflow.serving.predict import champion_layout  # noqa: PLC0415
 
-    layout, entry = champion_layout(runs.store_of(args), runs.selection(args))
-    print(f"champion of {runs.selection(args)}: version {entry['version']}, {entry['config_id']} of run "
+    layout, entry = champion_layout(runs.store_of(args), runs.selection_of(args))
+    print(f"champion of {runs.selection_of(args)}: version {entry['version']}, {entry['config_id']} of run "
           f"{entry['run_id']} ({entry['metric']}={entry['value']:.6g})")
     return layout
 

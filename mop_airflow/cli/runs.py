@@ -41,7 +41,7 @@ def api(args: argparse.Namespace):
 
 
 # ---------------------------------------------------------------- which selection
-def selection(args: argparse.Namespace) -> str:
+def selection_of(args: argparse.Namespace) -> str:
     """What names the runs' folders, registry and Asset: the DAG id, or ``<dag_id>.<group>``."""
     from mop_airflow.records.selection import selection_id  # noqa: PLC0415
 
@@ -109,7 +109,7 @@ def _airflow_orstore_of(args: argparse.Namespace, online, offline, *, what: str 
 
     try:
         if args.store and offline is not None:
-            store = openstore_of(args.store)
+            store = open_store(args.store)
             _stored_check(args, store)
             return offline(store)
         with api(args) as client:
@@ -123,7 +123,7 @@ def _airflow_orstore_of(args: argparse.Namespace, online, offline, *, what: str 
         store = open_store(_default_store_root(args))
         _stored_check(args, store)
         try:
-            find_stored_run(store, selection(args), getattr(args, "run_id", None))
+            find_stored_run(store, selection_of(args), getattr(args, "run_id", None))
         except StoreError:
             run = f"run {args.run_id!r}" if getattr(args, "run_id", None) else "run"
             return fail(f"{unreachable}; and the default store {store.root} has no {run} of {named(args)} "
@@ -160,7 +160,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         from mop_airflow.results.progress import run_progress  # noqa: PLC0415
         from mop_airflow.results.runs import find_stored_run  # noqa: PLC0415
 
-        run = find_stored_run(store, selection(args), args.run_id)
+        run = find_stored_run(store, selection_of(args), args.run_id)
         progress = run_progress(run.layout, run.record.metric, run.record.direction)
         # no time left: the store cannot tell a run still training from a stopped one
         print(f"{run.state_line}: "
@@ -180,7 +180,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         return _write_report(args, ref.layout(), ref.run_id, ref.state, failed=ref.state == "failed")
 
     def offline(store) -> int:
-        run = find_stored_run(store, selection(args), args.run_id)
+        run = find_stored_run(store, selection_of(args), args.run_id)
         return _write_report(args, run.layout, run.run_id, run.state_line, failed=False)
 
     return _airflow_orstore_of(args, online, offline)
@@ -190,7 +190,7 @@ def _write_report(args: argparse.Namespace, layout, run_id: str, state: str, *, 
     from mop_airflow.errors import StoreError  # noqa: PLC0415
     from mop_airflow.results.console import challenge_decision, fetch_report, print_challenge, print_leaderboard  # noqa: PLC0415
 
-    selection = selection(args)
+    selection = selection_of(args)
     if layout is None or not layout.store.exists(layout.plan_uri):
         return fail(f"run {run_id} of {selection} ({state}) has not planned its hops yet: nothing "
                     "to report", FAILED if failed else UNAVAILABLE)
@@ -209,7 +209,7 @@ def _write_report(args: argparse.Namespace, layout, run_id: str, state: str, *, 
 def cmd_runs(args: argparse.Namespace) -> int:
     from mop_airflow.results.runs import stored_runs  # noqa: PLC0415
 
-    selection = selection(args)
+    selection = selection_of(args)
 
     def online(client) -> int:
         from mop_airflow.airflow.run_status import find_run  # noqa: PLC0415
@@ -265,8 +265,8 @@ def run_layout_of(args: argparse.Namespace):
     if args.store:
         from mop_airflow.results.runs import open_store, run_layout  # noqa: PLC0415
 
-        _stored_check(args, openstore_of(args.store))
-        return run_layout(args.store, selection(args), run_id)
+        _stored_check(args, open_store(args.store))
+        return run_layout(args.store, selection_of(args), run_id)
     from mop_airflow.airflow.run_status import find_run  # noqa: PLC0415
 
     with api(args) as client:
@@ -284,7 +284,7 @@ def store_of(args: argparse.Namespace):
     if args.store:
         from mop_airflow.results.runs import open_store  # noqa: PLC0415
 
-        store = openstore_of(args.store)
+        store = open_store(args.store)
         _stored_check(args, store)
         return store
     return run_layout_of(args).store
