@@ -130,7 +130,7 @@ def test_the_dag_examples_of_the_readme_and_the_docs_build_their_dags(tmp_path, 
     folder.mkdir()
     _builder_module(folder)
     monkeypatch.syspath_prepend(str(folder))
-    monkeypatch.setenv("MOP_AIRFLOW_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("MOP_HOME", str(tmp_path / "home"))
     for index, (path, block) in enumerate(examples):
         dag_file = folder / f"example_{index}.py"
         dag_file.write_text(block)
@@ -171,7 +171,7 @@ def _spec_dicts():
 
 
 def test_the_spec_json_examples_parse(monkeypatch, tmp_path):
-    monkeypatch.setenv("MOP_AIRFLOW_HOME", str(tmp_path))
+    monkeypatch.setenv("MOP_HOME", str(tmp_path))
     specs = list(_spec_dicts())
     assert len(specs) >= 3
     for path, value in specs:
@@ -191,7 +191,7 @@ def test_the_spec_reference_names_every_field_of_every_section(monkeypatch):
 
     from mop_airflow.config import spec as spec_module
 
-    monkeypatch.delenv("MOP_AIRFLOW_HOME", raising=False)
+    monkeypatch.delenv("MOP_HOME", raising=False)
     page = _reference_module().spec_reference()
     for section, name in [("data", "DataSpec"), ("search", "SearchSpec"), ("schedule", "ScheduleSpec"),
                           ("store", "StoreSpec"), ("publish", "PublishSpec")]:
@@ -229,7 +229,7 @@ def site(tmp_path_factory):
     """The documentation site, built once with ``mkdocs build --strict``."""
     folder = tmp_path_factory.mktemp("docs") / "site"
     env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
-    env.pop("MOP_AIRFLOW_HOME", None)
+    env.pop("MOP_HOME", None)
     out = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(folder)],
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-6000:]
@@ -310,7 +310,7 @@ def fenced_blocks(path: Path) -> list[tuple[str, str]]:
 
 
 def _cli_parser():
-    saved = {key: os.environ.pop(key) for key in ("MOP_AIRFLOW_HOME", "MOP_AIRFLOW_API_USER") if key in os.environ}
+    saved = {key: os.environ.pop(key) for key in ("MOP_HOME", "MOP_API_USER") if key in os.environ}
     try:
         from mop_airflow.cli.main import build_parser
 
@@ -483,7 +483,7 @@ def spec_snippets():
 
 
 def test_every_spec_and_spec_fragment_of_the_pages_validates(monkeypatch, tmp_path):
-    monkeypatch.setenv("MOP_AIRFLOW_HOME", str(tmp_path))
+    monkeypatch.setenv("MOP_HOME", str(tmp_path))
     specs = list(spec_snippets())
     assert len(specs) >= 15
     assert {"adaptive-searches.md", "spec.md", "README.md"} <= {page.name for page, _ in specs}

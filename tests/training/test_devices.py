@@ -122,8 +122,8 @@ def test_a_bad_gpu_setting_is_a_spec_error_naming_mop_gpus(environ, rule):
 
 
 def test_slots_come_from_mop_slots_then_the_worker_concurrency_then_the_gpus():
-    assert slots_from_env({"MOP_SLOTS": "3", "MOP_AIRFLOW_HOPS_PER_WORKER": "5"}, 2) == 3
-    assert slots_from_env({"MOP_AIRFLOW_HOPS_PER_WORKER": "5", "AIRFLOW__CELERY__WORKER_CONCURRENCY": "4"}, 2) == 5
+    assert slots_from_env({"MOP_SLOTS": "3", "MOP_HOPS_PER_WORKER": "5"}, 2) == 3
+    assert slots_from_env({"MOP_HOPS_PER_WORKER": "5", "AIRFLOW__CELERY__WORKER_CONCURRENCY": "4"}, 2) == 5
     assert slots_from_env({"AIRFLOW__CELERY__WORKER_CONCURRENCY": "4"}, 2) == 4
     assert slots_from_env({}, 2) == 2
     for bad in ("0", "x", "-2"):
