@@ -11,11 +11,14 @@ other line with ``pip install --dry-run``, and builds the wheel with no setuptoo
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
+import tempfile
 import tomllib
 from pathlib import Path
 
@@ -76,13 +79,31 @@ def test_the_base_install_names_no_test_tool_and_the_test_extra_does():
 
 
 def _run(cmd: str, cwd: Path, env_bin: Path, timeout: float) -> subprocess.CompletedProcess:
-    env = {"PATH": f"{env_bin}:/usr/bin:/bin", "HOME": str(Path.home()), "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
-    return subprocess.run(cmd, shell=True, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    """``cmd`` in a shell with the virtual environment first on PATH (the user's other settings kept, as
+    pip's configuration); on timeout the whole process group is stopped, pip included."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME")}
+    env["PATH"] = f"{env_bin}{os.pathsep}{env.get('PATH', '/usr/bin:/bin')}"
+    proc = subprocess.Popen(cmd, shell=True, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
 @pytest.mark.slow
 @pytest.mark.integration
-def test_each_page_install_line_runs_in_a_fresh_virtual_environment(tmp_path):
+def test_each_page_install_line_runs_in_a_fresh_virtual_environment():
+    # Not pytest's tmp_path: its numbered folders are pruned by every other pytest run on the machine,
+    # and this test runs for many minutes.
+    with tempfile.TemporaryDirectory(prefix="mop-install-") as tmp:
+        _install_lines_run(Path(tmp))
+
+
+def _install_lines_run(tmp_path: Path) -> None:
     checkout = tmp_path / "checkout"  # what a user clones: the tracked files, none of this tree's builds
     files = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, text=True, check=True)
     for name in filter(None, files.stdout.split("\0")):
@@ -91,10 +112,10 @@ def test_each_page_install_line_runs_in_a_fresh_virtual_environment(tmp_path):
             (checkout / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(source, checkout / name)
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=600)
     bin_ = venv / "bin"
 
-    built = _run(f"pip wheel --no-deps -v . -w {tmp_path / 'wheel'}", checkout, bin_, 600)
+    built = _run(f"pip wheel --no-deps -v . -w {tmp_path / 'wheel'}", checkout, bin_, 900)
     assert built.returncode == 0, built.stderr[-3000:]
     noisy = [line for line in (built.stdout + built.stderr).splitlines()
              if re.search(r"SetuptoolsDeprecationWarning|BuildBackendWarning|would be ignored|as a TOML table",
@@ -106,9 +127,9 @@ def test_each_page_install_line_runs_in_a_fresh_virtual_environment(tmp_path):
 
     lines = install_lines()
     base = [line for line in lines if requirements(line) == ["."]]
-    installed = _run(base[0], checkout, bin_, 1800)  # for real, as the page says (the pip cache makes it shorter)
+    installed = _run(base[0], checkout, bin_, 3600)  # for real, as the page says (a pip cache makes it shorter)
     assert installed.returncode == 0, installed.stderr[-3000:]
-    helped = _run("mop-airflow --help", checkout, bin_, 300)
+    helped = _run("mop-airflow --help", tmp_path, bin_, 300)
     assert helped.returncode == 0 and "check" in helped.stdout, helped.stderr[-2000:]
     probe = _run("python -c \"import importlib.util as u; print([m for m in ('pytest', 'playwright', 'moto') "
                  "if u.find_spec(m)])\"", tmp_path, bin_, 120)
