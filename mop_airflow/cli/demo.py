@@ -1,6 +1,6 @@
 """`mop-airflow demo`: MNIST-1D model selection on a real local Airflow, start to finish.
 
-Generates the data offline, starts Airflow (SQLite + LocalExecutor, project-local home), creates
+Generates the data offline, starts Airflow (SQLite + LocalExecutor, in the project home), creates
 the shard pools, triggers the example DAG, shows progress (model hops done / total, current
 iteration, best validation metric so far), prints the leaderboard and where the results are, and
 stops everything it started.
