@@ -199,7 +199,6 @@ def test_environment_variables_old_names_still_read_with_a_warning_new_names_win
     import warnings
 
     from mop_airflow.config import environment
-    from mop_airflow.training.devices import place_this_process  # noqa: F401 - reads MOP_SLOT_WAIT_SECONDS
 
     environment._warned.discard("MOP_SLOT_WAIT_S")
     with warnings.catch_warnings(record=True) as caught:
@@ -208,7 +207,8 @@ def test_environment_variables_old_names_still_read_with_a_warning_new_names_win
     assert [str(w.message) for w in caught] == [
         "the environment variable MOP_SLOT_WAIT_S is deprecated: set MOP_SLOT_WAIT_SECONDS instead (same value)"]
     assert "set MOP_SLOT_WAIT_SECONDS instead" in caplog.text
-    assert environment.env("MOP_SLOT_WAIT_SECONDS", environ={"MOP_SLOT_WAIT_S": "5", "MOP_SLOT_WAIT_SECONDS": "7"}) == "7"
+    both = {"MOP_SLOT_WAIT_S": "5", "MOP_SLOT_WAIT_SECONDS": "7"}
+    assert environment.env("MOP_SLOT_WAIT_SECONDS", environ=both) == "7"
     assert environment.env("MOP_SLOT_WAIT_SECONDS", "60", environ={}) == "60"
     home = str(tmp_path / "home")
     assert environment.project_home({"MOP_AIRFLOW_HOME": home}) == home

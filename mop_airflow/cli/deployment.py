@@ -28,8 +28,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     sync.set_defaults(func=cmd_pools_sync)
 
     celery = sub.add_parser("celery", help="configure a CeleryExecutor deployment",
-                            description="Configure a CeleryExecutor deployment (docs/how-to/celery.md).").add_subparsers(
-        dest="action", required=True, metavar="ACTION")
+                            description="Configure a CeleryExecutor deployment (docs/how-to/celery.md).")
+    celery = celery.add_subparsers(dest="action", required=True, metavar="ACTION")
     config = celery.add_parser(
         "config", help="write the environment file every Airflow process of a Celery deployment loads",
         description="Write $AIRFLOW_HOME/mop-celery.env (executor, metadata database, broker, result backend, "

@@ -212,8 +212,9 @@ def add_commands(sub: argparse._SubParsersAction, home: str) -> None:
     up = sub.add_parser("up", help="run the DAGs of a folder on a local Airflow (SQLite, LocalExecutor) until Ctrl-C",
                         description="Start Airflow's api-server, scheduler and dag-processor with its home under "
                                     "the project home, make the example DAGs' data where the home lacks it, create "
-                                    "the shard pools every mop_airflow DAG of the folder needs, print the UI's address (and, "
-                                    "off the loopback address, its login), and stop everything on Ctrl-C.")
+                                    "the shard pools every mop_airflow DAG of the folder needs, print the UI's "
+                                    "address (and, off the loopback address, its login), and stop everything on "
+                                    "Ctrl-C.")
     up.add_argument("--dags-folder", required=True, help="the folder of your DAG files")
     up.add_argument("--home", default=home, help="the project home: Airflow's home, the store, the data and the logs "
                                                  "(default $MOP_HOME, else ~/mop_airflow: %(default)s)")

@@ -1,8 +1,9 @@
 """The environment variables mop_airflow reads: one prefix, ``MOP_``, and one unit suffix, ``_SECONDS``.
 
-Every reader asks :func:`env` for the current name. Names of earlier releases (:data:`RENAMED`:
-``MOP_AIRFLOW_HOME`` and its kin, ``MOP_SLOT_WAIT_S``) are still read where the current name is unset, with a warning naming the
-new one, so a deployment keeps working while its environment files are updated.
+Every reader asks :func:`env` for the current name. The names of earlier releases (:data:`RENAMED`:
+``MOP_AIRFLOW_HOME`` and its kin, ``MOP_SLOT_WAIT_S``) are still read where the current name is
+unset, with a warning naming the new one, so a deployment keeps working while its environment files
+are updated.
 docs/reference/environment.md lists every variable.
 """
 
