@@ -243,3 +243,22 @@ def test_check_trains_a_step_on_rows_of_the_data_and_names_a_loss_that_does_not_
     assert "a training step on 8 rows of" in err and "'categorical_crossentropy'" in err
     assert "Fix: make the model's output and loss ('categorical_crossentropy') fit the label 'y' (classification, " \
            "3 classes as indices 0..2)" in err
+
+
+def test_check_finds_each_task_groups_spec_in_a_dag_file(tmp_path, capsys):
+    import json
+
+    first, second = _toy(tmp_path), _toy(tmp_path, learning_rates=(1e-2,))
+    second["schedule"]["shards"] = 0  # the second group's mistake, named with its selection
+    dag_file = tmp_path / "groups_dag.py"
+    dag_file.write_text(
+        "import datetime as dt, json\nfrom airflow.sdk import DAG\nfrom mop_airflow import MopTaskGroup\n\n"
+        "with DAG('groups', schedule=None, start_date=dt.datetime(2024, 1, 1, tzinfo=dt.timezone.utc)) as dag:\n"
+        f"    MopTaskGroup(json.loads({json.dumps(json.dumps(first))}), group_id='first', pools='off')\n")
+    assert main(["check", str(dag_file), "--no-models"]) == 0
+    assert "groups.first: spec valid" in capsys.readouterr().out
+    spec_file = tmp_path / "module_spec.py"
+    spec_file.write_text(f"import json\nspec = json.loads({json.dumps(json.dumps(second))})\n")
+    assert main(["check", str(spec_file), "--no-models"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("mop-airflow: module_spec: ") and "schedule.shards" in err
