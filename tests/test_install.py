@@ -3,9 +3,9 @@ environment; the base install is the plugin and its runtime, without the test st
 
 The fast tests read the pages and ``pyproject.toml``: each ``pip install`` of mop-airflow installs
 from the checkout (the package is not on the index), each extra it names exists, and the base
-dependencies name no test tool. The slow test (a few minutes with a warm pip cache, far longer on
-a cold one: TensorFlow and Airflow are downloaded) installs ``pip install .`` for real, runs
-``mop-airflow --help`` and checks that pytest, Playwright and moto are absent, then resolves every
+dependencies name no test tool. The slow test (a quarter of an hour and more without a pip cache:
+TensorFlow and Airflow are downloaded and resolved) upgrades pip, installs ``pip install .`` for
+real, runs ``mop-airflow --help`` and checks that pytest, Playwright and moto are absent, then resolves every
 other line with ``pip install --dry-run``, and builds the wheel with no setuptools warning.
 """
 
