@@ -670,8 +670,8 @@ def run_on_airflow(shape: Shape, home: Path, dag_file: Path, args: argparse.Name
 
     fig: dict[str, Any] = {}
     extra = {
-        "MOP_AIRFLOW_HOME": str(home),
-        "MOP_AIRFLOW_PRELOAD": "1",
+        "MOP_HOME": str(home),
+        "MOP_PRELOAD": "1",
         "AIRFLOW__CORE__PARALLELISM": str(args.parallelism),
         "AIRFLOW__LOGGING__NAMESPACE_LEVELS": "airflow.jobs.scheduler_job_runner=DEBUG",
         "AIRFLOW__DAG_PROCESSOR__PRINT_STATS_INTERVAL": "30",

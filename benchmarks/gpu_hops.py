@@ -324,7 +324,7 @@ def write_images(path: Path, rows: int, seed: int = 0) -> dict:
 # --- the sections ---------------------------------------------------------------------------------
 
 def gpu_env(slots: int = 1, **extra: str) -> dict:
-    return {"MOP_GPUS": "1", "MOP_SLOTS": str(slots), "MOP_SLOT_WAIT_S": "5", **extra}
+    return {"MOP_GPUS": "1", "MOP_SLOTS": str(slots), "MOP_SLOT_WAIT_SECONDS": "5", **extra}
 
 
 FRESH = {  # variant: (compilation cache, environment)

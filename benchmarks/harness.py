@@ -172,7 +172,7 @@ def embedded_airflow(home: Path, dags: Path, *, env: dict[str, str] | None = Non
     ``pools_for``, waits for that DAG and syncs its shard pools, as ``mop-airflow demo`` does."""
     from mop_airflow.airflow.local import LocalAirflow  # noqa: PLC0415
 
-    settings = {"MOP_AIRFLOW_HOME": str(home), "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "600",
+    settings = {"MOP_HOME": str(home), "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "600",
                 **(env or {})}
     log = (lambda *a, **k: None) if quiet else print
     with LocalAirflow(home / "airflow", dags, extra_env=settings, log=log, **kwargs) as af:

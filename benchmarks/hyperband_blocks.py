@@ -157,7 +157,7 @@ def run_on_airflow(args: argparse.Namespace, home: Path, data: tuple[str, str], 
 
     store = Store("file://" + str(home / "store"))
     write_dag(home / "dags", DAG_ID, make_spec(args, *data, store.root))
-    env = {"MOP_AIRFLOW_HOME": str(home / "mop"),
+    env = {"MOP_HOME": str(home / "mop"),
            # a block's train tasks (shards x 1 slot) run at once, beside a control task
            "AIRFLOW__CORE__PARALLELISM": os.environ.get("AIRFLOW__CORE__PARALLELISM",
                                                         str(max(EMBEDDED_PARALLELISM, args.shards + 1)))}

@@ -5,7 +5,7 @@ PostgreSQL on 127.0.0.1:5432 (user postgres, trust authentication; a throwaway d
 afterwards), Redis on 127.0.0.1:6379 (database 9, its queues and unacknowledged messages cleared
 first), ``mop-airflow celery config`` (the lost-worker settings), ``mop-airflow example-data``,
 ``mop-airflow pools sync --shards 4 --slots 1``, one worker per shard queue ``mop_shard_0..3``
-(concurrency 1) and one for ``default`` (concurrency 2), all sharing one ``MOP_AIRFLOW_HOME``. Airflow
+(concurrency 1) and one for ``default`` (concurrency 2), all sharing one ``MOP_HOME``. Airflow
 starts once; the demo DAG ``dags/mop_mnist1d.py`` (8 configurations x 4 shards x 3 iterations) is
 then triggered again and again, each run after the previous one ended (every run has a folder of its
 own in the store: a new run id), alternating

@@ -13,7 +13,7 @@ Unpausing the DAG runs its latest nightly slot at once (``catchup=False`` runs t
 new deployment trains its first champion without waiting for 03:00.
 
 **Feeding it.** The data Asset's URI is the digits folder as a ``file://`` URI:
-``file://$MOP_AIRFLOW_HOME/data/digits`` (shown on the Assets page). Tell Airflow that new files
+``file://$MOP_HOME/data/digits`` (shown on the Assets page). Tell Airflow that new files
 landed there in either way:
 
 - from a producer DAG, the task that writes the files declares the Asset as its outlet::

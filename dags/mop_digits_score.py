@@ -7,7 +7,7 @@ fingerprint of the data it was trained on. ``champion_event`` reads it from
 ``triggering_asset_events`` (for a run triggered by hand, with no event, it takes the registry's
 current champion instead); ``score`` then scores the batch with exactly that run's configuration,
 so a later champion cannot slip in between, and writes one prediction per row to
-``$MOP_AIRFLOW_HOME/scores/<this run's id>.parquet``.
+``$MOP_HOME/scores/<this run's id>.parquet``.
 
 The batch here is the digits folder itself (`mop-airflow example-data`); a real deployment points
 ``source`` at the rows to score.

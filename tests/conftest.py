@@ -1,4 +1,4 @@
-"""Test session setup: a throw-away AIRFLOW_HOME and MOP_AIRFLOW_HOME, set before Airflow is imported.
+"""Test session setup: a throw-away AIRFLOW_HOME and MOP_HOME, set before Airflow is imported.
 
 Tests never touch a developer's own Airflow home or metadata database.
 """
@@ -22,12 +22,12 @@ os.environ["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = f"sqlite:///{_SESSION / 'air
 os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
 # dag.test() loads DAGs from the dags-folder bundle, so tests write their DAG files here.
 os.environ["AIRFLOW__CORE__DAGS_FOLDER"] = str(_SESSION / "dags")
-os.environ["MOP_AIRFLOW_HOME"] = str(_SESSION / "mop")
+os.environ["MOP_HOME"] = str(_SESSION / "mop")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # Every embedded Airflow of the session copies one migrated metadata database instead of migrating
 # its own (mop_airflow.airflow.local.MIGRATED_DB_ENV). setdefault: xdist's workers inherit the
 # folder of the process that started them, which removes it when the session ends.
-os.environ.setdefault("MOP_AIRFLOW_MIGRATED_DB_DIR", str(_SESSION / "migrated"))
+os.environ.setdefault("MOP_MIGRATED_DB_DIR", str(_SESSION / "migrated"))
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -211,7 +211,7 @@ def failed_logs(af, dag_id: str, run_id: str) -> str:
 # The files that need a real scheduler (LocalExecutor, SQLite, api-server, scheduler, dag-processor)
 # share one per pytest process instead of starting their own (one start is 40 s and more on two busy
 # cores). Each file gets a part of it of its own (:func:`airflow_part`): a DAG folder, a
-# MOP_AIRFLOW_HOME and a store, and no pool or DAG of the file before it.
+# MOP_HOME and a store, and no pool or DAG of the file before it.
 
 
 class SharedAirflow:
@@ -240,7 +240,7 @@ class SharedAirflow:
             self.af = self._started.enter_context(LocalAirflow(
                 self.root / f"airflow{self.starts}", self.root / "dags", log=lambda *_: None,
                 sql_alchemy_conn=self._database(),
-                extra_env={"MOP_AIRFLOW_HOME": str(self.root / "mop"), "AIRFLOW__CORE__PARALLELISM": "10"}))
+                extra_env={"MOP_HOME": str(self.root / "mop"), "AIRFLOW__CORE__PARALLELISM": "10"}))
         return self.af
 
     def _database(self) -> str | None:
@@ -332,7 +332,7 @@ class AirflowPart:
     data and store (``root``), and the environment its DAG files set for the processes that parse
     them: the task processes, which parse their DAG file before they run, and the dag-processor.
 
-    ``env`` (``MOP_AIRFLOW_HOME`` under ``root`` unless given) and ``paths`` (put in front of
+    ``env`` (``MOP_HOME`` under ``root`` unless given) and ``paths`` (put in front of
     ``sys.path`` and ``PYTHONPATH``: model builders outside the DAG folder) are written at the top of
     every DAG file written with :meth:`write_dag` or :meth:`dag_file`.
     """
@@ -340,7 +340,7 @@ class AirflowPart:
     def __init__(self, af, root: Path, name: str, env=None, paths=()):
         self.af, self.root, self.name = af, root, name
         self.dags = Path(af.dags_folder) / name
-        self.dag_env = {"MOP_AIRFLOW_HOME": str(root / "mop"), **(env or {})}
+        self.dag_env = {"MOP_HOME": str(root / "mop"), **(env or {})}
         self.paths = [str(p) for p in paths]
         if self.paths:
             self.dag_env["PYTHONPATH"] = os.pathsep.join(self.paths + [os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)

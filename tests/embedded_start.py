@@ -1,7 +1,7 @@
 """Where an embedded Airflow's start goes (the tests' and `mop-airflow up`'s): wall time per phase, CPU per service.
 
     python tests/embedded_start.py --repeat 3
-    python tests/embedded_start.py --repeat 3 --variant nopreload:MOP_AIRFLOW_PRELOAD=0
+    python tests/embedded_start.py --repeat 3 --variant nopreload:MOP_PRELOAD=0
     python tests/embedded_start.py --repeat 3 --variant before:PYTHONPATH=/path/to/an/older/checkout
 
 Each start is a process of its own with the variant's environment (``PYTHONPATH`` pointing at another
@@ -50,7 +50,7 @@ def one_start(work: Path) -> dict:
 
     home = Path(tempfile.mkdtemp(dir=work))
     (home / "dags").mkdir()
-    af = LocalAirflow(home / "airflow", home / "dags", extra_env={"MOP_AIRFLOW_HOME": str(home / "mop")},
+    af = LocalAirflow(home / "airflow", home / "dags", extra_env={"MOP_HOME": str(home / "mop")},
                       log=lambda *a: None)
     marks: dict[str, float] = {}
     steps = {"migrate": "database", "wait_api": "api answers", "warm_execution_api": "execution api warm",
@@ -85,7 +85,7 @@ def main() -> None:
         name, _, pairs = text.partition(":")
         variants[name] = dict(p.split("=", 1) for p in pairs.split(",") if p)
     work = Path(tempfile.mkdtemp(prefix="embedded-start-"))
-    base = {**os.environ, "MOP_AIRFLOW_MIGRATED_DB_DIR": str(work / "migrated")}
+    base = {**os.environ, "MOP_MIGRATED_DB_DIR": str(work / "migrated")}
 
     def run(extra: dict[str, str]) -> dict:
         out = subprocess.run([sys.executable, __file__, "--one", str(work)], env={**base, **extra},

@@ -29,7 +29,7 @@ def test_the_file_holds_the_deployment_the_login_and_the_lost_worker_settings(tm
     assert env["AIRFLOW__CORE__EXECUTION_API_SERVER_URL"] == "http://10.0.0.5:8080/execution/"
     assert env["AIRFLOW__API__PORT"] == "8080"
     assert env["AIRFLOW__CORE__DAGS_FOLDER"] == str(tmp_path / "airflow" / "dags")
-    assert env["MOP_AIRFLOW_HOME"] == str(tmp_path / "mop")
+    assert env["MOP_HOME"] == str(tmp_path / "mop")
     assert len(env["AIRFLOW__API_AUTH__JWT_SECRET"]) == 64
     # the log server's key: one for every machine, so a task's log is read from the API server's machine
     assert len(env["AIRFLOW__API__SECRET_KEY"]) == 64 and env["AIRFLOW__API__SECRET_KEY"] != env["AIRFLOW__API_AUTH__JWT_SECRET"]
@@ -45,7 +45,7 @@ def test_the_file_holds_the_deployment_the_login_and_the_lost_worker_settings(tm
     password = json.loads((tmp_path / "airflow" / "simple_auth_manager_passwords.json.generated").read_text())["admin"]
     assert env["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS"] == "False"
     assert env["AIRFLOW_CONN_MOP_AIRFLOW_API"] == f"http://admin:{password}@10.0.0.5:8080"
-    assert (env["MOP_AIRFLOW_API_USER"], env["MOP_AIRFLOW_API_PASSWORD"]) == ("admin", password)
+    assert (env["MOP_API_USER"], env["MOP_API_PASSWORD"]) == ("admin", password)
     hook = (tmp_path / "airflow" / "config" / "airflow_local_settings.py").read_text()
     assert "preload_if_task_host()" in hook
 
@@ -57,7 +57,7 @@ def test_writing_it_again_keeps_the_secret_and_the_password(tmp_path):
     second = read_env_file(tmp_path / "airflow" / "mop-celery.env")
     assert second["AIRFLOW__API_AUTH__JWT_SECRET"] == first["AIRFLOW__API_AUTH__JWT_SECRET"]
     assert second["AIRFLOW__API__SECRET_KEY"] == first["AIRFLOW__API__SECRET_KEY"]
-    assert second["MOP_AIRFLOW_API_PASSWORD"] == first["MOP_AIRFLOW_API_PASSWORD"]
+    assert second["MOP_API_PASSWORD"] == first["MOP_API_PASSWORD"]
     assert second["AIRFLOW__API__BASE_URL"] == "http://127.0.0.1:9090"
 
 

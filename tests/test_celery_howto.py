@@ -4,7 +4,7 @@ PostgreSQL (a database created for this test and dropped after it) and Redis on 
 else. The steps are the page's: `mop-airflow celery config` writes the environment file every
 process loads, `mop-airflow example-data`, `airflow db migrate`, the api-server, scheduler,
 dag-processor and triggerer, one worker per shard queue and one for the default queue (each with
-its --celery-hostname, its log-server port and the shared MOP_AIRFLOW_HOME), `mop-airflow pools
+its --celery-hostname, its log-server port and the shared MOP_HOME), `mop-airflow pools
 sync`, `airflow dags unpause` and `airflow dags trigger`, `mop-airflow report`; the tasks sign in
 with the login the file names. The page's commands are checked against the ones run here.
 
@@ -211,7 +211,7 @@ def test_the_howto_on_celery_gives_the_demo_leaderboard_and_a_lost_worker_costs_
                  'set -a; . "$AIRFLOW_HOME/mop-celery.env"; set +a', "mop-airflow example-data",
                  f"cp dags/{DAG_ID}.py", "airflow db migrate", "airflow api-server", "airflow scheduler",
                  "airflow dag-processor", "airflow triggerer",
-                 "MOP_AIRFLOW_WORKER_NAME=shard0 AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT=8794 airflow celery worker "
+                 "MOP_WORKER_NAME=shard0 AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT=8794 airflow celery worker "
                  "--queues mop_shard_0 --concurrency 1 --celery-hostname shard0@%h",
                  "--queues default --concurrency 2 --celery-hostname default@%h",
                  f"mop-airflow pools sync --shards {SHARDS} --slots 1", f"airflow dags unpause {DAG_ID}",

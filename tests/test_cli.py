@@ -1,5 +1,7 @@
 """`mop-airflow plan` prints the schedule before anything runs; bad input exits 2 with the rule."""
 
+import os
+
 from mop_airflow.cli.main import main
 
 
@@ -67,3 +69,196 @@ def test_plan_simulates_madlibs_hyperband_on_16_shards(capsys):
     assert "its 5 block(s) to the rung ends" in out
     simulated = float(out.split("simulated wall time: ")[1].split(" s")[0].replace(",", ""))
     assert 25296 * 0.1 / 16 <= simulated < 1.5 * 25296 * 0.1 / 16  # the bound, and the barriers at 4 rung ends
+
+
+# ---------------------------------------------------------------- help that reads as help
+def _commands(parser, path=()):
+    """(command path, its parser) for every command and sub-command."""
+    import argparse
+
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield (*path, name), sub
+                yield from _commands(sub, (*path, name))
+
+
+def test_every_command_has_a_description_and_every_option_help_text():
+    from mop_airflow.cli.main import build_parser
+
+    parser = build_parser()
+    found = list(_commands(parser))
+    assert {"check", "plan", "up", "demo", "report", "k8s values", "champion publish", "pools sync"} <= {
+        " ".join(path) for path, _ in found}
+    missing = []
+    for path, sub in found:
+        if not (sub.description or "").strip():
+            missing.append(f"{' '.join(path)}: no description")
+        for action in sub._actions:
+            if action.dest == "help" or action.help == "==SUPPRESS==" or action.__class__.__name__ == "SubCommands":
+                continue
+            if not (action.help or "").strip():
+                missing.append(f"{' '.join(path)} {'/'.join(action.option_strings) or action.dest}: no help")
+    assert missing == []
+
+
+def test_the_top_level_help_lists_the_commands_and_each_shows_its_defaults(capsys):
+    import pytest
+
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = capsys.readouterr().out
+    assert ":mod:" not in out and "this module" not in out
+    commands = [line.split()[0] for line in out.split("commands:")[1].splitlines()[2:] if line.startswith("    ")
+                and not line.startswith("     ")]
+    assert commands[:3] == ["check", "plan", "up"] and {"report", "k8s", "champion", "pools"} <= set(commands)
+    with pytest.raises(SystemExit):
+        main(["k8s", "values", "--help"])
+    out = "".join(capsys.readouterr().out.split())  # argparse wraps lines inside words with hyphens
+    assert "(default:mop-airflow-worker:cuda)" in out and "(default:mop-airflow-worker:cpu)" in out
+    assert "(default:aws_default)" in out
+    with pytest.raises(SystemExit):
+        main(["example-data", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "(default 20000)" in out and "data/, /" in out.replace(os.sep, "/")
+
+
+# ---------------------------------------------------------------- mop-airflow check: no Airflow running
+def _toy(tmp_path, **kwargs):
+    import numpy as np
+
+    from tests.training.toys import toy_spec
+
+    rng = np.random.default_rng(0)
+    return toy_spec(tmp_path, rng.normal(size=(240, 6)).astype("float32"), rng.integers(0, 3, 240), shards=3,
+                    **kwargs)
+
+
+def test_check_validates_a_spec_file_builds_its_models_and_says_what_would_run(tmp_path, capsys):
+    import json
+
+    spec = _toy(tmp_path, models=("tests.training.toys:batchnorm_dropout_mlp", "tests.training.toys:regression_mlp"))
+    spec["schedule"]["slots_per_shard"] = 2
+    path = tmp_path / "spec.json"
+    path.write_text(json.dumps(spec))
+    assert main(["check", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "spec: spec valid; Grid search, 4 configurations" in out
+    assert "would train 4 configuration(s) (2 builder(s)) on 3 shard(s) x 2 slot(s), 1 block(s)" in out
+    assert "data valid: 240 row(s) in 1 file(s), 48 for validation; inputs f0, f1, f2, f3, f4, f5" in out
+    assert "models: 2 distinct model(s) built" in out
+    assert not (tmp_path / "store").exists()  # nothing written to the store: no run was made
+
+
+def test_check_names_a_broken_builder_and_exits_non_zero(tmp_path, capsys):
+    import yaml
+
+    spec = _toy(tmp_path, models=("tests.training.toys:batchnorm_dropout_mlp", "tests.training.toys:seven_outputs"))
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    assert main(["check", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert "c0002" in err or "seven_outputs" in err
+    assert ("the model outputs 7 value(s) per row but 3 classes and loss 'sparse_categorical_crossentropy' need(s) 3. "
+            "Fix: end with keras.layers.Dense(hparams['num_classes']") in err
+    assert "2 of 4 configuration(s) cannot train; the run would fail before training: model builder " \
+           "'tests.training.toys:seven_outputs' fails for each of its 2 configuration(s)" in err
+
+
+def test_check_names_the_field_value_rule_and_fix_of_a_bad_spec(tmp_path, capsys):
+    import json
+
+    spec = _toy(tmp_path)
+    spec["schedule"]["shards"] = 0
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(spec))
+    assert main(["check", str(path), "--no-models"]) == 2
+    err = capsys.readouterr().err
+    assert "schedule.shards" in err and "0" in err and "Fix" in err
+    assert main(["check", str(tmp_path / "missing.yaml")]) == 2
+    assert "no such file" in capsys.readouterr().err
+
+
+def test_check_finds_the_specs_a_dag_file_builds_without_airflow_running(tmp_path, capsys):
+    import json
+
+    spec = _toy(tmp_path)
+    dag_file = tmp_path / "my_dag.py"
+    dag_file.write_text("from mop_airflow import build_mop_dag\n\n"
+                        f"dag = build_mop_dag({json.dumps(spec)}, dag_id='toy_selection')\n")
+    assert main(["check", str(dag_file), "--no-models"]) == 0
+    out = capsys.readouterr().out
+    assert "toy_selection: spec valid" in out and "would train 2 configuration(s)" in out
+    (tmp_path / "no_dag.py").write_text("x = 1\n")
+    assert main(["check", str(tmp_path / "no_dag.py")]) == 2
+    assert "builds no mop_airflow DAG or task group and has no module-level `spec`" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- one prefix, one unit, one project home
+def test_environment_variables_old_names_still_read_with_a_warning_new_names_win(tmp_path, caplog):
+    import warnings
+
+    from mop_airflow.config import environment
+
+    environment._warned.discard("MOP_SLOT_WAIT_S")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert environment.env("MOP_SLOT_WAIT_SECONDS", environ={"MOP_SLOT_WAIT_S": "5"}) == "5"
+    assert [str(w.message) for w in caught] == [
+        "the environment variable MOP_SLOT_WAIT_S is deprecated: set MOP_SLOT_WAIT_SECONDS instead (same value)"]
+    assert "set MOP_SLOT_WAIT_SECONDS instead" in caplog.text
+    both = {"MOP_SLOT_WAIT_S": "5", "MOP_SLOT_WAIT_SECONDS": "7"}
+    assert environment.env("MOP_SLOT_WAIT_SECONDS", environ=both) == "7"
+    assert environment.env("MOP_SLOT_WAIT_SECONDS", "60", environ={}) == "60"
+    home = str(tmp_path / "home")
+    assert environment.project_home({"MOP_AIRFLOW_HOME": home}) == home
+    assert environment.project_home({"MOP_HOME": home, "MOP_AIRFLOW_HOME": "/elsewhere"}) == home
+    assert environment.project_home({}) == os.path.expanduser("~/mop_airflow")
+    for new, old in environment.RENAMED.items():  # one prefix, one unit suffix
+        assert new.startswith("MOP_") and not new.startswith("MOP_AIRFLOW_") and not new.endswith("_S"), (new, old)
+
+
+def test_the_task_and_the_command_line_share_one_project_home(monkeypatch, tmp_path):
+    from mop_airflow.cli.main import build_parser
+    from mop_airflow.config.spec import default_home
+
+    monkeypatch.delenv("MOP_AIRFLOW_HOME", raising=False)
+    monkeypatch.setenv("MOP_HOME", str(tmp_path))
+    assert default_home() == str(tmp_path)  # where a task's default store and cache are
+    assert build_parser().parse_args(["report", "a_dag"]).home == str(tmp_path)  # where `report` looks
+    monkeypatch.delenv("MOP_HOME")
+    assert default_home() == build_parser().parse_args(["up", "--dags-folder", "d"]).home == os.path.expanduser(
+        "~/mop_airflow")
+
+
+def test_check_trains_a_step_on_rows_of_the_data_and_names_a_loss_that_does_not_fit_the_labels(tmp_path, capsys):
+    import json
+
+    spec = _toy(tmp_path)
+    spec["search"]["space"]["params"]["loss"] = "categorical_crossentropy"  # one-hot targets; the labels are 0, 1, 2
+    path = tmp_path / "spec.json"
+    path.write_text(json.dumps(spec))
+    assert main(["check", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert "a training step on 8 rows of" in err and "'categorical_crossentropy'" in err
+    assert "Fix: make the model's output and loss ('categorical_crossentropy') fit the label 'y' (classification, " \
+           "3 classes as indices 0..2)" in err
+
+
+def test_check_finds_each_task_groups_spec_in_a_dag_file(tmp_path, capsys):
+    import json
+
+    first, second = _toy(tmp_path), _toy(tmp_path, learning_rates=(1e-2,))
+    second["schedule"]["shards"] = 0  # the second group's mistake, named with its selection
+    dag_file = tmp_path / "groups_dag.py"
+    dag_file.write_text(
+        "import datetime as dt, json\nfrom airflow.sdk import DAG\nfrom mop_airflow import MopTaskGroup\n\n"
+        "with DAG('groups', schedule=None, start_date=dt.datetime(2024, 1, 1, tzinfo=dt.timezone.utc)) as dag:\n"
+        f"    MopTaskGroup(json.loads({json.dumps(json.dumps(first))}), group_id='first', pools='off')\n")
+    assert main(["check", str(dag_file), "--no-models"]) == 0
+    assert "groups.first: spec valid" in capsys.readouterr().out
+    spec_file = tmp_path / "module_spec.py"
+    spec_file.write_text(f"import json\nspec = json.loads({json.dumps(json.dumps(second))})\n")
+    assert main(["check", str(spec_file), "--no-models"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("mop-airflow: module_spec: ") and "schedule.shards" in err

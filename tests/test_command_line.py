@@ -87,8 +87,9 @@ class UpSession:
         dag_file(self.folder, RESUMED, spec)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.env = {**os.environ, "MOP_AIRFLOW_HOME": str(self.home)}
-        self.env.pop("MOP_AIRFLOW_API_URL", None)
+        self.env = {**os.environ, "MOP_HOME": str(self.home)}
+        self.env.pop("MOP_API_URL", None)
+        self.env.pop("MOP_AIRFLOW_API_URL", None)  # its earlier name, still read
         self.proc: subprocess.Popen | None = None
         self.said = ""  # what the running `up` printed until it was ready
 
@@ -176,7 +177,7 @@ def test_up_status_and_report_on_your_own_dag_folder(up_session, tmp_path):
     trigger = subprocess.run([str(Path(sys.executable).with_name("airflow")), "dags", "trigger", DAG_ID,
                               "--conf", json.dumps({"learning_rate": [0.01]})],
                              env=airflow_env(session.home / "airflow", session.folder, session.port,
-                                             {"MOP_AIRFLOW_HOME": str(session.home)}),
+                                             {"MOP_HOME": str(session.home)}),
                              capture_output=True, text=True, timeout=120)
     assert trigger.returncode == 0, trigger.stderr[-3000:]
     second = cli("status", DAG_ID, "--interval", "1", env=env)
@@ -307,7 +308,7 @@ def test_airflow_dags_test_with_no_flag_runs_your_dag_where_up_ran_it(up_session
         session.stop(signal.SIGINT)
     runs = session.root / "store" / DAG_ID
     before = {r.name for r in runs.iterdir() if r.is_dir() and r.name != "shards"} if runs.exists() else set()
-    test_env = airflow_env(session.home / "airflow", session.folder, session.port, {"MOP_AIRFLOW_HOME": str(session.home)})
+    test_env = airflow_env(session.home / "airflow", session.folder, session.port, {"MOP_HOME": str(session.home)})
     dags_test = subprocess.run([str(Path(sys.executable).with_name("airflow")), "dags", "test", DAG_ID],
                                env=test_env, capture_output=True, text=True, timeout=600)
     assert dags_test.returncode == 0, dags_test.stdout[-3000:] + dags_test.stderr[-3000:]

@@ -130,7 +130,7 @@ def test_the_dag_examples_of_the_readme_and_the_docs_build_their_dags(tmp_path, 
     folder.mkdir()
     _builder_module(folder)
     monkeypatch.syspath_prepend(str(folder))
-    monkeypatch.setenv("MOP_AIRFLOW_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("MOP_HOME", str(tmp_path / "home"))
     for index, (path, block) in enumerate(examples):
         dag_file = folder / f"example_{index}.py"
         dag_file.write_text(block)
@@ -171,7 +171,7 @@ def _spec_dicts():
 
 
 def test_the_spec_json_examples_parse(monkeypatch, tmp_path):
-    monkeypatch.setenv("MOP_AIRFLOW_HOME", str(tmp_path))
+    monkeypatch.setenv("MOP_HOME", str(tmp_path))
     specs = list(_spec_dicts())
     assert len(specs) >= 3
     for path, value in specs:
@@ -191,7 +191,7 @@ def test_the_spec_reference_names_every_field_of_every_section(monkeypatch):
 
     from mop_airflow.config import spec as spec_module
 
-    monkeypatch.delenv("MOP_AIRFLOW_HOME", raising=False)
+    monkeypatch.delenv("MOP_HOME", raising=False)
     page = _reference_module().spec_reference()
     for section, name in [("data", "DataSpec"), ("search", "SearchSpec"), ("schedule", "ScheduleSpec"),
                           ("store", "StoreSpec"), ("publish", "PublishSpec")]:
@@ -229,7 +229,7 @@ def site(tmp_path_factory):
     """The documentation site, built once with ``mkdocs build --strict``."""
     folder = tmp_path_factory.mktemp("docs") / "site"
     env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
-    env.pop("MOP_AIRFLOW_HOME", None)
+    env.pop("MOP_HOME", None)
     out = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(folder)],
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-6000:]
@@ -310,7 +310,7 @@ def fenced_blocks(path: Path) -> list[tuple[str, str]]:
 
 
 def _cli_parser():
-    saved = {key: os.environ.pop(key) for key in ("MOP_AIRFLOW_HOME", "MOP_AIRFLOW_API_USER") if key in os.environ}
+    saved = {key: os.environ.pop(key) for key in ("MOP_HOME", "MOP_API_USER") if key in os.environ}
     try:
         from mop_airflow.cli.main import build_parser
 
@@ -483,7 +483,7 @@ def spec_snippets():
 
 
 def test_every_spec_and_spec_fragment_of_the_pages_validates(monkeypatch, tmp_path):
-    monkeypatch.setenv("MOP_AIRFLOW_HOME", str(tmp_path))
+    monkeypatch.setenv("MOP_HOME", str(tmp_path))
     specs = list(spec_snippets())
     assert len(specs) >= 15
     assert {"adaptive-searches.md", "spec.md", "README.md"} <= {page.name for page, _ in specs}
@@ -518,7 +518,7 @@ RETIRED_CLAIMS = {
 # Dated records of earlier designs, not claims about this one.
 HISTORY = ("docs/changelog.md", "docs/performance.md")
 # Where a claim's words say something else: (file, pattern) -> why.
-NOT_A_CLAIM = {("mop_airflow/cli/main.py", r"decided between blocks of one iteration"):
+NOT_A_CLAIM = {("mop_airflow/cli/plan.py", r"decided between blocks of one iteration"):
                "`mop-airflow plan --asha` describes its simulator's clock, blocks of one iteration"}
 
 
@@ -615,11 +615,11 @@ def test_the_environment_page_lists_every_variable_the_code_reads_with_its_defau
     from mop_airflow.cli.runs import DEFAULT_PORT
 
     defaults = {"MOP_SHARD_STALL_SECONDS": watchdog.STALL_SECONDS, "MOP_SHARD_WAIT_SECONDS": shard_loop.WAIT_SECONDS,
-                "MOP_SHARD_YIELD_SECONDS": shard_loop.YIELD_SECONDS, "MOP_SLOT_WAIT_S": devices.DEFAULT_WAIT_S}
+                "MOP_SHARD_YIELD_SECONDS": shard_loop.YIELD_SECONDS, "MOP_SLOT_WAIT_SECONDS": devices.DEFAULT_WAIT_S}
     if hasattr(watchdog, "STALL_FLOOR_SECONDS"):
         defaults["MOP_SHARD_STALL_FLOOR_SECONDS"] = watchdog.STALL_FLOOR_SECONDS
     assert {name: f"| `{value:g}` |" in rows[name] for name, value in defaults.items()} == dict.fromkeys(defaults, True)
-    assert f"http://localhost:{DEFAULT_PORT}" in rows["MOP_AIRFLOW_API_URL"]
+    assert f"http://localhost:{DEFAULT_PORT}" in rows["MOP_API_URL"]
     assert session.HOST_CACHE_MOST == 1 << 30 and "up to 1 GiB" in rows["MOP_MODEL_CACHE_BYTES"]
     assert "reference/environment.md" in (ROOT / "mkdocs.yml").read_text()
 
@@ -630,7 +630,7 @@ def test_a_page_that_makes_the_example_data_installs_the_examples_extra():
         shell = "\n".join(text for lang, text in fenced_blocks(page) if lang in SHELLS)
         if "mop-airflow example-data" not in shell:
             continue
-        for extras in re.findall(r"pip install [\"']?mop-airflow\[([^\]]*)\]", shell):
+        for extras in re.findall(r"pip install [\"']?(?:mop-airflow|\.)\[([^\]]*)\]", shell):
             if "examples" not in extras.split(","):
                 missing.append(f"{page.relative_to(ROOT)}: mop-airflow[{extras}] without examples")
     assert missing == []

@@ -155,7 +155,7 @@ def airflow(tmp_path_factory):
     dag_file(dags, DAG_ID, spec, pools="off")
     (dags / f"{OTHER_DAG}.py").write_text(OTHER_DAG_FILE)
     (dags / f"{GROUPS_DAG}.py").write_text(GROUPS_DAG_FILE)
-    env = {"MOP_AIRFLOW_HOME": str(root / "mop"), "AIRFLOW__CORE__AUTH_MANAGER": FAB,
+    env = {"MOP_HOME": str(root / "mop"), "AIRFLOW__CORE__AUTH_MANAGER": FAB,
            "MOP_GROUPS_STORE": str(root / "store"),
            "AIRFLOW__API__SECRET_KEY": "results-page-test", "AIRFLOW__API__WORKERS": "1"}
     with LocalAirflow(root / "airflow", dags, extra_env=env) as af:

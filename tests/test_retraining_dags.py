@@ -12,7 +12,7 @@ schedule); the fixture checks that and marks it failed before it trains, so that
 drive what follows.
 
 The two DAG files are copied from ``dags/`` into this file's DAG folder of the test worker's shared
-Airflow, each setting this file's temporary ``MOP_AIRFLOW_HOME`` (the data, the store and the scores)
+Airflow, each setting this file's temporary ``MOP_HOME`` (the data, the store and the scores)
 for the processes that parse it.
 """
 
@@ -42,7 +42,7 @@ def airflow(shared_airflow, tmp_path_factory):
     home = root / "mop"
     with airflow_part(shared_airflow, root, "retraining") as af:
         data = Path(write_digits(str(home / "data")))
-        for dag_id in (RETRAIN, SCORE):  # as in dags/, with this file's MOP_AIRFLOW_HOME
+        for dag_id in (RETRAIN, SCORE):  # as in dags/, with this file's MOP_HOME
             af.write_dag(dag_id, (REPO / "dags" / f"{dag_id}.py").read_text())
         for dag_id in (SCORE, RETRAIN):
             af.wait_for_dag(dag_id)

@@ -125,7 +125,7 @@ def refusing_airflow():
 
 def _names_every_way_to_sign_in(message: str) -> None:
     assert "HTTP connection 'mop_airflow_api'" in message
-    assert "MOP_AIRFLOW_API_USER" in message and "MOP_AIRFLOW_API_PASSWORD" in message
+    assert "MOP_API_USER" in message and "MOP_API_PASSWORD" in message
     assert "[core] simple_auth_manager_passwords_file" in message
     assert "default $AIRFLOW_HOME/simple_auth_manager_passwords.json.generated" in message
     assert f"with this machine's settings {passwords_file()}" in message

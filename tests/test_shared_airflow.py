@@ -28,10 +28,10 @@ def test_a_dag_file_sets_its_test_files_home_and_builders_path_in_the_process_th
     lib.mkdir()
     (lib / "part_builder.py").write_text("NAME = 'from the part'\n")
     part = AirflowPart(af, tmp_path / "file", "one_file", env={"EXTRA": "1"}, paths=[lib])
-    path = part.write_dag("a_dag", "import part_builder\nprint(__import__('os').environ['MOP_AIRFLOW_HOME'],"
+    path = part.write_dag("a_dag", "import part_builder\nprint(__import__('os').environ['MOP_HOME'],"
                                    " part_builder.NAME, __import__('os').environ['EXTRA'])\n")
     assert path.parent == tmp_path / "shared_dags" / "one_file" and not list(path.parent.glob("*.partial"))
-    env = {k: v for k, v in os.environ.items() if k not in ("MOP_AIRFLOW_HOME", "PYTHONPATH", "EXTRA")}
+    env = {k: v for k, v in os.environ.items() if k not in ("MOP_HOME", "PYTHONPATH", "EXTRA")}
     out = subprocess.run([sys.executable, str(path)], env=env, capture_output=True, text=True, check=True).stdout
     assert out.split() == [str(tmp_path / "file" / "mop"), "from", "the", "part", "1"]
     assert part.dag_env["PYTHONPATH"].split(os.pathsep)[0] == str(lib)  # for processes the task starts

@@ -159,7 +159,7 @@ def test_up_makes_the_missing_example_data_once(stand_in, tmp_path, capsys, monk
     assert made == [home / "data"] and "making it now" in capsys.readouterr().out
     assert main(args) == 0
     assert made == [home / "data"] and f"example data: {home / 'data'}" in capsys.readouterr().out
-    assert stand_in.started[0]["MOP_AIRFLOW_HOME"] == str(home)  # where the example DAGs read it
+    assert stand_in.started[0]["MOP_HOME"] == str(home)  # where the example DAGs read it
 
 
 def test_a_folder_without_example_dags_hears_nothing_of_them(tmp_path):

@@ -119,7 +119,7 @@ class CeleryDeployment:
         login = f"{quote(API_USER, safe='')}:{quote(password, safe='')}"
         return {
             "AIRFLOW_HOME": self.airflow_home,
-            "MOP_AIRFLOW_HOME": self.mop_home,
+            "MOP_HOME": self.mop_home,
             "AIRFLOW__CORE__EXECUTOR": "CeleryExecutor",
             "AIRFLOW__CORE__DAGS_FOLDER": self.dags_folder,
             "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
@@ -137,13 +137,13 @@ class CeleryDeployment:
             # airflow.cfg), and a task's log cannot be read from another machine's UI or API.
             "AIRFLOW__API__SECRET_KEY": secret_key,
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "False",
-            # Several workers on one machine: MOP_AIRFLOW_WORKER_NAME=<name> tells them apart in the UI.
+            # Several workers on one machine: MOP_WORKER_NAME=<name> tells them apart in the UI.
             "AIRFLOW__CORE__HOSTNAME_CALLABLE": "mop_airflow.airflow.local.worker_hostname",
             # The login of the tasks (preflight's pool check) and of `mop-airflow status` / `report`.
             "AIRFLOW_CONN_MOP_AIRFLOW_API": f"{api.scheme}://{login}@{api.netloc}{api.path}",
-            "MOP_AIRFLOW_API_URL": base,
-            "MOP_AIRFLOW_API_USER": API_USER,
-            "MOP_AIRFLOW_API_PASSWORD": password,
+            "MOP_API_URL": base,
+            "MOP_API_USER": API_USER,
+            "MOP_API_PASSWORD": password,
         }
 
 

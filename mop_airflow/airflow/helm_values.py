@@ -60,7 +60,7 @@ API_SERVER_PORT = 8080  # the chart's ports.apiServer
 OFF_IN_SHARD_RELEASE = ("scheduler", "apiServer", "dagProcessor", "triggerer", "statsd", "redis", "postgresql",
                         "migrateDatabaseJob", "createUserJob")
 CACHE_VOLUME = "mop-shard-cache"
-CACHE_PATH = "/opt/mop/cache"  # the worker image's MOP_AIRFLOW_HOME/cache: the store spec's default cache_dir
+CACHE_PATH = "/opt/mop/cache"  # the worker image's MOP_HOME/cache: the store spec's default cache_dir
 # GPU node pools carry this taint (GKE and AKS add it; EKS and the NVIDIA GPU operator are set up so):
 # only pods that tolerate it, ours, land there.
 GPU_TOLERATIONS = ({"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"},)

@@ -29,21 +29,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from mop_airflow.config.environment import env
 from mop_airflow.errors import AirflowApiError
 from mop_airflow.hooks.rest import PASSWORD_ENV, USER_ENV, AirflowAPI
 from mop_airflow.training.session import HOPS_PER_WORKER_ENV
 
 SERVICES = ("api-server", "scheduler", "dag-processor")
-WORKER_NAME_ENV = "MOP_AIRFLOW_WORKER_NAME"
+WORKER_NAME_ENV = "MOP_WORKER_NAME"
 # A folder where a freshly migrated SQLite metadata database is kept and copied into every new
 # embedded deployment instead of migrating again (12 s on an idle 2-core machine, 20-30 s beside
 # other work). The test suite sets it: it starts a dozen embedded Airflows of one Airflow version.
-MIGRATED_DB_ENV = "MOP_AIRFLOW_MIGRATED_DB_DIR"
+MIGRATED_DB_ENV = "MOP_MIGRATED_DB_DIR"
 
 
 def worker_hostname() -> str:
     """Airflow ``[core] hostname_callable`` for several workers on one machine: ``<host>-<worker name>``."""
-    name = os.environ.get(WORKER_NAME_ENV)
+    name = env(WORKER_NAME_ENV)
     return f"{socket.getfqdn()}-{name}" if name else socket.getfqdn()
 
 
@@ -51,7 +52,7 @@ def worker_hostname() -> str:
 class CeleryWorker:
     """One ``airflow celery worker``: its name, the queues it serves and its process count (GPUs).
 
-    ``own_home``: the worker gets a ``MOP_AIRFLOW_HOME`` (shard cache) of its own, as if it were on a
+    ``own_home``: the worker gets a ``MOP_HOME`` (shard cache) of its own, as if it were on a
     machine of its own; without it, it shares the deployment's, as workers on one machine do.
     """
 
@@ -190,7 +191,7 @@ class LocalAirflow:
         login = extra_env or {}
         # A request may wait SQLITE_LOCK_WAIT_S for the database and then do its work: the client's
         # default 30 s gave up on a PATCH of a pool that CI's busy machine answered later.
-        self.rest = AirflowAPI(self.base_url, login.get(USER_ENV), login.get(PASSWORD_ENV),
+        self.rest = AirflowAPI(self.base_url, env(USER_ENV, environ=login), env(PASSWORD_ENV, environ=login),
                                timeout=SQLITE_LOCK_WAIT_S + 30)
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -237,7 +238,7 @@ class LocalAirflow:
 
         A copy is taken only for a new SQLite database, and only of one made by the same Airflow
         version with the same default pool: what ``airflow db migrate`` would have made here."""
-        folder, db = os.environ.get(MIGRATED_DB_ENV), self.home / "airflow.db"
+        folder, db = env(MIGRATED_DB_ENV), self.home / "airflow.db"
         sqlite = self.env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] == f"sqlite:///{db}?timeout={SQLITE_LOCK_WAIT_S}"
         if not folder or not sqlite or db.exists():
             self._migrate_here()
@@ -309,7 +310,7 @@ class LocalAirflow:
                # each worker on this machine serves its logs on its own port
                "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_port())}
         if worker.own_home:
-            env["MOP_AIRFLOW_HOME"] = str(self.home / "workers" / worker.name)
+            env["MOP_HOME"] = str(self.home / "workers" / worker.name)
         self._spawn(f"worker-{worker.name}", [_bin("airflow"), "celery", "worker", "--queues", ",".join(worker.queues),
                                               "--concurrency", str(worker.concurrency),
                                               "--celery-hostname", f"{worker.name}@%h"], env)

@@ -21,6 +21,8 @@ import sys
 import time
 from typing import Sequence
 
+from mop_airflow.config.environment import env
+
 LOCAL_SETTINGS = (
     "# Written by mop_airflow: preload Keras in the processes that fork task processes.\n"
     "from mop_airflow.airflow.preload import preload_if_task_host\n\n"
@@ -53,7 +55,7 @@ def preload_training_stack() -> float:
 
 
 def preload_if_task_host(argv: Sequence[str] | None = None) -> bool:
-    if os.environ.get("MOP_AIRFLOW_PRELOAD", "1") == "0":
+    if env("MOP_PRELOAD", "1") == "0":
         return False
     from airflow.configuration import conf  # noqa: PLC0415 - loaded before local settings are imported
 

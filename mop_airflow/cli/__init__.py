@@ -1,1 +1,1 @@
-"""The ``mop-airflow`` command (:mod:`.main`): run the demo, plan and simulate, read runs, manage pools."""
+"""The ``mop-airflow`` command: :mod:`.main` assembles the parser from one module per command family."""

@@ -1,6 +1,6 @@
 """`mop-airflow demo`: MNIST-1D model selection on a real local Airflow, start to finish.
 
-Generates the data offline, starts Airflow (SQLite + LocalExecutor, project-local home), creates
+Generates the data offline, starts Airflow (SQLite + LocalExecutor, in the project home), creates
 the shard pools, triggers the example DAG, shows progress (model hops done / total, current
 iteration, best validation metric so far), prints the leaderboard and where the results are, and
 stops everything it started.
@@ -8,14 +8,14 @@ stops everything it started.
 
 from __future__ import annotations
 
+import argparse
 import json
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from mop_airflow.records.layout import RunLayout
-from mop_airflow.results.console import print_challenge, print_leaderboard
-from mop_airflow.records import RunRecord
-from mop_airflow.store import Store
+if TYPE_CHECKING:
+    from mop_airflow.records import RunRecord
 
 DEMO_DAG_ID = "mop_mnist1d"
 
@@ -43,7 +43,28 @@ def run_and_watch(af, dag_id: str, *, timeout: float, started: float) -> tuple[s
     return run_id, ref.state, ref.record
 
 
+def add_commands(sub: argparse._SubParsersAction, home: str) -> None:
+    demo = sub.add_parser("demo", help="run the MNIST-1D demo on a local Airflow and print the leaderboard",
+                          description="Make the MNIST-1D data, start a local Airflow (SQLite, LocalExecutor) on "
+                                      "--dags-folder, trigger the mop_mnist1d DAG, show its progress, print the "
+                                      "leaderboard and where the report is, and stop Airflow.")
+    demo.add_argument("--home", default=home, help="the project home: Airflow, the store and the data "
+                                                   "(default $MOP_HOME, else ~/mop_airflow: %(default)s)")
+    demo.add_argument("--dags-folder", default="dags",
+                      help="the folder holding the demo's DAG file, mop_mnist1d (default: the checkout's %(default)s)")
+    demo.add_argument("--timeout", type=float, default=900,
+                      help="seconds to wait for the run to end before giving up (default %(default)s)")
+    demo.set_defaults(func=cmd_demo)
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    return run_demo(Path(args.home), Path(args.dags_folder), timeout=args.timeout)
+
+
 def run_demo(home: Path, dags_folder: Path, *, timeout: float = 900) -> int:
+    from mop_airflow.records.layout import RunLayout  # noqa: PLC0415
+    from mop_airflow.results.console import print_challenge, print_leaderboard  # noqa: PLC0415
+    from mop_airflow.store import Store  # noqa: PLC0415
     from mop_airflow.examples.mnist1d_data import write_mnist1d  # noqa: PLC0415
     from mop_airflow.airflow.local import LocalAirflow  # noqa: PLC0415
 
@@ -55,7 +76,7 @@ def run_demo(home: Path, dags_folder: Path, *, timeout: float = 900) -> int:
     # The example files do not change during the demo: re-parsing all six every 30 s (Airflow's
     # default) took ~20 s of CPU per cycle on 2 cores, taken from the hops.
     quiet_parsing = {"AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "600"}
-    with LocalAirflow(home / "airflow", dags_folder, extra_env={"MOP_AIRFLOW_HOME": str(home), **quiet_parsing}) as af:
+    with LocalAirflow(home / "airflow", dags_folder, extra_env={"MOP_HOME": str(home), **quiet_parsing}) as af:
         af.wait_for_dag(DEMO_DAG_ID)
         run_id, state, record = run_and_watch(af, DEMO_DAG_ID, timeout=timeout, started=started)
     if state != "success":

@@ -1,5 +1,6 @@
 """The `mop-airflow` commands that read runs: `status`, `report`, `runs`, `predict`, `export-best` and
-`champion list / publish`, and the exit codes every command shares.
+`champion list / publish` (those in :mod:`mop_airflow.cli.models` and :mod:`mop_airflow.cli.champion`,
+on the helpers here), and the exit codes every command shares.
 
 A command reads one **model selection** (:mod:`mop_airflow.records.selection`): a DAG built by
 ``build_mop_dag``, or with ``--group ID`` one MopTaskGroup of a DAG. Its runs' files, registry and
@@ -15,9 +16,10 @@ Everything heavy (Airflow, TensorFlow) is imported inside the command that needs
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
+
+from mop_airflow.config.environment import env
 
 OK, FAILED, USAGE, UNAVAILABLE, INTERRUPTED = 0, 1, 2, 3, 130
 DEFAULT_PORT = 8080
@@ -31,27 +33,27 @@ def fail(message: str, code: int) -> int:
 def api(args: argparse.Namespace):
     from mop_airflow.hooks.rest import AirflowAPI  # noqa: PLC0415
 
-    url = args.api_url or os.environ.get("MOP_AIRFLOW_API_URL")
+    url = args.api_url or env("MOP_API_URL")
     if not url:  # the Airflow `mop-airflow up` started from this folder, else Airflow's default port
         marker = Path(args.home) / "airflow" / "api_url"
         url = marker.read_text().strip() if marker.exists() else f"http://localhost:{DEFAULT_PORT}"
-    return AirflowAPI(url, args.username, os.environ.get("MOP_AIRFLOW_API_PASSWORD"))
+    return AirflowAPI(url, args.username, env("MOP_API_PASSWORD"))
 
 
 # ---------------------------------------------------------------- which selection
-def _selection(args: argparse.Namespace) -> str:
+def selection_of(args: argparse.Namespace) -> str:
     """What names the runs' folders, registry and Asset: the DAG id, or ``<dag_id>.<group>``."""
     from mop_airflow.records.selection import selection_id  # noqa: PLC0415
 
     return selection_id(args.dag_id, args.group)
 
 
-def _named(args: argparse.Namespace) -> str:
+def named(args: argparse.Namespace) -> str:
     """The selection for a person: ``DAG 'etl'``, or ``DAG 'etl' (group 'model_selection')``."""
     return f"DAG {args.dag_id!r}" + (f" (group {args.group!r})" if args.group else "")
 
 
-def _group_flag(args: argparse.Namespace) -> str:
+def group_flag(args: argparse.Namespace) -> str:
     return f" --group {args.group}" if args.group else ""
 
 
@@ -98,7 +100,7 @@ def _default_store_root(args: argparse.Namespace) -> str:
     return str(Path(args.home).absolute() / "store")
 
 
-def _airflow_or_store(args: argparse.Namespace, online, offline, *, what: str = "the run") -> int:
+def _airflow_orstore_of(args: argparse.Namespace, online, offline, *, what: str = "the run") -> int:
     """``online(api)`` with Airflow's answers, or ``offline(store)`` from the files alone: with ``--store``
     (Airflow not asked), or when Airflow cannot be reached and the default store has the run.
     ``offline=None``: Airflow is needed (following a run needs its state as it changes)."""
@@ -121,10 +123,10 @@ def _airflow_or_store(args: argparse.Namespace, online, offline, *, what: str = 
         store = open_store(_default_store_root(args))
         _stored_check(args, store)
         try:
-            find_stored_run(store, _selection(args), getattr(args, "run_id", None))
+            find_stored_run(store, selection_of(args), getattr(args, "run_id", None))
         except StoreError:
             run = f"run {args.run_id!r}" if getattr(args, "run_id", None) else "run"
-            return fail(f"{unreachable}; and the default store {store.root} has no {run} of {_named(args)} "
+            return fail(f"{unreachable}; and the default store {store.root} has no {run} of {named(args)} "
                         "to read instead. Fix: start Airflow (`mop-airflow up`), point --api-url at it, or pass "
                         "--store ROOT (the store the DAG's spec names)", UNAVAILABLE)
         print(f"mop-airflow: Airflow not reachable at {client.base_url}; read {what} from the store at {store.root}",
@@ -158,7 +160,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         from mop_airflow.results.progress import run_progress  # noqa: PLC0415
         from mop_airflow.results.runs import find_stored_run  # noqa: PLC0415
 
-        run = find_stored_run(store, _selection(args), args.run_id)
+        run = find_stored_run(store, selection_of(args), args.run_id)
         progress = run_progress(run.layout, run.record.metric, run.record.direction)
         # no time left: the store cannot tell a run still training from a stopped one
         print(f"{run.state_line}: "
@@ -166,7 +168,7 @@ def cmd_status(args: argparse.Namespace) -> int:
                else progress.summary_line(eta=False)))
         return OK
 
-    return _airflow_or_store(args, online, offline if args.once else None)
+    return _airflow_orstore_of(args, online, offline if args.once else None)
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -178,17 +180,17 @@ def cmd_report(args: argparse.Namespace) -> int:
         return _write_report(args, ref.layout(), ref.run_id, ref.state, failed=ref.state == "failed")
 
     def offline(store) -> int:
-        run = find_stored_run(store, _selection(args), args.run_id)
+        run = find_stored_run(store, selection_of(args), args.run_id)
         return _write_report(args, run.layout, run.run_id, run.state_line, failed=False)
 
-    return _airflow_or_store(args, online, offline)
+    return _airflow_orstore_of(args, online, offline)
 
 
 def _write_report(args: argparse.Namespace, layout, run_id: str, state: str, *, failed: bool) -> int:
     from mop_airflow.errors import StoreError  # noqa: PLC0415
     from mop_airflow.results.console import challenge_decision, fetch_report, print_challenge, print_leaderboard  # noqa: PLC0415
 
-    selection = _selection(args)
+    selection = selection_of(args)
     if layout is None or not layout.store.exists(layout.plan_uri):
         return fail(f"run {run_id} of {selection} ({state}) has not planned its hops yet: nothing "
                     "to report", FAILED if failed else UNAVAILABLE)
@@ -207,7 +209,7 @@ def _write_report(args: argparse.Namespace, layout, run_id: str, state: str, *, 
 def cmd_runs(args: argparse.Namespace) -> int:
     from mop_airflow.results.runs import stored_runs  # noqa: PLC0415
 
-    selection = _selection(args)
+    selection = selection_of(args)
 
     def online(client) -> int:
         from mop_airflow.airflow.run_status import find_run  # noqa: PLC0415
@@ -224,7 +226,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
     def offline(store) -> int:
         runs = stored_runs(store, selection)[:args.limit]
         if not runs:
-            return fail(f"no run of {_named(args)} in the store {store.root}. Fix: check the DAG id, --group and "
+            return fail(f"no run of {named(args)} in the store {store.root}. Fix: check the DAG id, --group and "
                         "--store (the store root the DAG's spec names)", UNAVAILABLE)
         from mop_airflow.results.runs import UNFINISHED, UNFINISHED_NOTE  # noqa: PLC0415
 
@@ -232,7 +234,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
         return _print_runs(f"Runs of {selection} (the store at {store.root}; Airflow not asked)",
                            [(r.run_id, r.state, r.winner) for r in runs], footer)
 
-    return _airflow_or_store(args, online, offline, what="the runs")
+    return _airflow_orstore_of(args, online, offline, what="the runs")
 
 
 def _print_runs(title: str, rows, footer: str = "") -> int:
@@ -254,7 +256,7 @@ def _print_runs(title: str, rows, footer: str = "") -> int:
 
 
 # ---------------------------------------------------------------- predict, export-best
-def _run_layout(args: argparse.Namespace):
+def run_layout_of(args: argparse.Namespace):
     """The run's folder (without a RUN_ID argument, the selection's latest run): under ``--store``
     without asking Airflow, else where the run recorded it."""
     from mop_airflow.errors import StoreError  # noqa: PLC0415
@@ -264,7 +266,7 @@ def _run_layout(args: argparse.Namespace):
         from mop_airflow.results.runs import open_store, run_layout  # noqa: PLC0415
 
         _stored_check(args, open_store(args.store))
-        return run_layout(args.store, _selection(args), run_id)
+        return run_layout(args.store, selection_of(args), run_id)
     from mop_airflow.airflow.run_status import find_run  # noqa: PLC0415
 
     with api(args) as client:
@@ -277,7 +279,7 @@ def _run_layout(args: argparse.Namespace):
     return layout
 
 
-def _store(args: argparse.Namespace):
+def store_of(args: argparse.Namespace):
     """The store of the selection's runs: ``--store``, else the one its latest run recorded (asked of Airflow)."""
     if args.store:
         from mop_airflow.results.runs import open_store  # noqa: PLC0415
@@ -285,163 +287,61 @@ def _store(args: argparse.Namespace):
         store = open_store(args.store)
         _stored_check(args, store)
         return store
-    return _run_layout(args).store
+    return run_layout_of(args).store
 
 
-def _champion_layout(args: argparse.Namespace):
-    """The folder of the run the selection's registry names as its current champion."""
-    from mop_airflow.serving.predict import champion_layout  # noqa: PLC0415
-
-    layout, entry = champion_layout(_store(args), _selection(args))
-    print(f"champion of {_selection(args)}: version {entry['version']}, {entry['config_id']} of run "
-          f"{entry['run_id']} ({entry['metric']}={entry['value']:.6g})")
-    return layout
-
-
-def _model_command(args: argparse.Namespace, work) -> int:
-    """Run ``work(layout)`` with the exit codes of the module docstring."""
-    from mop_airflow.errors import (AirflowApiError, DataValidationError, SpecError,  # noqa: PLC0415
-                                    StoreError, TrainingError)
-
-    if args.champion:
-        for name, value in (("RUN_ID", args.run_id), ("--config", getattr(args, "config", None))):
-            if value is not None:
-                return fail(f"{name}={value!r}: cannot be combined with --champion, which already names the model "
-                            "(the run the DAG's registry names as champion, its best model). Fix: pass either "
-                            f"--champion or {name}", USAGE)
-    try:
-        return work(_champion_layout(args) if args.champion else _run_layout(args))
-    except (AirflowApiError, StoreError) as exc:
-        return fail(str(exc), UNAVAILABLE)
-    except (SpecError, DataValidationError) as exc:
-        return fail(str(exc), USAGE)
-    except TrainingError as exc:
-        return fail(str(exc), FAILED)
+# ---------------------------------------------------------------- the parser
+def connection_options(cmd: argparse.ArgumentParser, home: str) -> None:
+    """How a command finds a selection's runs: Airflow's address and login, or a store alone."""
+    cmd.add_argument("--api-url", help="Airflow's address (default: $MOP_API_URL, else the one "
+                                       f"`mop-airflow up` runs, else http://localhost:{DEFAULT_PORT})")
+    cmd.add_argument("--username", default=env("MOP_API_USER"),
+                     help="an Airflow user who may read the DAG (default $MOP_API_USER; the password "
+                          "comes from $MOP_API_PASSWORD)")
+    cmd.add_argument("--store", help="read the runs from this store root (a path or a URI) alone, without "
+                                     "asking Airflow (the store the DAG's spec names, seen from this computer)")
+    cmd.add_argument("--group", metavar="ID",
+                     help="the model selection of the DAG's MopTaskGroup ID (its runs, registry and Asset are "
+                          "<dag_id>.<ID>); needed when the DAG holds its selections in task groups")
+    cmd.add_argument("--home", default=home, help=argparse.SUPPRESS)
 
 
-def cmd_predict(args: argparse.Namespace) -> int:
-    from mop_airflow.serving.predict import predict  # noqa: PLC0415
-
-    def work(layout) -> int:
-        done = predict(layout, args.source, args.out, mode=args.mode, k=args.k, config_id=args.config,
-                       id_column=args.id, batch_rows=args.batch_rows)
-        print(f"{done['rows']} row(s) scored ({done['mode']}: {', '.join(done['columns'])}) with configuration "
-              f"{done['config_id']} of {layout.dag_id} / {layout.run_id}\nwritten: {done['uri']}")
-        return OK
-
-    return _model_command(args, work)
+def run_options(cmd: argparse.ArgumentParser, home: str) -> None:
+    """DAG_ID [RUN_ID] and the connection options."""
+    cmd.add_argument("dag_id", help="the DAG's id")
+    cmd.add_argument("run_id", nargs="?", help="the run's id (default: the DAG's latest run)")
+    connection_options(cmd, home)
 
 
-def cmd_export_best(args: argparse.Namespace) -> int:
-    from mop_airflow.serving.export import export_for_serving  # noqa: PLC0415
+def add_commands(sub: argparse._SubParsersAction, home: str) -> None:
+    status = sub.add_parser("status", help="follow a run: hops done, shards busy or idle, best so far, time left "
+                                           "(or the task waiting for a worker, and since when)",
+                            description="Follow a run through Airflow. With --once it prints one line and exits; "
+                                        "then --store (or Airflow unreachable and the run in the default store) "
+                                        "reads it from the store alone, where a run is finished (report written) "
+                                        "or unfinished.")
+    run_options(status, home)
+    status.add_argument("--once", action="store_true", help="print the progress once and exit")
+    status.add_argument("--interval", type=float, default=3.0, help="seconds between updates (default 3)")
+    status.set_defaults(func=cmd_status)
 
-    def work(layout) -> int:
-        written = export_for_serving(layout, args.out, fmt=args.format)
-        print(f"best model of {layout.dag_id} / {layout.run_id} exported\n"
-              + "\n".join(f"written: {uri}" for uri in written.values()))
-        return OK
+    report = sub.add_parser(
+        "report", help="print a run's leaderboard and write its report and plots to a folder",
+        description="Print the run's leaderboard (rank, configuration, metric, outcome, hyperparameters) and write "
+                    "its report files and plots (learning curves, hop timeline, metrics, leaderboard) to a folder. "
+                    "A run still going gets a provisional report of the hops so far. With --store (or Airflow "
+                    "unreachable and the run in the default store) the store alone is read; without RUN_ID, the "
+                    "DAG's newest run.")
+    run_options(report, home)
+    report.add_argument("--out", help="where to write (default <home>/reports/DAG_ID/RUN_ID, under "
+                                      "$MOP_HOME or ~/mop_airflow)")
+    report.set_defaults(func=cmd_report)
 
-    return _model_command(args, work)
-
-
-def cmd_export_study(args: argparse.Namespace) -> int:
-    from mop_airflow.results.study import export_study  # noqa: PLC0415
-
-    def work(layout) -> int:
-        study = export_study(layout, args.out)
-        print(f"{len(study.trials)} trial(s) of {layout.dag_id} / {layout.run_id} written to {args.out} as the "
-              f"Optuna study {study.study_name!r}\nopen it with: optuna-dashboard sqlite:///{args.out}")
-        return OK
-
-    args.champion = False
-    return _model_command(args, work)
-
-
-# ---------------------------------------------------------------- champion list, publish
-def _champion_command(args: argparse.Namespace, work) -> int:
-    """Run ``work(store)`` on the selection's store with the exit codes of the module docstring."""
-    from mop_airflow.errors import AirflowApiError, SpecError, StoreError  # noqa: PLC0415
-
-    try:
-        return work(_store(args))
-    except (AirflowApiError, StoreError) as exc:
-        return fail(str(exc), UNAVAILABLE)
-    except SpecError as exc:
-        return fail(str(exc), USAGE)
-
-
-def _entry_line(entry) -> str:
-    return (f"version {entry['version']}: {entry['config_id']} of run {entry['run_id']} "
-            f"({entry['metric']}={entry['value']:.6g}), published {entry['published_at'][:19].replace('T', ' ')} "
-            f"by {entry.get('published_by', 'run')}: {entry.get('reason', '')}")
-
-
-def cmd_champion_list(args: argparse.Namespace) -> int:
-    from mop_airflow.serving.champion import read_registry, registry_uri  # noqa: PLC0415
-
-    selection = _selection(args)
-
-    def work(store) -> int:
-        history = read_registry(store, selection)
-        if not history:
-            print(f"{selection}: no champion published yet ({registry_uri(store, selection)} has no entry)")
-            return OK
-        rows = [(("*" if i == len(history) - 1 else " "), str(e["version"]),
-                 e["published_at"][:19].replace("T", " "), e["run_id"], e["config_id"],
-                 f"{e['metric']}={e['value']:.6g}", e.get("published_by", "run"), e.get("reason", ""))
-                for i, e in enumerate(history)]
-        header = (" ", "version", "published_at (UTC)", "run_id", "config", "metric", "by", "reason")
-        widths = [max(len(r[c]) for r in [header, *rows]) for c in range(len(header) - 1)]
-        print(f"Champion registry of {selection} ({registry_uri(store, selection)}), oldest first")
-        for row in [header, *rows]:
-            print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[-1])
-        champion = history[-1]
-        print(f"\n* current champion: {_entry_line(champion)}\n  model: {champion['model_uri']}")
-        return OK
-
-    return _champion_command(args, work)
-
-
-def _emit_champion_event(args: argparse.Namespace, entry) -> int:
-    """The champion Asset event through Airflow's REST API, as the selection's publish task emits it."""
-    from mop_airflow.serving.champion import asset_extra, champion_asset_uri  # noqa: PLC0415
-    from mop_airflow.errors import AirflowApiError  # noqa: PLC0415
-    from mop_airflow.records.selection import task_id_in  # noqa: PLC0415
-
-    uri = champion_asset_uri(_selection(args))
-    again = (f"`mop-airflow champion publish {args.dag_id} {entry['version']}{_group_flag(args)}` (safe: the "
-             "champion is not appended again, only the event is emitted), or "
-             f"create the event on the Asset {uri} in the Airflow UI")
-    with api(args) as client:
-        try:
-            asset = next((a for a in client.paged("/assets", "assets", uri_pattern=uri) if a["uri"] == uri), None)
-            if asset is None:
-                return fail(f"the registry was updated (version {entry['version']} is the champion), but Airflow at "
-                            f"{client.base_url} knows no Asset {uri}: no parsed DAG has the publish task "
-                            f"{task_id_in(args.group, 'publish')} of DAG {args.dag_id}, so downstream DAGs were not "
-                            f"told. Fix: deploy DAG {args.dag_id} with publish enabled (or check --api-url), then "
-                            f"run {again}", UNAVAILABLE)
-            event = client.call("POST", "/assets/events", json={"asset_id": asset["id"], "extra": asset_extra(entry)})
-        except AirflowApiError as exc:
-            return fail(f"the registry was updated (version {entry['version']} is the champion), but the Asset "
-                        f"event on {uri} was not emitted, so downstream DAGs were not told: {exc}. Fix: start "
-                        f"Airflow or pass --api-url (and --username), then run {again}; or pass --no-event to "
-                        "update only the registry", UNAVAILABLE)
-    print(f"Asset event {event.get('id')} emitted on {uri}: DAGs scheduled on it will run with the new champion")
-    return OK
-
-
-def cmd_champion_publish(args: argparse.Namespace) -> int:
-    from mop_airflow.serving.champion import republish  # noqa: PLC0415
-
-    selection = _selection(args)
-
-    def work(store) -> int:
-        entry = republish(store, selection, args.which)
-        print(f"{selection}: champion is now {_entry_line(entry)}\nmodel: {entry['model_uri']}")
-        if args.no_event:
-            print("no Asset event emitted (--no-event): DAGs scheduled on the champion Asset were not told")
-            return OK
-        return _emit_champion_event(args, entry)
-
-    return _champion_command(args, work)
+    runs = sub.add_parser("runs", help="a DAG's runs, newest first, with their state, winner and metric",
+                          description="Asks Airflow for the runs and their state, and the store for each run's "
+                                      "winner. With --store (or Airflow unreachable and runs in the default store) "
+                                      "the store alone: a run is finished (report written) or unfinished.")
+    runs.add_argument("dag_id", help="the DAG's id")
+    connection_options(runs, home)
+    runs.add_argument("--limit", type=int, default=20, help="at most this many runs (default 20)")
+    runs.set_defaults(func=cmd_runs)

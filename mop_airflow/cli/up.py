@@ -9,13 +9,18 @@ password, printed when it is made and kept for the next start in the simple auth
 file (mode 0600) under Airflow's home. So ``up`` never serves an open admin UI to a network.
 
 **The example data.** The example DAGs (``dags/``, anything that imports ``mop_airflow.examples``)
-read their data from ``$MOP_AIRFLOW_HOME/data``, which ``up`` sets to ``--home``. Where a DAG folder
+read their data from ``$MOP_HOME/data``, which ``up`` sets to ``--home``. Where a DAG folder
 holds such DAGs and the data is not there, ``up`` makes it (the examples extra's packages, once per
 home), or says how to make it, instead of every example DAG failing in its first task.
+
+It also holds the `up` and `example-data` commands.
 """
 
 from __future__ import annotations
 
+import argparse
+import sys
+import time
 import importlib.util
 import ipaddress
 import json
@@ -27,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import quote
 
+from mop_airflow.cli.runs import DEFAULT_PORT, FAILED, OK, UNAVAILABLE, USAGE, fail
 from mop_airflow.hooks.rest import PASSWORD_ENV, PASSWORDS_FILE_NAME, USER_ENV
 
 DEFAULT_HOST = "127.0.0.1"
@@ -200,3 +206,100 @@ def example_data_lines(dags_folder: Path, home: Path, *, make: bool) -> list[str
     extra = "" if can_make_example_data() else ' (it needs the examples extra: pip install "mop-airflow[examples]")'
     return [f"the example DAGs read their data from {data}, which lacks {', '.join(missing)}: each one fails in "
             f"its first task until you make it with `{how}`{extra}"]
+
+
+def add_commands(sub: argparse._SubParsersAction, home: str) -> None:
+    up = sub.add_parser("up", help="run the DAGs of a folder on a local Airflow (SQLite, LocalExecutor) until Ctrl-C",
+                        description="Start Airflow's api-server, scheduler and dag-processor with its home under "
+                                    "the project home, make the example DAGs' data where the home lacks it, create "
+                                    "the shard pools every mop_airflow DAG of the folder needs, print the UI's "
+                                    "address (and, off the loopback address, its login), and stop everything on "
+                                    "Ctrl-C.")
+    up.add_argument("--dags-folder", required=True, help="the folder of your DAG files")
+    up.add_argument("--home", default=home, help="the project home: Airflow's home, the store, the data and the logs "
+                                                 "(default $MOP_HOME, else ~/mop_airflow: %(default)s)")
+    up.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"the UI and REST API port (default {DEFAULT_PORT})")
+    up.add_argument("--host", default="127.0.0.1",
+                    help="the address the UI and REST API listen on (default 127.0.0.1: this machine only, no login). "
+                         "Any other than a loopback address, e.g. 0.0.0.0 (every interface) on a remote machine, "
+                         "turns the login on: user admin, a generated password printed when it is made")
+    up.add_argument("--no-example-data", action="store_true",
+                    help="do not make the example DAGs' data where --home lacks it (say how to make it instead)")
+    up.set_defaults(func=cmd_up)
+
+    data = sub.add_parser("example-data", help="generate MNIST-1D, digits (Parquet and PNG folders) and Friedman #1 "
+                                                "(offline)",
+                          description="Write the example DAGs' data sets, made offline (the examples extra): "
+                                      "MNIST-1D as Parquet, the digits as Parquet and as PNG folders, and Friedman #1 "
+                                      "(regression, CSV). The example DAGs read them from $MOP_HOME/data.")
+    data.add_argument("--dir", default=os.path.join(home, "data"),
+                      help="the folder to write the data sets to (default: the project home's data/, %(default)s)")
+    data.add_argument("--num-samples", type=int, default=20000,
+                      help="MNIST-1D samples to generate, train and validation together (default %(default)s); "
+                           "the other sets have fixed sizes")
+    data.set_defaults(func=cmd_example_data)
+
+
+def port_free(port: int, host: str = "127.0.0.1") -> bool:
+    """Whether Airflow's api-server could listen on ``host``:``port``. It binds with SO_REUSEADDR (uvicorn
+    does), so the check does too: the connections of an Airflow just stopped wait in TIME_WAIT for a minute
+    and must not keep `up` from starting again, while a socket that really listens still refuses."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    from mop_airflow.airflow import local  # noqa: PLC0415
+    
+    folder = Path(args.dags_folder).absolute()
+    if not folder.is_dir():
+        return fail(f"--dags-folder {args.dags_folder}: no such folder", USAGE)
+    home = Path(args.home).absolute()
+    host = args.host.strip().strip("[]")
+    try:
+        is_loopback(host)
+    except ValueError as exc:
+        return fail(str(exc), USAGE)
+    bind = "127.0.0.1" if host in WILDCARDS else host
+    if not port_free(0, bind):
+        return fail(f"--host {args.host}: not an address of this machine. Fix: give one of its addresses, or 0.0.0.0 "
+                     "for every interface", USAGE)
+    if not port_free(args.port, bind):
+        return fail(f"port {args.port} is in use on {args.host} (another Airflow?): pass --port with a free one",
+                     UNAVAILABLE)
+    served = access(host, args.port, home / "airflow")  # off the loopback address: the login on
+    for line in example_data_lines(folder, home, make=not args.no_example_data):
+        print(line)
+    try:
+        with local.LocalAirflow(home / "airflow", folder, port=args.port,
+                                extra_env={"MOP_HOME": str(home), **served.env}) as af:
+            sync = af.run_cli("mop-airflow", "pools", "sync", "--dags-folder", str(folder), check=False)
+            print(sync.stdout.strip())
+            if sync.stderr.strip():
+                print(sync.stderr.strip()[-4000:], file=sys.stderr)
+            (home / "airflow" / "api_url").write_text(af.base_url)
+            print("")
+            for line in login_lines(served):
+                print(line)
+            print(f"DAGs from {folder}; the store and logs under {home}")
+            print("follow a run with: mop-airflow status DAG_ID; stop with Ctrl-C")
+            while all(af.alive().values()):
+                time.sleep(1)
+            dead = [name for name, ok in af.alive().items() if not ok]
+            return fail(f"{', '.join(dead)} stopped; see {af.home / 'logs'}", FAILED)
+    except KeyboardInterrupt:
+        print("\nstopped Airflow")
+        return OK
+    finally:
+        (home / "airflow" / "api_url").unlink(missing_ok=True)
+
+
+def cmd_example_data(args: argparse.Namespace) -> int:
+    for line in make_example_data(args.dir, num_samples=args.num_samples):
+        print(line)
+    return OK

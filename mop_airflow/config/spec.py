@@ -22,8 +22,10 @@ SPEC_SECTIONS = ("data", "search", "schedule", "store", "publish")  # what a tri
 
 
 def default_home() -> str:
-    """Project home folder: ``$MOP_AIRFLOW_HOME`` or ``~/mop_airflow``."""
-    return os.path.abspath(os.environ.get("MOP_AIRFLOW_HOME") or os.path.expanduser("~/mop_airflow"))
+    """Project home folder: ``$MOP_HOME`` or ``~/mop_airflow`` (:mod:`mop_airflow.config.environment`)."""
+    from mop_airflow.config.environment import project_home  # noqa: PLC0415
+
+    return project_home()
 
 
 def metric_direction(metric: str, direction: str | None = None) -> str:
@@ -347,7 +349,7 @@ class ScheduleSpec:
             on it, so every hop record says which it used. An integer >= 1 pins it; the default, 1,
             gives the same numbers on every executor and machine (the embedded Airflow's, Celery's).
             ``"auto"`` divides the worker's cores among the train tasks that share it
-            (``MOP_AIRFLOW_HOPS_PER_WORKER``, else ``slots_per_shard``): faster hops on a worker with
+            (``MOP_HOPS_PER_WORKER``, else ``slots_per_shard``): faster hops on a worker with
             spare cores, but a leaderboard that depends on the deployment.
         iterations_per_run: How many iterations one DAG run trains; a longer plain search goes on in
             the DAG's next runs (:mod:`mop_airflow.planning.run_chain`). ``"auto"`` keeps the whole
@@ -415,14 +417,14 @@ class StoreSpec:
 
     Attributes:
         root: The store's root: a local folder, ``file://``, ``s3://bucket/prefix`` or ``memory://``.
-            Left out: ``file://`` under ``$MOP_AIRFLOW_HOME/store`` (``~/mop_airflow/store`` when
-            ``MOP_AIRFLOW_HOME`` is unset).
+            Left out: ``file://`` under ``$MOP_HOME/store`` (``~/mop_airflow/store`` when
+            ``MOP_HOME`` is unset).
         conn_id: An Airflow AWS connection for an ``s3://`` store: its login and password become the
             key and secret, its ``endpoint_url`` extra the endpoint (MinIO and other S3-compatible
             stores). Left out: s3fs's own credential chain.
         storage_options: Options passed to s3fs as they are (a mapping of option names to values).
         cache_dir: The worker's shard cache, a local folder resolved on the machine that runs the
-            task. Left out: ``$MOP_AIRFLOW_HOME/cache``.
+            task. Left out: ``$MOP_HOME/cache``.
         retry_seconds: How long a store call waits, retrying with backoff, for an endpoint that does
             not answer before the task fails (and is retried by Airflow). From 0 to 3600.
         keep_checkpoints: Checkpoints a run keeps per configuration: its last k plus the one of its

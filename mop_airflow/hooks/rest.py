@@ -16,7 +16,7 @@ from typing import Any, Iterator, Mapping
 from mop_airflow.errors import AirflowApiError
 
 API_CONN_ID = "mop_airflow_api"  # the HTTP connection the tasks sign in with (preflight's pool check)
-USER_ENV, PASSWORD_ENV = "MOP_AIRFLOW_API_USER", "MOP_AIRFLOW_API_PASSWORD"  # the command line's login
+USER_ENV, PASSWORD_ENV = "MOP_API_USER", "MOP_API_PASSWORD"  # the command line's login
 # Airflow 3's simple auth manager (its default): where it writes the passwords it generates for
 # [core] simple_auth_manager_users, read from the option or else Airflow's default
 PASSWORDS_OPTION = ("core", "simple_auth_manager_passwords_file")

@@ -5,7 +5,7 @@ in every task process takes the first GPU and reserves nearly all of every GPU's
 hop on the machine fails or shares GPU 0. So a hop process claims a slot of its machine (a file lock
 held until the process dies) and restricts itself to that slot's GPU before TensorFlow starts.
 Settings come from the worker's environment: ``MOP_GPUS`` (a count, or ids with a comma),
-``MOP_SLOTS``, ``MOP_SLOT_LOCK_DIR``, ``MOP_SLOT_WAIT_S``, ``MOP_GPU_RESERVE``. Without ``MOP_GPUS`` or
+``MOP_SLOTS``, ``MOP_SLOT_LOCK_DIR``, ``MOP_SLOT_WAIT_SECONDS``, ``MOP_GPU_RESERVE``. Without ``MOP_GPUS`` or
 ``CUDA_VISIBLE_DEVICES`` nothing changes: a CPU worker runs exactly as before.
 
 The variables take effect only if CUDA has not started in the process. The worker process that forks
@@ -27,6 +27,7 @@ from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from mop_airflow.config.environment import env
 from mop_airflow.errors import SpecError
 
 log = logging.getLogger(__name__)
@@ -34,14 +35,14 @@ log = logging.getLogger(__name__)
 GPUS_ENV = "MOP_GPUS"
 SLOTS_ENV = "MOP_SLOTS"
 LOCK_DIR_ENV = "MOP_SLOT_LOCK_DIR"
-WAIT_ENV = "MOP_SLOT_WAIT_S"
+WAIT_ENV = "MOP_SLOT_WAIT_SECONDS"
 # "1": a slot alone on its GPU lets the backend reserve the GPU's memory when it starts, as TensorFlow and
 # JAX do by default. Off by default: a hop task is a short process that trains one model, and reserving
 # the GPU cost more than a whole hop's training (1.5 s of each hop process's start on an H200 with
 # JAX, for models that used at most 151 MB; benchmarks/gpu_hops.py, docs/performance.md).
 RESERVE_ENV = "MOP_GPU_RESERVE"
 # Consulted for MOP_SLOTS in this order when it is unset: both say how many hop tasks share the machine.
-SLOTS_FALLBACK_ENV = ("MOP_AIRFLOW_HOPS_PER_WORKER", "AIRFLOW__CELERY__WORKER_CONCURRENCY")
+SLOTS_FALLBACK_ENV = ("MOP_HOPS_PER_WORKER", "AIRFLOW__CELERY__WORKER_CONCURRENCY")
 # Airflow frees a pool slot when a task reports its state, a moment before its process exits and drops
 # its lock, so the next hop may find every slot taken for a second or so. A longer wait means the pools
 # allow more hops than MOP_SLOTS: that fails loudly rather than put two hops on one GPU unasked.
@@ -140,7 +141,7 @@ def gpus_from_env(environ: Mapping[str, str]) -> list[str] | None:
 
 def slots_from_env(environ: Mapping[str, str], gpus: int) -> int:
     for name in (SLOTS_ENV, *SLOTS_FALLBACK_ENV):
-        value = (environ.get(name) or "").strip()
+        value = (env(name, environ=environ) or "").strip()
         if value:
             try:
                 slots = int(value)
@@ -250,7 +251,7 @@ def place_this_process(environ: MutableMapping[str, str] = os.environ) -> Device
     slots = slots_from_env(environ, len(gpus))
     lock_dir = environ.get(LOCK_DIR_ENV) or default_lock_dir(gpus)
     reserve = _flag(environ.get(RESERVE_ENV), RESERVE_ENV)  # read before a slot is held: a bad value holds none
-    claim = claim_slot(slots, lock_dir, wait_s=_seconds(environ.get(WAIT_ENV)))
+    claim = claim_slot(slots, lock_dir, wait_s=_seconds(env(WAIT_ENV, environ=environ)))
     placement = choose_device(claim.slot, gpus, slots, reserve=reserve)
     apply_placement(placement, environ)
     if own:

@@ -76,6 +76,15 @@ def check_models(configs: Sequence[Mapping[str, Any]], *, input_shapes: Mapping[
     return ModelCheck(failures=failures, built=len(verdicts))
 
 
+def distinct_models(configs: Sequence[Mapping[str, Any]]) -> list[list[Mapping[str, Any]]]:
+    """The configurations grouped by the model they build, in order of first appearance (learning rate,
+    batch size and passes per hop do not change the model)."""
+    groups: dict[str, list[Mapping[str, Any]]] = {}
+    for config in configs:
+        groups.setdefault(_model_key(config), []).append(config)
+    return list(groups.values())
+
+
 def _model_key(config: Mapping[str, Any]) -> str:
     params = {k: v for k, v in config.items() if k not in _NOT_MODEL_KEYS}
     params["optimizer_params"] = sorted(dict(config.get("optimizer_params") or {}))  # names, not values

@@ -23,6 +23,7 @@ import os
 from collections import OrderedDict
 from typing import Any
 
+from mop_airflow.config import environment
 from mop_airflow.errors import SpecError
 from mop_airflow.training import progress
 
@@ -37,7 +38,7 @@ WARM_MODELS = 32
 CACHE_BYTES_ENV = "MOP_MODEL_CACHE_BYTES"
 HOST_CACHE_MOST = 1 << 30  # on the CPU, at most 1 GiB of models kept per process
 log = logging.getLogger(__name__)
-HOPS_PER_WORKER_ENV = "MOP_AIRFLOW_HOPS_PER_WORKER"
+HOPS_PER_WORKER_ENV = "MOP_HOPS_PER_WORKER"
 COMPILATION_CACHE_ENV = "MOP_COMPILATION_CACHE"  # "0": JAX compiles every hop's steps afresh
 DEVICE_ARRAYS_ENV = "MOP_DEVICE_ARRAYS"  # "0": shards stay in host memory; "1": on the device, the CPU too
 # The most a shard's arrays take in an accelerator's memory (x and y): an in-memory shard is a small file
@@ -48,12 +49,12 @@ DEVICE_ARRAYS_MAX_BYTES = 1 << 30
 def threads_for(setting: int | str, slots: int, *, cores: int | None = None, env: Any = os.environ) -> int:
     """TensorFlow's intra-op threads for one hop task: a number (``schedule.threads_per_hop``'s
     default is 1, whatever the worker), or ``"auto"`` = the worker's cores shared by the hop tasks
-    that run on it at once (``MOP_AIRFLOW_HOPS_PER_WORKER`` where the deployment knows it, e.g.
+    that run on it at once (``MOP_HOPS_PER_WORKER`` where the deployment knows it, e.g.
     every shard pool on one machine; else the shard's slots). CPU results depend on the count, so
     only a number gives the same results on every executor and machine."""
     if setting != "auto":
         return int(setting)
-    sharing = int(env.get(HOPS_PER_WORKER_ENV) or slots)
+    sharing = int(environment.env(HOPS_PER_WORKER_ENV, environ=env) or slots)
     return max(1, (cores or os.cpu_count() or 1) // max(1, sharing))
 
 

@@ -122,8 +122,8 @@ def test_a_bad_gpu_setting_is_a_spec_error_naming_mop_gpus(environ, rule):
 
 
 def test_slots_come_from_mop_slots_then_the_worker_concurrency_then_the_gpus():
-    assert slots_from_env({"MOP_SLOTS": "3", "MOP_AIRFLOW_HOPS_PER_WORKER": "5"}, 2) == 3
-    assert slots_from_env({"MOP_AIRFLOW_HOPS_PER_WORKER": "5", "AIRFLOW__CELERY__WORKER_CONCURRENCY": "4"}, 2) == 5
+    assert slots_from_env({"MOP_SLOTS": "3", "MOP_HOPS_PER_WORKER": "5"}, 2) == 3
+    assert slots_from_env({"MOP_HOPS_PER_WORKER": "5", "AIRFLOW__CELERY__WORKER_CONCURRENCY": "4"}, 2) == 5
     assert slots_from_env({"AIRFLOW__CELERY__WORKER_CONCURRENCY": "4"}, 2) == 4
     assert slots_from_env({}, 2) == 2
     for bad in ("0", "x", "-2"):
@@ -228,7 +228,7 @@ def test_a_cpu_machine_is_left_exactly_as_it_was(environ, tmp_path):
 
 
 def test_place_this_process_gives_each_process_its_own_gpu(tmp_path):
-    base = {"MOP_GPUS": "2", "MOP_SLOTS": "2", "MOP_SLOT_LOCK_DIR": str(tmp_path), "MOP_SLOT_WAIT_S": "0",
+    base = {"MOP_GPUS": "2", "MOP_SLOTS": "2", "MOP_SLOT_LOCK_DIR": str(tmp_path), "MOP_SLOT_WAIT_SECONDS": "0",
             "MOP_GPU_RESERVE": "1"}
     first, second = dict(base), dict(base)
     assert place_this_process(first).gpu == "0"
@@ -258,8 +258,8 @@ def test_a_lone_slot_grows_memory_by_default_and_a_bad_reserve_flag_names_its_va
 
 
 def test_a_bad_wait_names_mop_slot_wait_s(tmp_path):
-    environ = {"MOP_GPUS": "1", "MOP_SLOT_LOCK_DIR": str(tmp_path), "MOP_SLOT_WAIT_S": "soon"}
-    with pytest.raises(SpecError, match="^MOP_SLOT_WAIT_S='soon': must be a number of seconds"):
+    environ = {"MOP_GPUS": "1", "MOP_SLOT_LOCK_DIR": str(tmp_path), "MOP_SLOT_WAIT_SECONDS": "soon"}
+    with pytest.raises(SpecError, match="^MOP_SLOT_WAIT_SECONDS='soon': must be a number of seconds"):
         place_this_process(environ)
 
 
