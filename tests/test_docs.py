@@ -718,22 +718,24 @@ def test_the_readme_never_calls_two_different_bests_the_same():
             assert first == second, f"{page.relative_to(ROOT)}: 'the same best' of {first} and {second}"
 
 
-# (page, a figure it quotes, the performance row it links to): each figure appears on the page beside a
-# link to its row, and in the row itself
+# (page, a figure it quotes, the performance row it links to[, the figure as the row writes it]): each
+# figure appears on the page beside a link to its row, and in the row itself (rounded alike where the row
+# gives more digits)
 QUOTED = [
     ("README.md", "+10 s", "kill-cost"), ("README.md", "33.6 s against 23.6 s", "kill-cost"),
-    ("README.md", "1.11x", "warm-shards-gpu"), ("README.md", "0.291 s / 0.262 s", "warm-shards-gpu"),
-    ("README.md", "33.3 s / 35.7 s / 119.8 s / 42.1 s", "warm-shards-fused"),
+    ("README.md", "1.11x", "warm-shards-gpu"), ("README.md", "0.291 s / 0.262 s", "warm-shards-gpu", "0.291 / 0.262 s"),
+    ("README.md", "33.3 s", "warm-shards-fused"),
     ("README.md", "19.1 s / 30.5 s", "demo-grid-cpu"), ("README.md", "0.9465 / 0.9335", "demo-grid-cpu"),
-    ("README.md", "0.97", "asha-budget-slot-use"), ("README.md", "0.75", "asha-no-budget-slot-use"),
-    ("README.md", "0.83", "hyperband-slot-use"), ("README.md", "16.6 s", "pbt-vs-ray-wall"),
+    ("README.md", "0.97", "asha-budget-slot-use", "0.967"), ("README.md", "0.75", "asha-no-budget-slot-use", "0.750"),
+    ("README.md", "0.83", "hyperband-slot-use", "0.830"), ("README.md", "16.6 s", "pbt-vs-ray-wall"),
     ("README.md", "30.0 s", "asha-vs-ray-wall"), ("README.md", "458.3 s", "hyperband-blocks-wall"),
     ("docs/what-happens-when.md", "132.0 s against 69.9 s", "hung-task"),
     ("docs/what-happens-when.md", "188.3 s against 56.9 s", "hung-task"),
     ("docs/what-happens-when.md", "33.6 s against 23.6 s", "kill-cost"),
     ("docs/what-happens-when.md", "218.1 s", "asha-hung-slot"), ("docs/what-happens-when.md", "+74.6 s", "lost-worker-cost"),
-    ("docs/concepts/shard-slots.md", "1.72 s", "gpu-hop-forked"), ("docs/how-to/gpu-workers.md", "1.72 s", "gpu-hop-forked"),
-    ("docs/how-to/gpu-workers.md", "1.11x", "warm-shards-gpu"), ("docs/how-to/adaptive-searches.md", "0.97", "asha-budget-slot-use"),
+    ("docs/concepts/shard-slots.md", "1.72 s", "gpu-hop-forked", "1.72"),
+    ("docs/how-to/gpu-workers.md", "1.72 s", "gpu-hop-forked", "1.72"), ("docs/how-to/gpu-workers.md", "1.11x", "warm-shards-gpu"),
+    ("docs/how-to/adaptive-searches.md", "0.97", "asha-budget-slot-use", "0.967"),
     ("docs/concepts/mop.md", "16.0-17.2 s", "slot-start-up"), ("docs/concepts/mop.md", "13.5 s", "warm-shards-jax"),
 ]
 
@@ -745,14 +747,19 @@ def _figure(figure: str) -> re.Pattern:
 def test_every_quoted_figure_links_to_its_performance_row_and_is_the_rows():
     rows = performance_rows()
     wrong = []
-    for name, figure, anchor in QUOTED:
+    for name, figure, anchor, *as_written in QUOTED:
         text = (ROOT / name).read_text()
+        in_row = as_written[0] if as_written else figure.lstrip("+")
+        numbers = [float(n) for n in re.findall(r"\d+\.\d+|\d+", figure)]
+        assert numbers == [round(float(n), len(str(q).split(".")[-1]) if "." in str(q) else 0)
+                           for n, q in zip(re.findall(r"\d+\.\d+|\d+", in_row), re.findall(r"\d+\.\d+|\d+", figure))], \
+            (figure, in_row)  # the page rounds the row's figure, nothing else
         row = rows.get(anchor)
         if row is None:
             wrong.append(f"{name}: no row #{anchor} on the performance page")
             continue
         plain_row = row.replace("**", "")
-        if not _figure(figure.lstrip("+")).search(plain_row):
+        if not _figure(in_row).search(plain_row):
             wrong.append(f"{name}: {figure!r} is not in the row #{anchor}")
         places = [m.start() for m in _figure(figure).finditer(text.replace("**", ""))]
         links = [m.start() for m in re.finditer(rf"performance\.md#{anchor}\)", text.replace("**", ""))]
@@ -807,10 +814,15 @@ def test_the_retired_designs_measurements_are_in_the_history_and_the_readme_does
 
 
 def test_the_pbt_benchmark_is_said_to_be_smaller_than_the_example_with_the_scripts_own_defaults():
-    def constants(path):
-        tree = ast.parse(path.read_text())
-        return {t.id: node.value.value for node in tree.body if isinstance(node, ast.Assign)
-                for t in node.targets if isinstance(t, ast.Name) and isinstance(node.value, ast.Constant)}
+    def constants(path):  # NAME = 4 and A, B = 4, 6 at a module's top level
+        out = {}
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.Assign) and len(node.targets) == 1:
+                target, value = node.targets[0], node.value
+                pairs = zip(target.elts, value.elts) if isinstance(target, ast.Tuple) and isinstance(value, ast.Tuple) \
+                    else [(target, value)]
+                out.update({t.id: v.value for t, v in pairs if isinstance(t, ast.Name) and isinstance(v, ast.Constant)})
+        return out
 
     bench = constants(ROOT / "benchmarks" / "pbt_vs_ray.py")
     example = (ROOT / "dags" / "mop_mnist1d_pbt.py").read_text()
@@ -898,11 +910,19 @@ def test_the_reference_names_operators_and_plugins_as_they_are_imported():
     headings = re.findall(r"^## `([\w.]+)`", page, re.M)
     assert headings and all(h.startswith("mop_airflow.operators.") for h in headings)
     assert "package-dir" in page and "from mop_airflow.operators.predict import MopPredictOperator" in page
+    directives = re.findall(r"^::: ([\w.]+)$", page, re.M)
+    assert directives and all(d.startswith("mop_airflow.operators.") for d in directives), directives
     for name in ("ShardPods", "run_layout", "predict", "champion_asset"):
         assert re.search(rf"^::: mop_airflow\.[\w.]+\.{name}$", (DOCS / "reference" / "python-api.md").read_text(), re.M)
     for page in pages():  # prose names them by their import path, never as a top-level package
         for match in re.finditer(r"`(operators|plugins)\.\w+", page.read_text()):
             raise AssertionError(f"{page.relative_to(ROOT)}: {match.group(0)}")
+
+
+def test_the_operators_reference_is_rendered_under_their_import_paths(site):
+    html = (site / "reference" / "operators" / "index.html").read_text()
+    assert 'id="mop_airflow.operators.train.MopTrainOperator"' in html or "mop_airflow.operators.train" in html
+    assert re.findall(r'id="(?:operators|plugins)\.[\w.]+"', html) == []
 
 
 def test_the_task_group_example_runs_as_written(tmp_path, monkeypatch):
