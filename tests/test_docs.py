@@ -921,7 +921,7 @@ def test_the_reference_names_operators_and_plugins_as_they_are_imported():
 
 def test_the_operators_reference_is_rendered_under_their_import_paths(site):
     html = (site / "reference" / "operators" / "index.html").read_text()
-    assert 'id="mop_airflow.operators.train.MopTrainOperator"' in html or "mop_airflow.operators.train" in html
+    assert 'id="mop_airflow.operators.train.MopTrainShardOperator"' in html
     assert re.findall(r'id="(?:operators|plugins)\.[\w.]+"', html) == []
 
 
@@ -974,3 +974,13 @@ def test_the_changelog_has_one_fixed_and_one_performance_history_per_release():
         name = release.splitlines()[0]
         for heading in ("### Added", "### Changed", "### Fixed", "### Performance history"):
             assert len(re.findall(rf"^{heading}$", release, re.M)) <= 1, (name, heading)
+
+
+def test_the_unreleased_changes_are_grouped_by_day_newest_first():
+    text = (ROOT / "CHANGELOG.md").read_text()
+    unreleased = text.split("## [Unreleased]", 1)[1].split("\n## ", 1)[0]
+    for heading in ("Fixed", "Added", "Changed"):
+        section = unreleased.split(f"### {heading}\n", 1)[1].split("\n### ", 1)[0]
+        days = re.findall(r"^#### (\d{4}-\d\d-\d\d)$", section, re.M)
+        assert days and days == sorted(days, reverse=True) and len(set(days)) == len(days), (heading, days)
+        assert section.lstrip().startswith("#### "), f"{heading}: entries before the first day"
