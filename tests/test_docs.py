@@ -736,6 +736,12 @@ QUOTED = [
     ("docs/concepts/shard-slots.md", "1.72 s", "gpu-hop-forked", "1.72"),
     ("docs/how-to/gpu-workers.md", "1.72 s", "gpu-hop-forked", "1.72"), ("docs/how-to/gpu-workers.md", "1.11x", "warm-shards-gpu"),
     ("docs/how-to/adaptive-searches.md", "0.97", "asha-budget-slot-use", "0.967"),
+    ("docs/concepts/fused-configurations.md", "24.4-31.8 s", "fused-leaderboard"),
+    ("docs/concepts/fused-configurations.md", "0.0265", "fused-leaderboard"),
+    ("docs/concepts/fused-configurations.md", "1.6x", "fused-cpu-8", "1.60x"),
+    ("docs/concepts/fused-configurations.md", "1.12x", "fused-cpu-8"),
+    ("docs/concepts/fused-configurations.md", "33.3 s", "warm-shards-fused"),
+    ("docs/concepts/fused-configurations.md", "35.7 s", "warm-shards-unfused"),
     ("docs/concepts/mop.md", "16.0-17.2 s", "slot-start-up"), ("docs/concepts/mop.md", "13.5 s", "warm-shards-jax"),
 ]
 
