@@ -778,6 +778,23 @@ def test_every_quoted_figure_links_to_its_performance_row_and_is_the_rows():
     assert wrong == []
 
 
+def test_every_bold_figure_of_the_readmes_headline_table_is_in_the_rows_it_links_to():
+    rows = performance_rows()
+    readme = README.read_text()
+    table = readme[readme.index("## Headline figures"):].split("\n\n")[2]
+    number = re.compile(r"\d[\d,]*(?:\.\d+)?")
+    checked = 0
+    for line in table.splitlines()[2:]:
+        linked = ROW_LINK.findall(line)
+        assert linked, f"a headline figure without its row: {line[:80]}"
+        there = set(number.findall(" ".join(rows[a].replace("**", "") for a in linked)))
+        for bold in re.findall(r"\*\*([^*]+)\*\*", line):
+            missing = [n for n in number.findall(bold) if n not in there]
+            assert missing == [], (bold, missing, linked)
+            checked += 1
+    assert checked >= 6
+
+
 def test_every_link_to_a_performance_row_names_a_row_that_exists():
     rows, heads = performance_rows(), anchors(PERFORMANCE)
     wrong = [f"{page.relative_to(ROOT)}: #{anchor}" for page in pages() for anchor in ROW_LINK.findall(page.read_text())
