@@ -261,7 +261,7 @@ def test_the_reference_pages_render_no_restructuredtext_role_as_text(site):
         "see <code>mop_airflow.airflow.dag.build_mop_dag</code> and <code>RETRIES</code>"
 
 
-PATH_IN_CODE = re.compile(r"`((?:mop_airflow|operators|plugins|dags|benchmarks|tests|docker|docs)/[\w./-]*\w)(?:::(\w+))?`")
+PATH_IN_CODE = re.compile(r"`((?:mop_airflow|operators|plugins|dags|benchmarks|tests|docker|docs|examples|slot_sim)/[\w./-]*\w)(?:::(\w+))?`")
 MODULE_IN_CODE = re.compile(r"`(mop_airflow(?:\.\w+)+)`")
 
 
