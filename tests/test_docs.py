@@ -78,7 +78,7 @@ def slug(heading: str) -> str:
 
 
 def anchors(path: Path) -> set[str]:
-    out = set()
+    out = set(re.findall(r'<a id="([\w-]+)"></a>', path.read_text()))  # a table row's anchor
     for line in path.read_text().splitlines():
         match = re.match(r"^#{1,6} (.*)$", line)
         if match:
@@ -261,7 +261,7 @@ def test_the_reference_pages_render_no_restructuredtext_role_as_text(site):
         "see <code>mop_airflow.airflow.dag.build_mop_dag</code> and <code>RETRIES</code>"
 
 
-PATH_IN_CODE = re.compile(r"`((?:mop_airflow|operators|plugins|dags|benchmarks|tests|docker|docs)/[\w./-]*\w)(?:::(\w+))?`")
+PATH_IN_CODE = re.compile(r"`((?:mop_airflow|operators|plugins|dags|benchmarks|tests|docker|docs|examples|slot_sim)/[\w./-]*\w)(?:::(\w+))?`")
 MODULE_IN_CODE = re.compile(r"`(mop_airflow(?:\.\w+)+)`")
 
 
@@ -514,6 +514,8 @@ RETIRED_CLAIMS = {
     r"do not fuse them yet": "the slots fuse configurations (schedule.fuse)",
     r"changes a leaderboard's last digits": "fusing was measured to move a metric by up to 0.0265",
     r"set allow_partial_iterations=true": "blocks to the rung ends replaced it; a spec may not set it",
+    r"replays the very same plan": "the simulator places a shard's hops on slot i mod slots, production by model key",
+    r"budget: 63": "measured when ASHA was decided between blocks, a design that is gone",
 }
 # Dated records of earlier designs, not claims about this one.
 HISTORY = ("docs/changelog.md", "docs/performance.md")
@@ -696,3 +698,314 @@ def test_the_troubleshooting_page_covers_every_error_the_package_raises_on_purpo
     assert [name for name in classes if f"`{name}`" not in page] == []
     for what in ("check_parallelism", "create-if-absent", "no decision for block", "Keras cannot save this model"):
         assert what in page, what
+
+
+
+# ------------------------------------------------------------------ statements that once disagreed
+PERFORMANCE = DOCS / "performance.md"
+ROW_LINK = re.compile(r"performance\.md#([\w-]+)")
+
+
+def performance_rows() -> dict[str, str]:
+    """Each anchored row (or sentence) of the performance page: anchor -> its line."""
+    return {m.group(1): line for line in PERFORMANCE.read_text().splitlines()
+            for m in re.finditer(r'<a id="([\w-]+)"></a>', line)}
+
+
+def test_the_readme_never_calls_two_different_bests_the_same():
+    for page in pages():
+        for first, second in re.findall(r"the same best \(([\d.]+) against ([\d.]+)\)", page.read_text()):
+            assert first == second, f"{page.relative_to(ROOT)}: 'the same best' of {first} and {second}"
+
+
+# (page, a figure it quotes, the performance row it links to[, the figure as the row writes it]): each
+# figure appears on the page beside a link to its row, and in the row itself (rounded alike where the row
+# gives more digits)
+QUOTED = [
+    ("README.md", "+10 s", "kill-cost"), ("README.md", "33.6 s against 23.6 s", "kill-cost"),
+    ("README.md", "1.11x", "warm-shards-gpu"), ("README.md", "0.291 s / 0.262 s", "warm-shards-gpu", "0.291 / 0.262 s"),
+    ("README.md", "33.3 s", "warm-shards-fused"),
+    ("README.md", "19.1 s / 30.5 s", "demo-grid-cpu"), ("README.md", "0.9465 / 0.9335", "demo-grid-cpu"),
+    ("README.md", "0.97", "asha-budget-slot-use", "0.967"), ("README.md", "0.75", "asha-no-budget-slot-use", "0.750"),
+    ("README.md", "0.83", "hyperband-slot-use", "0.830"), ("README.md", "16.6 s", "pbt-vs-ray-wall"),
+    ("README.md", "30.0 s", "asha-vs-ray-wall"), ("README.md", "458.3 s", "hyperband-blocks-wall"),
+    ("docs/what-happens-when.md", "132.0 s against 69.9 s", "hung-task"),
+    ("docs/what-happens-when.md", "188.3 s against 56.9 s", "hung-task"),
+    ("docs/what-happens-when.md", "33.6 s against 23.6 s", "kill-cost"),
+    ("docs/what-happens-when.md", "218.1 s", "asha-hung-slot"), ("docs/what-happens-when.md", "+74.6 s", "lost-worker-cost"),
+    ("docs/concepts/shard-slots.md", "1.72 s", "gpu-hop-forked", "1.72"),
+    ("docs/how-to/gpu-workers.md", "1.72 s", "gpu-hop-forked", "1.72"), ("docs/how-to/gpu-workers.md", "1.11x", "warm-shards-gpu"),
+    ("docs/how-to/adaptive-searches.md", "0.97", "asha-budget-slot-use", "0.967"),
+    ("docs/concepts/fused-configurations.md", "24.4-31.8 s", "fused-leaderboard"),
+    ("docs/concepts/fused-configurations.md", "0.0265", "fused-leaderboard"),
+    ("docs/concepts/fused-configurations.md", "1.6x", "fused-cpu-8", "1.60x"),
+    ("docs/concepts/fused-configurations.md", "1.12x", "fused-cpu-8"),
+    ("docs/concepts/fused-configurations.md", "33.3 s", "warm-shards-fused"),
+    ("docs/concepts/fused-configurations.md", "35.7 s", "warm-shards-unfused"),
+    ("docs/concepts/shard-slots.md", "84.1 s", "slot-sim-ci"), ("docs/concepts/shard-slots.md", "2,505.9 s", "slot-sim-million"),
+    ("docs/concepts/shard-slots.md", "665.5 s", "slot-sim-driver"),
+    ("docs/concepts/mop.md", "16.0-17.2 s", "slot-start-up"), ("docs/concepts/mop.md", "13.5 s", "warm-shards-jax"),
+]
+
+
+def _figure(figure: str) -> re.Pattern:
+    return re.compile(r"(?<![\d.])" + re.escape(figure).replace(r"\ ", r"\s+") + r"(?![\d])")
+
+
+def test_every_quoted_figure_links_to_its_performance_row_and_is_the_rows():
+    rows = performance_rows()
+    wrong = []
+    for name, figure, anchor, *as_written in QUOTED:
+        text = (ROOT / name).read_text()
+        in_row = as_written[0] if as_written else figure.lstrip("+")
+        numbers = [float(n) for n in re.findall(r"\d+\.\d+|\d+", figure)]
+        assert numbers == [round(float(n), len(str(q).split(".")[-1]) if "." in str(q) else 0)
+                           for n, q in zip(re.findall(r"\d+\.\d+|\d+", in_row), re.findall(r"\d+\.\d+|\d+", figure))], \
+            (figure, in_row)  # the page rounds the row's figure, nothing else
+        row = rows.get(anchor)
+        if row is None:
+            wrong.append(f"{name}: no row #{anchor} on the performance page")
+            continue
+        plain_row = row.replace("**", "")
+        if not _figure(in_row).search(plain_row):
+            wrong.append(f"{name}: {figure!r} is not in the row #{anchor}")
+        places = [m.start() for m in _figure(figure).finditer(text.replace("**", ""))]
+        links = [m.start() for m in re.finditer(rf"performance\.md#{anchor}\)", text.replace("**", ""))]
+        if not places:
+            wrong.append(f"{name}: no longer quotes {figure!r}")
+        elif not any(abs(p - link) < 500 for p in places for link in links):
+            wrong.append(f"{name}: quotes {figure!r} without a link to its row #{anchor} beside it")
+    assert wrong == []
+
+
+def test_every_bold_figure_of_the_readmes_headline_table_is_in_the_rows_it_links_to():
+    rows = performance_rows()
+    readme = README.read_text()
+    table = readme[readme.index("## Headline figures"):].split("\n\n")[2]
+    number = re.compile(r"\d[\d,]*(?:\.\d+)?")
+    checked = 0
+    for line in table.splitlines()[2:]:
+        linked = ROW_LINK.findall(line)
+        assert linked, f"a headline figure without its row: {line[:80]}"
+        there = set(number.findall(" ".join(rows[a].replace("**", "") for a in linked)))
+        for bold in re.findall(r"\*\*([^*]+)\*\*", line):
+            missing = [n for n in number.findall(bold) if n not in there]
+            assert missing == [], (bold, missing, linked)
+            checked += 1
+    assert checked >= 6
+
+
+def test_every_link_to_a_performance_row_names_a_row_that_exists():
+    rows, heads = performance_rows(), anchors(PERFORMANCE)
+    wrong = [f"{page.relative_to(ROOT)}: #{anchor}" for page in pages() for anchor in ROW_LINK.findall(page.read_text())
+             if anchor not in rows and anchor not in heads]
+    assert wrong == []
+
+
+def test_a_gpu_figure_is_quoted_with_its_machine_and_a_row_says_when_it_was_last_measured():
+    rows = performance_rows()
+    for anchor in ("warm-shards-gpu", "demo-grid-gpu"):
+        assert "H100" in rows[anchor] and "not measured since 2026-11-2" in rows[anchor] and "design:" in rows[anchor]
+    for line in README.read_text().splitlines():  # a README line on the H100 quotes only H100 rows
+        if "H100" in line:
+            linked = ROW_LINK.findall(line)
+            assert linked and all("H100" in rows.get(a, "") for a in linked), line
+            assert "33x" not in line, "33x was measured on an H200, with a hop task per hop"
+
+
+def test_every_measured_row_of_the_performance_page_says_its_machine_and_how_many_runs():
+    text = PERFORMANCE.read_text()
+    current = text[:text.index("{#history}")]
+    wrong = []
+    for table in re.findall(r"^(\| measures[^\n]*\|\n\|[-| ]+\|\n(?:\|[^\n]*\|\n)+)", current, re.M):
+        header = [c.strip() for c in table.splitlines()[0].strip("|").split("|")]
+        assert {"runs", "machine", "date"} <= set(header), table.splitlines()[0]
+        for line in table.splitlines()[2:]:
+            cells = dict(zip(header, (c.strip() for c in line.strip("|").split(" | "))))
+            if not re.match(r"\d", cells["runs"]) or not cells["machine"]:
+                wrong.append(f"no count of runs or no machine: {line[:80]}")
+    assert "C2 alone: the run did not record which of the two" in text
+    assert "the production shard loop was rewritten on 2026-11-28" in _plain(text)
+    assert wrong == []
+
+
+def test_the_retired_designs_measurements_are_in_the_history_and_the_readme_does_not_reproduce_them():
+    text = PERFORMANCE.read_text()
+    history = text[text.index("{#history}"):]
+    for anchor in ("{#task-parallel}", "{#adaptive-slot-use}"):
+        assert anchor in history, anchor
+    readme = README.read_text()
+    assert "Ray Tune, `with_parameters`" not in readme and "out of memory | out of memory" not in readme
+
+
+def test_the_pbt_benchmark_is_said_to_be_smaller_than_the_example_with_the_scripts_own_defaults():
+    def constants(path):  # NAME = 4 and A, B = 4, 6 at a module's top level
+        out = {}
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.Assign) and len(node.targets) == 1:
+                target, value = node.targets[0], node.value
+                pairs = zip(target.elts, value.elts) if isinstance(target, ast.Tuple) and isinstance(value, ast.Tuple) \
+                    else [(target, value)]
+                out.update({t.id: v.value for t, v in pairs if isinstance(t, ast.Name) and isinstance(v, ast.Constant)})
+        return out
+
+    bench = constants(ROOT / "benchmarks" / "pbt_vs_ray.py")
+    example = (ROOT / "dags" / "mop_mnist1d_pbt.py").read_text()
+    section = PERFORMANCE.read_text().split("{#pbt-vs-ray}", 1)[1].split("```", 1)[0]
+    assert "the example's search" not in section
+    said = re.search(r"population (\d+), (\d+) iterations, interval (\d+), on (\d+) one-slot\s+shards", section)
+    assert said and tuple(map(int, said.groups())) == (bench["POPULATION"], bench["ITERATIONS"], bench["INTERVAL"],
+                                                        bench["SHARDS"])
+    pop, its = re.search(r'"population": (\d+), "iterations": (\d+)', example).groups()
+    shards = re.search(r'"shards": (\d+)', example).group(1)
+    assert f"(the example: population {pop}, {its} iterations" in section and f"on {shards} shards)" in section
+
+
+SHAPE_FIELDS = ("schedule.shards", "schedule.iterations", "schedule.iterations_per_run", "schedule.slots_per_shard",
+                "search.adaptive")
+
+
+def test_what_a_trigger_conf_may_not_change_is_said_one_way_and_the_code_refuses_each():
+    from mop_airflow.config import spec as spec_module
+    from mop_airflow.config.form import form_fields
+    from mop_airflow.config.trigger import apply_conf
+    from mop_airflow.errors import SpecError
+
+    spec = MopSpec.from_dict({**BASE_SPEC, "schedule": {"shards": 2, "iterations": 2}})
+    changes = {"schedule.shards": 3, "schedule.iterations": 3, "schedule.iterations_per_run": 1,
+               "schedule.slots_per_shard": 2, "search.adaptive": {"method": "hyperband", "R": 3, "eta": 3}}
+    for field, value in changes.items():
+        section, key = field.split(".")
+        with pytest.raises(SpecError) as info:
+            apply_conf(spec, {section: {key: value}})
+        assert info.value.field == f"conf.{field}" and "Fix: " in str(info.value)
+    overrides = form_fields(spec)["overrides"].schema["description_md"]
+    texts = {"docs/reference/spec.md": (DOCS / "reference" / "spec.md").read_text(),
+             "docs/how-to/trigger-a-run.md": (DOCS / "how-to" / "trigger-a-run.md").read_text(),
+             "ScheduleSpec's docstring": spec_module.ScheduleSpec.__doc__.replace("``", "`"),
+             "the form's overrides field": overrides}
+    for where, text in texts.items():
+        sentence = re.search(r"((?:`[\w.]+`,?\s*(?:and\s*)?)+)\s*shape\s+the\s+DAG", text)
+        assert sentence, f"{where} no longer says what a conf may not change"
+        assert set(re.findall(r"`([\w.]+)`", sentence.group(1))) == set(SHAPE_FIELDS), where
+
+
+def test_the_run_folder_lists_every_folder_and_file_a_run_writes():
+    layout = (ROOT / "mop_airflow" / "records" / "layout.py").read_text()
+    used = "\n".join(p.read_text() for folder in ("mop_airflow", "operators", "plugins")
+                     for p in (ROOT / folder).rglob("*.py") if p.name != "layout.py")
+    written = set()
+    for method, first in re.findall(r"def (\w+)\(self[^)]*\)[^:]*:\n(?:\s+\"\"\"[^\n]*\n(?:[^\n]*\n)*?)?\s+return self\._at\(\"([^\"]+)\"", layout):
+        if re.search(rf"\.{method}\b", used):  # a place a run still writes or reads
+            written.add(first if "." in first else first + "/")
+    written.add("tensorboard/")  # mop_airflow.results.tracking.tensorboard_uri
+    page = (DOCS / "concepts" / "airflow-mapping.md").read_text()
+    listed = re.search(r"Run artifacts: `<store>/<dag_id>/<run_id>/\{([^}]*)\}`", page)
+    assert listed, "docs/concepts/airflow-mapping.md no longer lists a run's folder"
+    names = {name.strip() for name in listed.group(1).split(",")}
+    assert names == written, (sorted(names - written), sorted(written - names))
+
+
+def test_the_architecture_layout_names_every_module_of_every_package():
+    text = (DOCS / "architecture.md").read_text()
+    block = text.split("## Layout", 1)[1].split("```", 2)[1]
+    sections, current = {}, None
+    for line in block.splitlines():
+        head = re.match(r"^(?:  )?([\w]+)/\s", line + " ")
+        if head and not line.startswith("    "):
+            current = ("mop_airflow/" if line.startswith("  ") else "") + head.group(1)
+            sections[current] = ""
+        if current:
+            sections[current] += line + "\n"
+    missing = []
+    for folder in [*sorted((ROOT / "mop_airflow").glob("*/")), ROOT / "operators", ROOT / "slot_sim"]:
+        if not folder.is_dir() or folder.name.startswith("__"):
+            continue
+        key = str(folder.relative_to(ROOT)).replace("\\", "/")
+        said = sections.get(key, "")
+        for module in sorted(folder.glob("*.py")):
+            if module.name not in ("__init__.py", "__main__.py") and module.name not in said:
+                missing.append(f"{key}/{module.name}")
+    assert missing == []
+    assert "package-dir" in text and "`mop_airflow.operators.*`" in text and "`mop_airflow.plugins.*`" in text
+
+
+def test_the_reference_names_operators_and_plugins_as_they_are_imported():
+    page = (DOCS / "reference" / "operators.md").read_text()
+    headings = re.findall(r"^## `([\w.]+)`", page, re.M)
+    assert headings and all(h.startswith("mop_airflow.operators.") for h in headings)
+    assert "package-dir" in page and "from mop_airflow.operators.predict import MopPredictOperator" in page
+    directives = re.findall(r"^::: ([\w.]+)$", page, re.M)
+    assert directives and all(d.startswith("mop_airflow.operators.") for d in directives), directives
+    for name in ("ShardPods", "run_layout", "predict", "champion_asset"):
+        assert re.search(rf"^::: mop_airflow\.[\w.]+\.{name}$", (DOCS / "reference" / "python-api.md").read_text(), re.M)
+    for page in pages():  # prose names them by their import path, never as a top-level package
+        for match in re.finditer(r"`(operators|plugins)\.\w+", page.read_text()):
+            raise AssertionError(f"{page.relative_to(ROOT)}: {match.group(0)}")
+
+
+def test_the_operators_reference_is_rendered_under_their_import_paths(site):
+    html = (site / "reference" / "operators" / "index.html").read_text()
+    assert 'id="mop_airflow.operators.train.MopTrainShardOperator"' in html
+    assert re.findall(r'id="(?:operators|plugins)\.[\w.]+"', html) == []
+
+
+def test_the_task_group_example_runs_as_written(tmp_path, monkeypatch):
+    blocks = [b for b in code_blocks(DOCS / "how-to" / "task-group.md", "python") if b.startswith("# dags/my_pipeline.py")]
+    assert len(blocks) == 1
+    monkeypatch.setenv("MOP_AIRFLOW_HOME", str(tmp_path / "home"))
+    path = tmp_path / "my_pipeline.py"
+    path.write_text(blocks[0])
+    dag = runpy.run_path(str(path))["dag"]
+    assert {"extract", "deploy", "model_selection.preflight", "model_selection.result"} <= set(dag.task_ids)
+    assert [t for t in dag.task_ids if t.startswith("model_selection.train_shard_")]
+
+
+def test_what_happens_when_is_a_short_table_whose_costs_link_to_their_rows():
+    text = (DOCS / "what-happens-when.md").read_text()
+    rows = [line for line in text.splitlines() if line.startswith("| ") and not line.startswith("| fault")]
+    assert len(rows) >= 20
+    long = [cell[:60] for line in rows for cell in line.strip("|").split(" | ") if len(cell.strip()) > 300]
+    assert long == []
+    performance = performance_rows()
+    for line in rows:
+        cost = line.strip().strip("|").split(" | ")[-1]
+        if re.search(r"\d\s*s\b", cost) and "MOP_" not in cost and "store." not in cost:
+            linked = ROW_LINK.findall(cost)
+            assert linked and all(a in performance for a in linked), f"a cost without its row: {line[:80]}"
+
+
+def test_make_clean_is_described_as_what_the_makefile_deletes():
+    recipe = re.search(r"^clean:\n\trm -rf ([^\n]+)", (ROOT / "Makefile").read_text(), re.M)
+    assert recipe
+    deleted = recipe.group(1).split()
+    readme = README.read_text()
+    said = readme[readme.index("**`make clean` deletes"):][:600]
+    assert all(f"`{path}`" in said for path in deleted), deleted
+    assert "champion" in said and "store" in said
+
+
+def test_the_troubleshooting_page_has_the_newcomers_cases_each_under_its_own_heading():
+    headings = set(re.findall(r"^## (.+)$", (DOCS / "troubleshooting.md").read_text(), re.M))
+    assert {"A task stays queued", "The GPU is not seen, or JAX and CUDA do not match", "Out of memory",
+            "The DAG is paused"} <= headings
+
+
+def test_the_changelog_has_one_fixed_and_one_performance_history_per_release():
+    text = (ROOT / "CHANGELOG.md").read_text()
+    releases = re.split(r"^## ", text, flags=re.M)[1:]
+    assert len(releases) >= 2
+    for release in releases:
+        name = release.splitlines()[0]
+        for heading in ("### Added", "### Changed", "### Fixed", "### Performance history"):
+            assert len(re.findall(rf"^{heading}$", release, re.M)) <= 1, (name, heading)
+
+
+def test_the_unreleased_changes_are_grouped_by_day_newest_first():
+    text = (ROOT / "CHANGELOG.md").read_text()
+    unreleased = text.split("## [Unreleased]", 1)[1].split("\n## ", 1)[0]
+    for heading in ("Fixed", "Added", "Changed"):
+        section = unreleased.split(f"### {heading}\n", 1)[1].split("\n### ", 1)[0]
+        days = re.findall(r"^#### (\d{4}-\d\d-\d\d)$", section, re.M)
+        assert days and days == sorted(days, reverse=True) and len(set(days)) == len(days), (heading, days)
+        assert section.lstrip().startswith("#### "), f"{heading}: entries before the first day"

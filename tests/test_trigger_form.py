@@ -237,6 +237,23 @@ def test_json_overrides_apply_after_the_fields_and_a_clash_is_an_error():
         apply_conf(spec, {"epochs_per_hop": 2, "schedule": {"epochs_per_hop": 3}})
 
 
+
+@pytest.mark.parametrize("where", ["top level", "overrides"])
+def test_a_conf_that_changes_the_slots_a_shard_is_refused_naming_the_field_the_value_and_the_fix(where):
+    """A train task per shard slot is rendered when the DAG file is parsed: a run cannot have other slots."""
+    spec = MopSpec.from_dict({**grid(), "schedule": {**grid()["schedule"], "slots_per_shard": 2}})
+    change = {"schedule": {"slots_per_shard": 3}}
+    conf = change if where == "top level" else {**defaults(spec), "overrides": change}
+    with pytest.raises(SpecError) as info:
+        apply_conf(spec, conf)
+    assert (info.value.field, info.value.value) == ("conf.schedule.slots_per_shard", 3)
+    assert "shapes the DAG" in info.value.rule and "(2 a shard here)" in info.value.rule
+    assert "change schedule.slots_per_shard in the DAG file" in info.value.fix and "--slots 3" in info.value.fix
+    # the value the DAG file gives, and every other schedule field, still go through
+    same = apply_conf(spec, {"schedule": {"slots_per_shard": 2, "seed": 9}})
+    assert (same.schedule.slots_per_shard, same.schedule.seed) == (2, 9)
+
+
 typed_keys = st.sampled_from(["method", "num_samples", "architectures", "optimizer", "learning_rate", "batch_size",
                               "epochs_per_hop", "metric", "overrides", "learning_rate_low", "learning_rate_high", "R",
                               "eta", "search", "lr"])

@@ -96,8 +96,9 @@ def form_fields(spec: MopSpec | Mapping[str, Any]) -> dict[str, FormField]:
         "description_md": "JSON applied after the fields above, section by section and field by field: e.g. "
                           "`{\"search\": {\"fail_fast\": true}}`, `{\"schedule\": {\"seed\": 7}}` or "
                           "`{\"data\": {\"source\": \"s3://bucket/train/\"}}`. `search` takes `space`, `metric`, "
-                          "`direction` (`min`/`max`), `fail_fast` and `max_configurations`. Shards, iterations and "
-                          "the adaptive plan are fixed by the DAG file; a part of the spec set here and in a "
+                          "`direction` (`min`/`max`), `fail_fast` and `max_configurations`. `schedule.shards`, "
+                          "`schedule.iterations`, `schedule.iterations_per_run`, `schedule.slots_per_shard` and "
+                          "`search.adaptive` shape the DAG and are fixed when the DAG file is parsed; a part of the spec set here and in a "
                           "changed field above is an error."}, ("overrides",)))
     return {f.name: f for f in out}
 

@@ -329,8 +329,9 @@ def check_fuse(value: Any) -> None:
 class ScheduleSpec:
     """The MOP schedule: infrastructure parameters that decide the DAG's shape.
 
-    ``shards`` and ``iterations`` (and ``iterations_per_run``) are fixed when the DAG file is parsed;
-    everything else may change per run. One iteration = every configuration visits every shard once
+    ``schedule.shards``, ``schedule.iterations``, ``schedule.iterations_per_run``,
+    ``schedule.slots_per_shard`` and ``search.adaptive`` shape the DAG and are fixed when the DAG file
+    is parsed; every other field may change per run. One iteration = every configuration visits every shard once
     for ``epochs_per_hop`` passes.
 
     Attributes:
@@ -726,7 +727,8 @@ class MopSpec:
     def with_overrides(self, conf: Mapping[str, Any] | None) -> "MopSpec":
         """A copy with per-run overrides from a trigger conf (sections merge field by field).
 
-        ``schedule.shards``, ``iterations`` and ``iterations_per_run`` shape the DAG and cannot change per run.
+        ``schedule.shards``, ``iterations``, ``iterations_per_run`` and ``search.adaptive`` are refused here;
+        :func:`mop_airflow.config.trigger.apply_conf` refuses ``schedule.slots_per_shard`` too.
         """
         if not conf:
             return self

@@ -58,7 +58,23 @@ def apply_conf(spec: MopSpec | Mapping[str, Any], conf: Any) -> MopSpec:
             raise SpecError(f"conf.{name}", edits[name], f"is changed while the JSON also sets {section}.{key}",
                             "set it in one place: the form field, or the JSON overrides")
         sections.setdefault(section, {}).setdefault(key, value)
-    return spec.with_overrides(sections)
+    run_spec = spec.with_overrides(sections)
+    _refuse_shape_changes(spec, run_spec)
+    return run_spec
+
+
+def _refuse_shape_changes(spec: MopSpec, run_spec: MopSpec) -> None:
+    """Refuse a conf that changes what the DAG's tasks were rendered from when the DAG file was parsed.
+    ``MopSpec.with_overrides`` refuses shards, iterations, iterations_per_run and the adaptive plan; a
+    train task per shard slot is rendered too, so a run with other slots would train on tasks that
+    are not there (or leave some idle) instead of failing with the fix."""
+    rendered, asked = spec.schedule.slots_per_shard, run_spec.schedule.slots_per_shard
+    if asked != rendered:
+        raise SpecError("conf.schedule.slots_per_shard", asked,
+                        f"shapes the DAG: its train tasks, one per shard slot ({rendered} a shard here), are "
+                        "rendered when the DAG file is parsed, so a run cannot change them",
+                        f"change schedule.slots_per_shard in the DAG file (and the pools to match: "
+                        f"mop-airflow pools sync --slots {asked}), or leave it out of the conf")
 
 
 # Which fields edit which part of the spec (the part a JSON section replaces as a whole).
