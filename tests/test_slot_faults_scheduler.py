@@ -312,7 +312,7 @@ BUILDING = "mop_slots_stopped_building"
 
 
 def test_a_slot_hung_while_it_builds_a_model_costs_the_long_step_bound_it_learned(airflow):
-    """A grid of 8 architectures, each hop building its model (10 s, as a large one takes; one model kept),
+    """A grid of 8 architectures, each hop building its model (12 s, as a large one takes; one model kept),
     at the default settings: shard 1 slot 1 SIGSTOPped just after its first commit, in its next build. Its
     watchdog kills it after 5 x its slowest build so far, at least 120 s (not the 300 s ceiling before the
     first build), and its retry commits the slot's next hop within a minute more: within 3 minutes of
@@ -321,7 +321,7 @@ def test_a_slot_hung_while_it_builds_a_model_costs_the_long_step_bound_it_learne
     params = spec["search"]["space"]["params"]
     params.update(learning_rate=[1e-2])
     params["hparams"] = {"units": [8, 12, 16, 20, 24, 28, 32, 36], "seconds_per_batch": [0.15],
-                         "seconds_to_build": [10.0]}
+                         "seconds_to_build": [12.0]}
     _mop_dag(airflow, BUILDING, spec, {"MOP_MODEL_CACHE_BYTES": "1"})  # every hop builds its model
     airflow.wait_for_dag(BUILDING)
     with Stopped() as stopped:
