@@ -305,4 +305,3 @@ def test_a_slot_whose_earlier_slot_waits_for_its_pool_is_rescheduled_without_a_t
     rescheduled = _reschedules(airflow, YIELDING, run_id)
     assert "train_shard_1" in rescheduled and "train_shard_0" not in rescheduled  # the first slot never yields
     print(f"yielding: {took:.1f} s, {len(rescheduled)} reschedule(s)")
-
