@@ -23,7 +23,6 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -403,43 +402,3 @@ def test_asha_whose_third_shard_never_starts_ends_failed_within_the_bound_naming
         _reopen(airflow, 2)
     print(f"ASHA, shard 2 never started: failed {took:.0f} s after its pool closed (bound {bound} s + Airflow's)")
 
-
-BUILDING = "mop_slots_stopped_building"
-
-
-def test_a_slot_hung_while_it_builds_a_model_costs_the_long_step_bound_it_learned(airflow):
-    """A grid of 8 architectures, each hop building its model (10 s, as a large one takes; one model kept),
-    at the default settings: shard 1 slot 1 SIGSTOPped just after its first commit, in its next build. Its
-    watchdog kills it after 5 x its slowest build so far, at least 120 s (not the 300 s ceiling before the
-    first build), and its retry commits the slot's next hop within a minute more: within 3 minutes of
-    its last commit. Timed from the records and the watchdog's bound, not the run's wall clock."""
-    spec = _spec(airflow.root, slots=2)
-    params = spec["search"]["space"]["params"]
-    params.update(learning_rate=[1e-2])
-    params["hparams"] = {"units": [8, 12, 16, 20, 24, 28, 32, 36], "seconds_per_batch": [0.15],
-                         "seconds_to_build": [10.0]}
-    _mop_dag(airflow, BUILDING, spec, {"MOP_MODEL_CACHE_BYTES": "1"})  # every hop builds its model
-    airflow.wait_for_dag(BUILDING)
-    with Stopped() as stopped:
-        run_id, took = _run(airflow, BUILDING, timeout=900,
-                            during=lambda run_id: stopped.stop(_slot_pid(airflow, BUILDING, run_id, 1, 1, timeout=600)))
-    tries = _tries(airflow, BUILDING, run_id)
-    assert tries.pop("train_shard_1_slot_1") == 2 and set(tries.values()) == {1}
-    log = airflow.task_log(BUILDING, run_id, "train_shard_1_slot_1", 1)
-    said = log[log.index(f"no progress in process {stopped.pids[0]} for "):].split("killing it")[0]
-    found = re.search(r"for ([\d.]+) s \(5 x its slowest long step so far \(a model built, a file fetched: "
-                      r"([\d.]+) s\), at least 2 x MOP_SHARD_STALL_FLOOR_SECONDS=120\)", said)
-    assert found, said  # killed in the build, by the bound learned from its first build (in its start)
-    bound, slowest = float(found.group(1)), float(found.group(2))
-    assert bound == max(120.0, 5 * slowest) < 180.0
-    # what the slot lost, from its records: try 1's last commit to its retry's first
-    layout = RunLayout(airflow.store, BUILDING, run_id)
-    hops = [airflow.store.read_json(u) for u in airflow.store.glob(layout.hops_glob)]
-    assert len(hops) == 16 and all(h["status"] == "ok" for h in hops)
-    slot = [h for h in hops if (h["task_id"] or "").endswith("train_shard_1_slot_1")]
-    last_before = max(h["saved_at"] for h in slot if h["try_number"] == 1)
-    first_after = min(h["saved_at"] for h in slot if h["try_number"] == 2)
-    retry = first_after - last_before - bound  # Airflow's retry, the task's start and its first hop
-    assert 0 < retry <= 60.0 and bound + 60.0 <= 180.0, (first_after - last_before, bound)
-    print(f"stopped in a build: {took:.1f} s; killed after {bound:.0f} s (builds {slowest:.1f} s); the slot's "
-          f"commits {first_after - last_before:.1f} s apart")

@@ -54,9 +54,7 @@ class SleepPerBatch(keras.layers.Layer):
 
 def sleepy(hparams: Mapping[str, Any]) -> keras.Model:
     """``seconds_per_batch`` (default 0.1) of sleep per training batch, then Dense(``units``, relu)
-    (default 16) and a softmax classifier. ``seconds_to_build`` (default 0): a sleep in the build, as a
-    large model's takes (a test stops a slot while it builds)."""
-    time.sleep(float(hparams.get("seconds_to_build", 0.0)))
+    (default 16) and a softmax classifier."""
     return keras.Sequential([
         keras.Input((int(hparams["input_dim"]),)),
         SleepPerBatch(float(hparams.get("seconds_per_batch", 0.1))),

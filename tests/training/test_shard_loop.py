@@ -172,9 +172,9 @@ def test_a_slow_store_holds_at_most_two_trained_hops_behind_the_writer(toy_data,
             most[0] = max(most[0], waiting[0])
         return trained
 
-    def slow_commit(self):
+    def slow_commit(self, fence=True):
         time.sleep(0.5)  # longer than a toy hop trains
-        record = commit(self)
+        record = commit(self, fence)
         with lock:
             waiting[0] -= 1
         return record
