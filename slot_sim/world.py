@@ -82,11 +82,12 @@ class Proc:
 class World(AshaDecisions, PeerWorld):
     """One schedule: its shape, store, Airflow and slots on a virtual clock."""
 
-    def __init__(self, seed: int, rules: sp.Rules = sp.Rules(), shape: Shape | None = None, trace: bool = False):
+    def __init__(self, seed: int, rules: sp.Rules = sp.Rules(), shape: Shape | None = None, trace: bool = False,
+                 peers: bool = True):
         self.seed, self.rules = seed, rules
         self.rng = random.Random(seed)
         self.s = shape or draw(self.rng)
-        self.pf = draw_peer_faults(seed, self.s) if shape is None else PeerFaults()  # slot_sim.peers
+        self.pf = draw_peer_faults(seed, self.s) if shape is None and peers else PeerFaults()  # slot_sim.peers
         self.index = self.s.index
         self.now, self.heap, self.seq = 0.0, [], 0
         self.keep_trace = trace
