@@ -38,12 +38,12 @@ class ManyMachines:
 
     MANY_MACHINES = {"zombie": "_zombie", "commit_fails": "_arm_commit_fails", "sigterm": "_sigterm"}
 
-    def _draw_many_machines(self) -> None:
+    def _draw_many_machines(self, on: bool = True) -> None:
         s = self.s
         # salted so that the seeds the tests keep (each a bug found before these faults) draw none of them
         rng = self.fault_rng = random.Random(self.seed * 1_000_003 + 383)
         self.lose_left, self.lose_share, self.fault_allowance = 0, 0.0, 0.0
-        if rng.random() >= SHARE:
+        if not on or rng.random() >= SHARE:
             return
         blocks = 1 if s.method == "asha" else len(Search(s).bounds) - 1
         span = hops_each(s) * sum(s.durations.values()) / max(1, s.shards * s.slots) + 10.0

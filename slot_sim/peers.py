@@ -38,13 +38,14 @@ class PeerFaults:
     status_late: float = 0.0  # at most, how old a status a reader may see
     unread_share: float = 0.0  # share of record reads that answer 404 for a while though listed
     unread_most: float = 0.0  # for at most this long after the record landed
+    rng: random.Random = field(default_factory=random.Random)  # what they draw as the schedule runs
 
 
 def draw_peer_faults(seed: int, s: Any) -> PeerFaults:
     """The peer faults of schedule ``seed`` of shape ``s`` (which it marks beyond the envelope where they
     are: a late or absent slot past the wait bound, a fatal failure, skew past the allowance)."""
     rng = random.Random(f"peers-{seed}")
-    f = PeerFaults()
+    f = PeerFaults(rng=random.Random(f"peers-run-{seed}"))
     blocks = max(1, s.runs, len(s.rungs) if s.method == "sha" else 1, s.pbt_blocks,
                  len({e for _, ends in s.brackets for e in ends}))
     places = [(b, shard, slot) for b in range(blocks) for shard in range(s.shards) for slot in range(s.slots)]
@@ -110,7 +111,7 @@ class PeerWorld:
         """Slot ``owner``'s status as ``proc`` reads it: perhaps as it was a moment ago, stamped with its
         writer's clock."""
         task = self.tasks[owner[0] * self.s.slots + owner[1]]
-        late = self.rng.uniform(0.0, self.pf.status_late) if self.pf.status_late else 0.0
+        late = self.pf.rng.uniform(0.0, self.pf.status_late) if self.pf.status_late else 0.0
         status = task.status(self.now - late)
         skew = self.pf.skew.get(owner, 0.0)
         return status if status is None or not skew else replace(status, heartbeat=status.heartbeat + skew)
@@ -120,7 +121,7 @@ class PeerWorld:
         False: the read failed the try."""
         found, missing = {}, []
         for key in keys:
-            if (self.pf.unread_share and self.rng.random() < self.pf.unread_share
+            if (self.pf.unread_share and self.pf.rng.random() < self.pf.unread_share
                     and self.now < self.landed.get(key, 0.0) + self.pf.unread_most):
                 missing.append(key)
             else:

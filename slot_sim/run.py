@@ -205,12 +205,15 @@ def _check_asha(w: World, ok: dict, first_failure: dict) -> list[str]:
 def run_one(seed: int, rules: sp.Rules | None = None, trace: bool = False, bug: str | None = None) -> World:
     """Schedule ``seed`` under ``rules`` (production's by default), or with planted bug ``bug``
     (:mod:`slot_sim.planted`), checked against the reference and against its run without faults (that one
-    under production's rules, no bug planted)."""
-    world = World(seed, rules or sp.Rules(), trace=trace)
-    clean = World(seed, sp.Rules(), shape=reference_shape(world.s)).run() if world.s.benign else None
+    under production's rules, no bug planted). The rules before a fix replay their bug in the world it was
+    found in: without the peer faults of issue 70 (:mod:`slot_sim.peers`), which they do not absorb."""
+    rules = rules or sp.Rules()
+    peers = not any(rules == RULES[name] for name in OLD_WORLD)
+    world = World(seed, rules, trace=trace, peers=peers)
+    clean = World(seed, sp.Rules(), shape=reference_shape(world.s), peers=False).run() if world.s.benign else None
     with planted(bug) as bug_rules:
         if bug is not None:
-            world = World(seed, bug_rules, trace=trace)
+            world = World(seed, bug_rules, trace=trace, peers=peers)
         try:
             world.run()
             world.problems = check(world, clean)
@@ -236,9 +239,10 @@ RULES = {
     "production": sp.Rules(),
     # (each before the fence too, which came later: the seeds replay as they were found)
     "before-marks": sp.Rules(mark_found=False, look_after=None, last_try_dies=False, asha_dead_legs=False,
-                             yield_bound=False, fence=False),
+                             yield_bound=False, absent_peers=False, fence=False),
     # before those two fixes (and before yields were bounded, which also ends seed 544)
-    "before-last-try": sp.Rules(last_try_dies=False, asha_dead_legs=False, yield_bound=False, fence=False),
+    "before-last-try": sp.Rules(last_try_dies=False, asha_dead_legs=False, yield_bound=False, absent_peers=False,
+                                fence=False),
     # before a given-up hop's input was looked up (and before ASHA ended a try whose peer had not started,
     # which also ends seed 212597)
     "before-given-up-looks": sp.Rules(look_given_up=False, absent_peers=False, fence=False),
@@ -246,6 +250,7 @@ RULES = {
     "no-settle": sp.Rules(settle_forward=False),
     "proposed": sp.Rules(yield_bound=True),
 }
+OLD_WORLD = ("before-marks", "before-last-try", "before-given-up-looks", "no-settle")
 
 
 def _chunk(args: tuple) -> tuple:
