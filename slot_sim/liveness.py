@@ -22,7 +22,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable
 
-from mop_airflow.slots.messages import HEARTBEAT, STATES_HELD
+from slot_sim.shapes import hops_each
+from mop_airflow.slots.messages import HEARTBEAT, READ_AGAIN, STATES_HELD
 
 RESCHEDULE = 20.0  # the most a yielded slot waits to be started again (the world: 10 to 20 s)
 JITTER = 1.25 / 0.8  # the reference's hops against the quickest a faulted run's may be
@@ -54,7 +55,31 @@ COSTS: dict[str, tuple[str, Callable]] = {
     "late": ("a slot's pool held elsewhere for a while: those seconds, then the slots that gave their pool slot "
              "back meanwhile come again (a reschedule, the scheduler's lateness)",
              lambda s, seconds: seconds + s.give_back + RESCHEDULE + s.scheduler_late + HEARTBEAT),
+    # the faults of many machines (issue 70; slot_sim.machines): each ends a try as a kill does
+    "zombie": ("a slot's try taken for dead (its host paused, or cut off) while Airflow retries it, then back for up "
+               "to 40 s beside its retry: as a kill, and the old copy's writes, fenced, cost the retry nothing more "
+               "than the 40 s it may hold its hops",
+               lambda s, seconds: _restart(s) + 40.0),
+    "commit_fails": ("a commit that fails past its retries: the try ends, then as a kill",
+                     lambda s, seconds: _restart(s)),
+    "sigterm": ("a graceful stop mid-block: the try ends after its commits, then as a kill",
+                lambda s, seconds: _restart(s)),
 }
+
+
+def world_costs(s, w) -> list[tuple[str, float]]:
+    """The costs of the faults a world draws as it runs (not in the shape): markers no listing shows
+    (each waited for until it is looked up), statuses read late, records listed but not readable yet
+    (each read again until it is: along a configuration's chain, every hop at most once)."""
+    out = []
+    if getattr(w, "fault_allowance", 0.0):
+        out.append(("lost listing entries", w.fault_allowance))
+    pf = getattr(w, "pf", None)
+    if pf is not None and pf.status_late:
+        out.append(("statuses read late", 2 * pf.status_late + HEARTBEAT))
+    if pf is not None and pf.unread_share:
+        out.append(("records not readable yet", hops_each(s) * (pf.unread_most + READ_AGAIN + _op(s))))
+    return out
 
 
 def faults_of(s) -> list[tuple[str, float]]:
@@ -62,11 +87,15 @@ def faults_of(s) -> list[tuple[str, float]]:
     return ([(kind, 0.0) for *_, kind in s.faults] + [("late", seconds) for seconds in s.late.values()])
 
 
-def allowance(s) -> tuple[float, list[str]]:
-    """The seconds the faults of shape ``s`` may add, and each one's share in words."""
+def allowance(s, w=None) -> tuple[float, list[str]]:
+    """The seconds the faults of shape ``s`` (and those world ``w`` drew as it ran) may add, and each one's
+    share in words."""
     total, parts = 0.0, []
     for kind, seconds in faults_of(s):
         cost = COSTS[kind][1](s, seconds)
+        total += cost
+        parts.append(f"{kind} {cost:.0f} s")
+    for kind, cost in world_costs(s, w) if w is not None else ():
         total += cost
         parts.append(f"{kind} {cost:.0f} s")
     # the weather, not a fault: store requests retried, listings late; the reference draws its own

@@ -58,7 +58,7 @@ def check(w: World, clean: World | None = None) -> list[str]:
         if clean.outcome != "succeeded":
             out.append(f"the search without its faults {clean.outcome} at {clean.now:.0f} s: {clean.violations[:1]}")
         elif w.outcome == "succeeded":
-            extra, parts = allowance(s)
+            extra, parts = allowance(s, w)
             w.allowed = clean.now + extra
             if w.now > w.allowed:
                 out.append(f"the search ended at {w.now:.0f} s, past the {clean.now:.0f} s it takes without faults "
