@@ -187,6 +187,7 @@ class SlotMachine:
         self.waited_since: dict[tuple, float] = {}
         self.joined = False  # it took a hop another slot handed it: the block runs, it keeps its pool slot
         self.ended, self.decide_due, self.decided_at = False, True, -NEVER
+        self.gone_seen: frozenset = frozenset()  # ASHA: the watched slots last judged ended for good
         self.dropped: list = []  # (hop, failure): hops dropped after their configuration failed, in order
         self.ahead: list = []  # the ready hops after those taken: the next one's input may be read meanwhile
         # the slots whose markers tell this one's hops are ready (the previous shard's slot that trains the
@@ -375,6 +376,12 @@ class SlotMachine:
     def decide(self, now: float) -> Any:
         """The next action at ``now``: what to train, read, write or wait for."""
         self.clock = now
+        if self.asha and not self.ended:
+            # a slot newly judged ended for good may end legs whose next hop is on it (the ledger's dead
+            # legs): a decision then, though nothing landed in the store (slot_sim seed 992 waited for ever)
+            gone = frozenset(o for o in self.watched if (g := self.peers[o].gone(now, self.wait)) is not None and g[1])
+            if gone != self.gone_seen:
+                self.gone_seen, self.decide_due = gone, True
         if self.superseded_by is not None:
             self.outbox.clear()  # the later try writes what it finds; a copy taken for dead writes nothing more
             return Superseded(f"try {self.superseded_by} of shard {self.slot_of[0]} slot {self.slot_of[1]} runs "
