@@ -21,8 +21,11 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m compileall -q -j 0 $$($(BIN)/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])") >/dev/null || true
 	touch $(STAMP)
 
+# The demo keeps everything in the checkout's .mop_home (`make clean` deletes it), through MOP_HOME, the
+# variable every process reads (the demo, Airflow's, its tasks'), not the ~/mop_airflow default.
+# From a shell, `export MOP_HOME=$PWD/.mop_home` reaches the same project.
 demo: setup
-	$(BIN)/mop-airflow demo
+	MOP_HOME=$(CURDIR)/.mop_home $(BIN)/mop-airflow demo
 
 # Three workers on two cores: two take the files that need a real scheduler (each on an embedded Airflow
 # of its own), which mostly wait on heartbeat, stall and wait bounds, while the third computes (tests/conftest.py).

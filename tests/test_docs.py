@@ -953,7 +953,7 @@ def test_the_operators_reference_is_rendered_under_their_import_paths(site):
 def test_the_task_group_example_runs_as_written(tmp_path, monkeypatch):
     blocks = [b for b in code_blocks(DOCS / "how-to" / "task-group.md", "python") if b.startswith("# dags/my_pipeline.py")]
     assert len(blocks) == 1
-    monkeypatch.setenv("MOP_AIRFLOW_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("MOP_HOME", str(tmp_path / "home"))
     path = tmp_path / "my_pipeline.py"
     path.write_text(blocks[0])
     dag = runpy.run_path(str(path))["dag"]

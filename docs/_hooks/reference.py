@@ -130,6 +130,14 @@ def _subcommands(parser: argparse.ArgumentParser):
                 yield name, helps.get(name), sub
 
 
+def _home(value: object) -> object:
+    """Paths under the user's home folder as ``~/...``, as the help says them, not this machine's path."""
+    home = os.path.expanduser("~")
+    if not isinstance(value, str) or home == os.sep:
+        return value
+    return "~" if value == home else value.replace(home + os.sep, "~" + os.sep)
+
+
 def _argument_rows(parser: argparse.ArgumentParser) -> list[str]:
     rows = []
     for action in parser._actions:
@@ -147,14 +155,17 @@ def _argument_rows(parser: argparse.ArgumentParser) -> list[str]:
         elif action.nargs == 0:
             default = "off"
         else:
-            default = "" if action.default is None else f"`{action.default}`"
-        rows.append(f"| `{_cell(name)}` | {default} | {_cell(action.help or '')} |")
+            default = "" if action.default is None else f"`{_home(action.default)}`"
+        help_text = _home(parser._get_formatter()._expand_help(action)) if action.help else ""  # %(default)s as --help prints it
+        rows.append(f"| `{_cell(name)}` | {default} | {_cell(help_text)} |")
     return rows
 
 
 def cli_reference() -> str:
     """Every command of ``mop-airflow``, from the parser the command itself uses."""
-    saved = {key: os.environ.pop(key) for key in ("MOP_AIRFLOW_HOME", "MOP_AIRFLOW_API_USER") if key in os.environ}
+    # the defaults the page shows are those of an unset environment (current names and the renamed ones)
+    unset = ("MOP_HOME", "MOP_API_USER", "MOP_AIRFLOW_HOME", "MOP_AIRFLOW_API_USER")
+    saved = {key: os.environ.pop(key) for key in unset if key in os.environ}
     try:
         from mop_airflow.cli.main import build_parser
 
