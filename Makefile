@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test test-hosts docs docs-serve benchmark clean
+.PHONY: setup demo test test-hosts test-install docs docs-serve benchmark clean
 
 setup: $(STAMP)
 
@@ -38,6 +38,11 @@ test: setup
 # four shard hosts, a host cut off, lost and replaced, a queue no host serves. Needs root; `make test` skips it.
 test-hosts: setup
 	MOP_TEST_HOSTS=1 $(BIN)/python -m pytest -q tests/test_hosts.py
+
+# Every page's install line in a fresh virtual environment, the base install for real (tests/test_install.py):
+# a quarter of an hour and more, most of it pip resolving and downloading TensorFlow and Airflow.
+test-install: setup
+	MOP_TEST_INSTALL=1 $(BIN)/python -m pytest -q tests/test_install.py
 
 # The documentation site (docs/, mkdocs.yml): built strict, so a broken link or a missing object fails.
 docs: setup
