@@ -34,8 +34,8 @@ ENV MOP_AIRFLOW_HOME=/opt/mop \
     NVIDIA_DRIVER_CAPABILITIES=compute,utility
 
 USER root
-RUN mkdir -p /opt/mop/cache /opt/mop-src /opt/airflow/config \
- && chown -R airflow:0 /opt/mop /opt/mop-src /opt/airflow/config \
+RUN mkdir -p /opt/mop/cache /opt/mop-src /opt/airflow/config /home/airflow/.cache/pip \
+ && chown -R airflow:0 /opt/mop /opt/mop-src /opt/airflow/config /home/airflow/.cache \
  && chmod -R g+rwX /opt/mop
 USER airflow
 

@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from tests.deploy.podman import Podman, build_images, tools_missing, workdir
+from tests.deploy.podman import Podman, build_images, build_volumes, tools_missing, workdir
 
 ENABLED = os.environ.get("MOP_DEPLOY_TESTS") == "1"
 
@@ -54,7 +54,11 @@ def podman():
 @pytest.fixture(scope="session")
 def images(podman) -> dict:
     """docker/worker.Dockerfile built FROM the stand-in for apache/airflow, and the Debian base under it
-    (tests/deploy/podman.py)."""
+    (tests/deploy/podman.py). ``MOP_DEPLOY_IMAGE`` and ``MOP_DEPLOY_DEBIAN`` name images built before
+    (yours to remove), to run the tests again without building."""
+    if os.environ.get("MOP_DEPLOY_IMAGE"):
+        return {"image": os.environ["MOP_DEPLOY_IMAGE"], "debian": os.environ.get("MOP_DEPLOY_DEBIAN", ""),
+                "build_volumes": build_volumes()}
     built = build_images(podman)
     print(f"\nimage {built['image']}: {built['size_bytes'] / 1e9:.2f} GB, built in "
           + ", ".join(f"{k} {v:.0f} s" for k, v in built["timings"].items()), file=sys.stderr)

@@ -157,7 +157,7 @@ def build_images(podman: Podman) -> dict[str, object]:
     shutil.rmtree(rootfs, ignore_errors=True)
     timings["debian_s"] = time.monotonic() - start
     base = f"localhost/{podman.prefix}-airflow-base:latest"
-    cas = (f"{HOST_CA_BUNDLE}:/etc/ssl/certs/ca-certificates.crt:ro",) if HOST_CA_BUNDLE.exists() else ()
+    cas = build_volumes()
     timings["airflow_base_s"] = podman.build(base, BASE_CONTEXT, BASE_CONTEXT / "Dockerfile", {"DEBIAN_BASE": debian},
                                              volumes=cas)
     image = f"localhost/{podman.prefix}-worker:cpu"
@@ -167,10 +167,16 @@ def build_images(podman: Podman) -> dict[str, object]:
     constraints = podman.workdir / "constraints.txt"
     constraints.write_text(tested_versions())
     timings["worker_s"] = podman.build(image, REPO, REPO / "docker" / "worker.Dockerfile",
-                                       {"BASE_IMAGE": base, "MOP_CONSTRAINTS": "/tmp/mop-constraints.txt"},
+                                       {"BASE_IMAGE": base, "MOP_CONSTRAINTS": "/tmp/mop-constraints.txt",
+                                        "JAX_PACKAGE": "jax"},  # the chart's shard workers run Keras on JAX
                                        volumes=(*cas, f"{constraints}:/tmp/mop-constraints.txt:ro"))
     size = podman("image", "inspect", "-f", "{{.Size}}", image).stdout.strip()
     return {"image": image, "debian": debian, "timings": timings, "size_bytes": int(size), "build_volumes": cas}
+
+
+def build_volumes() -> tuple[str, ...]:
+    """What every build borrows from the host: its certificate authorities, read only."""
+    return (f"{HOST_CA_BUNDLE}:/etc/ssl/certs/ca-certificates.crt:ro",) if HOST_CA_BUNDLE.exists() else ()
 
 
 def tested_versions() -> str:

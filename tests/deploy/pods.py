@@ -7,7 +7,8 @@ to its end; then every probe command run in its container, as the kubelet runs i
 What differs from a cluster, because every container here shares the host's network (the metadata
 database and the broker are the host's): a Service's name resolves to 127.0.0.1 (``--add-host``), and
 the ports two pods of a cluster may both listen on (a worker's log server, a triggerer's) are given free
-ones here (:func:`host_network_ports`).
+ones here, and Airflow takes a container's hostname for its name rather than the reverse lookup of its
+address, which is every pod's here (:func:`host_network_env`).
 """
 
 from __future__ import annotations
@@ -67,14 +68,16 @@ def expand(text: str, env: dict[str, str]) -> str:
     return _REF.sub(lambda m: env.get(m.group(1), m.group(0)), text)
 
 
-def host_network_ports(container: dict) -> dict[str, str]:
-    """The ports two pods may both listen on, each a free one here (module docstring)."""
+def host_network_env(container: dict) -> dict[str, str]:
+    """The ports two pods may both listen on, each a free one here; and a container's name for Airflow its
+    hostname, which in a cluster the reverse lookup of its pod's address gives (module docstring)."""
+    env = {"AIRFLOW__CORE__HOSTNAME_CALLABLE": "socket.gethostname"}
     line = " ".join(container.get("command", []) + container.get("args", []))
     if "celery worker" in line:
-        return {"AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_port())}
+        env["AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT"] = str(free_port())
     if "airflow triggerer" in line:
-        return {"AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(free_port())}
-    return {}
+        env["AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT"] = str(free_port())
+    return env
 
 
 @dataclass
@@ -112,7 +115,7 @@ class Cluster:
             else:
                 raise AssertionError(f"{pod.name}/{container['name']}: env {item['name']} from {source}: not handled")
         assert not container.get("envFrom"), f"{pod.name}/{container['name']}: envFrom not handled"
-        return {**env, **host_network_ports(container)}
+        return {**env, **host_network_env(container)}
 
     def mounts(self, container: dict, pod: Pod) -> list[tuple[str, str]]:
         volumes = {v["name"]: v for v in pod.spec.get("volumes", [])}

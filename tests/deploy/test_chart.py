@@ -23,6 +23,7 @@ import json
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import yaml
@@ -134,8 +135,8 @@ def test_every_chart_container_starts_passes_its_probes_and_runs_a_search(
     expected = {f"{RELEASE}-{c}" for c in ("api-server", "scheduler", "dag-processor", "triggerer", "worker")}
     expected |= {f"{SHARD_RELEASE}-worker-{worker_set_name(s)}" for s in range(SHARDS)}
     assert set(workloads) == expected
-    for pod in workloads.values():
-        cluster.start(pod)
+    with ThreadPoolExecutor(4) as pool:  # as a cluster starts them: together, each pod's init containers first
+        list(pool.map(cluster.start, workloads.values()))
 
     failed = []
     for name, kind, probe in cluster.probes():
