@@ -137,6 +137,8 @@ class Cluster:
                 folder.mkdir(parents=True)
                 subprocess.run(["chown", "50000:0", str(folder)], check=True)
             source = folder / mount["subPath"] if mount.get("subPath") else folder
+            if not source.exists():  # as the kubelet does for a subPath the volume lacks: an empty folder
+                source.mkdir(parents=True)
             out.append((f"{source}", f"{mount['mountPath']}{':ro' if mount.get('readOnly') else ''}"))
         return out
 
