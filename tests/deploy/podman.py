@@ -162,8 +162,8 @@ def build_images(podman: Podman) -> dict[str, object]:
                                              volumes=cas)
     image = f"localhost/{podman.prefix}-worker:cpu"
     # The versions this test environment runs with, as the image's constraints (MOP_CONSTRAINTS): the image
-    # gets the tested versions, and pip resolves Airflow's tree without searching through releases. pip's
-    # downloads stay between builds in the Dockerfile's cache mount (the first build downloads ~1.5 GB).
+    # gets the tested versions, and pip resolves Airflow's tree without searching through releases. Every
+    # build downloads ~1.5 GB: podman 4.3 kept nothing in the Dockerfile's pip cache mount between builds here.
     constraints = podman.workdir / "constraints.txt"
     constraints.write_text(tested_versions())
     timings["worker_s"] = podman.build(image, REPO, REPO / "docker" / "worker.Dockerfile",
