@@ -44,10 +44,11 @@ COPY --chown=airflow:0 mop_airflow /opt/mop-src/mop_airflow
 COPY --chown=airflow:0 operators /opt/mop-src/operators
 COPY --chown=airflow:0 plugins /opt/mop-src/plugins
 # apache-airflow pinned to the base's version, as Airflow's docs ask, so pip never swaps Airflow itself.
-# The FAB provider: the chart configures its auth manager (the official image ships it). The cache mount
+# The FAB provider and StatsD's client: the chart configures its auth manager and turns StatsD on (the
+# official image ships both). The cache mount
 # keeps downloaded wheels out of the image (and, with Docker's BuildKit, between builds).
 RUN --mount=type=cache,target=/home/airflow/.cache/pip,uid=50000,gid=0 \
-    pip install ${MOP_CONSTRAINTS:+--constraint "$MOP_CONSTRAINTS"} "apache-airflow==${AIRFLOW_VERSION}" \
+    pip install ${MOP_CONSTRAINTS:+--constraint "$MOP_CONSTRAINTS"} "apache-airflow[statsd]==${AIRFLOW_VERSION}" \
         "${TF_PACKAGE}" ${JAX_PACKAGE:+"$JAX_PACKAGE"} "/opt/mop-src[${MOP_EXTRAS}]" "apache-airflow-providers-fab" \
  && pip list --format=freeze | grep -E "^(apache-airflow|apache-airflow-providers-[a-z-]+|tensorflow|keras|jax|s3fs)=="
 
