@@ -27,6 +27,7 @@ from mop_airflow.airflow.local import free_port
 from tests.deploy.podman import Podman
 
 WORKLOADS = ("Deployment", "StatefulSet", "Job")
+PROBE_COMMAND_TIMEOUT = 300
 _REF = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
 
 
@@ -172,7 +173,12 @@ class Cluster:
 
     def probe_once(self, name: str, probe: dict) -> tuple[bool, str]:
         if "exec" in probe:
-            done = self.podman.exec(name, *probe["exec"]["command"], timeout=max(60, probe.get("timeoutSeconds", 1)))
+            # The probe's command must pass, not within the chart's timeoutSeconds: on a busy 2-core machine
+            # an Airflow command takes a minute or more to import what it needs.
+            try:
+                done = self.podman.exec(name, *probe["exec"]["command"], timeout=PROBE_COMMAND_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                return False, f"still running after {PROBE_COMMAND_TIMEOUT} s"
             return done.returncode == 0, (done.stdout + done.stderr)[-1500:]
         if "httpGet" in probe:
             get = probe["httpGet"]

@@ -138,11 +138,13 @@ def test_every_chart_container_starts_passes_its_probes_and_runs_a_search(
     with ThreadPoolExecutor(4) as pool:  # as a cluster starts them: together, each pod's init containers first
         list(pool.map(cluster.start, workloads.values()))
 
-    failed = []
-    for name, kind, probe in cluster.probes():
-        ok, said = cluster.wait_for_probe(name, probe, PROBE_TIMEOUT)
-        if not ok:
-            failed.append(f"{name} {kind}: {said}\n--- its log:\n{podman.logs(name)}")
+    def check(probe) -> str | None:
+        name, kind, spec = probe
+        ok, said = cluster.wait_for_probe(name, spec, PROBE_TIMEOUT)
+        return None if ok else f"{name} {kind}: {said}\n--- its log:\n{podman.logs(name)}"
+
+    with ThreadPoolExecutor(4) as pool:  # as the kubelet probes: every container at once
+        failed = [said for said in pool.map(check, cluster.probes()) if said]
     assert not failed, "\n\n".join(failed)
     probed = {name for name, _, _ in cluster.probes()}
     assert probed >= {f"{p}-{c}" for p, c in [(f"{RELEASE}-api-server", "api-server"), (f"{RELEASE}-scheduler", "scheduler"),
