@@ -65,7 +65,8 @@ class Podman:
     def build(self, tag: str, context: Path, dockerfile: Path, build_args: dict[str, str] | None = None,
               volumes: tuple[str, ...] = ()) -> float:
         """Build ``tag`` (removed by close); returns the seconds it took."""
-        args = ["build", "--network", "host", "-t", tag, "-f", str(dockerfile)]
+        # --force-rm: a failed build's working containers go too (podman keeps them otherwise)
+        args = ["build", "--force-rm", "--network", "host", "-t", tag, "-f", str(dockerfile)]
         for key, value in (build_args or {}).items():
             args += ["--build-arg", f"{key}={value}"]
         for volume in volumes:
