@@ -58,3 +58,11 @@ benchmark: setup
 
 clean:
 	rm -rf .mop_home .pytest_cache build/site
+
+# The deployment tests (tests/deploy/): docker/worker.Dockerfile built with podman, every Airflow container of the
+# official Helm chart's rendering and every Airflow service of docker/docker-compose.yaml started from it, a search
+# through each. As root, with podman, runc, debootstrap and redis-server (.ci/run installs them); every container,
+# image, volume and network they make is removed at the end.
+.PHONY: test-deploy
+test-deploy: setup
+	MOP_DEPLOY_TESTS=1 $(BIN)/python -m pytest -q -p no:cacheprovider tests/deploy --durations=10

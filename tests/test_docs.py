@@ -662,8 +662,8 @@ def test_the_readme_says_where_the_results_are_and_how_to_reopen_a_finished_demo
 def test_the_gpu_pages_and_the_compose_file_set_what_a_gpu_worker_needs():
     from mop_airflow.airflow.celery_config import GPU_WORKER_ENV
 
-    compose = yaml.safe_load((ROOT / "docker" / "docker-compose.yaml").read_text())
-    args = compose["x-airflow-common"]["build"]["args"]
+    compose = yaml.safe_load((ROOT / "docker" / "docker-compose.gpu.yaml").read_text())  # the GPU override
+    args = compose["x-cuda-build"]["args"]
     assert "jax[cuda" in args["JAX_PACKAGE"] and "and-cuda" in args["TF_PACKAGE"]
     workers = {name: service for name, service in compose["services"].items() if name.startswith("worker-shard-")}
     assert workers and all(service["environment"].get(k) == v for service in workers.values()

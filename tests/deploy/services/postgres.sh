@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# What docker/docker-compose.yaml uses of the postgres image: a server on port 5432 with the user
+# POSTGRES_USER (password POSTGRES_PASSWORD, checked on every TCP connection) owning the database POSTGRES_DB.
+set -euo pipefail
+bin=$(ls -d /usr/lib/postgresql/*/bin | head -n 1)
+data=/var/lib/postgresql/standin
+mkdir -p "${data}" /run/postgresql
+chown postgres "${data}" /run/postgresql
+printf '%s\n' "${POSTGRES_PASSWORD}" > /tmp/pwfile && chown postgres /tmp/pwfile
+runuser -u postgres -- "${bin}/initdb" -D "${data}" -U "${POSTGRES_USER}" --pwfile=/tmp/pwfile \
+    --auth-local=trust --auth-host=scram-sha-256 >/dev/null
+rm /tmp/pwfile
+echo "host all all 0.0.0.0/0 scram-sha-256" >> "${data}/pg_hba.conf"
+runuser -u postgres -- "${bin}/pg_ctl" -D "${data}" -w -o "-c listen_addresses=''" start >/dev/null
+if [[ "${POSTGRES_DB}" != "${POSTGRES_USER}" ]]; then
+    runuser -u postgres -- "${bin}/createdb" -U "${POSTGRES_USER}" "${POSTGRES_DB}"
+fi
+runuser -u postgres -- "${bin}/pg_ctl" -D "${data}" -w stop >/dev/null
+exec runuser -u postgres -- "${bin}/postgres" -D "${data}" -c listen_addresses='*'
