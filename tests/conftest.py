@@ -478,7 +478,7 @@ FILE_SECONDS = {
     "test_command_line.py": 172, "test_distributed.py": 162, "test_real_scheduler.py": 108, "test_shard_loop.py": 106,
     "test_results_page.py": 102, "test_end_to_end.py": 97, "test_task_group.py": 93, "test_pbt_runs.py": 92,
     "test_hyperband_blocks.py": 91, "test_failures_travel.py": 59, "test_retraining_dags.py": 56, "test_asha_runs.py": 52,
-    "test_slot_sim.py": 47, "test_model_check.py": 45, "test_jax_backend.py": 43, "test_fused.py": 36,
+    "test_slot_sim.py": 150, "test_example_project.py": 200, "test_model_check.py": 45, "test_jax_backend.py": 43, "test_fused.py": 36,
     "test_shared_compile.py": 28, "test_one_run_searches.py": 27, "test_failing_configurations.py": 26,
 }
 
