@@ -98,7 +98,7 @@ class MopTrainShardOperator(MopBaseOperator):
             raise AirflowSkipException(f"the block has no hop on shard {self.shard} slot {self.slot}")
         return self._train(context, layout, hops, mine, alone)
 
-    def _end_never_started(self, context: Any, absent: Sequence[tuple[int, int]]) -> None:
+    def _end_never_started(self, context: Any, absent: Sequence[tuple[int, int]], finished: bool = False) -> None:
         """Fail the train tasks of the slots this one waited for that never started: their tasks wait in
         Airflow for a worker or a pool slot, and nothing else would end them (the run stayed running for
         ever). This try failed for good, so the block cannot succeed."""
@@ -111,15 +111,20 @@ class MopTrainShardOperator(MopBaseOperator):
         note = (f"never started while {self.task_id} waited for its hops: no worker serves its queue, or its pool has "
                 f"no free slot ({where}); failed by {self.task_id} so the run ends. Fix the worker or the pool, then "
                 "clear the failed train tasks of this run")
+        if finished:  # ASHA finished without them: nothing of theirs is missing, the run need not fail
+            note = (f"never started ({where}: no worker serves its queue, or its pool had no free slot), and the "
+                    f"search finished without it: marked a success by {self.task_id} so the run ends")
         dag_id = getattr(context.get("dag"), "dag_id", None) or context["ti"].dag_id
         try:
-            failed = fail_tasks_never_started(dag_id, context["run_id"], ids, note)
+            failed = fail_tasks_never_started(dag_id, context["run_id"], ids, note,
+                                              state="success" if finished else "failed")
         except Exception as exc:  # noqa: BLE001 - this task's own failure is the one to report
             self.log.error("could not fail %s, which never started (%s): mark it failed by hand, or the run waits "
                            "for it for ever", ", ".join(ids), exc)
             return
         if failed:
-            self.log.error("%s never started (%s): failed now, so the run ends", ", ".join(failed), where)
+            self.log.error("%s never started (%s): %s now, so the run ends", ", ".join(failed), where,
+                           "marked a success" if finished else "failed")
 
     def _stopped(self, config_id: str, hop: int) -> None:
         self.log.info("%s did not finish hop %d (it failed earlier): it trains no further", config_id, hop)
@@ -194,6 +199,8 @@ class MopTrainShardOperator(MopBaseOperator):
             if getattr(exc, "absent", None):  # slots not started: their tasks are ended too
                 self._end_never_started(context, exc.absent)
             raise
+        if result.absent:
+            self._end_never_started(context, result.absent, finished=True)
         self.log.info("shard %d slot %d: %d hop(s) trained, %d already committed, %d configuration(s) failed here, "
                       "%d hop(s) dropped after a failure elsewhere; %.1f s waiting for hops of other slots",
                       self.shard, self.slot, len(result.trained), len(result.committed), len(result.failed),

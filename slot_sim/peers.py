@@ -136,16 +136,17 @@ class PeerWorld:
                 return False
         return True
 
-    def _end_absent(self, act: Any = None) -> None:
+    def _end_absent(self, act: Any = None, done: bool = False) -> None:
         """A try failed for good, so its block has: the block's tasks that have not started (never, a
         yield, or a retry not begun) are failed with a final word, as the driver (``status.end_never_started``)
         and the train operator (through the REST API) do; else a task that never starts kept the run going."""
         for task in self.tasks:
             if task.state != "queued" or (task.proc is not None and task.proc.alive):
                 continue
-            task.state = "failed"
+            task.state = "success" if done else "failed"
             number = task.word[1].try_number if task.word is not None else task.try_number
-            task.word = (self.now, sp.PeerStatus(number, "failed", self.now, final=True,
-                                                 error="never started: a slot of its block failed for good"))
+            task.word = (self.now, sp.PeerStatus(number, "done" if done else "failed", self.now, final=not done,
+                                                 error="never started: " + ("the search finished without it" if done
+                                                                            else "a slot of its block failed for good")))
             self.note("not started, failed", task.shard, task.slot)
             self._asha_changed()

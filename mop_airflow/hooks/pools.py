@@ -212,10 +212,12 @@ def ensure_pools(names: Sequence[str], *, shards: int, slots: int, mode: str = "
 WAITING_STATES = (None, "none", "scheduled", "queued", "up_for_reschedule", "up_for_retry", "deferred")
 
 
-def fail_tasks_never_started(dag_id: str, run_id: str, task_ids: Sequence[str], note: str) -> list[str]:
+def fail_tasks_never_started(dag_id: str, run_id: str, task_ids: Sequence[str], note: str,
+                             state: str = "failed") -> list[str]:
     """Fail the train tasks of a block's slots that never started (their task still waits in Airflow for a
     worker or a pool slot) once a slot waiting for them has failed for good: nothing else would ever end
-    them, and the DAG run would stay running for ever. Returns the tasks failed; a task that has started
+    them, and the DAG run would stay running for ever (``state`` "success": an ASHA search finished without
+    them). Returns the tasks ended; a task that has started
     meanwhile is left alone. Through the REST API, as the pools are (task code may not touch the database)."""
     failed = []
     with _api() as api:
@@ -224,7 +226,7 @@ def fail_tasks_never_started(dag_id: str, run_id: str, task_ids: Sequence[str], 
             try:
                 if api.get(path).get("state") not in WAITING_STATES:
                     continue
-                api.call("PATCH", path, json={"new_state": "failed", "note": note[:1000]})
+                api.call("PATCH", path, json={"new_state": state, "note": note[:1000]})
             except AirflowApiError as exc:
                 raise _unreachable(exc) from exc
             failed.append(task_id)

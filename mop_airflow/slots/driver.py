@@ -239,6 +239,7 @@ class SlotResult:
     dropped: list[str] = field(default_factory=list)  # hops after a configuration's failure elsewhere
     untrained: dict[str, str] = field(default_factory=dict)  # hops given up: label -> why
     waited: float = 0.0  # seconds with nothing ready
+    absent: list = field(default_factory=list)  # ASHA finished: the block's slots that never started, ended done
 
 
 def run_slot(layout: RunLayout, run: RunRecord, manifest: Manifest, hops: Sequence[BlockHop], *, block: str,
@@ -309,18 +310,25 @@ def run_slot(layout: RunLayout, run: RunRecord, manifest: Manifest, hops: Sequen
         loop.status.stop("failed", final=final(error), error=str(error)[:1000])
         raise error
     loop.status.stop("done")
+    if loop.machine.asha and loop.machine.ended and not loop.machine.alone:
+        # the search finished without the slots that never started (no leg needed them): their tasks still
+        # wait in Airflow for a worker or a pool slot, and the run with them (slot_sim seed 4390)
+        result.absent = _end_the_unstarted(loop, layout, block, "the search finished without it", state="done")
     return result
 
 
-def _end_the_unstarted(loop: "_Loop", layout: RunLayout, block: str, why: str) -> list[tuple[int, int]]:
+def _end_the_unstarted(loop: "_Loop", layout: RunLayout, block: str, why: str,
+                       state: str = "failed") -> list[tuple[int, int]]:
     """This slot failed for good, so its block has: the slots of the block that have not started (no
     status, yielded, or failed and waiting for a retry) are said failed for good too, and returned (the
     operator fails their tasks). Else a task that never starts (no worker on its queue, no slot in its
     pool) kept the run running for ever, whether or not a slot waited for its hops."""
     shard, slot = loop.slot_of
     try:
-        return end_never_started(layout, block, sorted(loop.machine.block_slots() - {loop.slot_of}),
-                                 f"shard {shard} slot {slot} of its block failed for good ({why})"[:900])
+        said = (f"shard {shard} slot {slot} of its block failed for good ({why})" if state == "failed"
+                else f"shard {shard} slot {slot} of its block ended: {why}")
+        return end_never_started(layout, block, sorted(loop.machine.block_slots() - {loop.slot_of}), said[:900],
+                                 state=state)
     except Exception:  # noqa: BLE001 - the store may be what failed: this task's own error is the one to report
         log.warning("could not say the slots of block %s that never started failed for good", block, exc_info=True)
         return list(loop.absent)

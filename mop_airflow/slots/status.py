@@ -110,7 +110,8 @@ def yielding_since(layout: RunLayout, block: str, shard: int, slot: int, try_num
     return status.yielding_since if status.yielding_since is not None else status.heartbeat
 
 
-def end_never_started(layout: RunLayout, block: str, owners: list[tuple[int, int]], why: str) -> list[tuple[int, int]]:
+def end_never_started(layout: RunLayout, block: str, owners: list[tuple[int, int]], why: str,
+                      state: str = "failed") -> list[tuple[int, int]]:
     """Say for each slot ``(shard, slot)`` that never started that it failed for good (its task is failed
     in Airflow at the same time): the slots of the block still waiting for it then stop waiting, and
     ASHA fails the configurations whose next hop is on it, instead of waiting for ever. Written with the
@@ -122,7 +123,7 @@ def end_never_started(layout: RunLayout, block: str, owners: list[tuple[int, int
         if before is not None and (before.state not in ("yielded", "failed") or before.final):
             continue  # it started meanwhile, or ended: its own words stand
         ended.append((shard, slot))
-        SlotStatus(block=block, shard=shard, slot=slot, state="failed", heartbeat=time.time(),
-                   try_number=before.try_number if before is not None else 1, final=True,
+        SlotStatus(block=block, shard=shard, slot=slot, state=state, heartbeat=time.time(),
+                   try_number=before.try_number if before is not None else 1, final=state == "failed",
                    error=f"never started: {why}"[:1000]).write(layout.store, layout.slot_status_uri(block, shard, slot))
     return ended
