@@ -136,12 +136,15 @@ class PeerWorld:
                 return False
         return True
 
-    def _end_absent(self, act: Any = None, done: bool = False) -> None:
+    def _end_absent(self, act: Any = None, only: set | None = None) -> None:
         """A try failed for good, so its block has: the block's tasks that have not started (never, a
         yield, or a retry not begun) are failed with a final word, as the driver (``status.end_never_started``)
         and the train operator (through the REST API) do; else a task that never starts kept the run going."""
+        done = only is not None  # an ASHA search finished: the slots no decision needed end done
         for task in self.tasks:
             if task.state != "queued" or (task.proc is not None and task.proc.alive):
+                continue
+            if done and (task.shard, task.slot) not in only:
                 continue
             task.state = "success" if done else "failed"
             number = task.word[1].try_number if task.word is not None else task.try_number

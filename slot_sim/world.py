@@ -331,7 +331,7 @@ class World(AshaDecisions, PeerWorld, ManyMachines):
         if word.final:
             self._end_absent(act)
         elif word.state == "done" and proc.machine.asha and proc.machine.ended:
-            self._end_absent(act, done=True)  # the driver: the search finished without them
+            self._end_absent(act, only=proc.machine.unneeded_slots())  # the driver: the search finished without them
         if isinstance(act, sp.Yield):
             task.state = "queued"
             task.yields += 1

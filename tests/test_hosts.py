@@ -131,9 +131,6 @@ def test_a_shard_host_lost_and_replaced_by_an_empty_one_stages_its_shard_again(s
     assert retried and all(ti["hostname"] == new.name for ti in retried), retried
 
 
-@pytest.mark.xfail(strict=True, reason="a task queued to a queue no Celery worker serves waits in Redis until "
-                                       "Airflow's task_queued_timeout (10 minutes, twice requeued): nothing refuses "
-                                       "the run or bounds the wait yet")
 def test_a_shard_queue_no_host_serves_is_refused_or_fails_in_bound_naming_it(search):
     from tests.conftest import failed_logs  # noqa: PLC0415
 

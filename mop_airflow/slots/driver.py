@@ -313,12 +313,13 @@ def run_slot(layout: RunLayout, run: RunRecord, manifest: Manifest, hops: Sequen
     if loop.machine.asha and loop.machine.ended and not loop.machine.alone:
         # the search finished without the slots that never started (no leg needed them): their tasks still
         # wait in Airflow for a worker or a pool slot, and the run with them (slot_sim seed 4390)
-        result.absent = _end_the_unstarted(loop, layout, block, "the search finished without it", state="done")
+        result.absent = _end_the_unstarted(loop, layout, block, "the search finished without it", state="done",
+                                           owners=loop.machine.unneeded_slots())
     return result
 
 
-def _end_the_unstarted(loop: "_Loop", layout: RunLayout, block: str, why: str,
-                       state: str = "failed") -> list[tuple[int, int]]:
+def _end_the_unstarted(loop: "_Loop", layout: RunLayout, block: str, why: str, state: str = "failed",
+                       owners: set | None = None) -> list[tuple[int, int]]:
     """This slot failed for good, so its block has: the slots of the block that have not started (no
     status, yielded, or failed and waiting for a retry) are said failed for good too, and returned (the
     operator fails their tasks). Else a task that never starts (no worker on its queue, no slot in its
@@ -327,8 +328,8 @@ def _end_the_unstarted(loop: "_Loop", layout: RunLayout, block: str, why: str,
     try:
         said = (f"shard {shard} slot {slot} of its block failed for good ({why})" if state == "failed"
                 else f"shard {shard} slot {slot} of its block ended: {why}")
-        return end_never_started(layout, block, sorted(loop.machine.block_slots() - {loop.slot_of}), said[:900],
-                                 state=state)
+        owners = loop.machine.block_slots() - {loop.slot_of} if owners is None else owners
+        return end_never_started(layout, block, sorted(owners), said[:900], state=state)
     except Exception:  # noqa: BLE001 - the store may be what failed: this task's own error is the one to report
         log.warning("could not say the slots of block %s that never started failed for good", block, exc_info=True)
         return list(loop.absent)

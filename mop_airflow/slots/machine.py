@@ -701,6 +701,10 @@ class SlotMachine:
         absent = frozenset(o for o, p in self.peers.items() if self.untrained and p.absent(now, min(self.wait, self.absent_wait)))
         return End(dict(self.untrained), frozenset(self.for_good), absent)
 
+    def unneeded_slots(self) -> set:
+        """ASHA, its search finished: the slots of the block no decision put a hop on (they need not run)."""
+        return self.block_slots() - set(self.owner.values()) - {self.slot_of}
+
     def block_slots(self) -> set:
         """Every slot of the block that has hops: those of the hops known (a plain block's are all known at
         its start), or every slot of the shards in ASHA (its legs cross them all)."""
