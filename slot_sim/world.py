@@ -116,8 +116,8 @@ class World(AshaDecisions, PeerWorld, ManyMachines):
         self.outcome = "running"
         self.silent_for_good = False  # a try killed on its last try (no last word, no retry)
         # issue 70's faults, from a generator of their own (ManyMachines); none in a reference run (its shape
-        # given, its faults taken off) nor in the world an old rule set's bug was found in
-        self._draw_many_machines(shape is None and peers)
+        # given, its faults taken off)
+        self._draw_many_machines(shape is None)
         self.bound = self._bound() + self.fault_allowance
         s = self.s
         # the longest a search may go without a record, a decision or a task starting or ending: a pool

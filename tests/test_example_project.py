@@ -43,7 +43,7 @@ def test_the_example_project_imports_into_a_dagbag_and_its_search_runs_end_to_en
         sys.path.remove(str(PROJECT))
     data = make_digits(tmp_path / "data" / "digits.parquet")
     monkeypatch.setenv("MY_PROJECT_DATA", str(data))
-    monkeypatch.setenv("MOP_AIRFLOW_HOME", str(tmp_path / "home"))  # the spec's default store goes here
+    monkeypatch.setenv("MOP_HOME", str(tmp_path / "home"))  # the spec's default store goes here
 
     bag = DagBag(dag_folder=str(PROJECT / "dags"))
     assert bag.import_errors == {}

@@ -173,10 +173,10 @@ def test_a_failed_commit_fails_its_configuration_only(toy_data, tmp_path, monkey
     victim = hops[0].config_id
     commit = model_hop.TrainedHop.commit
 
-    def failing_commit(self):
+    def failing_commit(self, **kwargs):
         if self.assignment.config_id == victim:
             raise ValueError("cannot pack this state")
-        return commit(self)
+        return commit(self, **kwargs)
 
     monkeypatch.setattr(model_hop.TrainedHop, "commit", failing_commit)
     result = run_slot(layout, run, manifest, hops, block="b0", shard=0, slot=0, mine=hops,
@@ -186,7 +186,7 @@ def test_a_failed_commit_fails_its_configuration_only(toy_data, tmp_path, monkey
     assert record.status == "failed" and "ValueError: cannot pack this state" in record.error
     assert len(result.trained) == len(hops) - 4 and len(result.dropped) == 3
     # a fatal one (the store gone) ends the slot, saying whether a retry follows
-    monkeypatch.setattr(model_hop.TrainedHop, "commit", lambda self: (_ for _ in ()).throw(OSError("gone")))
+    monkeypatch.setattr(model_hop.TrainedHop, "commit", lambda self, **kwargs: (_ for _ in ()).throw(OSError("gone")))
     run2, layout2, manifest2 = _setup(tmp_path, toy_data, "store2")
     with pytest.raises(OSError, match="gone"):
         run_slot(layout2, run2, manifest2, _hops(run2), block="b0", shard=0, slot=0, mine=_hops(run2),
