@@ -5,23 +5,11 @@ container reads it, and keeps the run's records, checkpoints and report there, t
 ``aws_default`` (AIRFLOW_CONN_AWS_DEFAULT in the compose file)."""
 
 from mop_airflow import build_mop_dag
-from mop_airflow.examples.mnist1d_spec import mnist1d_data_spec
+from mop_airflow.examples.mnist1d_spec import mnist1d_data_spec, mnist1d_grid_search
 
 spec = {
     "data": {**mnist1d_data_spec("s3://mop/data/mnist1d"), "conn_id": "aws_default"},
-    "search": {
-        "space": {
-            "method": "grid",
-            "params": {
-                "model": ["mop_airflow.examples.mnist1d_models:mlp", "mop_airflow.examples.mnist1d_models:cnn"],
-                "optimizer": "adam",
-                "learning_rate": [3e-3, 1e-2],
-                "batch_size": [32, 128],
-                "metrics": ["accuracy"],
-            },
-        },
-        "metric": "val_accuracy",
-    },
+    "search": mnist1d_grid_search(),
     "schedule": {"shards": 4, "iterations": 3, "epochs_per_hop": 1, "seed": 42},
     "store": {"root": "s3://mop/runs", "conn_id": "aws_default"},
 }
