@@ -365,19 +365,9 @@ def test_asha_ends_its_try_when_a_slot_of_the_block_never_starts_and_names_it():
 def test_a_record_listed_but_not_readable_yet_is_read_again_not_fatal():
     """A store whose readers disagree for a while: the marker is listed, the record answers 404 to this
     reader. The hop waits and its record is read again a second later (a StoreError failed the try)."""
-    from dataclasses import dataclass
-
     from mop_airflow.slots import machine as sp
 
-    @dataclass(frozen=True)
-    class Hop:
-        config_id: str
-        hop: int
-        shard: int
-        slot: int = 0
-        weight: int = 1
-        order: int = 0
-        start: sp.State | None = None
+    from .test_slot_sim import Hop
 
     hops = [Hop("a", 0, 0, start=sp.State("a", -1, None)), Hop("a", 1, 1)]
     machine = sp.SlotMachine(hops, shard=1, slot=0, try_number=1, began=0.0, wait=60.0)
