@@ -48,6 +48,11 @@ class MopTrainShardOperator(MopBaseOperator):
         self.block = block  # which block of the run (an adaptive search's): its decision says how far it trains
         self.asha = asha  # ASHA decided inside the slots: the block's hops come as the slots decide them
         self.priority = priority
+        # a slot that dies with its worker ends its block's never-started tasks through this callback, which
+        # runs after the user's own (default_args) and never replaces them
+        theirs = self.on_failure_callback
+        self.on_failure_callback = [*(theirs if isinstance(theirs, list) else [theirs] if theirs else []),
+                                    end_block_after_final_failure]
 
     def on_kill(self) -> None:
         """Airflow stopping the task gracefully (SIGTERM): end after the hop in progress and its commits."""
@@ -212,3 +217,37 @@ class MopTrainShardOperator(MopBaseOperator):
 def _may_come(exc: BaseException) -> bool:
     """A block left incomplete only by slots that may still come (late or hung, not ended for good)."""
     return bool(getattr(exc, "retryable", False))
+
+
+def end_block_after_final_failure(context: Any) -> None:
+    """A train task's ``on_failure_callback`` (its failure for good): fail its block's train tasks that never
+    started, unless a slot of the block lives on to end them.
+
+    A slot that fails for good in its own process ends them itself (:meth:`MopTrainShardOperator.
+    _end_never_started`). A slot that dies with its worker (a lost host, its Celery worker or its
+    supervisor killed) never gets to: Airflow fails it when its heartbeat stops, then runs this callback in
+    the dag-processor, and without it the run waited for ever for a task no worker or pool slot would start
+    (issue 70's known gap). Airflow runs no callback for a task process killed while its supervisor lives
+    (apache/airflow#60858): that case stays open, and the docs say so."""
+    from mop_airflow.hooks.pools import fail_waiting_unless_one_lives  # noqa: PLC0415
+    from mop_airflow.planning.task_plan import shard_pool, train_task_id  # noqa: PLC0415
+
+    task, ti = context["task"], context["ti"]
+    group = task.task_id.rpartition(".")[0]
+    prefix = f"{group}." if group else ""
+    others = {train_task_id(prefix, s, k, task.slots): s for s in range(task.shards) for k in range(task.slots)
+              if (s, k) != (task.shard, task.slot)}
+    where = ", ".join(f"queue and pool {shard_pool(s)}" for s in sorted(set(others.values())))
+    note = (f"never started (no worker serves its queue, or its pool has no free slot: {where}) while "
+            f"{task.task_id} failed for good and no other slot of the block was left to wait for it; failed "
+            "so the run ends. Fix the worker or the pool, then clear the failed train tasks of this run")
+    run_id = context.get("run_id") or ti.run_id
+    try:
+        failed = fail_waiting_unless_one_lives(ti.dag_id, run_id, list(others), note)
+    except Exception as exc:  # noqa: BLE001 - a callback's failure must not hide the task's
+        task.log.error("could not end the train tasks of %s's block that never started (%s): mark them failed by "
+                       "hand, or the run waits for them", task.task_id, exc)
+        return
+    if failed:
+        task.log.error("%s never started: failed now, as %s failed for good and no slot was left to wait for "
+                       "them, so the run ends", ", ".join(failed), task.task_id)

@@ -28,13 +28,17 @@ class Bug:
     """A planted bug: what it breaks, in words; the rules it runs with; the production functions it
     replaces (``(owner, attribute, replacement(original))``); ``needs``: a fault the simulated world does
     not have yet, without which no schedule can catch it (then it is listed, not required); ``hunt_from``:
-    where the hunt for it starts, for a bug found only far into the seeds (said in the docs' table)."""
+    where the hunt for it starts, for a bug found only far into the seeds (said in the docs' table);
+    ``caught_at``: the first seed found to catch it (the docs' table), where CI's hunt starts, so that CI
+    replays one schedule a bug instead of the hundreds before it (and hunts on from there if a change of
+    the protocol or the world moved it)."""
 
     what: str
     rules: Rules = Rules()
     patches: tuple = ()
     needs: str | None = None
     hunt_from: int = 0  # the first seed hunted: past 0 only for a bug the first seeds never reach
+    caught_at: int | None = None
 
 
 def _gone_without_wait_bound(original: Callable) -> Callable:
@@ -119,10 +123,10 @@ def _never_earlier(original: Callable) -> Callable:
 BUGS: dict[str, Bug] = {
     "failed configuration not settled forward": Bug(
         "a slot that drops a failed configuration's hops writes no record where the next one was due",
-        Rules(settle_forward=False)),
+        Rules(settle_forward=False), caught_at=63),
     "retry does not check commits": Bug(
         "a retry takes no hop as committed by its earlier try, and trains it again",
-        patches=((machine.SlotMachine, "_earlier", _never_earlier),)),
+        patches=((machine.SlotMachine, "_earlier", _never_earlier),), caught_at=0),
     "no bound on waiting for a silent peer": Bug(
         "a slot waits for ever for a peer whose progress stopped (no wait bound)",
         patches=((machine.PeerView, "gone", _gone_without_wait_bound),),
@@ -130,47 +134,48 @@ BUGS: dict[str, Bug] = {
               "hung peer is always killed and retried or ended, and seeds 0 to 7,999 no longer catch it (2026-12-06)"),
     "PeerView.read `<` made `<=`": Bug(
         "a peer's later status from the same try is ignored",
-        patches=((machine.PeerView, "read", _read_ignoring_same_try),)),
+        patches=((machine.PeerView, "read", _read_ignoring_same_try),), caught_at=283),
     "ASHA promotes twice": Bug(
         "ASHA forgets which configurations it promoted",
-        patches=((asha_slots, "next_jobs", _promoting_again),)),
+        patches=((asha_slots, "next_jobs", _promoting_again),), caught_at=1),
     "production ranking reversed": Bug(
         "every rung, leaderboard and promotion ranks worst first",
-        patches=((promotion, "rank_rung", _reversed), (search_asha, "rank_rung", _reversed))),
+        patches=((promotion, "rank_rung", _reversed), (search_asha, "rank_rung", _reversed)), caught_at=0),
     "ASHA over its budget": Bug(
         "ASHA hands out legs past its budget's last block",
-        patches=((asha_slots, "next_jobs", _over_budget),)),
+        patches=((asha_slots, "next_jobs", _over_budget),), caught_at=13),
     "promotion without its rung complete": Bug(
         "an ASHA job counts as complete at its configuration's latest record, mid-leg",
-        patches=((asha_slots, "ends_leg", _any_record_ends_leg), (asha_slots, "completions", _completed_at_latest))),
+        patches=((asha_slots, "ends_leg", _any_record_ends_leg), (asha_slots, "completions", _completed_at_latest)),
+        caught_at=1),
     # a found commit's marker and the look-up of a hop waited for a minute cover each other: either
     # alone survives the first 600 seeds, both together do not
     "found commit neither marked nor looked up": Bug(
         "a retry that finds its hop committed does not mark it, and a slot waiting for it never looks it up",
-        Rules(mark_found=False, look_after=None)),
+        Rules(mark_found=False, look_after=None), caught_at=5),
     "given-up hop never looked up": Bug(
         "a hop given up never has its input's record looked up again", Rules(look_given_up=False),
         hunt_from=136_000,
         needs="a schedule that reaches it again: seeds 136,000 to 143,998 no longer do since ASHA decides when a "
               "peer is newly judged ended for good (2026-12-06)"),
     "a peer dead on its last try waited for": Bug(
-        "a slot silent on its last try is not taken as ended for good", Rules(last_try_dies=False)),
+        "a slot silent on its last try is not taken as ended for good", Rules(last_try_dies=False), caught_at=539),
     "ASHA dead legs kept": Bug(
-        "ASHA never fails a leg whose next hop is on a slot ended for good", Rules(asha_dead_legs=False)),
+        "ASHA never fails a leg whose next hop is on a slot ended for good", Rules(asha_dead_legs=False), caught_at=196),
     "silent peer dead on any try": Bug(
         "a peer silent for the wait bound is taken as ended for good though a retry follows",
-        patches=((machine, "died_on_last_try", _dies_on_any_try),)),
+        patches=((machine, "died_on_last_try", _dies_on_any_try),), caught_at=984),
     "failure not recorded": Bug(
         "a configuration that fails is not recorded failed (the slot only learns it)",
-        patches=((machine.SlotMachine, "trained_failed", _failure_not_written),)),
+        patches=((machine.SlotMachine, "trained_failed", _failure_not_written),), caught_at=1),
     "fence removed": Bug(
-        "two copies of one slot write over each other's records and checkpoints", Rules(fence=False)),
+        "two copies of one slot write over each other's records and checkpoints", Rules(fence=False), caught_at=30),
     "yields unbounded": Bug(
         "a slot gives its pool slot back for ever to a slot ranked before it that never starts",
-        Rules(yield_bound=False)),
+        Rules(yield_bound=False), caught_at=25),
     "give-up never taken back": Bug(
         "a hop given up stays given up when its input comes after all",
-        patches=((machine.SlotMachine, "_take_back", _never_taken_back),)),
+        patches=((machine.SlotMachine, "_take_back", _never_taken_back),), caught_at=17),
 }
 # Named for the protocol's fixes still to land, plantable once they do (none now).
 PENDING: dict = {}

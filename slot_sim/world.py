@@ -44,6 +44,9 @@ NEVER = math.inf
 # again, actions that never end), and fails with its seed instead of running for ever. A slot's
 # actions answered at once (reads) count too, each as an event.
 EVENT_CAP = 100_000
+# From a lost try's failure for good to its failure callback's effect: the dag-processor takes the callback
+# Airflow's scheduler sends it on its next loop, then two REST calls a task of the block
+FAILURE_CALLBACK_S = 5.0
 
 
 
@@ -164,10 +167,10 @@ class World(AshaDecisions, PeerWorld, ManyMachines):
                 break
         if self.outcome == "running" and not self.violations:
             left = [t for t in self.tasks if t.state not in ("success", "failed", "skipped")]
-            if self.silent_for_good and left and all(t.proc is None and t.word is None for t in left):
-                # A known gap, not yet closed: the last slot able to end them was killed on its last try (it says
-                # nothing more), and the only tasks left never started. Production's run then waits for them
-                # too: Airflow fails the killed task, and nothing fails the never-started ones. Counted, not hidden.
+            if (not self.rules.lost_ends_block and self.silent_for_good and left
+                    and all(t.proc is None and t.word is None for t in left)):
+                # The gap before the failure callback (Rules.lost_ends_block off): the last slot able to end them
+                # was killed on its last try (it says nothing more), and the only tasks left never started.
                 self.outcome = "stuck: never-started slots outlive a slot killed on its last try"
             else:
                 self.violate("no event left and the search has not ended (a deadlock): " + self._stuck())
@@ -297,12 +300,26 @@ class World(AshaDecisions, PeerWorld, ManyMachines):
                 # the slots of its legs at most once a heartbeat)
                 self.at(status.heartbeat + self.s.wait + sp.HEARTBEAT, self._asha_changed)
             self.note("failed for good", task.shard, task.slot)
+            if died and self.rules.lost_ends_block:  # Airflow runs its failure callback once it fails it
+                self.at(max(when, self.now) + FAILURE_CALLBACK_S, self._failure_callback, task)
             self._block_over()
             return
         task.try_number += 1
         task.state = "queued"
         self.at(when + self.rng.uniform(*self.s.retry_delay) + self.rng.uniform(0, self.s.scheduler_late),
                 self._start, task)
+
+    def _failure_callback(self, task: Task) -> None:
+        """The train task's failure callback (operators/train.end_block_after_final_failure), for a try lost
+        on its last try: when no other task of the block has started and lives on (running, yielded, a
+        retry to come), the block's tasks that never started are failed, as production does through the
+        REST API. A lost try says no last word, so nothing else would end them."""
+        left = [t for t in self.tasks if t is not task and t.state not in ("success", "failed", "skipped")]
+        if not left or any(t.proc is not None for t in left):
+            return
+        self.note("failure callback", task.shard, task.slot)
+        self._end_absent()
+        self._block_over()
 
     def _end(self, proc: Proc, act: Any) -> None:
         task = proc.task

@@ -14,9 +14,11 @@ still equal the undisturbed in-process run. Tasks are told apart by their queue,
 so the test holds whatever tasks a block is rendered as.
 """
 
+import contextlib
 import datetime as dt
 import json
 import os
+import signal
 import socket
 import time
 
@@ -186,3 +188,66 @@ def test_mop_on_celery_workers_per_shard(postgres_db, redis_broker, s3_endpoint,
     for dist, local in zip(sorted(dist_rows, key=key), sorted(local_rows, key=key)):
         for column in ("train_loss", "train_accuracy", "val_loss", "val_accuracy"):
             assert dist[column] == pytest.approx(local[column], rel=1e-4, abs=1e-5), (dist["config_id"], column)
+
+
+LOST_DAG_ID = "mop_distributed_lost_on_last_try"
+
+
+@pytest.mark.slow
+def test_slots_lost_on_their_last_try_end_the_block_that_never_started(postgres_db, redis_broker, tmp_path):
+    """Shard 2's pool closed for ever once its stage task ran (its train task never starts), then the
+    workers of shards 0 and 1 lost with their tasks on their last try: no slot is left to end shard 2's
+    task. Airflow fails the lost tasks when their heartbeat stops and runs their failure callback in the
+    dag-processor, which fails shard 2's task naming its queue and pool: the run ends failed, no longer
+    running for ever (issue 70's known gap)."""
+    source = tmp_path / "digits.parquet"
+    write_digits(source)
+    dags = tmp_path / "dags"
+    dags.mkdir()
+    spec = spec_for(source, f"file://{tmp_path / 'store'}")
+    spec["store"].pop("conn_id")
+    spec["schedule"]["shards"] = 3
+    dag_file(dags, LOST_DAG_ID, spec, default_args={"retries": 0})  # every try is the last
+    workers = [CeleryWorker(f"shard{s}", (f"mop_shard_{s}",)) for s in range(3)] + [CeleryWorker("control", ("default",))]
+    heartbeat = {"AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": "20",
+                 "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT_DETECTION_INTERVAL": "5"}
+    with LocalAirflow(tmp_path / "airflow", dags, sql_alchemy_conn=postgres_db, celery_broker=redis_broker,
+                      workers=workers, extra_env=heartbeat) as af:
+        af.wait_for_dag(LOST_DAG_ID)
+        assert af.run_cli("mop-airflow", "pools", "sync", "--shards", "3", check=False).returncode == 0
+        run_id = af.trigger(LOST_DAG_ID)
+
+        def states():
+            return {ti["task_id"]: ti for ti in af.task_instances(LOST_DAG_ID, run_id)}
+
+        deadline = time.time() + 300
+        while states().get("stage_shard_2", {}).get("state") not in ("running", "success"):
+            assert time.time() < deadline, "stage_shard_2 never ran"
+            time.sleep(0.2)
+        af.api("PATCH", "/pools/mop_shard_2", json={"pool": "mop_shard_2", "slots": 0, "include_deferred": False},
+               params={"update_mask": "slots"})
+        assert states()["train_shard_2"]["state"] in (None, "scheduled"), "mop_shard_2 closed too late"
+        from tests.test_slot_faults_scheduler import _slot_pid  # noqa: PLC0415
+
+        af.store = Store(f"file://{tmp_path / 'store'}")
+        # each slot's task process once it committed a hop (its status names it): Airflow's supervisor puts a
+        # task process in a process group of its own, which a SIGKILL of its worker's group misses (in a first
+        # version of this test the orphan ended the block itself); a lost host takes both
+        pids = [_slot_pid(af, LOST_DAG_ID, run_id, s, 0) for s in (0, 1)]
+        for s, pid in zip((0, 1), pids):
+            af.kill(f"worker-shard{s}")
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        lost = time.time()
+        state = af.wait_for_run(LOST_DAG_ID, run_id, timeout=300)
+        took = time.time() - lost
+        tis = states()
+    assert state == "failed", {t: ti["state"] for t, ti in tis.items()}
+    assert [tis[f"train_shard_{s}"]["state"] for s in (0, 1)] == ["failed", "failed"]
+    absent = tis["train_shard_2"]
+    assert absent["state"] == "failed" and absent["try_number"] in (0, 1), absent
+    note = absent.get("note") or ""
+    assert "never started" in note and "queue and pool mop_shard_2" in note and "failed for good" in note, note
+    # the heartbeat timeout (20 s), its detection (5 s), the callback in the dag-processor, the run's last tasks
+    assert took < 180, took
+    print(f"two slots lost on their last try, shard 2 never started: the run failed {took:.0f} s after the loss")

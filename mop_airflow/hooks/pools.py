@@ -233,6 +233,28 @@ def fail_tasks_never_started(dag_id: str, run_id: str, task_ids: Sequence[str], 
     return failed
 
 
+# A train task in one of these has started and may still end the tasks of its block that never started
+# (it waits for them within the wait bound); "scheduled" and "queued" may be a retry's too.
+LIVE_STATES = ("running", "up_for_retry", "up_for_reschedule", "restarting", "deferred")
+NEVER_STARTED_STATES = (None, "none", "scheduled", "queued")
+
+
+def fail_waiting_unless_one_lives(dag_id: str, run_id: str, task_ids: Sequence[str], note: str) -> list[str]:
+    """Fail the tasks of ``task_ids`` still waiting to start, unless one of them has started and lives on
+    (that one ends them itself, within its wait bound). For a train task that failed for good where no
+    slot of its block is left to do so: the run would wait for ever for a task no worker or pool slot will
+    ever start. Returns the tasks failed."""
+    with _api() as api:
+        try:
+            states = {t: api.get(f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{t}").get("state") for t in task_ids}
+        except AirflowApiError as exc:
+            raise _unreachable(exc) from exc
+    if any(state in LIVE_STATES for state in states.values()):
+        return []
+    waiting = [t for t, state in states.items() if state in NEVER_STARTED_STATES]
+    return fail_tasks_never_started(dag_id, run_id, waiting, note) if waiting else []
+
+
 def celery_active_queues(timeout: float = 5.0) -> dict[str, list[dict[str, Any]]] | None:
     """What each Celery worker listens on (``inspect().active_queues()``), through the Celery app Airflow's
     CeleryExecutor configures (its broker); None when no worker answered within ``timeout``."""

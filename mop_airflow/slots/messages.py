@@ -194,3 +194,7 @@ class Rules:
     # it, learns it and marks it), a checkpoint never replaces another, and a try that lists a marker of a
     # later try of its own slot (it was paused or cut off, and Airflow runs its retry) writes nothing more
     fence: bool = True
+    # a train task lost on its last try (its worker or host gone: Airflow fails it when its heartbeat stops)
+    # runs its failure callback (operators/train.end_block_after_final_failure), which fails its block's
+    # never-started tasks when no slot of the block lives on to (off: the run waited for them for ever)
+    lost_ends_block: bool = True
