@@ -330,3 +330,26 @@ def test_an_adaptive_search_renders_its_blocks_whatever_its_size(adaptive, shard
         two = build_task_plan(shards, 0, plan, blocks_setting=2)  # schedule.iterations_per_run: 2 blocks a run
         assert [t.task_id for t in two.tasks if t.kind == "decide"] == ["block_1.decide", "decide"]
         assert two.train_tasks == 2 * tasks.train_tasks
+
+
+def _alert(context):  # a user's own failure alert, from default_args
+    pass
+
+
+def test_every_train_task_ends_its_blocks_never_started_tasks_after_the_users_own_failure_callback():
+    from airflow.serialization.serialized_objects import DagSerialization
+
+    from mop_airflow import build_mop_dag
+    from mop_airflow.operators.train import end_block_after_final_failure
+
+    spec = spec_dict()
+    spec["schedule"] = {**spec.get("schedule", {}), "shards": 3}
+    dag = build_mop_dag(spec, dag_id="mop_callbacks", default_args={"on_failure_callback": _alert})
+    trains = hops(dag)
+    assert len(trains) >= 3
+    for task in trains:
+        assert task.on_failure_callback == [_alert, end_block_after_final_failure], task.task_id
+    others = [t for t in dag.tasks if t not in trains]
+    assert all(t.on_failure_callback in (_alert, [_alert]) for t in others)  # no other task's is touched
+    again = DagSerialization.deserialize_dag(DagSerialization.serialize_dag(dag))
+    assert all(again.get_task(t.task_id).has_on_failure_callback for t in trains)
