@@ -176,6 +176,9 @@ BUGS: dict[str, Bug] = {
     "give-up never taken back": Bug(
         "a hop given up stays given up when its input comes after all",
         patches=((machine.SlotMachine, "_take_back", _never_taken_back),), caught_at=17),
+    "lost slot ends nothing": Bug(
+        "a slot lost with its worker on its last try leaves its block's never-started tasks waiting (no failure "
+        "callback)", Rules(lost_ends_block=False), caught_at=4390),
 }
 # Named for the protocol's fixes still to land, plantable once they do (none now).
 PENDING: dict = {}

@@ -199,6 +199,18 @@ def test_without_settling_forward_the_simulation_finds_the_failed_or_hung_block(
     assert run_one(seed).problems == []
 
 
+def test_a_slot_lost_on_its_last_try_ends_its_blocks_never_started_tasks_through_its_failure_callback():
+    """Seed 4390: the last slot able to end a never-started task is killed on its last try. Without the
+    failure callback the run waited for ever (a deadlock); with it the search ends, failed."""
+    from mop_airflow.slots.messages import Rules  # noqa: PLC0415
+
+    old = run_one(4390, Rules(lost_ends_block=False))
+    assert any("deadlock" in p for p in old.problems), old.problems
+    now = run_one(4390)
+    assert now.problems == [] and now.outcome == "failed"
+    assert any(t.word is not None and "never started" in (t.word[1].error or "") for t in now.tasks)
+
+
 def test_a_seed_replays_to_the_same_trace_in_any_process():
     first, again = run_one(164, trace=True), run_one(164, trace=True)
     assert first.trace == again.trace and len(first.trace) > 100
