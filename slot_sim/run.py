@@ -257,7 +257,6 @@ RULES = {
     "before-given-up-looks": sp.Rules(look_given_up=False, absent_peers=False, fence=False, lost_ends_block=False),
     "no-fence": sp.Rules(fence=False),  # two copies of one slot write over each other (issue 70)
     "no-settle": sp.Rules(settle_forward=False),
-    "proposed": sp.Rules(yield_bound=True),
 }
 OLD_WORLD = ("before-marks", "before-last-try", "before-given-up-looks", "no-settle")
 
