@@ -660,7 +660,7 @@ def test_the_readme_says_where_the_results_are_and_how_to_reopen_a_finished_demo
 
 
 def test_the_gpu_pages_and_the_compose_file_set_what_a_gpu_worker_needs():
-    from mop_airflow.airflow.celery_config import GPU_WORKER_ENV
+    from mop_airflow.deployment.celery_config import GPU_WORKER_ENV
 
     compose = yaml.safe_load((ROOT / "docker" / "docker-compose.gpu.yaml").read_text())  # the GPU override
     args = compose["x-cuda-build"]["args"]

@@ -1,10 +1,13 @@
 """The house's rules, checked on every module of the package (no hand-written list to fall behind).
 
 The core walks one way: errors and the store at the bottom, then spec, records, search and plan,
-data, training, results, serving; Airflow's side (hooks, operators, the DAG factory, the results
-page) sits on top of it, the command line on top of all. A module may import its own layer and the
-layers below, never one above, so there is no import circle between folders; and nothing below the
-Airflow boundary imports Airflow, not even inside a function.
+data, training, results, serving; Airflow's side (hooks, following a run, operators, the deployment
+tooling, the DAG factory, the results page) sits on top of it, the command line on top of all. A
+module may import its own layer and the layers below, never one above, so there is no import circle
+between folders; and nothing below the Airflow boundary imports Airflow, not even inside a function.
+The deployment tooling (the embedded Airflow, Celery, Helm, Kubernetes, the preload hook) sits below
+the DAG factory, which takes its ShardPods, and above everything else: it may use the core, and the
+core, the operators and the hooks never import it.
 """
 
 import ast
@@ -14,10 +17,11 @@ import sys
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
-# Lowest first. The README's "Where things live" table says the same in words.
+# Lowest first. docs/architecture.md's table of the layers is generated from this list.
 LAYERS = ["errors", "store", "search", "config", "records", "planning", "data", "training", "slots", "results", "serving",
-          "examples", "hooks", "operators", "airflow", "plugins", "cli"]
-BOUNDARY = {"hooks", "operators", "airflow", "plugins", "cli"}  # the only layers that may import Airflow
+          "examples", "hooks", "monitor", "operators", "deployment", "airflow", "plugins", "cli"]
+# the only layers that may import Airflow
+BOUNDARY = {"hooks", "monitor", "operators", "deployment", "airflow", "plugins", "cli"}
 
 
 def package_files():
@@ -104,3 +108,4 @@ def test_importing_the_whole_core_loads_no_airflow():
             "print(sorted(m for m in sys.modules if m == 'airflow' or m.startswith('airflow.')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
     assert out.stdout.strip().splitlines()[-1] == "[]"
+

@@ -8,7 +8,7 @@ Nothing is executed on TensorFlow before the fork (no op, no thread pool), which
 
 Enable it in ``$AIRFLOW_HOME/config/airflow_local_settings.py``::
 
-    from mop_airflow.airflow.preload import preload_if_task_host
+    from mop_airflow.deployment.preload import preload_if_task_host
     preload_if_task_host()
 
 ``mop-airflow demo`` does this for its embedded Airflow.
@@ -25,7 +25,7 @@ from mop_airflow.config.environment import env
 
 LOCAL_SETTINGS = (
     "# Written by mop_airflow: preload Keras in the processes that fork task processes.\n"
-    "from mop_airflow.airflow.preload import preload_if_task_host\n\n"
+    "from mop_airflow.deployment.preload import preload_if_task_host\n\n"
     "preload_if_task_host()\n"
 )
 

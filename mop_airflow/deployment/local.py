@@ -175,7 +175,7 @@ class LocalAirflow:
                 "AIRFLOW__CORE__EXECUTOR": "CeleryExecutor",
                 "AIRFLOW__CELERY__BROKER_URL": celery_broker,
                 "AIRFLOW__CELERY__RESULT_BACKEND": "db+" + sql_alchemy_conn.replace("+psycopg2", ""),
-                "AIRFLOW__CORE__HOSTNAME_CALLABLE": "mop_airflow.airflow.local.worker_hostname",
+                "AIRFLOW__CORE__HOSTNAME_CALLABLE": "mop_airflow.deployment.local.worker_hostname",
             })
         self.workers = tuple(workers)
         self.env = airflow_env(self.home, self.dags_folder, self.port, {**topology, **(extra_env or {})})
@@ -210,7 +210,7 @@ class LocalAirflow:
         return subprocess.run([_bin(args[0]), *args[1:]], env=self.env, check=check, capture_output=True, text=True)
 
     def start(self) -> None:
-        from mop_airflow.airflow.preload import LOCAL_SETTINGS  # noqa: PLC0415
+        from mop_airflow.deployment.preload import LOCAL_SETTINGS  # noqa: PLC0415
 
         (self.home / "logs").mkdir(parents=True, exist_ok=True)
         # Airflow imports $AIRFLOW_HOME/config/airflow_local_settings.py in every process it starts.

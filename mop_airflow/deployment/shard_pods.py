@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from mop_airflow.errors import MopError, SpecError
-from mop_airflow.airflow.helm_values import CACHE_PATH, CACHE_VOLUME, GPU_TOLERATIONS
-from mop_airflow.airflow.kubernetes_shape import GPU_RESOURCE, GPUS_PER_NODE, dns_subdomain, node_selector, positive_int, \
-    quantity
+from mop_airflow.deployment.helm_values import CACHE_PATH, CACHE_VOLUME, GPU_TOLERATIONS
+from mop_airflow.deployment.kubernetes_shape import GPU_RESOURCE, GPUS_PER_NODE, dns_subdomain, node_selector, \
+    positive_int, quantity
 
 BASE_CONTAINER = "base"  # the KubernetesExecutor runs the task in the pod template's container of this name
 SHARD_LABEL = "mop-airflow/shard"
