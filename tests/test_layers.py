@@ -109,3 +109,26 @@ def test_importing_the_whole_core_loads_no_airflow():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
     assert out.stdout.strip().splitlines()[-1] == "[]"
 
+
+# Modules moved out of the DAG factory's package whose old paths the docs published (and deployments
+# wrote: airflow_local_settings.py, [core] hostname_callable): old path -> the module now.
+MOVED = {"mop_airflow.airflow.local": "mop_airflow.deployment.local",
+         "mop_airflow.airflow.preload": "mop_airflow.deployment.preload",
+         "mop_airflow.airflow.shard_pods": "mop_airflow.deployment.shard_pods"}
+
+
+def test_an_old_published_path_gives_the_moved_module_and_warns_the_file_that_imports_it():
+    code = ("import importlib, warnings\n"
+            "warnings.simplefilter('always')\n"
+            f"for old, new in {MOVED!r}.items():\n"
+            "    with warnings.catch_warnings(record=True) as caught:\n"
+            "        exec(f'import {old}')\n"  # an import statement, as in a DAG file or the settings file
+            "    assert importlib.import_module(old) is importlib.import_module(new), old\n"
+            "    [w] = caught\n"
+            "    assert w.category is DeprecationWarning and new in str(w.message) and w.filename == '<string>', w\n"
+            "from mop_airflow.airflow.preload import preload_if_task_host\n"
+            "from mop_airflow.deployment.local import worker_hostname\n"
+            "assert importlib.import_module('mop_airflow.airflow.local').worker_hostname is worker_hostname\n"
+            "print('ok')")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0 and out.stdout.strip().splitlines()[-1] == "ok", out.stderr[-2000:]

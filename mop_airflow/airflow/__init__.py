@@ -4,4 +4,5 @@ metadata Airflow lists (provider.py).
 
 Running Airflow is not here: the embedded Airflow, the Celery, Helm and Kubernetes configuration and
 the preload hook are :mod:`mop_airflow.deployment`, and following a run through the REST API is
-:mod:`mop_airflow.monitor`."""
+:mod:`mop_airflow.monitor`. The old paths of the moved modules the documentation published
+(``local``, ``preload``, ``shard_pods``) still import from here, with a ``DeprecationWarning``."""
