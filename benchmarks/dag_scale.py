@@ -666,7 +666,7 @@ class RunResult:
 
 
 def run_on_airflow(shape: Shape, home: Path, dag_file: Path, args: argparse.Namespace) -> RunResult:
-    from mop_airflow.airflow.local import LocalAirflow, throwaway_postgres  # noqa: PLC0415
+    from mop_airflow.deployment.local import LocalAirflow, throwaway_postgres  # noqa: PLC0415
 
     fig: dict[str, Any] = {}
     extra = {

@@ -345,7 +345,7 @@ def section_fresh(d: Driver, models: list[str], hops: int) -> None:
 
 def section_preload(d: Driver, models: list[str], hops: int) -> None:
     """The fresh chain forked from a worker that imported Keras and the hop modules first, as the
-    preload does in Airflow's task-forking processes (``mop_airflow.airflow.preload``)."""
+    preload does in Airflow's task-forking processes (``mop_airflow.deployment.preload``)."""
     for model in models:
         cid = d.configs(model, "preload")[0]
         d.chain(model=model, run="preload", config_id=cid, hops=hops, cache="on", env=gpu_env(),

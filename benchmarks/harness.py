@@ -170,7 +170,7 @@ def embedded_airflow(home: Path, dags: Path, *, env: dict[str, str] | None = Non
     """The embedded Airflow (``mop-airflow up``: SQLite, LocalExecutor) on ``dags``, its home and the
     runs' store under ``home``; the DAG files are parsed once (no re-parse while a run goes). With
     ``pools_for``, waits for that DAG and syncs its shard pools, as ``mop-airflow demo`` does."""
-    from mop_airflow.airflow.local import LocalAirflow  # noqa: PLC0415
+    from mop_airflow.deployment.local import LocalAirflow  # noqa: PLC0415
 
     settings = {"MOP_HOME": str(home), "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "600",
                 **(env or {})}

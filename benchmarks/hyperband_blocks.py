@@ -153,7 +153,7 @@ def wait_quietly(af: Any, layout: RunLayout, run_id: str, *, timeout: float, beg
 
 def run_on_airflow(args: argparse.Namespace, home: Path, data: tuple[str, str], began: float) -> dict[str, Any]:
     """Run the search once on a fresh embedded Airflow; what the report needs, saved in ``home``."""
-    from mop_airflow.airflow.local import EMBEDDED_PARALLELISM  # noqa: PLC0415
+    from mop_airflow.deployment.local import EMBEDDED_PARALLELISM  # noqa: PLC0415
 
     store = Store("file://" + str(home / "store"))
     write_dag(home / "dags", DAG_ID, make_spec(args, *data, store.root))

@@ -78,7 +78,7 @@ def reachable(address: tuple[str, int]) -> bool:
 
 def source(env_file: Path) -> dict[str, str]:
     """The variables ``set -a; . FILE; set +a`` gives a shell, as the how-to loads the file."""
-    from mop_airflow.airflow import celery_config  # noqa: PLC0415
+    from mop_airflow.deployment import celery_config  # noqa: PLC0415
 
     out = subprocess.run(["bash", "-c", 'set -a; . "$0"; set +a; env -0', str(env_file)],
                          env={"PATH": os.environ["PATH"]}, capture_output=True, check=True).stdout.decode()
@@ -200,8 +200,8 @@ def main(argv=None) -> int:
 
     import redis  # noqa: PLC0415
 
-    from mop_airflow.airflow import celery_config  # noqa: PLC0415
-    from mop_airflow.airflow.local import CeleryWorker, LocalAirflow, free_port, throwaway_postgres  # noqa: PLC0415
+    from mop_airflow.deployment import celery_config  # noqa: PLC0415
+    from mop_airflow.deployment.local import CeleryWorker, LocalAirflow, free_port, throwaway_postgres  # noqa: PLC0415
 
     header("lost_worker", f"the demo DAG on Celery, {args.runs} clean and {args.runs} lost-worker runs "
                           f"(shard {LOST_SHARD}'s worker killed {args.kill_after:g} s after the trigger, "

@@ -26,7 +26,7 @@ def scheduler_cpu(value: str, seconds: float, settle: float) -> float:
     """CPU seconds of the scheduler process and its children (the LocalExecutor's workers) over ``seconds``."""
     import psutil  # noqa: PLC0415
 
-    from mop_airflow.airflow.local import LocalAirflow  # noqa: PLC0415
+    from mop_airflow.deployment.local import LocalAirflow  # noqa: PLC0415
 
     with tempfile.TemporaryDirectory(prefix="mop-idle-") as tmp:
         home = Path(tmp)

@@ -203,7 +203,7 @@ SAVED = "airflow_run.json"
 
 def run_on_airflow(args: argparse.Namespace, home: Path, began: float) -> dict[str, Any]:
     """Write the data and the DAG file, run the DAG on an embedded Airflow; what the comparison needs."""
-    from mop_airflow.airflow.local import EMBEDDED_PARALLELISM  # noqa: PLC0415
+    from mop_airflow.deployment.local import EMBEDDED_PARALLELISM  # noqa: PLC0415
     from mop_airflow.cli.demo import run_and_watch  # noqa: PLC0415
 
     load_at_start = os.getloadavg()

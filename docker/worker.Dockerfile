@@ -52,7 +52,7 @@ RUN --mount=type=cache,target=/home/airflow/.cache/pip,uid=50000,gid=0 \
         "${TF_PACKAGE}" ${JAX_PACKAGE:+"$JAX_PACKAGE"} "/opt/mop-src[${MOP_EXTRAS}]" "apache-airflow-providers-fab" \
  && pip list --format=freeze | grep -E "^(apache-airflow|apache-airflow-providers-[a-z-]+|tensorflow|keras|jax|s3fs)=="
 
-# Keras is imported once in a Celery worker and inherited by every forked task (mop_airflow.airflow.preload);
+# Keras is imported once in a Celery worker and inherited by every forked task (mop_airflow.deployment.preload);
 # the chart mounts the same file from its airflowLocalSettings (mop-airflow k8s values writes it).
-RUN printf 'from mop_airflow.airflow.preload import preload_if_task_host\npreload_if_task_host()\n' \
+RUN printf 'from mop_airflow.deployment.preload import preload_if_task_host\npreload_if_task_host()\n' \
     > /opt/airflow/config/airflow_local_settings.py

@@ -134,10 +134,10 @@ def queued_without_worker(session: Any, dag_id: str, run_id: str, group: str | N
                           now: float | None = None) -> list[dict[str, Any]]:
     """The selection's tasks queued longer than a hand-off takes, with no worker starting them (a lost
     worker, none serving the queue): each with its queue, since when, and the line ``mop-airflow status``
-    prints (:func:`mop_airflow.airflow.run_status.waiting_of`)."""
+    prints (:func:`mop_airflow.monitor.run_status.waiting_of`)."""
     import time  # noqa: PLC0415
 
-    from mop_airflow.airflow.run_status import RunRef, waiting_of  # noqa: PLC0415
+    from mop_airflow.monitor.run_status import RunRef, waiting_of  # noqa: PLC0415
 
     rows = session.execute(select(TaskInstance.task_id, TaskInstance.queue, TaskInstance.queued_dttm).where(
         TaskInstance.dag_id == dag_id, TaskInstance.run_id == run_id, TaskInstance.state == "queued")).all()

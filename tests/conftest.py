@@ -25,7 +25,7 @@ os.environ["AIRFLOW__CORE__DAGS_FOLDER"] = str(_SESSION / "dags")
 os.environ["MOP_HOME"] = str(_SESSION / "mop")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # Every embedded Airflow of the session copies one migrated metadata database instead of migrating
-# its own (mop_airflow.airflow.local.MIGRATED_DB_ENV). setdefault: xdist's workers inherit the
+# its own (mop_airflow.deployment.local.MIGRATED_DB_ENV). setdefault: xdist's workers inherit the
 # folder of the process that started them, which removes it when the session ends.
 os.environ.setdefault("MOP_MIGRATED_DB_DIR", str(_SESSION / "migrated"))
 
@@ -231,7 +231,7 @@ class SharedAirflow:
 
     def running(self):
         if self.af is None:
-            from mop_airflow.airflow.local import LocalAirflow
+            from mop_airflow.deployment.local import LocalAirflow
 
             # a home of its own each start: a fresh metadata database, nothing of an earlier file in it;
             # parallelism 10: test_slots_at_user_shapes runs 8 train tasks at once beside a control task
@@ -249,7 +249,7 @@ class SharedAirflow:
         waits for one lock: in whole runs the dag-processor stood 60 s at a time (its heartbeat "recovered
         after 60.65 seconds", a DAG deactivated as not parsed for 91 s) and a file's DAGs were not
         parsed within 120 s, while the files beside it trained and killed task processes."""
-        from mop_airflow.airflow.local import throwaway_postgres
+        from mop_airflow.deployment.local import throwaway_postgres
         from tests.test_distributed import PG, _reachable
 
         if not _reachable(PG):

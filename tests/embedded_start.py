@@ -46,7 +46,7 @@ def cpu_seconds(pid: int) -> float:
 
 
 def one_start(work: Path) -> dict:
-    from mop_airflow.airflow.local import LocalAirflow
+    from mop_airflow.deployment.local import LocalAirflow
 
     home = Path(tempfile.mkdtemp(dir=work))
     (home / "dags").mkdir()

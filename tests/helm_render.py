@@ -24,7 +24,7 @@ from typing import Any
 
 import yaml
 
-from mop_airflow.airflow.helm_values import CHART_VERSION
+from mop_airflow.deployment.helm_values import CHART_VERSION
 from tests.conftest import REPO
 
 HELM_PACKAGE = "helm-binary"  # the test extra's: helm 3

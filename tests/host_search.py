@@ -145,8 +145,8 @@ class HostSearch:
                     f"--conn-login {KEY} --conn-password {SECRET} "
                     f"--conn-extra '{json.dumps({'endpoint_url': self.s3_endpoint})}'")
         control.run(ENV + f"mop-airflow pools sync --shards {SHARDS} --slots 1")
-        from mop_airflow.airflow.celery_config import read_env_file  # noqa: PLC0415
-        from mop_airflow.airflow.local import LocalAirflow  # noqa: PLC0415
+        from mop_airflow.deployment.celery_config import read_env_file  # noqa: PLC0415
+        from mop_airflow.deployment.local import LocalAirflow  # noqa: PLC0415
 
         # a client of the control host's API from this machine (the root namespace): nothing is started
         self.af = LocalAirflow(self.base / "client", self.base / "client" / "dags", log=self.log,

@@ -4,8 +4,8 @@
 import json
 import stat
 
-from mop_airflow.airflow import celery_config
-from mop_airflow.airflow.celery_config import read_env_file
+from mop_airflow.deployment import celery_config
+from mop_airflow.deployment.celery_config import read_env_file
 from mop_airflow.cli.main import main
 
 BROKER = "redis://127.0.0.1:6379/0"

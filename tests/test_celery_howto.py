@@ -31,9 +31,9 @@ from pathlib import Path
 
 import pytest
 
-from mop_airflow.airflow import celery_config
-from mop_airflow.airflow.local import CeleryWorker, LocalAirflow, free_port, throwaway_postgres
-from mop_airflow.airflow.run_status import WAITING_AFTER_S
+from mop_airflow.deployment import celery_config
+from mop_airflow.deployment.local import CeleryWorker, LocalAirflow, free_port, throwaway_postgres
+from mop_airflow.monitor.run_status import WAITING_AFTER_S
 from mop_airflow.records.layout import RunLayout
 from mop_airflow.store import Store
 from mop_airflow.slots.commits import rewritten_after_marked

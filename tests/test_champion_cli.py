@@ -26,7 +26,7 @@ DAG = "mop_predict_cli"
 
 
 def _closed_port() -> int:
-    from mop_airflow.airflow.local import free_port
+    from mop_airflow.deployment.local import free_port
 
     return free_port()  # bound then released: nothing listens on it
 
@@ -191,7 +191,7 @@ def api_server(run, session_dir, tmp_path_factory):  # noqa: F811
     of the run registered the DAG, its run and its champion Asset."""
     import httpx
 
-    from mop_airflow.airflow.local import _bin, airflow_env, free_port
+    from mop_airflow.deployment.local import _bin, airflow_env, free_port
 
     home = session_dir / "airflow"
     port = free_port()

@@ -21,9 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from mop_airflow.airflow.local import airflow_env, free_port
+from mop_airflow.deployment.local import airflow_env, free_port
 from mop_airflow.hooks.rest import AirflowAPI
-from mop_airflow.airflow.run_status import find_run
+from mop_airflow.monitor.run_status import find_run
 from mop_airflow.cli.main import OK, UNAVAILABLE, USAGE, _port_free, main
 from mop_airflow.records.layout import RunLayout
 from mop_airflow.store import Store

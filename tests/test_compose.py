@@ -5,7 +5,7 @@ tests/deploy/test_compose_services.py starts its services and runs the demo thro
 Alone the file runs on CPUs: no GPU reserved, the CPU image, a shard worker per shard of its DAG
 (docker/dags), the admin's password the one the pool check logs in with. With docker/docker-compose.gpu.yaml
 the shard workers get what the GPU pages prescribe (docs/how-to/gpu-workers.md): Keras on JAX
-(``KERAS_BACKEND=jax``, :data:`mop_airflow.airflow.celery_config.GPU_WORKER_ENV`), an image built with
+(``KERAS_BACKEND=jax``, :data:`mop_airflow.deployment.celery_config.GPU_WORKER_ENV`), an image built with
 JAX for CUDA and CUDA's TensorFlow, their queue, as many slots (``MOP_SLOTS`` = ``--concurrency``) as
 GPUs reserved (``MOP_GPUS`` = the device ids), and a cache volume of their own. The other services
 keep Keras's default backend and reserve no GPU. Every service gets the lost-worker settings of
@@ -26,7 +26,7 @@ import subprocess
 import pytest
 import yaml
 
-from mop_airflow.airflow.celery_config import GPU_WORKER_ENV, lost_worker_settings
+from mop_airflow.deployment.celery_config import GPU_WORKER_ENV, lost_worker_settings
 from tests.conftest import REPO
 
 COMPOSE_FILE = REPO / "docker" / "docker-compose.yaml"

@@ -26,7 +26,7 @@ import pytest
 
 from mop_airflow.records.layout import RunLayout
 from mop_airflow.records import HopRecord, Manifest, StageRecord
-from mop_airflow.airflow.local import CeleryWorker, LocalAirflow, throwaway_postgres
+from mop_airflow.deployment.local import CeleryWorker, LocalAirflow, throwaway_postgres
 from mop_airflow.store import Store
 from tests.conftest import dag_file, make_bucket, write_dag_file
 from tests.test_end_to_end import tiny_spec, write_digits

@@ -660,7 +660,7 @@ def test_the_readme_says_where_the_results_are_and_how_to_reopen_a_finished_demo
 
 
 def test_the_gpu_pages_and_the_compose_file_set_what_a_gpu_worker_needs():
-    from mop_airflow.airflow.celery_config import GPU_WORKER_ENV
+    from mop_airflow.deployment.celery_config import GPU_WORKER_ENV
 
     compose = yaml.safe_load((ROOT / "docker" / "docker-compose.gpu.yaml").read_text())  # the GPU override
     args = compose["x-cuda-build"]["args"]
@@ -676,8 +676,9 @@ def test_the_gpu_pages_and_the_compose_file_set_what_a_gpu_worker_needs():
     assert "`schedule.slots_per_shard: 2`" in more
 
 
-def test_the_upgrade_notes_name_every_retired_option_and_both_pages_are_in_the_nav():
+def test_the_upgrade_notes_name_every_retired_option_and_moved_module_and_both_pages_are_in_the_nav():
     from mop_airflow.search.adaptive import RETIRED
+    from tests.test_layers import MOVED
 
     notes = (DOCS / "upgrade.md").read_text()
     retired = ["schedule.bundle_size", "schedule.iterations_per_run", *(f"search.adaptive.{k}" for k in RETIRED)]
@@ -685,6 +686,9 @@ def test_the_upgrade_notes_name_every_retired_option_and_both_pages_are_in_the_n
     assert set(RETIRED_OPTIONS) <= {option.rsplit(".", 1)[1] for option in retired}  # the list this file keeps
     nav = (ROOT / "mkdocs.yml").read_text()
     assert "upgrade.md" in nav and "troubleshooting.md" in nav
+    shims = [f"| `{old.rsplit('.', 1)[1]}` | `{new.rsplit('.', 1)[0]}` | imports, with a warning |"
+             for old, new in MOVED.items()]
+    assert [row for row in shims if row not in notes] == []
 
 
 def test_the_troubleshooting_page_covers_every_error_the_package_raises_on_purpose():

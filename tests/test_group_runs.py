@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from mop_airflow.airflow.run_status import RunRef, busy_of, dag_selections, find_run
+from mop_airflow.monitor.run_status import RunRef, busy_of, dag_selections, find_run
 from mop_airflow.serving.champion import read_registry, registry_uri
 from mop_airflow.cli.main import OK, UNAVAILABLE, USAGE, main
 from mop_airflow.records.layout import RunLayout
@@ -262,7 +262,7 @@ def test_status_and_report_through_airflow_ask_for_the_groups_tasks(groups, caps
     assert f"in the task groups {OTHER}, {GROUP} (its tasks in Airflow at http://airflow.test)" in err
     assert f"Fix: name the group: --group {OTHER}" in err
 
-    from mop_airflow.airflow.watch import snapshot
+    from mop_airflow.monitor.watch import snapshot
 
     ref = find_run(api, DAG, "r1", group=OTHER)
     progress = snapshot(api, ref)
@@ -281,7 +281,7 @@ def test_status_and_report_through_airflow_ask_for_the_groups_tasks(groups, caps
 
 
 def test_with_airflow_unreachable_the_groups_runs_are_read_from_the_default_store(groups, capsys, tmp_path):
-    from mop_airflow.airflow.local import free_port
+    from mop_airflow.deployment.local import free_port
 
     _, _, root, done, _ = groups
     home = tmp_path / "home"

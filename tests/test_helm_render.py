@@ -23,8 +23,8 @@ import subprocess
 import pytest
 import yaml
 
-from mop_airflow.airflow.helm_values import CHART_VERSION, HelmValues
-from mop_airflow.airflow.kubernetes_shape import ClusterShape
+from mop_airflow.deployment.helm_values import CHART_VERSION, HelmValues
+from mop_airflow.deployment.kubernetes_shape import ClusterShape
 from tests.helm_render import (HELM_LAYER_PACKAGE, HELM_PACKAGE, chart_dir, config_credentials, helm_binary,
                                plain_credentials, render, summary, values_digest)
 from tests.test_kubernetes import DATA

@@ -17,9 +17,9 @@ import yaml
 
 from mop_airflow.cli.main import main
 from mop_airflow.errors import SpecError
-from mop_airflow.airflow.helm_values import CACHE_PATH, CHART_VERSION, HelmValues
-from mop_airflow.airflow.shard_pods import ShardPods
-from mop_airflow.airflow.kubernetes_shape import ClusterShape
+from mop_airflow.deployment.helm_values import CACHE_PATH, CHART_VERSION, HelmValues
+from mop_airflow.deployment.shard_pods import ShardPods
+from mop_airflow.deployment.kubernetes_shape import ClusterShape
 from tests.conftest import REPO
 from tests.kubernetes_api import api_errors, assert_valid
 from tests.test_spec import spec_dict

@@ -1,10 +1,13 @@
 """The house's rules, checked on every module of the package (no hand-written list to fall behind).
 
 The core walks one way: errors and the store at the bottom, then spec, records, search and plan,
-data, training, results, serving; Airflow's side (hooks, operators, the DAG factory, the results
-page) sits on top of it, the command line on top of all. A module may import its own layer and the
-layers below, never one above, so there is no import circle between folders; and nothing below the
-Airflow boundary imports Airflow, not even inside a function.
+data, training, results, serving; Airflow's side (hooks, following a run, operators, the deployment
+tooling, the DAG factory, the results page) sits on top of it, the command line on top of all. A
+module may import its own layer and the layers below, never one above, so there is no import circle
+between folders; and nothing below the Airflow boundary imports Airflow, not even inside a function.
+The deployment tooling (the embedded Airflow, Celery, Helm, Kubernetes, the preload hook) sits below
+the DAG factory, which takes its ShardPods, and above everything else: it may use the core, and the
+core, the operators and the hooks never import it.
 """
 
 import ast
@@ -14,10 +17,11 @@ import sys
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
-# Lowest first. The README's "Where things live" table says the same in words.
+# Lowest first. docs/architecture.md's table of the layers is generated from this list.
 LAYERS = ["errors", "store", "search", "config", "records", "planning", "data", "training", "slots", "results", "serving",
-          "examples", "hooks", "operators", "airflow", "plugins", "cli"]
-BOUNDARY = {"hooks", "operators", "airflow", "plugins", "cli"}  # the only layers that may import Airflow
+          "examples", "hooks", "monitor", "operators", "deployment", "airflow", "plugins", "cli"]
+# the only layers that may import Airflow
+BOUNDARY = {"hooks", "monitor", "operators", "deployment", "airflow", "plugins", "cli"}
 
 
 def package_files():
@@ -104,3 +108,27 @@ def test_importing_the_whole_core_loads_no_airflow():
             "print(sorted(m for m in sys.modules if m == 'airflow' or m.startswith('airflow.')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
     assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+# Modules moved out of the DAG factory's package whose old paths the docs published (and deployments
+# wrote: airflow_local_settings.py, [core] hostname_callable): old path -> the module now.
+MOVED = {"mop_airflow.airflow.local": "mop_airflow.deployment.local",
+         "mop_airflow.airflow.preload": "mop_airflow.deployment.preload",
+         "mop_airflow.airflow.shard_pods": "mop_airflow.deployment.shard_pods"}
+
+
+def test_an_old_published_path_gives_the_moved_module_and_warns_the_file_that_imports_it():
+    code = ("import importlib, warnings\n"
+            "warnings.simplefilter('always')\n"
+            f"for old, new in {MOVED!r}.items():\n"
+            "    with warnings.catch_warnings(record=True) as caught:\n"
+            "        exec(f'import {old}')\n"  # an import statement, as in a DAG file or the settings file
+            "    assert importlib.import_module(old) is importlib.import_module(new), old\n"
+            "    [w] = caught\n"
+            "    assert w.category is DeprecationWarning and new in str(w.message) and w.filename == '<string>', w\n"
+            "from mop_airflow.airflow.preload import preload_if_task_host\n"
+            "from mop_airflow.deployment.local import worker_hostname\n"
+            "assert importlib.import_module('mop_airflow.airflow.local').worker_hostname is worker_hostname\n"
+            "print('ok')")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0 and out.stdout.strip().splitlines()[-1] == "ok", out.stderr[-2000:]

@@ -1,6 +1,6 @@
 """Keras is preloaded only where Airflow forks task processes."""
 
-from mop_airflow.airflow.preload import is_task_host
+from mop_airflow.deployment.preload import is_task_host
 
 
 def test_only_task_hosts_preload():

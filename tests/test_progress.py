@@ -61,8 +61,8 @@ def test_the_terminal_view_shows_a_bar_each_shard_and_the_best():
 
     from rich.console import Console
 
-    from mop_airflow.airflow.run_status import RunRef
-    from mop_airflow.airflow.watch import _renderable
+    from mop_airflow.monitor.run_status import RunRef
+    from mop_airflow.monitor.watch import _renderable
 
     records = [hop("a", 0, 100.0), hop("a", 1, 110.0, acc=0.6), hop("b", 0, 100.0)]
     progress = progress_of(PLAN, records, {}, "val_accuracy", "max", busy={1: ["c001", "c002"]}, now=130.0)
@@ -79,7 +79,7 @@ def test_the_terminal_view_shows_a_bar_each_shard_and_the_best():
 def test_a_task_no_worker_started_is_named_with_since_when_instead_of_the_time_left():
     import datetime as dt
 
-    from mop_airflow.airflow.run_status import RunRef, waiting_of
+    from mop_airflow.monitor.run_status import RunRef, waiting_of
     from mop_airflow.results.progress import Waiting
 
     queued_at = dt.datetime(2026, 11, 26, 14, 40, 53, tzinfo=dt.timezone.utc)
@@ -112,8 +112,8 @@ def test_the_terminal_view_shows_the_waiting_task_instead_of_the_time_left():
 
     from rich.console import Console
 
-    from mop_airflow.airflow.run_status import RunRef
-    from mop_airflow.airflow.watch import _renderable
+    from mop_airflow.monitor.run_status import RunRef
+    from mop_airflow.monitor.watch import _renderable
     from mop_airflow.results.progress import Waiting
 
     records = [hop("a", 0, 100.0), hop("a", 1, 110.0, acc=0.6), hop("b", 0, 100.0)]

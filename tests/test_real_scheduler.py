@@ -211,7 +211,7 @@ def test_a_search_split_over_dag_runs_goes_on_run_after_run_and_ends_as_one_run(
     that one block 3's; each run holds a third of the hop task instances; the configurations that
     failed in the first block train no further; the last run reports into the first run's folder,
     with the same leaderboard and metrics as the search in one run."""
-    from mop_airflow.airflow.run_status import find_run
+    from mop_airflow.monitor.run_status import find_run
     from mop_airflow.records.layout import run_folder
 
     store = Store(f"file://{airflow.root / 'store'}")

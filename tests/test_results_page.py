@@ -22,7 +22,7 @@ import urllib.parse
 import httpx
 import pytest
 
-from mop_airflow.airflow.local import LocalAirflow
+from mop_airflow.deployment.local import LocalAirflow
 from mop_airflow.records.layout import RunLayout
 from mop_airflow.store import Store
 from tests.conftest import dag_file

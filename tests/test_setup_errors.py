@@ -71,7 +71,7 @@ def test_pools_sync_on_a_new_postgresql_database_names_airflow_db_migrate(tmp_pa
         socket.create_connection(PG, timeout=2).close()
     except OSError:
         pytest.skip(f"PostgreSQL is not reachable on {PG[0]}:{PG[1]}")
-    from mop_airflow.airflow.local import throwaway_postgres
+    from mop_airflow.deployment.local import throwaway_postgres
 
     with throwaway_postgres(*PG, prefix="mop_airflow_unmigrated") as url:
         _says_migrate(_pools_sync(tmp_path, url, "--shards", "2", "--slots", "1"), url,

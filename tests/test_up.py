@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from mop_airflow.airflow import local
+from mop_airflow.deployment import local
 from mop_airflow.cli import up
 from mop_airflow.cli.main import main
 from mop_airflow.hooks.rest import PASSWORD_ENV, USER_ENV

@@ -12,7 +12,7 @@ from typing import Any, Mapping, Sequence
 from airflow.sdk import DAG, Param
 
 from mop_airflow.airflow.render import RETRIES, champion_asset, render_selection
-from mop_airflow.airflow.shard_pods import ShardPods
+from mop_airflow.deployment.shard_pods import ShardPods
 from mop_airflow.planning.schedule import DEFAULT_PRIORITY
 from mop_airflow.config import MopSpec
 from mop_airflow.config.form import form_fields
@@ -55,7 +55,7 @@ def build_mop_dag(
     by default those are the modules the spec's own builders come from, so a conf cannot make the
     workers import arbitrary code.
 
-    ``kubernetes`` (a :class:`~mop_airflow.airflow.shard_pods.ShardPods` or a dict of its fields) runs each
+    ``kubernetes`` (a :class:`~mop_airflow.deployment.shard_pods.ShardPods` or a dict of its fields) runs each
     shard's stage and train tasks as pods through ``executor_config`` pod overrides: on the shard's
     volume, a train pod with its slot's GPUs (docs/how-to/kubernetes.md). Left out, tasks carry no
     executor settings and run wherever the deployment's executor puts them.

@@ -18,7 +18,7 @@ from typing import Any, Iterator, Mapping, Sequence
 from airflow.sdk import Asset, TaskGroup
 from airflow.sdk.definitions.param import ParamsDict
 
-from mop_airflow.airflow.shard_pods import ShardPods, executor_config
+from mop_airflow.deployment.shard_pods import ShardPods, executor_config
 from mop_airflow.serving.champion import champion_asset_uri
 from mop_airflow.operators.check_models import MopCheckModelsOperator
 from mop_airflow.operators.data import MopListDataOperator, MopScatterOperator, MopShardOperator
@@ -57,7 +57,7 @@ def render_selection(spec: MopSpec, plan: TaskPlan, *, dag: Any, builder_modules
 
     ``builder_modules``: the modules a trigger conf may take model builders from.
     ``group`` is the MopTaskGroup's id (None for a whole MOP DAG). ``kubernetes``: run each shard's
-    stage and train tasks as pods on its volume and GPUs (:class:`~mop_airflow.airflow.shard_pods.ShardPods`).
+    stage and train tasks as pods on its volume and GPUs (:class:`~mop_airflow.deployment.shard_pods.ShardPods`).
     """
     pods = None
     if kubernetes is not None:

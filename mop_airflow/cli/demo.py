@@ -30,7 +30,7 @@ def sync_pools_for(af) -> None:
 
 def run_and_watch(af, dag_id: str, *, timeout: float, started: float) -> tuple[str, str, RunRecord]:
     """Sync pools, trigger ``dag_id`` and print progress until the run ends: (run_id, state, run record)."""
-    from mop_airflow.airflow.watch import watch  # noqa: PLC0415
+    from mop_airflow.monitor.watch import watch  # noqa: PLC0415
 
     sync_pools_for(af)
     run_id = af.trigger(dag_id)
@@ -66,7 +66,7 @@ def run_demo(home: Path, dags_folder: Path, *, timeout: float = 900) -> int:
     from mop_airflow.results.console import print_challenge, print_leaderboard  # noqa: PLC0415
     from mop_airflow.store import Store  # noqa: PLC0415
     from mop_airflow.examples.mnist1d_data import write_mnist1d  # noqa: PLC0415
-    from mop_airflow.airflow.local import LocalAirflow  # noqa: PLC0415
+    from mop_airflow.deployment.local import LocalAirflow  # noqa: PLC0415
 
     home = home.absolute()
     started = time.time()

@@ -101,7 +101,7 @@ def quiet_airflow_import():
 
 
 def cmd_celery_config(args: argparse.Namespace) -> int:
-    from mop_airflow.airflow.celery_config import CeleryDeployment, write_config  # noqa: PLC0415
+    from mop_airflow.deployment.celery_config import CeleryDeployment, write_config  # noqa: PLC0415
     from mop_airflow.errors import SpecError  # noqa: PLC0415
 
     try:

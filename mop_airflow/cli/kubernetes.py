@@ -14,7 +14,7 @@ _FIX_DOC = "see docs/how-to/kubernetes.md"
 
 
 def _shape(args: argparse.Namespace):
-    from mop_airflow.airflow.kubernetes_shape import ClusterShape  # noqa: PLC0415
+    from mop_airflow.deployment.kubernetes_shape import ClusterShape  # noqa: PLC0415
 
     return ClusterShape(args.shards, args.slots, args.gpus_per_slot, args.gpus_per_node,
                         node_selector=args.node_selector or [])
@@ -38,7 +38,7 @@ def shards_file(out: str) -> str:
 
 def cmd_values(args: argparse.Namespace) -> int:
     from mop_airflow.errors import SpecError  # noqa: PLC0415
-    from mop_airflow.airflow.helm_values import HelmValues  # noqa: PLC0415
+    from mop_airflow.deployment.helm_values import HelmValues  # noqa: PLC0415
 
     try:
         values = HelmValues(_shape(args), image=args.image, control_image=args.control_image, release=args.release,
@@ -68,7 +68,7 @@ def cmd_volumes(args: argparse.Namespace) -> int:
     import yaml  # noqa: PLC0415
 
     from mop_airflow.errors import SpecError  # noqa: PLC0415
-    from mop_airflow.airflow.shard_pods import ShardPods  # noqa: PLC0415
+    from mop_airflow.deployment.shard_pods import ShardPods  # noqa: PLC0415
 
     try:
         shape = _shape(args)

@@ -84,7 +84,7 @@ def _stored_check(args: argparse.Namespace, store) -> None:
 
 
 def _airflow_check(args: argparse.Namespace, client) -> None:
-    from mop_airflow.airflow.run_status import dag_selections  # noqa: PLC0415
+    from mop_airflow.monitor.run_status import dag_selections  # noqa: PLC0415
     from mop_airflow.errors import AirflowApiError  # noqa: PLC0415
 
     found = dag_selections(client, args.dag_id)
@@ -142,8 +142,8 @@ def _airflow_orstore_of(args: argparse.Namespace, online, offline, *, what: str 
 
 # ---------------------------------------------------------------- status, report, runs
 def cmd_status(args: argparse.Namespace) -> int:
-    from mop_airflow.airflow.run_status import failed_tasks  # noqa: PLC0415
-    from mop_airflow.airflow.watch import watch  # noqa: PLC0415
+    from mop_airflow.monitor.run_status import failed_tasks  # noqa: PLC0415
+    from mop_airflow.monitor.watch import watch  # noqa: PLC0415
 
     def online(client) -> int:
         ref = watch(client, args.dag_id, args.run_id, group=args.group, follow=not args.once,
@@ -172,7 +172,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from mop_airflow.airflow.run_status import find_run  # noqa: PLC0415
+    from mop_airflow.monitor.run_status import find_run  # noqa: PLC0415
     from mop_airflow.results.runs import find_stored_run  # noqa: PLC0415
 
     def online(client) -> int:
@@ -212,7 +212,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
     selection = selection_of(args)
 
     def online(client) -> int:
-        from mop_airflow.airflow.run_status import find_run  # noqa: PLC0415
+        from mop_airflow.monitor.run_status import find_run  # noqa: PLC0415
         from mop_airflow.results.runs import read_stored_run  # noqa: PLC0415
 
         rows = []
@@ -267,7 +267,7 @@ def run_layout_of(args: argparse.Namespace):
 
         _stored_check(args, open_store(args.store))
         return run_layout(args.store, selection_of(args), run_id)
-    from mop_airflow.airflow.run_status import find_run  # noqa: PLC0415
+    from mop_airflow.monitor.run_status import find_run  # noqa: PLC0415
 
     with api(args) as client:
         _airflow_check(args, client)

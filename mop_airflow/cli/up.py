@@ -254,7 +254,7 @@ def port_free(port: int, host: str = "127.0.0.1") -> bool:
 
 
 def cmd_up(args: argparse.Namespace) -> int:
-    from mop_airflow.airflow import local  # noqa: PLC0415
+    from mop_airflow.deployment import local  # noqa: PLC0415
     
     folder = Path(args.dags_folder).absolute()
     if not folder.is_dir():

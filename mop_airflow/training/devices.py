@@ -9,7 +9,7 @@ Settings come from the worker's environment: ``MOP_GPUS`` (a count, or ids with 
 ``CUDA_VISIBLE_DEVICES`` nothing changes: a CPU worker runs exactly as before.
 
 The variables take effect only if CUDA has not started in the process. The worker process that forks
-the tasks may import TensorFlow and Keras (:mod:`mop_airflow.airflow.preload`) but must not list
+the tasks may import TensorFlow and Keras (:mod:`mop_airflow.deployment.preload`) but must not list
 devices, run an op or build a model: CUDA does not survive a fork, and its settings would be fixed
 once, in the parent, for every child.
 """

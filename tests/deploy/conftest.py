@@ -73,7 +73,7 @@ def worker_image(images) -> str:
 @pytest.fixture
 def postgres_url():
     """A database of the test's own on the machine's PostgreSQL, dropped at the end."""
-    from mop_airflow.airflow.local import throwaway_postgres  # noqa: PLC0415
+    from mop_airflow.deployment.local import throwaway_postgres  # noqa: PLC0415
 
     if not _reachable(5432):
         pytest.fail("the deployment tests need PostgreSQL on 127.0.0.1:5432 (.ci/run starts it)")
@@ -84,7 +84,7 @@ def postgres_url():
 @pytest.fixture
 def redis_url(tmp_path):
     """A redis-server of the test's own on a free port (the broker), stopped at the end."""
-    from mop_airflow.airflow.local import free_port  # noqa: PLC0415
+    from mop_airflow.deployment.local import free_port  # noqa: PLC0415
 
     binary = shutil.which("redis-server")
     if binary is None:

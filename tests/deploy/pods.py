@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mop_airflow.airflow.local import free_port
+from mop_airflow.deployment.local import free_port
 from tests.deploy.podman import Podman
 
 WORKLOADS = ("Deployment", "StatefulSet", "Job")

@@ -28,8 +28,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import yaml
 
-from mop_airflow.airflow.helm_values import worker_set_name
-from mop_airflow.airflow.local import free_port
+from mop_airflow.deployment.helm_values import worker_set_name
+from mop_airflow.deployment.local import free_port
 from mop_airflow.records.layout import RunLayout
 from mop_airflow.store import Store
 from tests.conftest import dag_file, make_bucket

@@ -1,7 +1,7 @@
 """Processes for shard slots in the tests, started as an Airflow worker starts its tasks.
 
 A worker forks each task from a process that imported the training stack once
-(:mod:`mop_airflow.airflow.preload`): a task starts with Keras loaded and nothing built. Spawned processes
+(:mod:`mop_airflow.deployment.preload`): a task starts with Keras loaded and nothing built. Spawned processes
 each imported TensorFlow and Keras again instead, about 5 CPU-seconds a process on a 2-core machine, for
 18 slot processes in the suite. A forkserver that imports them once and forks every slot process gives
 each the same start as a worker's task: its own process, its own Keras session, no model and no state of

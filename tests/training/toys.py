@@ -131,7 +131,7 @@ def mlp_after_a_failed_s3_request(hparams: dict[str, Any]) -> keras.Model:
     does while a hop is built when the store's endpoint is away (nothing listens on the port here)."""
     import threading
 
-    from mop_airflow.airflow.local import free_port
+    from mop_airflow.deployment.local import free_port
     from mop_airflow.errors import StoreError
     from mop_airflow.store import Store
 

@@ -41,11 +41,11 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from mop_airflow.airflow.celery_config import GPU_WORKER_ENV, lost_worker_settings
-from mop_airflow.airflow.preload import LOCAL_SETTINGS
+from mop_airflow.deployment.celery_config import GPU_WORKER_ENV, lost_worker_settings
+from mop_airflow.deployment.preload import LOCAL_SETTINGS
 from mop_airflow.errors import SpecError
-from mop_airflow.airflow.kubernetes_shape import GPU_RESOURCE, GPUS_PER_NODE, ClusterShape, dns_subdomain, positive_int, \
-    quantity
+from mop_airflow.deployment.kubernetes_shape import GPU_RESOURCE, GPUS_PER_NODE, ClusterShape, dns_subdomain, \
+    positive_int, quantity
 from mop_airflow.planning.task_plan import shard_pool
 
 CHART_VERSION = "1.19.0"  # the first chart with workers.celery.sets and workers.celery.persistence
@@ -165,7 +165,7 @@ class HelmValues:
             "airflowVersion": AIRFLOW_VERSION,
             "images": {"airflow": {"repository": repository, "tag": tag, "pullPolicy": "IfNotPresent"}},
             # Replaces the chart's own airflow_local_settings.py (mounted over the image's): Celery workers
-            # import Keras once and fork every task with it (mop_airflow.airflow.preload).
+            # import Keras once and fork every task with it (mop_airflow.deployment.preload).
             "airflowLocalSettings": LOCAL_SETTINGS,
             "env": [{"name": key, "value": value} for key, value in lost_worker_settings().items()],
         }

@@ -13,7 +13,7 @@ import time
 from typing import Any, Callable, TextIO
 
 from mop_airflow.hooks.rest import AirflowAPI
-from mop_airflow.airflow.run_status import FINISHED, RunRef, busy_shards, find_run, waiting_for_worker
+from mop_airflow.monitor.run_status import FINISHED, RunRef, busy_shards, find_run, waiting_for_worker
 from mop_airflow.results.progress import Progress, format_seconds, run_progress, training_now
 
 

@@ -138,7 +138,7 @@ class CeleryDeployment:
             "AIRFLOW__API__SECRET_KEY": secret_key,
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "False",
             # Several workers on one machine: MOP_WORKER_NAME=<name> tells them apart in the UI.
-            "AIRFLOW__CORE__HOSTNAME_CALLABLE": "mop_airflow.airflow.local.worker_hostname",
+            "AIRFLOW__CORE__HOSTNAME_CALLABLE": "mop_airflow.deployment.local.worker_hostname",
             # The login of the tasks (preflight's pool check) and of `mop-airflow status` / `report`.
             "AIRFLOW_CONN_MOP_AIRFLOW_API": f"{api.scheme}://{login}@{api.netloc}{api.path}",
             "MOP_API_URL": base,
@@ -172,7 +172,7 @@ def write_config(deployment: CeleryDeployment, out: Path | None = None) -> list[
     """Write the environment file (default ``$AIRFLOW_HOME/mop-celery.env``), the preload hook and the
     login's password; return a line per file saying what happened to it. An existing file's JWT secret,
     secret key and password are kept, so writing again does not sign out running processes."""
-    from mop_airflow.airflow.preload import LOCAL_SETTINGS  # noqa: PLC0415
+    from mop_airflow.deployment.preload import LOCAL_SETTINGS  # noqa: PLC0415
 
     home = Path(deployment.airflow_home)
     out = Path(out) if out else home / ENV_FILE_NAME
