@@ -156,7 +156,7 @@ def test_priority_weight_values_and_unknown_rules():
 
 def test_train_tasks_rank_their_hops_by_the_rules_weights():
     from mop_airflow.records import Assignment
-    from mop_airflow.slots.driver import block_hops
+    from mop_airflow.planning.placement import block_hops
 
     plan = build_task_plan(3, 2)
     trains = [spec for spec in plan.tasks if spec.kind == "train"]
