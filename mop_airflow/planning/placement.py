@@ -1,10 +1,11 @@
-"""Which shard slot trains each hop of a block.
+"""Which shard slot trains each hop of a block: the one placement rule, production's and the simulator's.
 
 A block's train task on shard ``s``, slot ``k`` (:mod:`mop_airflow.operators.train`, through
-:func:`mop_airflow.slots.driver.run_slot`) trains the hops :func:`block_hops` puts on ``(s, k)``; it lives
-in the planning layer so the plan's simulator can call it too. :func:`slot_rules` says how a run's
-configurations are dealt to the slots (by model key, fused groups whole). Pure: no Airflow, no Keras,
-no store.
+:func:`mop_airflow.slots.driver.run_slot`) trains the hops :func:`block_hops` puts on ``(s, k)``, and
+:func:`mop_airflow.planning.simulation.simulate` replays the same hops on the same slots by calling it
+with the same rules (:func:`slot_rules`: how a run's configurations are dealt to the slots, by model key,
+fused groups whole), so a simulated slot's hops are the hops a real one trains. Pure: no Airflow, no
+Keras, no store.
 """
 
 from __future__ import annotations
