@@ -104,7 +104,8 @@ def one_block(root: str, options: dict | None, folder: Path, args, counter: Coun
     from mop_airflow.records.layout import RunLayout
     from mop_airflow.store import Store
     from mop_airflow.training.model_hop import Where
-    from mop_airflow.slots.driver import block_hops, run_slot
+    from mop_airflow.planning.placement import block_hops
+    from mop_airflow.slots.driver import run_slot
 
     source = write_data(folder, rows=int(args.shards * 16 / 0.9) + 1)
     run_id = f"r{time.time_ns()}"

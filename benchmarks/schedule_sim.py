@@ -11,7 +11,9 @@ Policies:
   mop_airflow                  this project's DAG: :func:`mop_airflow.planning.simulation.simulate` on the plan of
                                :func:`mop_airflow.planning.task_plan.build_task_plan`. Configurations are dealt into
                                p offset classes; each configuration's hops form an independent chain
-                               (no barrier, no groups); a free slot takes the ready hop with the highest
+                               (no barrier, no groups) on the shard slot a train task puts it on
+                               (:func:`mop_airflow.planning.placement.block_hops`, every configuration a
+                               model of its own); a free slot takes its ready hop with the highest
                                priority weight. "remaining" (the default rule) is compared with the
                                other rules, "done" and "none".
   group rotation               the previous mop_airflow (re-implemented here; it left the library):

@@ -26,8 +26,9 @@ hand-off   per hop, ``started_at`` - the moment it could have started: its confi
            slot's first hop with nothing before it has none. It is the slot's polling of the store
            and the commit of the previous hop, not Airflow's scheduler any more.
 predicted  :func:`~mop_airflow.planning.simulation.simulate` on the same task plan with the run's own
-           offset classes (plan.json), one unit per configuration in the block's order, as the
-           shard loop places them (configuration ``i`` on slot ``i mod slots`` of every shard),
+           offset classes (plan.json), one unit per configuration in the block's order, on the slots
+           the train tasks put them on (:func:`~mop_airflow.planning.placement.block_hops` with the
+           run's :func:`~mop_airflow.planning.placement.slot_rules`: by model key, fused groups whole),
            each train task paying ``task_seconds`` once:
            A  hop seconds = controlled training time + median fixed cost per hop, task_seconds =
               median task start-up
@@ -73,6 +74,7 @@ from mop_airflow.config import MopSpec  # noqa: E402
 from mop_airflow.store import Store  # noqa: E402
 from mop_airflow.planning.task_plan import spec_task_plan  # noqa: E402
 
+from mop_airflow.planning.placement import slot_rules  # noqa: E402
 from mop_airflow.planning.simulation import Simulation, lower_bound, simulate  # noqa: E402
 
 MODEL = "mop_airflow.examples.timed_models:sleepy"
@@ -316,7 +318,7 @@ def main() -> int:
     per_class = plan_record.class_lineup()
 
     def sim(seconds: Callable[[str, int, int], float], task_seconds: float) -> Simulation:
-        return simulate(plan, per_class, seconds, slots=slots, task_seconds=task_seconds)
+        return simulate(plan, per_class, seconds, slots=slots, task_seconds=task_seconds, **slot_rules(run_record))
 
     def predicted(each: float) -> Callable[[str, int, int], float]:
         return lambda cid, t, shard: controlled(cid, t, shard) + each

@@ -78,7 +78,8 @@ def slot_main(args: argparse.Namespace) -> None:
     from mop_airflow.records.layout import RunLayout
     from mop_airflow.store import Store
     from mop_airflow.training.model_hop import Where
-    from mop_airflow.slots.driver import block_hops, run_slot
+    from mop_airflow.planning.placement import block_hops
+    from mop_airflow.slots.driver import run_slot
 
     state = json.loads(Path(args.state).read_text())
     store = Store(state["store"])

@@ -62,7 +62,7 @@ class MopTrainShardOperator(MopBaseOperator):
 
     def work(self, context: Any) -> dict[str, Any]:
         from mop_airflow.operators.preflight import running_in_dag_test  # noqa: PLC0415
-        from mop_airflow.slots.driver import block_hops  # noqa: PLC0415
+        from mop_airflow.planning.placement import block_hops, slot_rules  # noqa: PLC0415
 
         layout = self.layout(context)
         if self.asha:  # the one block of an ASHA search: its hops come as the slots decide them
@@ -86,17 +86,11 @@ class MopTrainShardOperator(MopBaseOperator):
             from mop_airflow.planning.resume import plain_classes  # noqa: PLC0415
 
             classes = plain_classes(layout, Plan.read(layout.store, layout.plan_uri), shift, self._stopped)
-        from mop_airflow.planning.lineup import model_key  # noqa: PLC0415
-        from mop_airflow.planning.fusing import grouping  # noqa: PLC0415
-
-        run = self.run_record(layout)
+        # a model key's configurations on one slot (its compiled model serves them all), and a group that
+        # may train fused whole on one
         hops = block_hops(classes, shards=self.shards, slots=self.slots, start=0, end=end,
                           relative=self.relative, rung_end=self.rung_end, priority=self.priority,
-                          shift=shift, ends=ends,
-                          # a model key's configurations on one slot: its compiled model serves them all
-                          key=lambda cid: model_key(run.config(cid)),
-                          # and a group that may train fused whole on one
-                          fuse=grouping(run))
+                          shift=shift, ends=ends, **slot_rules(self.run_record(layout)))
         alone = running_in_dag_test()  # tasks run one at a time: this one trains the whole block
         mine = hops if alone else [h for h in hops if (h.shard, h.slot) == (self.shard, self.slot)]
         if not mine:

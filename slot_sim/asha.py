@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from mop_airflow.planning.asha_slots import Leg, choose, dead_leg_error, dead_legs, leg_completions, next_hops_of
 from mop_airflow.slots import machine as sp
-from mop_airflow.slots.driver import BlockHop
+from mop_airflow.planning.placement import BlockHop
 from slot_sim.shapes import metric
 
 # A search of n configurations takes at most one decision a configuration and rung, and the last: past

@@ -7,7 +7,7 @@ retried, 409s on exclusive creates, listings that show new names late, a slot SI
 it had not committed; Airflow retries it after a delay, up to ``retries``) or SIGSTOPped (its watchdog
 kills it after the stall bound), a pool held elsewhere, a scheduler that starts tasks late,
 configurations that fail or diverge at a drawn hop (:mod:`~slot_sim.shapes`). Hops
-sit where production puts them (:func:`~mop_airflow.slots.driver.block_hops`), ASHA decides with
+sit where production puts them (:func:`~mop_airflow.planning.placement.block_hops`), ASHA decides with
 production's :func:`~mop_airflow.search.asha.next_jobs` (:mod:`~slot_sim.asha`).
 Everything is drawn from one ``random.Random(seed)``: a schedule is its seed, and replaying it gives the
 same trace.

@@ -32,7 +32,7 @@ from typing import Any, Callable
 
 from mop_airflow.search.asha import AshaPlan
 from mop_airflow.slots import machine as sp
-from mop_airflow.slots.driver import block_hops
+from mop_airflow.planning.placement import block_hops
 from slot_sim.asha import AshaDecisions, Runaway
 from slot_sim.machines import ManyMachines
 from slot_sim.peers import PeerFaults, PeerWorld, draw_peer_faults

@@ -21,6 +21,14 @@ def test_plan_prints_brackets_totals_and_estimate(capsys):
     assert "simulated wall time: 138 s" in out and "its 3 block(s) to the rung ends" in out
 
 
+def test_the_plans_simulated_wall_time_replays_a_train_task_per_shard_slot(capsys):
+    # the same plan on 4 shards of 2 slots: the DAG renders 2 train tasks a shard, so the replay trains two
+    # hops a shard at once (138 s when it replayed one train task a shard whatever --slots said)
+    assert main(["plan", "--R", "9", "--eta", "3", "--shards", "4", "--slots", "2", "--seconds-per-hop", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "at least 72 s" in out and "simulated wall time: 90 s" in out
+
+
 def test_successive_halving_plan(capsys):
     assert main(["plan", "--n", "8", "--r", "1", "--eta", "2", "--shards", "2"]) == 0
     out = capsys.readouterr().out

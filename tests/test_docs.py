@@ -514,7 +514,10 @@ RETIRED_CLAIMS = {
     r"do not fuse them yet": "the slots fuse configurations (schedule.fuse)",
     r"changes a leaderboard's last digits": "fusing was measured to move a metric by up to 0.0265",
     r"set allow_partial_iterations=true": "blocks to the rung ends replaced it; a spec may not set it",
-    r"replays the very same plan": "the simulator places a shard's hops on slot i mod slots, production by model key",
+    r"replays the very same plan": "the simulator replays the task plan and production's slot placement, with hop "
+                                   "times it is given, not the shard loop itself",
+    r"(replay|simulat\w*)[^.]*(slot i mod slots|i mod slots of every shard)":
+        "the simulator places hops with production's block_hops (planning/placement.py): by model key",
     r"budget: 63": "measured when ASHA was decided between blocks, a design that is gone",
 }
 # Dated records of earlier designs, not claims about this one.

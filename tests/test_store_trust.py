@@ -290,7 +290,8 @@ def test_a_denied_delete_of_a_stale_checkpoint_never_fails_its_configuration(s3_
     from mop_airflow.records import Assignment, HopRecord
     from mop_airflow.records.layout import RunLayout
     from mop_airflow.training.model_hop import CLEANUP
-    from mop_airflow.slots.driver import block_hops, run_slot
+    from mop_airflow.planning.placement import block_hops
+    from mop_airflow.slots.driver import run_slot
     from tests.training.toys import toy_spec
 
     make_bucket(s3_endpoint, "trust-cleanup")

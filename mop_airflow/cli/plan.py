@@ -68,7 +68,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
         from mop_airflow.planning.simulation import estimate_seconds  # noqa: PLC0415
         from mop_airflow.planning.task_plan import build_task_plan  # noqa: PLC0415
 
-        task_plan = build_task_plan(args.shards, 0, plan)
+        # the DAG's plan renders a train task per shard slot: --slots of them on each shard
+        task_plan = build_task_plan(args.shards, 0, plan, slots=args.slots)
         sim = estimate_seconds(task_plan, plan.total_configurations,
                                seconds_per_hop=args.seconds_per_hop, slots=args.slots, adaptive=plan,
                                task_seconds=args.task_seconds)

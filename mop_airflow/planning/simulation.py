@@ -1,9 +1,11 @@
 """Replay a task plan as Airflow runs it: when each model-hop starts and ends.
 
 :func:`simulate` takes a :class:`~mop_airflow.planning.task_plan.TaskPlan` (the very plan the DAG is
-rendered from) and applies Airflow's pool and priority semantics to it, so the simulation and the
-DAG cannot drift apart. It gives the wall-time estimate of a plan and drives
-``benchmarks/schedule_sim.py``, which compares it with other MOP schedulers.
+rendered from) and applies Airflow's pool and priority semantics to it; each train task's hops are the
+ones production puts on its shard slot, placed by production's own function
+(:func:`~mop_airflow.planning.placement.block_hops`), so the simulation, the DAG and the train tasks
+cannot drift apart. It gives the wall-time estimate of a plan and drives ``benchmarks/schedule_sim.py``,
+which compares it with other MOP schedulers.
 """
 
 from __future__ import annotations
@@ -14,8 +16,10 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
-from mop_airflow.planning.schedule import deal_classes, priority_weight
+from mop_airflow.planning.placement import BlockHop, block_hops
+from mop_airflow.planning.schedule import deal_classes
 from mop_airflow.planning.task_plan import TaskPlan, TaskSpec
+from mop_airflow.records import Assignment
 
 
 @dataclass(frozen=True)
@@ -47,12 +51,18 @@ class Simulation:
 
 
 Seconds = Callable[[str, int, int], float]
+Fuse = Callable[[Sequence[str]], list[list[str]]]
+
+
+def _own_model(config_id: str) -> str:
+    return config_id  # a configuration known only by its id: a model of its own
 
 
 def simulate(plan: TaskPlan, classes: Sequence[Sequence[str]], seconds: Seconds, *, slots: int,
              task_seconds: float = 0.0, block_ends: Mapping[str, int] | None = None,
              block_starts: Mapping[str, int] | None = None,
-             block_classes: Mapping[str, Sequence[Sequence[str]]] | None = None) -> Simulation:
+             block_classes: Mapping[str, Sequence[Sequence[str]]] | None = None,
+             key: Callable[[str], str] = _own_model, fuse: Fuse | None = None) -> Simulation:
     """Replay ``plan`` as Airflow runs it and return every model-hop's start and end.
 
     - ``classes[o]`` lists the configurations of a plain search's offset class ``o``, in the order
@@ -63,10 +73,14 @@ def simulate(plan: TaskPlan, classes: Sequence[Sequence[str]], seconds: Seconds,
     - A shard pool runs at most ``slots`` tasks at once (its Airflow pool's slots; the plan's own
       slots per shard say how many train tasks a block has); tasks outside shard pools never wait. Among
       ready tasks the highest priority weight goes first, then the earliest in the plan.
-    - A train task (one shard slot of a block, :mod:`mop_airflow.slots.driver`) trains the
-      block's hops on its shard slot: unit ``i`` of the block (over its classes in order) on slot
-      ``i mod slots``. Idle, it takes its ready hop (the unit's previous hop ended) of the highest
-      weight, then the earliest in the block; it ends when its hops are done (at once without any).
+    - A train task (one shard slot of a block, :mod:`mop_airflow.slots.driver`) trains the hops
+      production puts on its shard slot: :func:`~mop_airflow.planning.placement.block_hops`, the
+      function the train task calls, deals the block's configurations to the slots by ``key`` (each
+      configuration's model key) and ``fuse`` (its class's fused groups), a run's own from
+      :func:`~mop_airflow.planning.placement.slot_rules`; by default every configuration is a model of
+      its own and none fuse. Idle, it takes its ready hop (the unit's previous hop ended) of the
+      highest weight, then the earliest in the block; it ends when its hops are done (at once without
+      any). A fused group's hops train one after another here, not as one program.
     - ``block_ends``: where each block of an adaptive search ends (its train tasks' group, ``""`` for
       the first block, ``block_1`` ...), as its decision says at run time; by default the plan's own end;
       ``block_starts``: the hop of the search each begins at (a hop's ``t`` in the events);
@@ -88,10 +102,19 @@ def simulate(plan: TaskPlan, classes: Sequence[Sequence[str]], seconds: Seconds,
     running: list[tuple[float, int, str, Any]] = []                    # (end, seq, kind, what)
     free_slots = {f"shard:{s}": list(range(slots)) for s in range(plan.shards)}
     processes: dict[str, _Process] = {}   # train task id -> its process, once started
-    hop_ends: dict[tuple[str, int], float] = {}  # (block, unit, step) -> when that hop ended
+    placed: dict[str, dict[tuple[int, int], list[BlockHop]]] = {}  # block -> (shard, slot) -> its hops
+    hop_ends: dict[tuple[str, str, int], float] = {}  # (block, unit, step) -> when that hop ended
     events: list[HopEvent] = []
     seq = 0
     now = 0.0
+
+    def hops_of(spec: TaskSpec) -> list[BlockHop]:
+        """The hops of ``spec``'s block on its shard slot, as the train task places them."""
+        prefix = spec.task_id.rpartition(".")[0]
+        if prefix not in placed:
+            placed[prefix] = _slot_hops(plan, spec, classes, ends, dealt, (block_starts or {}).get(prefix, 0),
+                                        key, fuse)
+        return placed[prefix].get((spec.args["shard"], spec.args["slot"]), [])
 
     def pool_of(spec: TaskSpec) -> str:
         return f"shard:{spec.args['shard']}" if spec.pool else "free"
@@ -111,7 +134,7 @@ def simulate(plan: TaskPlan, classes: Sequence[Sequence[str]], seconds: Seconds,
                 if waiting[down]:
                     continue
                 spec = tasks[down]
-                if spec.kind == "train" and not _block_hops(plan, spec, classes, ends, dealt):
+                if spec.kind == "train" and not hops_of(spec):
                     stack.append(down)  # nothing to train on this slot: skipped, takes no slot
                 else:
                     heapq.heappush(ready[pool_of(spec)], (-spec.priority_weight, order[down], down))
@@ -123,10 +146,9 @@ def simulate(plan: TaskPlan, classes: Sequence[Sequence[str]], seconds: Seconds,
             hop = process.next_ready(hop_ends)
             if hop is None:
                 continue
-            unit, step, shard, _, _ = hop
-            duration = seconds(unit, process.hop_of(hop), shard)
+            duration = seconds(hop.config_id, hop.hop, hop.shard)
             process.busy = True
-            events.append(HopEvent(unit, task_id, process.hop_of(hop), shard, process.pool_slot, now, now + duration))
+            events.append(HopEvent(hop.config_id, task_id, hop.hop, hop.shard, process.pool_slot, now, now + duration))
             push(now + duration, "hop", (task_id, hop))
 
     for spec in plan.tasks:
@@ -141,8 +163,7 @@ def simulate(plan: TaskPlan, classes: Sequence[Sequence[str]], seconds: Seconds,
                 spec = tasks[task_id]
                 slot = slots_here.pop(0) if slots_here is not None else -1
                 if spec.kind == "train":
-                    processes[task_id] = _Process(spec, _block_hops(plan, spec, classes, ends, dealt), slot,
-                                                  (block_starts or {}).get(task_id.rpartition(".")[0], 0))
+                    processes[task_id] = _Process(spec, hops_of(spec), slot)
                     push(now + task_seconds, "live", task_id)
                 else:
                     push(now + task_seconds, "task", (task_id, slot))
@@ -161,7 +182,7 @@ def simulate(plan: TaskPlan, classes: Sequence[Sequence[str]], seconds: Seconds,
                 process = processes[task_id]
                 process.busy = False
                 process.pending.remove(hop)
-                hop_ends[(process.block, hop[0], hop[1])] = now
+                hop_ends[(process.block, hop.config_id, hop.step)] = now
                 if not process.pending:
                     push(now, "task", (task_id, process.pool_slot))
             else:
@@ -178,47 +199,38 @@ def simulate(plan: TaskPlan, classes: Sequence[Sequence[str]], seconds: Seconds,
     return Simulation(tuple(events), max((e.end for e in events), default=0.0), slots, plan.shards)
 
 
-Hop = tuple  # (unit, step, shard, weight, order)
-
-
-def _block_hops(plan: TaskPlan, spec: TaskSpec, plain: Sequence[Sequence[str]],
-                ends: Mapping[str, int], dealt: Mapping[str, Sequence[Sequence[str]]]) -> list[Hop]:
-    """The hops of a train task's block on its shard slot, as :func:`~mop_airflow.slots.driver.block_hops`
-    places them: unit ``i`` of the block on slot ``i mod slots``, hop ``t`` of class ``o`` on shard ``(o + t) mod p``."""
-    args, hops, index = spec.args, [], 0
+def _slot_hops(plan: TaskPlan, spec: TaskSpec, plain: Sequence[Sequence[str]], ends: Mapping[str, int],
+               dealt: Mapping[str, Sequence[Sequence[str]]], shift: int, key: Callable[[str], str],
+               fuse: Fuse | None) -> dict[tuple[int, int], list[BlockHop]]:
+    """The hops of train task ``spec``'s block on each shard slot: production's
+    :func:`~mop_airflow.planning.placement.block_hops`, called as the train task calls it (hop ``t`` of
+    class ``o`` on shard ``(o + t) mod p``, each configuration on the slot ``key`` and ``fuse`` deal it
+    to); ``shift``: the search's hop the block begins at."""
     prefix = spec.task_id.rpartition(".")[0]
-    end = ends.get(prefix, args["end"])
-    classes = dealt.get(prefix, ()) if args.get("relative") else plain
-    for offset, units in enumerate(classes):
-        for unit in units:
-            slot, index = index % plan.slots, index + 1
-            for step in range(end):
-                shard = (offset + step) % plan.shards
-                if (shard, slot) == (args["shard"], args["slot"]):
-                    hops.append((unit, step, shard, priority_weight(plan.priority, step, end), len(hops)))
-    return hops
+    classes = dealt.get(prefix, ()) if spec.args.get("relative") else plain
+    starts = [[Assignment(config_id=cid, t=-1, checkpoint=None) for cid in units] for units in classes]
+    by_slot: dict[tuple[int, int], list[BlockHop]] = defaultdict(list)
+    for hop in block_hops(starts, shards=plan.shards, slots=plan.slots, start=0, end=ends.get(prefix, spec.args["end"]),
+                          priority=plan.priority, shift=shift, key=key, fuse=fuse):
+        by_slot[hop.shard, hop.slot].append(hop)
+    return by_slot
 
 
 class _Process:
     """A train task's warm process: its hops still to train, and whether it trains one now."""
 
-    def __init__(self, spec: TaskSpec, hops: list[Hop], pool_slot: int, shift: int = 0) -> None:
-        self.shift = shift  # the search's hop the block starts at
+    def __init__(self, spec: TaskSpec, hops: list[BlockHop], pool_slot: int) -> None:
         self.block = spec.task_id.rpartition(".")[0]
-        self.pending = sorted(hops, key=lambda h: (-h[3], h[4]))
+        self.pending = sorted(hops, key=lambda h: (-h.weight, h.order))
         self.pool_slot = pool_slot
         self.live = False  # started up
         self.busy = False
 
-    def next_ready(self, hop_ends: Mapping[tuple[str, Any, int], float]) -> Hop | None:
+    def next_ready(self, hop_ends: Mapping[tuple[str, str, int], float]) -> BlockHop | None:
         for hop in self.pending:
-            unit, step = hop[0], hop[1]
-            if step == 0 or (self.block, unit, step - 1) in hop_ends:
+            if hop.step == 0 or (self.block, hop.config_id, hop.step - 1) in hop_ends:
                 return hop
         return None
-
-    def hop_of(self, hop: Hop) -> int:
-        return self.shift + hop[1]
 
 
 def lower_bound(hop_seconds: Mapping[str, float], hops: Mapping[str, int], *, shards: int, slots: int) -> float:
@@ -294,13 +306,15 @@ def estimate_seconds(plan: TaskPlan, configurations: int, *, seconds_per_hop: fl
 
 
 def simulate_blocks(plan: TaskPlan, blocks: Sequence[tuple[int, Sequence[Sequence[str]]]], seconds: Seconds, *,
-                    slots: int, task_seconds: float = 0.0) -> Simulation:
+                    slots: int, task_seconds: float = 0.0, key: Callable[[str], str] = _own_model,
+                    fuse: Fuse | None = None) -> Simulation:
     """Replay an adaptive search's task plan whose block ``k`` trains ``blocks[k]`` (its hops, and its
-    classes as the decision before it dealt them); a block the search never reaches trains nothing."""
+    classes as the decision before it dealt them); a block the search never reaches trains nothing.
+    ``key``, ``fuse``: as :func:`simulate` takes them."""
     prefixes = sorted({spec.task_id.rpartition(".")[0] for spec in plan.tasks if spec.kind == "train"},
                       key=lambda prefix: int(prefix.split("_")[1]) if prefix else 0)
     by_prefix = dict(zip(prefixes, blocks))
     starts = dict(zip(prefixes, itertools.accumulate((hops for hops, _ in blocks), initial=0)))
-    return simulate(plan, (), seconds, slots=slots, task_seconds=task_seconds,
+    return simulate(plan, (), seconds, slots=slots, task_seconds=task_seconds, key=key, fuse=fuse,
                     block_ends={prefix: hops for prefix, (hops, _) in by_prefix.items()}, block_starts=starts,
                     block_classes={prefix: classes for prefix, (_, classes) in by_prefix.items()})

@@ -11,10 +11,10 @@ injects faults, and replay any schedule from its seed, as FoundationDB and Tiger
 It is the production rules, not a copy of them: the shard loop (:mod:`~mop_airflow.slots.driver`)
 is a driver of this machine that carries its actions out with the store, its threads and the clock,
 as the simulation's world does on a virtual clock; so production takes exactly the decisions the
-simulation checks. Hops are anything shaped like ``shard_loop.BlockHop`` (``config_id``, ``hop``,
-``shard``, ``slot``, ``weight``, ``order``, ``start``); records like ``HopRecord`` (the fields of
-:class:`Record`) and states like ``Assignment`` (``config_id``, ``t``, ``checkpoint_sha256``), the state
-a record leaves given by ``state_after``. :class:`Rules` switches a rule off (or a proposed one on) to
+simulation checks. Hops are anything shaped like :class:`~mop_airflow.planning.placement.BlockHop`
+(``config_id``, ``hop``, ``shard``, ``slot``, ``weight``, ``order``, ``start``); records like
+``HopRecord`` (the fields of :class:`Record`) and states like ``Assignment`` (``config_id``, ``t``,
+``checkpoint_sha256``), the state a record leaves given by ``state_after``. :class:`Rules` switches a rule off (or a proposed one on) to
 show that the simulation fails without it. No Airflow, no Keras, no store.
 """
 

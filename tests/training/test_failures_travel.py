@@ -14,7 +14,8 @@ from mop_airflow.planning.schedule import deal_classes
 from mop_airflow.records import Assignment, HopRecord, SlotStatus
 from mop_airflow.records.layout import RunLayout
 from mop_airflow.store import Store
-from mop_airflow.slots.driver import block_hops, run_slot
+from mop_airflow.planning.placement import block_hops
+from mop_airflow.slots.driver import run_slot
 
 from . import toys
 from .slot_processes import slot_context

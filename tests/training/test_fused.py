@@ -220,7 +220,7 @@ def test_a_fused_group_trains_to_the_same_bits_every_time_without_tensorflow(fus
 def test_fused_groups_are_dealt_whole_into_classes_and_slots_and_groups_of_one_as_before():
     from mop_airflow.planning.lineup import deal_groups
     from mop_airflow.planning.schedule import deal_classes
-    from mop_airflow.slots.driver import deal_fused_slots
+    from mop_airflow.planning.placement import deal_fused_slots
 
     ids = [f"c{i}" for i in range(11)]
     for shards in (1, 2, 3, 4):  # configurations alone: the seeded deal of a search without schedule.fuse
@@ -264,7 +264,8 @@ from mop_airflow.records import Assignment, HopRecord
 from mop_airflow.records.layout import RunLayout
 from mop_airflow.store import Store
 from mop_airflow.training.model_hop import run_hop
-from mop_airflow.slots.driver import block_hops, run_slot
+from mop_airflow.planning.placement import block_hops
+from mop_airflow.slots.driver import run_slot
 from mop_airflow.training.session import TaskSession, WARM_MODELS
 
 spec = json.loads(sys.argv[1])

@@ -18,7 +18,8 @@ from mop_airflow.records import Assignment, HopRecord, SlotStatus
 from mop_airflow.records.layout import RunLayout
 from mop_airflow.store import Store
 from mop_airflow.training.model_hop import run_hop
-from mop_airflow.slots.driver import SlotYielded, block_hops, run_slot
+from mop_airflow.planning.placement import block_hops
+from mop_airflow.slots.driver import SlotYielded, run_slot
 
 from .slot_processes import slot_context
 from .toys import TOY_MODEL, toy_spec

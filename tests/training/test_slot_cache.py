@@ -10,7 +10,8 @@ from mop_airflow.errors import SpecError
 from mop_airflow.records import Assignment, HopRecord
 from mop_airflow.training import session as session_module
 from mop_airflow.training.session import TaskSession, cache_bytes, model_bytes, out_of_memory
-from mop_airflow.slots.driver import block_hops, deal_slots, run_slot
+from mop_airflow.planning.placement import block_hops, deal_slots
+from mop_airflow.slots.driver import run_slot
 
 from .test_shard_loop import _hops, _setup
 from .toys import TOY_MODEL

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from mop_airflow.records import HopRecord
 from mop_airflow.slots import driver as shard_loop
-from mop_airflow.slots.driver import block_hops, run_slot
+from mop_airflow.planning.placement import block_hops
+from mop_airflow.slots.driver import run_slot
 from mop_airflow.slots.messages import Check, End, Train, Write
 from mop_airflow.slots.machine import SlotMachine
 

@@ -233,7 +233,7 @@ def test_slots_of_three_shards_learn_their_hops_from_the_previous_shards_markers
     from mop_airflow.records import Assignment
     from mop_airflow.records.layout import RunLayout
     from mop_airflow.store import Store
-    from mop_airflow.slots.driver import block_hops
+    from mop_airflow.planning.placement import block_hops
 
     from .toys import toy_spec
 

@@ -21,7 +21,8 @@ from mop_airflow.records.layout import RunLayout
 from mop_airflow.store import Store
 from mop_airflow.training.model_hop import Where, read_hashed, run_hop, state_after, train_hop
 from mop_airflow.slots.commits import CommitLog
-from mop_airflow.slots.driver import SlotSuperseded, block_hops, run_slot
+from mop_airflow.planning.placement import block_hops
+from mop_airflow.slots.driver import SlotSuperseded, run_slot
 from mop_airflow.slots.machine import SlotMachine
 from mop_airflow.slots.messages import Check, End, Record, Rules, Superseded, Train, Wait, Write
 from mop_airflow.slots.messages import state_after as sp_state_after
