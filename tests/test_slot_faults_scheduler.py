@@ -9,6 +9,9 @@ Sleepy models (0.15 s a batch, about 3.5 s a hop) on 2 shards:
   after the bound it learned from the steps it saw (10 x the slowest, at least 60 s; not the 300 s
   bound before a first step), Airflow retries it, and the run ends within 3 minutes of the undisturbed one, with the
   same leaderboard;
+- a slot stopped (SIGSTOP) while it builds a model, in a grid of eight architectures whose builds take
+  8 s in a train slot: its watchdog kills it after the bound it learned from the builds it saw (5 x the slowest, at least
+  120 s; not the 300 s ceiling), and the run ends within 3 minutes of its undisturbed run;
 - shard 1's pool held by another DAG for longer than the wait bound (20 s here): shard 0's slot is
   retried, never failed for good, keeping its hops, and the run succeeds;
 - shard 0's pool held the same way: shard 1's slot gives its pool slot back and is rescheduled
@@ -44,6 +47,28 @@ SLEEPY = "mop_airflow.examples.timed_models:sleepy"
 UNDISTURBED, KILLED, STOPPED = "mop_slots_undisturbed", "mop_slots_killed", "mop_slots_stopped"
 LATE, YIELDING = "mop_slots_late_peer", "mop_slots_yielding"
 NEVER_GRID, NEVER_ASHA = "mop_slots_never_grid", "mop_slots_never_asha"
+BUILDS = "mop_slots_builds"  # eight architectures, a build of 8 s each: a slot builds a model at most hops
+# A builder that says, by a file named after its process, while it builds (the test stops a slot then).
+SLOW_BUILDS = """
+import os, pathlib, time
+
+from mop_airflow.examples.timed_models import sleepy
+
+BUILDING = pathlib.Path({folder!r})
+
+
+def slow_build(hparams):
+    if not os.environ.get("AIRFLOW_CTX_TASK_ID", "").startswith("train_"):
+        return sleepy(hparams)  # check_models builds each at once
+    mark = BUILDING / f"building_{{os.getpid()}}"
+    mark.write_text(str(hparams.get("units")))
+    time.sleep(BUILD_S)
+    model = sleepy(hparams)
+    mark.unlink()
+    return model
+"""
+BUILD_S = 8.0  # a train slot's build
+STOP_INTO_BUILD_S = 6.5  # past a status write (every 5 s), which tells the watchdog a long step is in progress
 # small bounds, so a slot that never starts ends the run in a minute or two (600 s and 30 s by default)
 NEVER_ENV = {"MOP_SHARD_WAIT_SECONDS": "15", "MOP_SHARD_YIELD_SECONDS": "8"}
 NEVER_RETRIES, NEVER_RETRY_DELAY = 1, 2
@@ -91,7 +116,10 @@ def _release(root, holder):
 def airflow(shared_airflow, tmp_path_factory):
     root = tmp_path_factory.mktemp("slots")
     write_digits(root / "digits.parquet")
-    with airflow_part(shared_airflow, root, "slot_faults") as af:
+    builders = root / "builders"
+    builders.mkdir()
+    (builders / "slow_builds.py").write_text(SLOW_BUILDS.format(folder=str(root)) + f"BUILD_S = {BUILD_S}\n")
+    with airflow_part(shared_airflow, root, "slot_faults", paths=[builders]) as af:
         two = _spec(root, slots=2)
         for dag_id in (UNDISTURBED, KILLED):
             _mop_dag(af, dag_id, two)
@@ -99,6 +127,11 @@ def airflow(shared_airflow, tmp_path_factory):
         one = _spec(root, slots=1)
         _mop_dag(af, LATE, one, {"MOP_SHARD_WAIT_SECONDS": "20"}, retries=4)
         _mop_dag(af, YIELDING, one, {"MOP_SHARD_YIELD_SECONDS": "8"})
+        built = _spec(root, slots=2)
+        params = built["search"]["space"]["params"]
+        params.update(model=["slow_builds:slow_build"], learning_rate=[1e-2])
+        params["hparams"] = {"units": [8, 16, 24, 32, 40, 48, 56, 64], "seconds_per_batch": [0.05]}
+        _mop_dag(af, BUILDS, built)  # the default stall bounds
         _holder(af, HOLDERS[0], shard_pool(0))
         _holder(af, HOLDERS[1], shard_pool(1))
         three = _spec(root, slots=1)
@@ -109,7 +142,7 @@ def airflow(shared_airflow, tmp_path_factory):
         asha = asha_spec(root / "digits.parquet", f"file://{root / 'store'}")
         asha["schedule"]["shards"] = 3
         _mop_dag(af, NEVER_ASHA, asha, NEVER_ENV, retries=NEVER_RETRIES)
-        for dag_id in (UNDISTURBED, KILLED, STOPPED, LATE, YIELDING, *HOLDERS, NEVER_GRID, NEVER_ASHA):
+        for dag_id in (UNDISTURBED, KILLED, STOPPED, BUILDS, LATE, YIELDING, *HOLDERS, NEVER_GRID, NEVER_ASHA):
             af.wait_for_dag(dag_id)
         sync = subprocess.run([sys.executable, "-m", "mop_airflow.cli.main", "pools", "sync", "--shards", "2",
                                "--slots", "2"], env=af.env, capture_output=True, text=True)
@@ -241,6 +274,35 @@ def test_a_hung_train_task_is_killed_by_its_watchdog_and_retried(airflow, undist
     assert took <= baseline + 180, (took, baseline)
     killed = log[log.index("no progress in process"):].split("killing it")[0]
     print(f"stopped: {took:.1f} s against {baseline:.1f} s undisturbed; {killed}")
+
+
+def _stop_in_a_build(airflow, stopped, run_id, shard=1, slot=1, timeout=240):
+    """SIGSTOP the slot's task process while it builds a model, after its first commit (its watchdog has
+    seen a build to its end by then: the first, in the slot's start)."""
+    pid = _slot_pid(airflow, BUILDS, run_id, shard, slot)
+    mark = airflow.root / f"building_{pid}"
+    deadline = time.time() + timeout
+    while not mark.exists():
+        assert time.time() < deadline, f"shard {shard} slot {slot} built no model after its first commit"
+        time.sleep(0.02)
+    time.sleep(STOP_INTO_BUILD_S)
+    assert mark.exists(), "the build ended before the slot could be stopped in it"
+    stopped.stop(pid)
+
+
+def test_a_slot_hung_while_it_builds_a_model_costs_at_most_three_minutes(airflow):
+    """Issue 70: the watchdog of a slot hung in a model build waited the 300 s ceiling (+316 s over the clean
+    run); it now learns the long steps' bound from the builds it saw, as it learns the steps' bound."""
+    _, baseline = _run(airflow, BUILDS)
+    with Stopped() as stopped:
+        run_id, took = _run(airflow, BUILDS, during=lambda run_id: _stop_in_a_build(airflow, stopped, run_id))
+    tries = _tries(airflow, BUILDS, run_id)
+    assert tries.pop("train_shard_1_slot_1") == 2 and set(tries.values()) == {1}
+    log = airflow.task_log(BUILDS, run_id, "train_shard_1_slot_1", 1)
+    assert f"no progress in process {stopped.pids[0]} for " in log and "slowest long step so far" in log, log[-3000:]
+    assert took <= baseline + 180, (took, baseline)
+    killed = log[log.index("no progress in process"):].split("killing it")[0]
+    print(f"stopped in a build: {took:.1f} s against {baseline:.1f} s undisturbed; {killed}")
 
 
 def _held_during(airflow, dag_id, shard, until):
