@@ -51,6 +51,16 @@ def state_after(record: Any) -> State:
     return State(record.config_id, record.t, record.checkpoint_sha256)
 
 
+def label_of(hop: Any) -> str:
+    """How the machine names a hop in what it says (:class:`End`'s ``untrained`` and ``for_good``)."""
+    return f"{hop.config_id} t={hop.hop}"
+
+
+def priority(hop: Any) -> tuple:
+    """The order a slot takes its ready hops in: the plan's priority weight, heaviest first, then its order."""
+    return -hop.weight, hop.order
+
+
 @dataclass(frozen=True)
 class PeerStatus:
     """A slot's status file (``SlotStatus``'s fields the waiting slot reads)."""
