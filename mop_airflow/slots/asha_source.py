@@ -14,7 +14,7 @@ import time
 from mop_airflow.planning.asha_slots import Ledger, legs_of
 from mop_airflow.records import RunRecord
 from mop_airflow.records.layout import RunLayout
-from mop_airflow.slots.driver import BlockHop
+from mop_airflow.slots.placement import BlockHop
 
 EVERY_LOCAL, EVERY_REMOTE = 0.05, 0.5  # seconds between two reads of the decisions: a stat, or a request
 
