@@ -62,7 +62,7 @@ from concurrent.futures import wait as wait_for
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable, Sequence
 
-from mop_airflow.errors import BlockIncompleteError, TrainingError
+from mop_airflow.errors import TrainingError
 from mop_airflow.planning.asha_slots import dead_leg_error, dead_legs
 from mop_airflow.slots import messages as slot_messages
 from mop_airflow.training import progress
@@ -72,13 +72,15 @@ from mop_airflow.training.fused import fused_partners, fuses_here, train_fused_h
 from mop_airflow.training.model_hop import (CLEANUP, Where, failure_of, read_hashed, record_failure, sha256_of,
                                             state_after, train_hop, with_digest)
 from mop_airflow.slots.commits import CommitLog, CommitPoller
+from mop_airflow.slots.endings import (  # noqa: F401 - how a slot ends, its exceptions re-exported
+    SlotStopped, SlotSuperseded, SlotYielded, ended, ended_raising)
 from mop_airflow.slots.placement import (  # noqa: F401 - where a block's hops go, re-exported
     BlockHop, block_hops, deal_fused_slots, deal_slots)
 from mop_airflow.training.session import WARM_MODELS, TaskSession, out_of_memory
 from mop_airflow.slots.messages import (Check, Decide, Facts, Look, Read, ReadPeers, Rules, Stopped, Superseded,
                                         Train, Wait, Write, Yield)
 from mop_airflow.slots.machine import PeerView, SlotMachine
-from mop_airflow.slots.status import HEARTBEAT_SECONDS, StatusWriter, end_never_started, read_status, yielding_since
+from mop_airflow.slots.status import HEARTBEAT_SECONDS, StatusWriter, read_status, yielding_since
 from mop_airflow.slots.watchdog import Watchdog
 
 log = logging.getLogger(__name__)
@@ -97,22 +99,6 @@ YIELD_ENV = "MOP_SHARD_YIELD_SECONDS"
 # How long a slot that has trained nothing waits for the slots of its block ranked before it to
 # start, before it gives its pool slot back: longer than a task takes to start when slots are free.
 YIELD_SECONDS = 30.0
-
-
-class SlotStopped(Exception):
-    """The slot was asked to stop (its task was killed gracefully: SIGTERM, Airflow stopping): it ended
-    after its hop in progress and its commits; a retry trains the rest."""
-
-
-class SlotSuperseded(Exception):
-    """A later try of this slot runs: this one was taken for dead (its host paused, or cut off while
-    Airflow started the retry) and came back. It ended writing nothing more, not even its status: the
-    later try's are the slot's (Rules.fence)."""
-
-
-class SlotYielded(Exception):
-    """The slot gave its pool slot back: a slot of its block ranked before it has not started (another
-    block may hold its pool). Its committed hops stay; try the task again later."""
 
 
 # Hops trained and not yet committed, at most: one the writer commits while the next one trains
@@ -172,59 +158,13 @@ def run_slot(layout: RunLayout, run: RunRecord, manifest: Manifest, hops: Sequen
     watchdog = Watchdog(stall_seconds) if stall_seconds and mine is None else None
     try:
         result = loop.train_all()
-    except SlotYielded as exc:
-        # when this try first gave its pool slot back: its next start reads it back (Rules.yield_bound)
-        loop.status.yielding_since = loop.machine.yielding_since or time.time()
-        loop.status.stop("yielded", error=str(exc))
-        raise
-    except SlotSuperseded:
-        loop.status.abandon()  # no last word: the status is the later try's now
-        raise
     except BaseException as exc:
-        if loop.superseded():  # a copy taken for dead that failed (its input gone): no word over its retry's
-            loop.status.abandon()
-            raise
-        # a slot stopped on request (SIGTERM) is not given up while its task's retry follows; on its last
-        # try none does, and the slots waiting for it must not wait for ever (slot_sim's graceful stop)
-        ends = last_try if isinstance(exc, SlotStopped) else final(exc)
-        if ends and isinstance(exc, Exception):
-            exc.absent = _end_the_unstarted(loop, layout, block, f"{type(exc).__name__}: {exc}")
-        loop.status.stop("failed", final=ends, error=f"{type(exc).__name__}: {exc}"[:1000])
+        ended_raising(loop, layout, block, exc, last_try=last_try, final=final)
         raise
     finally:
         if watchdog is not None:
             watchdog.stop()
-    if result.untrained:
-        error = BlockIncompleteError(shard, slot, result.untrained, for_good=loop.for_good)
-        error.absent = loop.absent  # the slots it waited for that never started
-        if final(error):
-            error.absent = _end_the_unstarted(loop, layout, block, "it waited for their hops")
-        loop.status.stop("failed", final=final(error), error=str(error)[:1000])
-        raise error
-    loop.status.stop("done")
-    if loop.machine.asha and loop.machine.ended and not loop.machine.alone:
-        # the search finished without the slots that never started (no leg needed them): their tasks still
-        # wait in Airflow for a worker or a pool slot, and the run with them (slot_sim seed 4390)
-        result.absent = _end_the_unstarted(loop, layout, block, "the search finished without it", state="done",
-                                           owners=loop.machine.unneeded_slots())
-    return result
-
-
-def _end_the_unstarted(loop: "_Loop", layout: RunLayout, block: str, why: str, state: str = "failed",
-                       owners: set | None = None) -> list[tuple[int, int]]:
-    """This slot failed for good, so its block has: the slots of the block that have not started (no
-    status, yielded, or failed and waiting for a retry) are said failed for good too, and returned (the
-    operator fails their tasks). Else a task that never starts (no worker on its queue, no slot in its
-    pool) kept the run running for ever, whether or not a slot waited for its hops."""
-    shard, slot = loop.slot_of
-    try:
-        said = (f"shard {shard} slot {slot} of its block failed for good ({why})" if state == "failed"
-                else f"shard {shard} slot {slot} of its block ended: {why}")
-        owners = loop.machine.block_slots() - {loop.slot_of} if owners is None else owners
-        return end_never_started(layout, block, sorted(owners), said[:900], state=state)
-    except Exception:  # noqa: BLE001 - the store may be what failed: this task's own error is the one to report
-        log.warning("could not say the slots of block %s that never started failed for good", block, exc_info=True)
-        return list(loop.absent)
+    return ended(loop, layout, block, result, final=final)
 
 
 class _Loop:
