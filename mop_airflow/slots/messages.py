@@ -172,8 +172,8 @@ class Rules:
     """The protocol's rules that a test may switch. The defaults are the rules the shard loop drives the
     machine with: ``settle_forward`` (a slot that drops a failed configuration's hops writes a record at
     its earliest one), ``mark_found``, ``look_after`` (shard_loop.LOOK_SECONDS), ``last_try_dies``
-    (slot_protocol.PeerView) and ``asha_dead_legs`` (the driver's check of the legs in flight before an
-    ASHA decision, shard_loop._Loop._fail_dead_legs, which the simulation's world does as production
+    (peers.PeerView) and ``asha_dead_legs`` (the driver's check of the legs in flight before an
+    ASHA decision, dead_legs.DeadLegs._fail_dead_legs, which the simulation's world does as production
     does), ``yield_bound``, ``stale_ends``, ``absent_peers`` and ``read_again`` (issue 70: a slot that never
     starts, a final failure read late, a record one reader cannot read yet)."""
 
