@@ -6,7 +6,7 @@ with the functions :class:`~mop_airflow.planning.asha_slots.Ledger` calls
 to land wins, a 409 is retried, a slot that lost reads the winner's. Every slot reads the decisions as
 they land and adds the hops that fall on it. Before it decides, a slot fails the legs whose next hop is
 on a slot ended for good as production's driver does (:func:`~mop_airflow.planning.asha_slots.dead_legs`),
-judging that slot through its own :class:`~mop_airflow.slots.machine.PeerView`, not the raw statuses.
+judging that slot through its own :class:`~mop_airflow.slots.peers.PeerView`, not the raw statuses.
 Only the store's I/O is the simulation's: no rule is copied here.
 """
 
@@ -117,7 +117,7 @@ class AshaDecisions:
             "end": job.iterations * p, "from": start}]}
 
     def _fail_dead_legs(self, proc: Proc) -> None:
-        """The driver's _Loop._fail_dead_legs: the legs in flight by the decisions this slot read, each
+        """The driver's DeadLegs._fail_dead_legs: the legs in flight by the decisions this slot read, each
         slot judged by this slot's PeerView (its status read at most every min(heartbeat, wait / 2))."""
         p, m, now = self.s.shards, proc.machine, self.now
         done = {(c.config_id, c.rung) for c in (proc.ledger[-1]["completions"] if proc.ledger else [])}

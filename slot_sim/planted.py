@@ -19,7 +19,7 @@ from unittest import mock
 from mop_airflow.planning import asha_slots
 from mop_airflow.search import asha as search_asha
 from mop_airflow.search import promotion
-from mop_airflow.slots import machine
+from mop_airflow.slots import machine, peers
 from mop_airflow.slots.messages import Rules
 
 
@@ -129,12 +129,12 @@ BUGS: dict[str, Bug] = {
         patches=((machine.SlotMachine, "_earlier", _never_earlier),), caught_at=0),
     "no bound on waiting for a silent peer": Bug(
         "a slot waits for ever for a peer whose progress stopped (no wait bound)",
-        patches=((machine.PeerView, "gone", _gone_without_wait_bound),),
+        patches=((peers.PeerView, "gone", _gone_without_wait_bound),),
         needs="a peer that hangs past its watchdog: since slots that never start and bounded yields came in, a "
               "hung peer is always killed and retried or ended, and seeds 0 to 7,999 no longer catch it (2026-12-06)"),
     "PeerView.read `<` made `<=`": Bug(
         "a peer's later status from the same try is ignored",
-        patches=((machine.PeerView, "read", _read_ignoring_same_try),), caught_at=283),
+        patches=((peers.PeerView, "read", _read_ignoring_same_try),), caught_at=283),
     "ASHA promotes twice": Bug(
         "ASHA forgets which configurations it promoted",
         patches=((asha_slots, "next_jobs", _promoting_again),), caught_at=1),
@@ -164,7 +164,7 @@ BUGS: dict[str, Bug] = {
         "ASHA never fails a leg whose next hop is on a slot ended for good", Rules(asha_dead_legs=False), caught_at=196),
     "silent peer dead on any try": Bug(
         "a peer silent for the wait bound is taken as ended for good though a retry follows",
-        patches=((machine, "died_on_last_try", _dies_on_any_try),), caught_at=984),
+        patches=((peers, "died_on_last_try", _dies_on_any_try),), caught_at=984),
     "failure not recorded": Bug(
         "a configuration that fails is not recorded failed (the slot only learns it)",
         patches=((machine.SlotMachine, "trained_failed", _failure_not_written),), caught_at=1),

@@ -140,7 +140,7 @@ def dead_legs(next_hops: Iterable[tuple[Leg, int]], *, shards: int, me: tuple[in
               failed: Callable[[str, int], bool]) -> list[tuple[Leg, int, int, str]]:
     """The legs in flight to fail because their next hop is on a slot that ended for good:
     ``(leg, hop, shard, why)``. ``gone(owner)``: the waiting slot's view of slot ``owner``
-    (:meth:`~mop_airflow.slots.machine.PeerView.gone`); ``failed(config_id, t)``: whether hop ``t``'s record
+    (:meth:`~mop_airflow.slots.peers.PeerView.gone`); ``failed(config_id, t)``: whether hop ``t``'s record
     is a failure (then the leg's completion is on its way to the next decision). When that hop is its
     leg's last, no slot waits for it, and the search would wait for the job for ever (seed 539)."""
     out = []

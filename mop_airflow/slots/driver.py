@@ -45,40 +45,46 @@ hop up or take it back, yield, end) is a pure state machine,
 :class:`~mop_airflow.slots.machine.SlotMachine`, which the slot protocol's simulation
 (:mod:`~slot_sim`) checks over many schedules; the loop here is its driver: it
 carries each action out with the store, its threads and the clock, and tells the machine what it found.
-Training, committing, the slot's status and the task's result stay here.
+The loop is here; its parts each have a module: training and committing
+(:mod:`~mop_airflow.slots.train_actions`), the machine's reads and writes on the store
+(:mod:`~mop_airflow.slots.store_actions`), ASHA's legs on a dead slot (:mod:`~mop_airflow.slots.dead_legs`),
+what the slot says when it ends (:mod:`~mop_airflow.slots.endings`); where a block's hops go is
+:mod:`~mop_airflow.planning.placement`'s (the plan simulator's too).
 
 Runs and is tested without Airflow; the shard operator maps Airflow's context onto :func:`run_slot`.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_for
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Sequence
 
-from mop_airflow.errors import BlockIncompleteError, TrainingError
-from mop_airflow.planning.asha_slots import dead_leg_error, dead_legs
-from mop_airflow.slots import messages as slot_messages
-from mop_airflow.training import progress
-from mop_airflow.planning.placement import BlockHop
 from mop_airflow.records import Assignment, HopRecord, Manifest, RunRecord
 from mop_airflow.records.layout import RunLayout
-from mop_airflow.training.fused import fused_partners, fuses_here, train_fused_hop
-from mop_airflow.training.model_hop import (CLEANUP, Where, failure_of, read_hashed, record_failure, sha256_of,
-                                            state_after, train_hop, with_digest)
+from mop_airflow.slots import messages as slot_messages
 from mop_airflow.slots.commits import CommitLog, CommitPoller
-from mop_airflow.training.session import WARM_MODELS, TaskSession, out_of_memory
-from mop_airflow.slots.messages import (Check, Decide, Facts, Look, Read, ReadPeers, Rules, Stopped, Superseded,
-                                        Train, Wait, Write, Yield)
-from mop_airflow.slots.machine import PeerView, SlotMachine
-from mop_airflow.slots.status import HEARTBEAT_SECONDS, StatusWriter, end_never_started, read_status, yielding_since
+from mop_airflow.slots.dead_legs import DeadLegs
+from mop_airflow.slots.endings import (  # noqa: F401 - how a slot ends, its exceptions re-exported
+    SlotStopped, SlotSuperseded, SlotYielded, ended, ended_raising)
+from mop_airflow.slots.machine import SlotMachine
+from mop_airflow.slots.messages import (Check, Decide, Look, Read, ReadPeers, Rules, Stopped, Superseded, Train,
+                                        Wait, Write, Yield)
+from mop_airflow.planning.placement import (  # noqa: F401 - where a block's hops go, re-exported
+    BlockHop, block_hops, deal_fused_slots, deal_slots)
+from mop_airflow.slots.status import StatusWriter, yielding_since
+from mop_airflow.slots.store_actions import StoreActions
+from mop_airflow.slots.train_actions import TrainActions
 from mop_airflow.slots.watchdog import Watchdog
+from mop_airflow.training import progress
+from mop_airflow.training.fused import fused_partners, fuses_here
+from mop_airflow.training.model_hop import CLEANUP, Where, state_after
+from mop_airflow.training.session import WARM_MODELS, TaskSession
 
 log = logging.getLogger(__name__)
 
@@ -96,22 +102,6 @@ YIELD_ENV = "MOP_SHARD_YIELD_SECONDS"
 # How long a slot that has trained nothing waits for the slots of its block ranked before it to
 # start, before it gives its pool slot back: longer than a task takes to start when slots are free.
 YIELD_SECONDS = 30.0
-
-
-class SlotStopped(Exception):
-    """The slot was asked to stop (its task was killed gracefully: SIGTERM, Airflow stopping): it ended
-    after its hop in progress and its commits; a retry trains the rest."""
-
-
-class SlotSuperseded(Exception):
-    """A later try of this slot runs: this one was taken for dead (its host paused, or cut off while
-    Airflow started the retry) and came back. It ended writing nothing more, not even its status: the
-    later try's are the slot's (Rules.fence)."""
-
-
-class SlotYielded(Exception):
-    """The slot gave its pool slot back: a slot of its block ranked before it has not started (another
-    block may hold its pool). Its committed hops stay; try the task again later."""
 
 
 # Hops trained and not yet committed, at most: one the writer commits while the next one trains
@@ -171,62 +161,16 @@ def run_slot(layout: RunLayout, run: RunRecord, manifest: Manifest, hops: Sequen
     watchdog = Watchdog(stall_seconds) if stall_seconds and mine is None else None
     try:
         result = loop.train_all()
-    except SlotYielded as exc:
-        # when this try first gave its pool slot back: its next start reads it back (Rules.yield_bound)
-        loop.status.yielding_since = loop.machine.yielding_since or time.time()
-        loop.status.stop("yielded", error=str(exc))
-        raise
-    except SlotSuperseded:
-        loop.status.abandon()  # no last word: the status is the later try's now
-        raise
     except BaseException as exc:
-        if loop.superseded():  # a copy taken for dead that failed (its input gone): no word over its retry's
-            loop.status.abandon()
-            raise
-        # a slot stopped on request (SIGTERM) is not given up while its task's retry follows; on its last
-        # try none does, and the slots waiting for it must not wait for ever (slot_sim's graceful stop)
-        ends = last_try if isinstance(exc, SlotStopped) else final(exc)
-        if ends and isinstance(exc, Exception):
-            exc.absent = _end_the_unstarted(loop, layout, block, f"{type(exc).__name__}: {exc}")
-        loop.status.stop("failed", final=ends, error=f"{type(exc).__name__}: {exc}"[:1000])
+        ended_raising(loop, layout, block, exc, last_try=last_try, final=final)
         raise
     finally:
         if watchdog is not None:
             watchdog.stop()
-    if result.untrained:
-        error = BlockIncompleteError(shard, slot, result.untrained, for_good=loop.for_good)
-        error.absent = loop.absent  # the slots it waited for that never started
-        if final(error):
-            error.absent = _end_the_unstarted(loop, layout, block, "it waited for their hops")
-        loop.status.stop("failed", final=final(error), error=str(error)[:1000])
-        raise error
-    loop.status.stop("done")
-    if loop.machine.asha and loop.machine.ended and not loop.machine.alone:
-        # the search finished without the slots that never started (no leg needed them): their tasks still
-        # wait in Airflow for a worker or a pool slot, and the run with them (slot_sim seed 4390)
-        result.absent = _end_the_unstarted(loop, layout, block, "the search finished without it", state="done",
-                                           owners=loop.machine.unneeded_slots())
-    return result
+    return ended(loop, layout, block, result, final=final)
 
 
-def _end_the_unstarted(loop: "_Loop", layout: RunLayout, block: str, why: str, state: str = "failed",
-                       owners: set | None = None) -> list[tuple[int, int]]:
-    """This slot failed for good, so its block has: the slots of the block that have not started (no
-    status, yielded, or failed and waiting for a retry) are said failed for good too, and returned (the
-    operator fails their tasks). Else a task that never starts (no worker on its queue, no slot in its
-    pool) kept the run running for ever, whether or not a slot waited for its hops."""
-    shard, slot = loop.slot_of
-    try:
-        said = (f"shard {shard} slot {slot} of its block failed for good ({why})" if state == "failed"
-                else f"shard {shard} slot {slot} of its block ended: {why}")
-        owners = loop.machine.block_slots() - {loop.slot_of} if owners is None else owners
-        return end_never_started(layout, block, sorted(owners), said[:900], state=state)
-    except Exception:  # noqa: BLE001 - the store may be what failed: this task's own error is the one to report
-        log.warning("could not say the slots of block %s that never started failed for good", block, exc_info=True)
-        return list(loop.absent)
-
-
-class _Loop:
+class _Loop(StoreActions, TrainActions, DeadLegs):
     """The driver of the slot's state machine (:class:`~mop_airflow.slots.machine.SlotMachine`): it
     asks the machine what to do next and carries that out with the store, its threads and the clock,
     telling it what it found and what arrived meanwhile (markers its poller listed, commits its writer
@@ -292,19 +236,7 @@ class _Loop:
                     self._extend(self.more.new_hops())
                 act = self._next()
                 if isinstance(act, Train):
-                    for _, later in act.ahead:  # read and hash the next ready model's checkpoint while this one trains
-                        if later.checkpoint and later.checkpoint not in ahead:
-                            # not tallied on that thread: the hop that takes it counts it (store.bytes_read
-                            # deltas are a hop's own reads)
-                            ahead[later.checkpoint] = reader.submit(read_hashed, self.layout.store, later.checkpoint,
-                                                                    tally=False)
-                    members = list(act.members)
-                    trained = (self._train_fused(members, ahead, hasher) if len(members) > 1
-                               else [(hop, state, self._train(hop, state, ahead, hasher)) for hop, state in members])
-                    for member, member_state, done in trained:
-                        if done is not None:
-                            machine.trained_ok(member)
-                            commits.append((member, member_state, writer.submit(self._commit, done)))
+                    self._train_hops(act, commits, ahead, writer, reader, hasher)
                 elif isinstance(act, Wait):
                     if act.commit:
                         # its next hop waits for this slot's own commit (or a trained hop holds its taken state
@@ -347,7 +279,7 @@ class _Loop:
     def _next(self) -> Any:
         """The machine's next action that the loop itself carries out (train, wait, decide, yield, end),
         after the reads and writes it asks for first, each answered at once."""
-        machine, store = self.machine, self.layout.store
+        machine = self.machine
         machine.markers(sorted(self.poller.take()))  # a poll's error is raised here, on the loop's thread
         if self.poller.later_try:
             machine.later_try(self.poller.later_try)
@@ -360,9 +292,7 @@ class _Loop:
             if isinstance(act, Read):
                 self._read_records(act)
             elif isinstance(act, ReadPeers):
-                now = time.time()
-                for owner in act.owners:
-                    machine.peer_status(owner, read_status(self.layout, self.status.block, *owner), now)
+                self._read_peers(act)
             elif isinstance(act, Look):
                 self._look(act)
             elif isinstance(act, Check):
@@ -371,21 +301,6 @@ class _Loop:
                 self._write(act)
             else:
                 return act
-
-    def _read_records(self, act: Read) -> None:
-        """The records the listed markers name; one that a reader of this store cannot read yet (listed, but
-        404 here for a while) is read again later: the machine waits for it as for a hop not listed."""
-        found, missing = {}, []
-        for key in act.keys:
-            data = self.layout.store.read_if_there(self.layout.hop_record_uri(*key))
-            if data is None:
-                missing.append(key)
-                log.warning("%s t=%d: its marker is listed but its record cannot be read yet; read again shortly", *key)
-            else:
-                found[key] = HopRecord.from_dict(json.loads(data))
-        self.machine.read(found)
-        if missing:
-            self.machine.unreadable(missing)
 
     def superseded(self) -> bool:
         """Whether a later try of this slot left a marker since this try began (one listing of its own
@@ -413,240 +328,3 @@ class _Loop:
     def _extend(self, hops: Iterable[BlockHop]) -> None:
         """Hops decided while the block trains (ASHA): to the machine, which keeps this slot's."""
         self.status.left += self.machine.asha_hops(hops, self.more.ended)
-
-    def _look(self, act: Look) -> None:
-        """Whether the records of the hops' inputs are in the store though no marker named them."""
-        store, found = self.layout.store, {}
-        for hop, _, _ in act.hops:
-            uri = self.layout.hop_record_uri(hop.config_id, hop.hop - 1)
-            found[hop.config_id, hop.hop - 1] = record = HopRecord.read(store, uri) if store.exists(uri) else None
-            if record is not None:
-                log.info("%s: its input's record is in the store, though no marker named it", hop.label)
-        self.machine.looked(act.hops, found)
-
-    def _check(self, act: Check) -> None:
-        """Whether an earlier try committed these hops (then learnt, and not trained again)."""
-        for hop, earlier in self.machine.checked({(hop.config_id, hop.hop): self._facts(hop, state)
-                                                  for hop, state in act.members}):
-            self.result.committed.append(hop.label)
-            if earlier.status != "ok" and earlier.dropped_after is None:
-                self.result.failed.append(earlier)
-            log.info("%s: already committed by try %d of %s; not trained again", hop.label, earlier.try_number,
-                     earlier.task_id or "an earlier task")
-
-    def _facts(self, hop: BlockHop, state: Assignment) -> Facts:
-        """What the store says of ``hop`` for the machine's check, asking only what its rule reads, in its
-        order: a first try asks only of hops whose markers were listed, and reads their records at once."""
-        store, cid, t = self.layout.store, hop.config_id, hop.hop
-        uri = self.layout.hop_record_uri(cid, t)
-        if self.where.try_number > 1 and not store.exists(uri):
-            return Facts()
-        record = HopRecord.read(store, uri)
-        if record.input_sha256 != state.checkpoint_sha256 or record.status != "ok":
-            return Facts(record)
-        if record.checkpoint and store.exists(record.checkpoint):
-            return Facts(record, checkpoint_there=True)
-        if self.where.try_number == 1 and (cid, t + 1) in self.machine.known:
-            return Facts(record)
-        return Facts(record, next_there=store.exists(self.layout.hop_record_uri(cid, t + 1)))
-
-    def _write(self, act: Write | None) -> None:
-        """The machine's writes, in order: a failure, a drop settled forward (unless a record is there: an
-        earlier try's stays), a marker a retry found missing; each record then its marker."""
-        store, fence = self.layout.store, self.machine.rules.fence
-        for record, how in () if act is None else act.records:
-            if how == "mark":
-                self.marks.mark(record)
-                continue
-            uri = self.layout.hop_record_uri(record.config_id, record.t)
-            written = self._hop_record(record)
-            if fence:
-                # created only where no record is: one request, where a look and a write were two; a record
-                # there (an earlier try's settle, or another copy's commit of the hop) stands
-                if not written.create(store, uri):
-                    self.machine.lost(record, None if how == "settle" else HopRecord.read(store, uri))
-                    continue
-            elif how == "settle" and store.exists(uri):
-                continue
-            else:
-                written.write(store, uri)
-            self.marks.mark(written)
-            if how == "write":
-                self.result.failed.append(written)
-                log.info("%s t=%d recorded %s: %s", written.config_id, written.t, written.status, written.error)
-
-    def _hop_record(self, record: Any) -> HopRecord:
-        """The machine's record as this try writes it."""
-        iteration, hop = divmod(record.t, self.run.schedule.shards)
-        return HopRecord(config_id=record.config_id, t=record.t, iteration=iteration, hop=hop, shard=record.shard,
-                         status=record.status, task_id=self.where.task_id, error=record.error,
-                         try_number=self.where.try_number, input_sha256=record.input_sha256,
-                         dropped_after=record.dropped_after)
-
-    def _train(self, hop: BlockHop, state: Assignment, ahead: dict[str, Future], hasher: ThreadPoolExecutor) -> Any:
-        """Train one hop; returns what to commit, or None (it failed, and is recorded)."""
-        layout = self.layout
-        taken = time.time()
-        self.status.training = hop.label
-        where = replace(self.where, started_at=taken)
-        read = self._reader(ahead, hasher)
-        log.info("%s on shard %d from %s", hop.label, hop.shard, state.checkpoint or "its initial weights")
-        try:
-            for again in (False, True):
-                held = self.session.held
-                try:
-                    return train_hop(layout, self.run, self.manifest, state, t=hop.hop, shard=hop.shard,
-                                     rung_end=hop.rung_end, cache_dir=self.cache_dir, where=where,
-                                     session=self.session, read_checkpoint=read)
-                except Exception as exc:
-                    if self.fatal(exc):
-                        raise
-                    # the models this process keeps may be what filled the device: let them go and train the
-                    # hop again before the configuration is blamed (its own model is built afresh)
-                    if again or not out_of_memory(exc) or held == 0:
-                        self._failed(hop, state, exc)
-                        return None
-                    log.warning("%s ran out of memory with %d compiled model(s) kept (%s): they are let go and the "
-                                "hop trains again", hop.label, held, exc)
-                    self.session.empty()
-            return None
-        finally:
-            self.status.training = None
-
-    def _train_fused(self, members: list[tuple[BlockHop, Assignment]], ahead: dict[str, Future],
-                     hasher: ThreadPoolExecutor) -> list[tuple[BlockHop, Assignment, Any]]:
-        """Train a fused group's hops (``schedule.fuse``: one shard, one hop, one program) and return each
-        member's to commit (None: failed and recorded). A member whose input does not restore or whose
-        loss diverges fails alone; if the group's program itself fails, its members train alone."""
-        first = members[0][0]
-        where = replace(self.where, started_at=time.time())
-        self.status.training = ", ".join(hop.label for hop, _ in members)
-        log.info("%s fused on shard %d", self.status.training, first.shard)
-        try:
-            results = train_fused_hop(self.layout, self.run, self.manifest, [state for _, state in members],
-                                      t=first.hop, shard=first.shard, rung_end=first.rung_end,
-                                      cache_dir=self.cache_dir, where=where, session=self.session,
-                                      read_checkpoint=self._reader(ahead, hasher))
-        except Exception as exc:
-            if self.fatal(exc):
-                raise
-            log.warning("%s: the fused program failed (%s: %s); its members train alone", self.status.training,
-                        type(exc).__name__, exc)
-            self.session.empty()
-            return [(hop, state, self._train(hop, state, ahead, hasher)) for hop, state in members]
-        finally:
-            self.status.training = None
-        out = []
-        for (hop, state), result in zip(members, results):
-            if isinstance(result, Exception):
-                if self.fatal(result):
-                    raise result
-                self._failed(hop, state, result)
-                result = None
-            out.append((hop, state, result))
-        return out
-
-    def _reader(self, ahead: dict[str, Future], hasher: ThreadPoolExecutor) -> Callable[[str], tuple[bytes, Any]]:
-        """How a hop reads its input checkpoint: read and hashed ahead (``ahead``), or hashed on another thread
-        (hashlib lets go of the GIL) while the bytes are decoded."""
-        store = self.layout.store
-
-        def read(uri: str) -> tuple[bytes, Callable[[], str]]:
-            future = ahead.pop(uri, None)
-            if future is None:
-                data = store.read_bytes(uri)
-                return data, hasher.submit(sha256_of, data).result
-            data, sha256 = future.result()
-            store.bytes_read += len(data)
-            return with_digest(data, sha256)
-
-        return read
-
-    def _settle(self, commits: list[tuple[BlockHop, Assignment, Future]], *, block: bool, every: bool = False) -> None:
-        """Take the finished commits (``block``: wait for the oldest, ``every``: for all). A commit that
-        failed goes the way of a hop that failed: a fatal error (the store went away) ends the task, any
-        other fails its configuration."""
-        while commits and (commits[0][2].done() or block):
-            hop, state, future = commits.pop(0)
-            try:
-                record, won = future.result()
-            except Exception as exc:
-                if self.fatal(exc):
-                    raise
-                self._failed(hop, state, exc, commit=True)
-                continue
-            progress.tick()
-            if not won:  # another copy of the hop committed it first (Rules.fence): its record stands
-                self.result.committed.append(hop.label)
-                self.machine.commit_lost(record)
-                log.warning("%s: try %d of %s committed it first; its record stands and this copy's is not written",
-                            hop.label, record.try_number, record.task_id or "another task")
-                continue
-            self.result.trained.append(record)
-            self.machine.committed(record)
-            self.status.hop_done()
-            if self.on_hop is not None:
-                self.on_hop(record)
-            if not every:
-                block = False
-
-    def _commit(self, trained: Any) -> tuple[HopRecord, bool]:
-        """On the writer thread: the hop's checkpoint and record, then its marker for the waiting slots; the
-        record that stands, and whether it is this one (fenced, another copy's may have been first)."""
-        record = trained.commit(fence=self.machine.rules.fence)
-        if trained.won:
-            self.marks.mark(record)
-        return record, trained.won
-
-    def _failed(self, hop: BlockHop, state: Assignment, exc: BaseException, *, commit: bool = False) -> None:
-        """Configuration ``hop.config_id`` failed at ``hop`` (or its commit did): the machine has it recorded
-        next; the other configurations go on."""
-        self.session.forget(self.run.config(hop.config_id))
-        status, reason = failure_of(exc)
-        (self.machine.commit_failed if commit else self.machine.trained_failed)(hop, state, status, reason)
-        log.error("%s %s; its remaining hops are dropped, the other configurations go on", hop.label, status,
-                  exc_info=exc)
-
-    def _fail_dead_legs(self) -> None:
-        """ASHA: a job in flight whose next hop is on a slot that ended for good (failed for good, or died
-        on its last try) fails there, with the cause. When that hop is its leg's last, no slot waits for
-        it, and the search would wait for the job for ever (found by the slot protocol's simulation,
-        seed 539). Checked at most once a heartbeat, when the slot has nothing ready."""
-        now = time.time()
-        if now - self.legs_checked_at < HEARTBEAT_SECONDS:
-            return
-        self.legs_checked_at = now
-        store = self.layout.store
-
-        def failed(config_id: str, t: int) -> bool:
-            uri = self.layout.hop_record_uri(config_id, t)
-            return store.exists(uri) and HopRecord.read(store, uri).status != "ok"
-
-        for leg, t, shard, why in dead_legs(self.more.ledger.next_hops(), shards=self.more.shards, me=self.slot_of,
-                                            gone=lambda owner: self._peer(owner, now).gone(now, self.wait),
-                                            failed=failed):
-            self._fail_for_good(leg.config_id, t, shard, why)
-
-    def _fail_for_good(self, config_id: str, t: int, shard: int, why: str) -> None:
-        """ASHA: record configuration ``config_id`` failed at its hop ``t`` (on ``shard``), which will never
-        train; the search goes on without it."""
-        failure = record_failure(self.layout, Assignment(config_id, t - 1, None), t=t, shard=shard,
-                                 shards=self.run.schedule.shards, where=self.where,
-                                 error=TrainingError(dead_leg_error(t, shard, why)),
-                                 fence=self.machine.rules.fence)
-        self.marks.mark(failure)
-        self.machine.recorded(failure)
-        if failure.error and why in failure.error:
-            self.result.failed.append(failure)
-        else:  # another copy recorded the hop first (Rules.fence): its record stands
-            log.warning("%s t=%d: try %d of %s recorded it first; its record stands", config_id, t,
-                        failure.try_number, failure.task_id)
-        log.error("%s t=%d: its hop %s; %s is recorded failed and the search goes on", config_id, t, why, config_id)
-
-    def _peer(self, owner: tuple[int, int], now: float) -> PeerView:
-        """Slot ``owner`` as the machine sees it, its status read again at most once per heartbeat."""
-        peer = self.machine.peer(owner, now)
-        if now - peer.read_at >= min(HEARTBEAT_SECONDS, self.wait / 2):
-            peer.read_at = now
-            peer.read(read_status(self.layout, self.status.block, *owner), now)
-        return peer

@@ -51,6 +51,16 @@ def state_after(record: Any) -> State:
     return State(record.config_id, record.t, record.checkpoint_sha256)
 
 
+def label_of(hop: Any) -> str:
+    """How the machine names a hop in what it says (:class:`End`'s ``untrained`` and ``for_good``)."""
+    return f"{hop.config_id} t={hop.hop}"
+
+
+def priority(hop: Any) -> tuple:
+    """The order a slot takes its ready hops in: the plan's priority weight, heaviest first, then its order."""
+    return -hop.weight, hop.order
+
+
 @dataclass(frozen=True)
 class PeerStatus:
     """A slot's status file (``SlotStatus``'s fields the waiting slot reads)."""
@@ -162,8 +172,8 @@ class Rules:
     """The protocol's rules that a test may switch. The defaults are the rules the shard loop drives the
     machine with: ``settle_forward`` (a slot that drops a failed configuration's hops writes a record at
     its earliest one), ``mark_found``, ``look_after`` (shard_loop.LOOK_SECONDS), ``last_try_dies``
-    (slot_protocol.PeerView) and ``asha_dead_legs`` (the driver's check of the legs in flight before an
-    ASHA decision, shard_loop._Loop._fail_dead_legs, which the simulation's world does as production
+    (peers.PeerView) and ``asha_dead_legs`` (the driver's check of the legs in flight before an
+    ASHA decision, dead_legs.DeadLegs._fail_dead_legs, which the simulation's world does as production
     does), ``yield_bound``, ``stale_ends``, ``absent_peers`` and ``read_again`` (issue 70: a slot that never
     starts, a final failure read late, a record one reader cannot read yet)."""
 

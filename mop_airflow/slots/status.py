@@ -9,7 +9,7 @@ final word, and none follows it, so the slots waiting for this one never read "r
 
 A slot waiting for another judges it by its progress count moving (batches trained, hops committed,
 looks for hops), not by its heartbeat: a process whose training hangs may heartbeat for ever
-(:class:`~mop_airflow.slots.machine.PeerView`, fed with :func:`read_status`). A try killed says
+(:class:`~mop_airflow.slots.peers.PeerView`, fed with :func:`read_status`). A try killed says
 no last word; on its last try (no retry writes again) a heartbeat silent for the wait bound says it ended for good
 (:func:`~mop_airflow.slots.messages.died_on_last_try`).
 """

@@ -180,7 +180,7 @@ def test_a_slow_store_holds_at_most_two_trained_hops_behind_the_writer(toy_data,
             waiting[0] -= 1
         return record
 
-    monkeypatch.setattr("mop_airflow.slots.driver.train_hop", counted_train_hop)
+    monkeypatch.setattr("mop_airflow.slots.train_actions.train_hop", counted_train_hop)
     monkeypatch.setattr(model_hop.TrainedHop, "commit", slow_commit)
     result = run_slot(layout, run, manifest, hops, block="b0", shard=0, slot=0, mine=hops,
                       cache_dir=run.store.local_cache)

@@ -65,12 +65,12 @@ class ResourceExhaustedError(Exception):
 
 
 def test_a_device_out_of_memory_empties_the_cache_and_trains_the_hop_again(toy_data, tmp_path, monkeypatch):
-    from mop_airflow.slots import driver as shard_loop
+    from mop_airflow.slots import train_actions  # where the shard loop calls train_hop
 
     run, layout, manifest = _setup(tmp_path, toy_data, "store", models=(TOY_MODEL, "tests.training.toys:remember_hparams"))
     hops = _hops(run)
     session = TaskSession(run, manifest, run.store.local_cache, max_models=32)
-    train_hop, raised = shard_loop.train_hop, []
+    train_hop, raised = train_actions.train_hop, []
 
     def tight_device(*args, session, **kwargs):
         if session.held >= 2 and not raised:  # the models kept fill the device once
@@ -78,7 +78,7 @@ def test_a_device_out_of_memory_empties_the_cache_and_trains_the_hop_again(toy_d
             raise ResourceExhaustedError("OOM when allocating tensor")
         return train_hop(*args, session=session, **kwargs)
 
-    monkeypatch.setattr(shard_loop, "train_hop", tight_device)
+    monkeypatch.setattr(train_actions, "train_hop", tight_device)
     result = run_slot(layout, run, manifest, hops, block="b0", shard=0, slot=0, mine=hops,
                       cache_dir=run.store.local_cache, session=session)
     assert raised == [2] and session.emptied == 1
@@ -92,7 +92,7 @@ def test_a_device_out_of_memory_empties_the_cache_and_trains_the_hop_again(toy_d
         calls.append(session.held)
         raise MemoryError("out of memory")
 
-    monkeypatch.setattr(shard_loop, "train_hop", always)
+    monkeypatch.setattr(train_actions, "train_hop", always)
     hops2 = _hops(run2)
     result = run_slot(layout2, run2, manifest2, hops2[:1], block="b0", shard=0, slot=0, mine=hops2[:1],
                       cache_dir=run2.store.local_cache, session=TaskSession(run2, manifest2, "x", max_models=32))

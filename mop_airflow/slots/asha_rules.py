@@ -1,0 +1,86 @@
+"""What a slot of an ASHA search decides that a grid's does not.
+
+Part of :class:`~mop_airflow.slots.machine.SlotMachine` (a mixin on its state): in ASHA the hops come
+from the search's decisions as they are taken, every leg crosses every shard, and the slots never end
+while a configuration is in flight. So hops join as decisions land, an idle slot decides again when a
+completion landed or a peer is newly judged ended for good, the slots no decision needed are named at
+the end, and a slot of the block absent for good ends the try naming it (else the search waited for it
+for ever). Apart from the rest of the machine because a grid's slot takes none of these decisions.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+from mop_airflow.slots.messages import HEARTBEAT, priority
+
+
+class AshaRules:
+    """ASHA's decisions inside :class:`~mop_airflow.slots.machine.SlotMachine` (the state it sets up:
+    ``asha``, ``alone``, ``ended``, ``decide_due``, ``gone_seen``, ``absent_wait``, ``shape``)."""
+
+    def asha_hops(self, hops: Iterable[Any], ended: bool) -> int:
+        """ASHA's decisions read since the last call: every slot's hops, which tell whom a hop waits for and
+        where each configuration's leg starts; this slot's (every one, ``alone``) join its pending ones.
+        Returns how many joined."""
+        added = 0
+        for h in hops:
+            self.owner[h.config_id, h.hop] = (h.shard, h.slot)
+            if h.start is not None:
+                self.states.setdefault(h.config_id, {}).setdefault(h.start.t, h.start)
+            if self.alone or (h.shard, h.slot) == self.slot_of:
+                self.pending.append(h)
+                added += 1
+        if added:
+            self.pending.sort(key=priority)
+        self.ended = self.ended or ended
+        return added
+
+    def store_changed(self) -> None:
+        """ASHA: a completion or a decision landed, so a decision taken now may differ."""
+        self.decide_due = True
+
+    def _judge_gone(self, now: float) -> None:
+        """ASHA, its search not ended: a slot newly judged ended for good may end legs whose next hop is on
+        it (the ledger's dead legs): a decision then, though nothing landed in the store (slot_sim seed 992
+        waited for ever)."""
+        gone = frozenset(o for o in self.watched if (g := self.peers[o].gone(now, self.wait)) is not None and g[1])
+        if gone != self.gone_seen:
+            self.gone_seen, self.decide_due = gone, True
+
+    def unneeded_slots(self) -> set:
+        """ASHA, its search finished: the slots of the block no decision put a hop on (they need not run)."""
+        return self.block_slots() - set(self.owner.values()) - {self.slot_of}
+
+    def _absent_anywhere(self, now: float) -> Any:
+        """ASHA: every slot of the block must run, since every leg crosses every shard; one that has not
+        started for the wait bound stalls the search even where no hop waits for it yet (a leg's last hop
+        on it: no slot waits for that). Its status is read until it is seen started (once per heartbeat,
+        then never again); past the bound this try ends, naming it."""
+        shards, slots = self.shape
+        unseen = [(s, k) for s in range(shards) for k in range(slots)
+                  if (s, k) != self.slot_of and not self._peer((s, k), now).started(now, self.wait)]
+        act = self._read(unseen, now, HEARTBEAT)
+        if act is not None or self.commits or self.outbox:
+            return act
+        self.watched.update(unseen)
+        return self._end() if self._absent_for_good(now, unseen) else None
+
+    def _absent_for_good(self, now: float, owners: Iterable[tuple]) -> bool:
+        """ASHA: whether one of these slots has not started for :attr:`absent_wait`; then it is given up
+        for good, with the hops given up for it, and this try ends failed for good naming it (which ends
+        the absent slot's task too): ASHA's slots never end while a configuration is in flight, so the
+        search waited for it for ever."""
+        absent = [o for o in owners if o in self.peers and self.peers[o].absent(now, self.absent_wait)]
+        for owner in absent:
+            label = f"the search's hops on shard {owner[0]} slot {owner[1]}"
+            self.untrained[label] = self.peers[owner]._absent_why(now, self.absent_wait)
+            self.for_good.add(label)
+        return bool(absent)
+
+    def _absent_given_up(self, now: float) -> bool:
+        """ASHA: a hop is given up because its slot has not started (or its retry has not) for
+        :attr:`absent_wait`: :meth:`_absent_for_good`."""
+        if not (self.asha and self.rules.absent_peers and self.given_up) or self.commits or self.outbox:
+            return False
+        return self._absent_for_good(now, {self.owner.get((cid, t - 1)) for cid, t in self.given_up})
