@@ -469,17 +469,19 @@ def airflow_part(shared, root: Path, name: str, env=None, paths=()):
         part.clear()
 
 
-# Seconds a file took in a whole `make test` on a quiet 2-core machine (setup, calls and teardown of its
-# tests, two workers; 2026-11-29, AMD EPYC), for the files of 25 s or more: the longest go first, and the
-# shared Airflow's files are dealt into units by them. A file's first test that starts the shared Airflow
-# counts its start.
+# Seconds a file took in a whole `make test` (setup, calls and teardown of its tests, three workers; a
+# 2-core AMD EPYC shared with other work, 2026-12-06, with the tests added that day), for the files of 25 s
+# or more: the longest go first, and the shared Airflow's files are dealt into units by them. A file's
+# first test that starts the shared Airflow counts its start.
 FILE_SECONDS = {
-    "test_slots_at_user_shapes.py": 414, "test_slot_faults_scheduler.py": 227, "test_celery_howto.py": 216,
-    "test_command_line.py": 172, "test_distributed.py": 162, "test_real_scheduler.py": 108, "test_shard_loop.py": 106,
-    "test_results_page.py": 102, "test_end_to_end.py": 97, "test_task_group.py": 93, "test_pbt_runs.py": 92,
-    "test_hyperband_blocks.py": 91, "test_failures_travel.py": 59, "test_retraining_dags.py": 56, "test_asha_runs.py": 52,
-    "test_slot_sim.py": 150, "test_example_project.py": 200, "test_model_check.py": 45, "test_jax_backend.py": 43, "test_fused.py": 36,
-    "test_shared_compile.py": 28, "test_one_run_searches.py": 27, "test_failing_configurations.py": 26,
+    "test_slot_faults_scheduler.py": 881, "test_slots_at_user_shapes.py": 697, "test_distributed.py": 400,
+    "test_celery_howto.py": 381, "test_command_line.py": 365, "test_real_scheduler.py": 311, "test_slot_sim.py": 310,
+    "test_shard_loop.py": 216, "test_task_group.py": 213, "test_end_to_end.py": 200, "test_pbt_runs.py": 180,
+    "test_fused.py": 146, "test_one_run_searches.py": 134, "test_jax_backend.py": 116, "test_results_page.py": 112,
+    "test_credentials.py": 111, "test_hyperband_blocks.py": 95, "test_retraining_dags.py": 82, "test_asha_runs.py": 79,
+    "test_failing_configurations.py": 75, "test_shared_compile.py": 73, "test_tracking.py": 48, "test_group_runs.py": 44,
+    "test_setup_errors.py": 38, "test_champion_cli.py": 37, "test_example_project.py": 35, "test_slot_faults.py": 35,
+    "test_champion.py": 32, "test_layers.py": 31, "test_hop.py": 30, "test_failures_travel.py": 28, "test_docs.py": 28,
 }
 
 
