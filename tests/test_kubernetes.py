@@ -168,15 +168,21 @@ def test_the_cache_volume_is_where_the_worker_image_keeps_the_shard_cache():
     assert "MOP_AIRFLOW_HOME=/opt/mop " in dockerfile and CACHE_PATH == "/opt/mop/cache"
 
 
-def test_the_store_connection_comes_from_a_secret_and_never_sits_in_the_values():
-    helm = HelmValues(ClusterShape(2), s3_secret="team-s3", s3_conn_id="minio_store")
+def test_the_store_connection_and_the_api_login_come_from_secrets_and_never_sit_in_the_values():
+    helm = HelmValues(ClusterShape(2), s3_secret="team-s3", s3_conn_id="minio_store", api_secret="team-api")
     for values in (helm.values(), helm.shard_values()):
         assert values["secret"] == [{"envName": "AIRFLOW_CONN_MINIO_STORE", "secretName": "team-s3",
-                                     "secretKey": "AIRFLOW_CONN_MINIO_STORE"}]
+                                     "secretKey": "AIRFLOW_CONN_MINIO_STORE"},
+                                    {"envName": "AIRFLOW_CONN_MOP_AIRFLOW_API", "secretName": "team-api",
+                                     "secretKey": "AIRFLOW_CONN_MOP_AIRFLOW_API"}]
         text = json.dumps(values)
-        assert text.count("AIRFLOW_CONN_") == 2 and "aws_secret" not in text and "password" not in text
-    no_s3 = HelmValues(ClusterShape(2), s3_secret=None)
-    assert "secret" not in no_s3.values() and "secret" not in no_s3.shard_values()
+        assert text.count("AIRFLOW_CONN_") == 4 and "aws_secret" not in text and "password" not in text
+    assert "--api-secret team-api" in helm.command()
+    neither = HelmValues(ClusterShape(2), s3_secret=None, api_secret=None)
+    assert "secret" not in neither.values() and "secret" not in neither.shard_values()
+    assert neither.command().endswith("--no-s3 --no-api-secret")
+    with pytest.raises(SpecError, match="--api-secret"):
+        HelmValues(ClusterShape(2), api_secret="Not A Name")
 
 
 def test_the_values_file_says_how_to_write_it_again():

@@ -44,7 +44,8 @@ def cmd_values(args: argparse.Namespace) -> int:
         values = HelmValues(_shape(args), image=args.image, control_image=args.control_image, release=args.release,
                             storage_size=args.storage_size, log_size=args.log_size,
                             storage_class=args.storage_class, s3_secret=None if args.no_s3 else args.s3_secret,
-                            s3_conn_id=args.s3_conn_id, control_concurrency=args.control_concurrency)
+                            s3_conn_id=args.s3_conn_id, control_concurrency=args.control_concurrency,
+                            api_secret=None if args.no_api_secret else args.api_secret)
     except SpecError as exc:
         return fail(str(exc), USAGE)
     if "-" in (args.out, args.shards_out):
@@ -130,6 +131,11 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     values.add_argument("--s3-conn-id", default="aws_default",
                         help="the store's connection id (store.conn_id); the Secret's key is AIRFLOW_CONN_<ID>")
     values.add_argument("--no-s3", action="store_true", help="no store connection (a store every pod mounts)")
+    values.add_argument("--api-secret", default="mop-api",
+                        help="the Secret holding the REST API login the tasks sign in with (key "
+                             "AIRFLOW_CONN_MOP_AIRFLOW_API, a user who may edit pools; default mop-api)")
+    values.add_argument("--no-api-secret", action="store_true",
+                        help="no API login (the DAGs built with pools='off', the pools synced by hand)")
     values.add_argument("--control-concurrency", type=int, default=2,
                         help="data and control tasks the default worker runs at once (default 2)")
     values.set_defaults(func=cmd_values)

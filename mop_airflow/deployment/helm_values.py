@@ -44,6 +44,7 @@ from typing import Any
 from mop_airflow.deployment.celery_config import GPU_WORKER_ENV, lost_worker_settings
 from mop_airflow.deployment.preload import LOCAL_SETTINGS
 from mop_airflow.errors import SpecError
+from mop_airflow.hooks.rest import API_CONN_ID
 from mop_airflow.deployment.kubernetes_shape import GPU_RESOURCE, GPUS_PER_NODE, ClusterShape, dns_subdomain, \
     positive_int, quantity
 from mop_airflow.planning.task_plan import shard_pool
@@ -105,6 +106,9 @@ class HelmValues:
     storage_class: str | None = None
     s3_secret: str | None = "mop-s3"
     s3_conn_id: str = "aws_default"
+    # the REST API login the tasks sign in with (the pools, a never-started task failed): the chart's API server
+    # runs the FAB auth manager, which gives no token without one
+    api_secret: str | None = "mop-api"
     control_concurrency: int = 2
 
     def __post_init__(self) -> None:
@@ -122,6 +126,8 @@ class HelmValues:
                                                                                   "(kubectl get storageclass)")
         if self.s3_secret is not None:
             dns_subdomain("--s3-secret", self.s3_secret, "Secret", "--s3-secret mop-s3")
+        if self.api_secret is not None:
+            dns_subdomain("--api-secret", self.api_secret, "Secret", "--api-secret mop-api")
         if not isinstance(self.s3_conn_id, str) or not re.match(r"^[A-Za-z0-9_]+$", self.s3_conn_id):
             raise SpecError("--s3-conn-id", self.s3_conn_id, "must be an Airflow connection id of letters, "
                             "digits and '_'", "use the store spec's conn_id, e.g. aws_default")
@@ -132,6 +138,11 @@ class HelmValues:
     def s3_env(self) -> str:
         """The variable Airflow reads the connection from: ``AIRFLOW_CONN_<CONN_ID>``."""
         return f"AIRFLOW_CONN_{self.s3_conn_id.upper()}"
+
+    @property
+    def api_env(self) -> str:
+        """The variable Airflow reads the tasks' REST API connection from."""
+        return f"AIRFLOW_CONN_{API_CONN_ID.upper()}"
 
     @property
     def shard_release(self) -> str:
@@ -149,11 +160,12 @@ class HelmValues:
         parts += [f"--node-selector {key}={value}" for key, value in shape.node_selector.items()]
         defaults = {field: HelmValues.__dataclass_fields__[field].default for field in
                     ("image", "control_image", "release", "storage_size", "log_size", "storage_class", "s3_secret",
-                     "s3_conn_id", "control_concurrency")}
+                     "s3_conn_id", "api_secret", "control_concurrency")}
+        left_out = {"s3_secret": "--no-s3", "api_secret": "--no-api-secret"}
         for name, default in defaults.items():
             value = getattr(self, name)
             if value != default:
-                parts.append(f"--{name.replace('_', '-')} {value}" if value is not None else "--no-s3")
+                parts.append(f"--{name.replace('_', '-')} {value}" if value is not None else left_out[name])
         return " ".join(parts)
 
     def _common(self, image: str) -> dict[str, Any]:
@@ -169,8 +181,10 @@ class HelmValues:
             "airflowLocalSettings": LOCAL_SETTINGS,
             "env": [{"name": key, "value": value} for key, value in lost_worker_settings().items()],
         }
-        if self.s3_secret is not None:
-            values["secret"] = [{"envName": self.s3_env, "secretName": self.s3_secret, "secretKey": self.s3_env}]
+        secrets = [(self.s3_env, self.s3_secret), (self.api_env, self.api_secret)]
+        if any(name is not None for _, name in secrets):
+            values["secret"] = [{"envName": env, "secretName": name, "secretKey": env} for env, name in secrets
+                                if name is not None]
         return values
 
     def values(self) -> dict[str, Any]:
@@ -283,6 +297,9 @@ class HelmValues:
         if self.s3_secret is not None:
             header.append(f"# The store's connection comes from the Secret {self.s3_secret} (key {self.s3_env}); "
                           "create it first (docs/how-to/kubernetes.md).")
+        if self.api_secret is not None:
+            header.append(f"# The tasks' REST API login comes from the Secret {self.api_secret} (key {self.api_env}): "
+                          "a user who may edit pools; create it first (docs/how-to/kubernetes.md).")
         body = yaml.dump(values, Dumper=_block_dumper(), sort_keys=False, default_flow_style=False, width=120)
         return "\n".join(header) + "\n" + body
 

@@ -121,8 +121,12 @@ def test_every_chart_container_starts_passes_its_probes_and_runs_a_search(
     all_pods = [p for p in pods(docs) if any(c["image"] == image for c in p.containers())]
     hosts = {f"{RELEASE}-api-server": "127.0.0.1", f"{RELEASE}-statsd": "127.0.0.1",
              **{p.hostname: "127.0.0.1" for p in all_pods}}
+    # the Secrets the how-to creates: the store's connection, and the tasks' REST API login (the chart's
+    # createUserJob makes admin/admin; its API server runs the FAB auth manager, which needs one)
+    api_login = f"http://admin:admin@{RELEASE}-api-server:{api_port}"
     cluster = Cluster(podman, docs, tmp_path, hosts,
-                      extra_secrets={"mop-s3": {"AIRFLOW_CONN_AWS_DEFAULT": connection}})
+                      extra_secrets={"mop-s3": {"AIRFLOW_CONN_AWS_DEFAULT": connection},
+                                     "mop-api": {"AIRFLOW_CONN_MOP_AIRFLOW_API": api_login}})
 
     # The jobs first (a cluster runs them at install; the others' init containers wait for the migrations).
     jobs = {p.name: p for p in all_pods if p.kind == "Job"}
