@@ -91,5 +91,6 @@ class Compose:
             if done.returncode == 0:
                 return
             assert self.podman.running(name), f"{name} stopped:\n{self.podman.logs(name)}"
-            assert time.monotonic() < deadline, f"{name} never healthy: {done.stderr[-1500:]}\n{self.podman.logs(name)}"
+            assert time.monotonic() < deadline, (f"{name} never healthy: {argv} exited {done.returncode}: "
+                                                 f"{(done.stdout + done.stderr)[-1500:]}\n{self.podman.logs(name)}")
             time.sleep(3)
