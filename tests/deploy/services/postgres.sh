@@ -12,8 +12,10 @@ runuser -u postgres -- "${bin}/initdb" -D "${data}" -U "${POSTGRES_USER}" --pwfi
 rm /tmp/pwfile
 echo "host all all 0.0.0.0/0 scram-sha-256" >> "${data}/pg_hba.conf"
 runuser -u postgres -- "${bin}/pg_ctl" -D "${data}" -w -o "-c listen_addresses=''" start >/dev/null
-if [[ "${POSTGRES_DB}" != "${POSTGRES_USER}" ]]; then
-    runuser -u postgres -- "${bin}/createdb" -U "${POSTGRES_USER}" "${POSTGRES_DB}"
+# initdb makes only the database "postgres"; the postgres image makes POSTGRES_DB (its user's name by default)
+db="${POSTGRES_DB:-${POSTGRES_USER}}"
+if [[ "${db}" != "postgres" ]]; then
+    runuser -u postgres -- "${bin}/createdb" -U "${POSTGRES_USER}" "${db}"
 fi
 runuser -u postgres -- "${bin}/pg_ctl" -D "${data}" -w stop >/dev/null
 exec runuser -u postgres -- "${bin}/postgres" -D "${data}" -c listen_addresses='*'
