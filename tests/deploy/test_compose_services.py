@@ -128,5 +128,7 @@ def test_the_compose_files_services_run_the_demo(podman, images):
     assert board.returncode == 0, board.stderr[-3000:]
     rows = json.loads(board.stdout.strip().splitlines()[-1])["leaderboard"]
     assert [r["rank"] for r in rows] == list(range(1, CONFIGURATIONS + 1))
-    # the demo's result: the 1-D CNN ahead of every MLP (mop_airflow/examples/mnist1d_models.py)
-    assert rows[0]["model"].endswith(":cnn") and rows[0]["val_accuracy"] > 0.8, rows[0]
+    assert all(r["status"] == "finished" for r in rows), rows
+    # the demo's grid on the compose file's smaller sample (4,000 of MNIST-1D, a fifth of the demo's, so it runs
+    # in minutes on CPUs): a 1-D CNN wins, as in the demo (0.7875 here on 2026-12-06, 0.9465 on the demo's data)
+    assert rows[0]["model"].endswith(":cnn") and rows[0]["val_accuracy"] > 0.7, rows[0]
