@@ -102,11 +102,8 @@ class MopTrainShardOperator(MopBaseOperator):
         Airflow for a worker or a pool slot, and nothing else would end them (the run stayed running for
         ever). This try failed for good, so the block cannot succeed."""
         from mop_airflow.hooks.pools import fail_tasks_never_started  # noqa: PLC0415
-        from mop_airflow.planning.task_plan import shard_pool, train_task_id  # noqa: PLC0415
 
-        group = self.task_id.rpartition(".")[0]
-        ids = [train_task_id(f"{group}." if group else "", s, k, self.slots) for s, k in absent]
-        where = ", ".join(f"queue and pool {shard_pool(s)}" for s in sorted({s for s, _ in absent}))
+        ids, where = _block_tasks(self, absent)
         note = (f"never started while {self.task_id} waited for its hops: no worker serves its queue, or its pool has "
                 f"no free slot ({where}); failed by {self.task_id} so the run ends. Fix the worker or the pool, then "
                 "clear the failed train tasks of this run")
@@ -208,6 +205,15 @@ class MopTrainShardOperator(MopBaseOperator):
                 "failed": sorted(r.config_id for r in result.failed), "dropped": len(result.dropped)}
 
 
+def _block_tasks(task: MopTrainShardOperator, slots: Sequence[tuple[int, int]]) -> tuple[list[str], str]:
+    """The ids of the train tasks of ``task``'s block on these (shard, slot)s, and their queues and pools in words."""
+    from mop_airflow.planning.task_plan import shard_pool, train_task_id  # noqa: PLC0415
+
+    group = task.task_id.rpartition(".")[0]
+    ids = [train_task_id(f"{group}." if group else "", s, k, task.slots) for s, k in slots]
+    return ids, ", ".join(f"queue and pool {shard_pool(s)}" for s in sorted({s for s, _ in slots}))
+
+
 def _may_come(exc: BaseException) -> bool:
     """A block left incomplete only by slots that may still come (late or hung, not ended for good)."""
     return bool(getattr(exc, "retryable", False))
@@ -224,20 +230,16 @@ def end_block_after_final_failure(context: Any) -> None:
     (issue 70's known gap). Airflow runs no callback for a task process killed while its supervisor lives
     (apache/airflow#60858): that case stays open, and the docs say so."""
     from mop_airflow.hooks.pools import fail_waiting_unless_one_lives  # noqa: PLC0415
-    from mop_airflow.planning.task_plan import shard_pool, train_task_id  # noqa: PLC0415
 
     task, ti = context["task"], context["ti"]
-    group = task.task_id.rpartition(".")[0]
-    prefix = f"{group}." if group else ""
-    others = {train_task_id(prefix, s, k, task.slots): s for s in range(task.shards) for k in range(task.slots)
-              if (s, k) != (task.shard, task.slot)}
-    where = ", ".join(f"queue and pool {shard_pool(s)}" for s in sorted(set(others.values())))
+    others, where = _block_tasks(task, [(s, k) for s in range(task.shards) for k in range(task.slots)
+                                        if (s, k) != (task.shard, task.slot)])
     note = (f"never started (no worker serves its queue, or its pool has no free slot: {where}) while "
             f"{task.task_id} failed for good and no other slot of the block was left to wait for it; failed "
             "so the run ends. Fix the worker or the pool, then clear the failed train tasks of this run")
     run_id = context.get("run_id") or ti.run_id
     try:
-        failed = fail_waiting_unless_one_lives(ti.dag_id, run_id, list(others), note)
+        failed = fail_waiting_unless_one_lives(ti.dag_id, run_id, others, note)
     except Exception as exc:  # noqa: BLE001 - a callback's failure must not hide the task's
         task.log.error("could not end the train tasks of %s's block that never started (%s): mark them failed by "
                        "hand, or the run waits for them", task.task_id, exc)
