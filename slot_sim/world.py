@@ -32,7 +32,7 @@ from typing import Any, Callable
 
 from mop_airflow.search.asha import AshaPlan
 from mop_airflow.slots import machine as sp
-from mop_airflow.planning.placement import block_hops
+from mop_airflow.planning.placement import block_hops, fused_partners
 from slot_sim.asha import AshaDecisions, Runaway
 from slot_sim.machines import ManyMachines
 from slot_sim.peers import PeerFaults, PeerWorld, draw_peer_faults
@@ -195,7 +195,7 @@ class World(AshaDecisions, PeerWorld, ManyMachines):
         self.hops = block_hops(classes, shards=self.s.shards, slots=self.s.slots, start=block.start, end=block.end,
                                rung_end=bool(block.ends), ends=block.ends, key=lambda cid: str(index[cid] % 3),
                                fuse=self._fuse if self.s.fuse > 1 else None)
-        self.partners = self._partners(self.hops) if self.s.fuse > 1 else {}
+        self.partners = fused_partners(self.hops, self._fuse) if self.s.fuse > 1 else {}
         self.tasks = []
         for shard in range(self.s.shards):
             for slot in range(self.s.slots):
@@ -226,17 +226,6 @@ class World(AshaDecisions, PeerWorld, ManyMachines):
         for members in by_key.values():
             groups += [members[i:i + self.s.fuse] for i in range(0, len(members), self.s.fuse)]
         return groups
-
-    def _partners(self, hops: list) -> dict:
-        places: dict = {}
-        for h in hops:
-            places.setdefault((h.hop, h.shard, h.slot, h.rung_end), []).append(h.config_id)
-        partners = {}
-        for (hop, *_), cids in places.items():
-            for group in self._fuse(cids):
-                if len(group) > 1:
-                    partners.update(((cid, hop), frozenset(group)) for cid in group)
-        return partners
 
     def _start(self, task: Task) -> None:
         if task.state != "queued" or self._never_starts(task):

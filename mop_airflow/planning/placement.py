@@ -128,6 +128,23 @@ def deal_fused_slots(classes: Sequence[Sequence[str]], slots: int,
     return dealt
 
 
+def fused_partners(hops: Sequence[BlockHop], groups: Callable[[list[str]], list[list[str]]]) -> dict[tuple[str, int], frozenset[str]]:
+    """Which hops train fused: the hops of one place (hop, shard, slot and rung end: what must be the same
+    for hops to train as one program besides their configurations), cut by ``groups`` (for a run,
+    :func:`~mop_airflow.planning.fusing.groups_of`) in their order; each hop of a group of two or more ->
+    its group's configurations. From the plan alone, so the same spec trains the same groups every run;
+    the shard loop and the slot simulation both take it from here."""
+    by_place: dict[tuple, list[str]] = {}
+    for h in hops:
+        by_place.setdefault((h.hop, h.shard, h.slot, h.rung_end), []).append(h.config_id)
+    partners: dict[tuple[str, int], frozenset[str]] = {}
+    for (hop, *_), cids in by_place.items():
+        for group in groups(cids):
+            if len(group) > 1:
+                partners.update(((cid, hop), frozenset(group)) for cid in group)
+    return partners
+
+
 def slot_rules(run: Any) -> dict[str, Any]:
     """The ``key`` and ``fuse`` :func:`block_hops` deals ``run``'s configurations (a
     :class:`~mop_airflow.records.RunRecord`) to the slots with: a model key's configurations on one

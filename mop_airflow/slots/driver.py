@@ -56,6 +56,7 @@ Runs and is tested without Airflow; the shard operator maps Airflow's context on
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import threading
@@ -76,13 +77,14 @@ from mop_airflow.slots.machine import SlotMachine
 from mop_airflow.slots.messages import (Check, Decide, Look, Read, ReadPeers, Rules, Stopped, Superseded, Train,
                                         Wait, Write, Yield)
 from mop_airflow.planning.placement import (  # noqa: F401 - where a block's hops go, re-exported
-    BlockHop, block_hops, deal_fused_slots, deal_slots)
+    BlockHop, block_hops, deal_fused_slots, deal_slots, fused_partners)
+from mop_airflow.planning.fusing import groups_of
 from mop_airflow.slots.status import StatusWriter, yielding_since
 from mop_airflow.slots.store_actions import StoreActions
 from mop_airflow.slots.train_actions import TrainActions
 from mop_airflow.slots.watchdog import Watchdog
 from mop_airflow.training import progress
-from mop_airflow.training.fused import fused_partners, fuses_here
+from mop_airflow.training.fused import fuses_here
 from mop_airflow.training.model_hop import CLEANUP, Where, state_after
 from mop_airflow.training.session import WARM_MODELS, TaskSession
 
@@ -192,7 +194,7 @@ class _Loop(StoreActions, TrainActions, DeadLegs):
         self.slot_of = (shard, slot)
         self.began = time.time()
         # schedule.fuse: this slot's hops that train as one program (ASHA's, decided as it goes, train alone)
-        partners = (fused_partners(((h.config_id, h.hop, (h.shard, h.slot, h.rung_end)) for h in own), run)
+        partners = (fused_partners(own, functools.partial(groups_of, run))
                     if more is None and fuses_here(run, manifest, {h.shard for h in own}) else {})
         # give_back None: this process trains every slot's hops (dag.test()), and never yields
         self.machine = SlotMachine(hops, own=own, shard=shard, slot=slot, try_number=where.try_number,

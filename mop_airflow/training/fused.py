@@ -24,7 +24,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from mop_airflow.planning.fusing import FUSABLE_SCALARS, fuse_key, fuse_limit, groups_of
+from mop_airflow.planning.fusing import FUSABLE_SCALARS, fuse_key, fuse_limit
 
 
 def fuses_here(run: Any, manifest: Any, shards: Iterable[int]) -> bool:
@@ -37,23 +37,6 @@ def fuses_here(run: Any, manifest: Any, shards: Iterable[int]) -> bool:
     from mop_airflow.training.model_hop import streams  # noqa: PLC0415
 
     return keras.config.backend() == "jax" and not any(streams(manifest.shards[s], run) for s in shards)
-
-
-def fused_partners(places: Iterable[tuple[str, int, Any]], run: Any) -> dict[tuple[str, int], frozenset[str]]:
-    """Which hops train fused. ``places``: each hop as ``(config_id, hop, place)``, the place being
-    what must be the same for hops to train as one program besides their configurations (shard, slot,
-    rung end). The hops of one place cut into :func:`~mop_airflow.planning.fusing.groups_of` in their
-    order; each hop of a group of two or more -> its group's configurations. From the plan alone, so
-    the same spec trains the same groups every run."""
-    by_place: dict[tuple[int, Any], list[str]] = {}
-    for cid, hop, place in places:
-        by_place.setdefault((hop, place), []).append(cid)
-    partners: dict[tuple[str, int], frozenset[str]] = {}
-    for (hop, _), cids in by_place.items():
-        for group in groups_of(run, cids):
-            if len(group) > 1:
-                partners.update(((cid, hop), frozenset(group)) for cid in group)
-    return partners
 
 
 def varied_scalars(configs: Sequence[Mapping[str, Any]]) -> dict[str, list[float]]:

@@ -241,13 +241,14 @@ def test_fused_groups_are_dealt_whole_into_classes_and_slots_and_groups_of_one_a
 def test_fused_partners_come_from_the_plan_per_shard_slot_and_hop():
     from types import SimpleNamespace
 
-    from mop_airflow.training.fused import fused_partners
+    from mop_airflow.planning.fusing import groups_of
+    from mop_airflow.planning.placement import BlockHop, fused_partners
 
     configs = [config(f"a{i}", learning_rate=10 ** -(1 + i)) for i in range(5)] + [config("b64", batch_size=64)]
     run = SimpleNamespace(configs=configs, schedule=SimpleNamespace(fuse=2))
-    places = [(cid, 0, (0, 0, False)) for cid in ["a0", "a1", "a2", "b64"]] + [("a3", 0, (0, 1, False)),
-                                                                             ("a4", 0, (0, 1, False))]
-    partners = fused_partners(places, run)
+    hop = lambda cid, slot: BlockHop(cid, offset=0, step=0, shard=0, slot=slot, hop=0)  # noqa: E731
+    places = [hop(cid, 0) for cid in ["a0", "a1", "a2", "b64"]] + [hop("a3", 1), hop("a4", 1)]
+    partners = fused_partners(places, lambda cids: groups_of(run, cids))
     # a limit of 2: a0..a2 of one key on one slot cut 1 + 2; b64 alone; a3, a4 on the other slot together
     assert partners == {("a1", 0): {"a1", "a2"}, ("a2", 0): {"a1", "a2"}, ("a3", 0): {"a3", "a4"},
                         ("a4", 0): {"a3", "a4"}}
