@@ -32,6 +32,7 @@ from typing import Any, Callable
 
 from mop_airflow.search.asha import AshaPlan
 from mop_airflow.slots import machine as sp
+from mop_airflow.slots.outcomes import ask_facts
 from mop_airflow.planning.placement import block_hops, fused_partners
 from slot_sim.asha import AshaDecisions, Runaway
 from slot_sim.machines import ManyMachines
@@ -452,17 +453,21 @@ class World(AshaDecisions, PeerWorld, ManyMachines):
 
     def _checked(self, proc: Proc, act: sp.Check) -> None:
         if self._live(proc):
-            facts = {}
-            for hop, _ in act.members:
+            facts, m = {}, proc.machine
+            for hop, state in act.members:
                 key = (hop.config_id, hop.hop)
                 record = self.records.get(key)
                 folder = (proc.task.block.index, hop.shard, hop.slot)
                 if record is not None and not any(k == key for _, _, k in self.folders.get(folder, ())):
                     self.unmarked.add(key)
-                facts[key] = sp.Facts(record, record is not None and record.checkpoint_sha256 is not None
-                                      and self.checkpoints.get(key) == record.checkpoint_sha256,
-                                      (hop.config_id, hop.hop + 1) in self.records)
-            proc.machine.checked(facts)
+                # production's questions (ask_facts), answered by this world's store
+                facts[key] = ask_facts(
+                    state, first_try=m.try_number == 1, next_known=(hop.config_id, hop.hop + 1) in m.known,
+                    record=lambda: record,  # noqa: B023 - each asked before the loop goes on
+                    checkpoint_there=lambda r: (r.checkpoint_sha256 is not None  # noqa: B023
+                                                and self.checkpoints.get(key) == r.checkpoint_sha256),
+                    next_there=lambda: (hop.config_id, hop.hop + 1) in self.records)  # noqa: B023
+            m.checked(facts)
             self._step(proc)
 
     def _train(self, proc: Proc, act: sp.Train) -> None:

@@ -9,7 +9,7 @@ what the slot learns and writes of a hop it trained or was due to, never what it
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from mop_airflow.slots.messages import Facts, Record
 
@@ -115,3 +115,22 @@ class Outcomes:
         first = failure.t if failure.dropped_after is None else failure.dropped_after
         self.outbox.append((Record(hop.config_id, hop.hop, hop.shard, failure.status, error=failure.error,
                                    dropped_after=first, try_number=self.try_number), "settle"))
+
+
+def ask_facts(state: Any, *, first_try: bool, next_known: bool, record: Callable[[], Any],
+              checkpoint_there: Callable[[Any], bool], next_there: Callable[[], bool]) -> Facts:
+    """What a check needs to know of hop ``t`` (started from ``state``), asked in the order
+    :meth:`Outcomes._earlier` reads it and no further: its record (``record()``, None when there is none),
+    whether that record's checkpoint is there, whether hop ``t + 1``'s record is (not asked of a first try
+    that listed that hop's marker: ``next_known``). The shard loop asks its store, the slot simulation its
+    virtual one: one rule of what a retry asks, so the simulation answers the questions production puts."""
+    found = record()
+    if found is None:
+        return Facts()
+    if found.input_sha256 != state.checkpoint_sha256 or found.status != "ok":
+        return Facts(found)
+    if checkpoint_there(found):
+        return Facts(found, checkpoint_there=True)
+    if first_try and next_known:
+        return Facts(found)
+    return Facts(found, next_there=next_there())

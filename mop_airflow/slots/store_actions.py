@@ -16,6 +16,7 @@ from typing import Any
 
 from mop_airflow.records import Assignment, HopRecord
 from mop_airflow.slots.messages import Check, Facts, Look, Read, ReadPeers, Write
+from mop_airflow.slots.outcomes import ask_facts
 from mop_airflow.planning.placement import BlockHop
 from mop_airflow.slots.status import read_status
 
@@ -71,19 +72,16 @@ class StoreActions:
 
     def _facts(self, hop: BlockHop, state: Assignment) -> Facts:
         """What the store says of ``hop`` for the machine's check, asking only what its rule reads, in its
-        order: a first try asks only of hops whose markers were listed, and reads their records at once."""
+        order (:func:`~mop_airflow.slots.outcomes.ask_facts`): a first try asks only of hops whose markers
+        were listed, and reads their records at once."""
         store, cid, t = self.layout.store, hop.config_id, hop.hop
         uri = self.layout.hop_record_uri(cid, t)
-        if self.where.try_number > 1 and not store.exists(uri):
-            return Facts()
-        record = HopRecord.read(store, uri)
-        if record.input_sha256 != state.checkpoint_sha256 or record.status != "ok":
-            return Facts(record)
-        if record.checkpoint and store.exists(record.checkpoint):
-            return Facts(record, checkpoint_there=True)
-        if self.where.try_number == 1 and (cid, t + 1) in self.machine.known:
-            return Facts(record)
-        return Facts(record, next_there=store.exists(self.layout.hop_record_uri(cid, t + 1)))
+        first_try = self.where.try_number == 1
+        return ask_facts(
+            state, first_try=first_try, next_known=(cid, t + 1) in self.machine.known,
+            record=lambda: HopRecord.read(store, uri) if first_try or store.exists(uri) else None,
+            checkpoint_there=lambda record: bool(record.checkpoint) and store.exists(record.checkpoint),
+            next_there=lambda: store.exists(self.layout.hop_record_uri(cid, t + 1)))
 
     def _write(self, act: Write | None) -> None:
         """The machine's writes, in order: a failure, a drop settled forward (unless a record is there: an
