@@ -108,3 +108,17 @@ class BlockIncompleteError(TrainingError):
         super().__init__(
             f"shard {shard} slot {slot} trained every hop it could, but {len(self.untrained)} of its hops never "
             f"became ready:\n{lines}\nFix: {fix}")
+
+
+# Failures a retry cannot fix: the spec, the data, missing pools, a model that cannot train.
+# StoreError is left out on purpose: an unreachable store may be back on the next try.
+NOT_RETRIED = (SpecError, DataValidationError, PoolsMissingError, TrainingError)
+
+
+def fails_for_good(exc: BaseException, *, last_try: bool, fail_fast: bool = False) -> bool:
+    """Whether a shard slot's try that raised ``exc`` fails its task for good, no retry following: an error
+    a retry cannot fix (:data:`NOT_RETRIED`), unless a block left incomplete only by slots that may still
+    come (:attr:`BlockIncompleteError.retryable`); ``search.fail_fast``; or its last try. The train
+    operator's rule, which the slot simulation runs too (a slot that waits on this one stops waiting then)."""
+    return ((isinstance(exc, NOT_RETRIED) and not getattr(exc, "retryable", False)) or fail_fast or last_try)
+

@@ -16,7 +16,7 @@ from typing import Any, Mapping
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowFailException
 
-from mop_airflow.errors import DataValidationError, PoolsMissingError, SpecError, TrainingError
+from mop_airflow.errors import NOT_RETRIED  # noqa: F401 - failures a retry cannot fix, re-exported
 
 from mop_airflow.records.layout import RunLayout, read_run
 from mop_airflow.records import RunRecord
@@ -25,11 +25,6 @@ from mop_airflow.planning.run_chain import continuation_of
 from mop_airflow.records.selection import conf_of, selection_id, task_id_in
 from mop_airflow.config import StoreSpec
 from mop_airflow.hooks.connections import open_spec_store
-
-
-# Failures a retry cannot fix: the spec, the data, missing pools, a model that cannot train.
-# StoreError is left out on purpose: an unreachable store may be back on the next try.
-NOT_RETRIED = (SpecError, DataValidationError, PoolsMissingError, TrainingError)
 
 
 class MopBaseOperator(BaseOperator):

@@ -15,13 +15,13 @@ from typing import Any, Sequence
 
 from airflow.sdk.exceptions import AirflowException, AirflowSkipException
 
-from mop_airflow.errors import StoreError
+from mop_airflow.errors import StoreError, fails_for_good
 from mop_airflow.planning.schedule import DEFAULT_PRIORITY
 from mop_airflow.records import Manifest, Plan
 from mop_airflow.records.layout import block_name
 from mop_airflow.store import transient
 
-from mop_airflow.operators.base import NOT_RETRIED, MopBaseOperator
+from mop_airflow.operators.base import MopBaseOperator
 
 
 # Failures of the infrastructure, not of a configuration: they fail the task, which retries (and
@@ -169,12 +169,12 @@ class MopTrainShardOperator(MopBaseOperator):
                 # the store or Airflow itself, search.fail_fast, or a worker going away: the task fails and retries
                 fatal=lambda exc: isinstance(exc, RETRIED) or run.fail_fast or transient(exc),
                 # no retry follows: the slots that wait for this one's hops stop waiting
-                final=lambda exc: (isinstance(exc, NOT_RETRIED) and not _may_come(exc)) or run.fail_fast
-                or try_number > max_tries,
+                final=lambda exc: fails_for_good(exc, last_try=try_number > max_tries, fail_fast=run.fail_fast),
                 stop=self._stop, stall_seconds=None if alone else stall_seconds(), more=more,
                 last_try=try_number > max_tries, tries_left=max(1, max_tries - try_number + 2))
         except BlockIncompleteError as exc:
-            if getattr(exc, "absent", None) and (not _may_come(exc) or run.fail_fast or try_number > max_tries):
+            if getattr(exc, "absent", None) and fails_for_good(exc, last_try=try_number > max_tries,
+                                                               fail_fast=run.fail_fast):
                 self._end_never_started(context, exc.absent)  # this try's failure is final: theirs too
             if not _may_come(exc) or run.fail_fast:
                 raise

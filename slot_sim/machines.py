@@ -26,7 +26,9 @@ import random
 from collections import Counter
 from typing import Any
 
+from mop_airflow.errors import fails_for_good
 from mop_airflow.slots import machine as sp
+from mop_airflow.slots.endings import SlotStopped, says_final
 from slot_sim.shapes import Search, hops_each
 
 NEVER = math.inf
@@ -133,7 +135,7 @@ class ManyMachines:
 
         def land() -> None:
             if key in self.records:
-                proc.machine.lost(record, None if how == "settle" else self.records[key])
+                proc.machine.lost(record, self.records[key] if sp.takes_standing(how) else None)
                 go_on()
             else:
                 self._put(record, lambda: self._mark(proc, record, go_on))
@@ -158,7 +160,7 @@ class ManyMachines:
                     self._commit_lost(proc, key)
                     return
                 self.checkpoints[key] = record.checkpoint_sha256
-                self.checkpoints.pop((record.config_id, record.t - 2), None)
+                self._drop_stale(record)
                 self._put(record, lambda: None)
             if fatal:
                 self._fatal(proc, f"StoreError: the store did not answer while writing the {stage} of "
@@ -201,7 +203,10 @@ class ManyMachines:
     def _stopped(self, proc: Any, act: Any) -> None:
         """run_slot on SlotStopped: the last word says failed, for good only on its last try."""
         task = proc.task
-        word = sp.PeerStatus(task.try_number, "failed", self.now, final=task.try_number > self.s.retries)
+        last_try = task.try_number > self.s.retries
+        final = says_final(SlotStopped(act.why), last_try=last_try,
+                           final=lambda exc: fails_for_good(exc, last_try=last_try))
+        word = sp.PeerStatus(task.try_number, "failed", self.now, final=final)
         task.beat = (task.beat[0], task.beat[1], self.now)
         self.at(self.now + self.latency(), self._ended, proc, sp.End({"stopped": act.why}, frozenset()), word)
 

@@ -5,7 +5,8 @@ seed): each shard slot's task is a :class:`~mop_airflow.slots.machine.SlotMachin
 the world carries out on a virtual clock, a heap of events, in a deterministic order:
 
 - **the store** keeps hop records, checkpoints (a hop's commit writes its checkpoint and record, deletes
-  the checkpoint two hops back, then leaves its marker), markers and ASHA's decisions. Every request
+  the checkpoints that makes stale (:func:`~mop_airflow.records.retention.stale_checkpoints`), then
+  leaves its marker), markers and ASHA's decisions. Every request
   takes a drawn latency, and a request that fails is retried after a backoff (``Shape.transient``); a
   request takes effect when it completes, and not at all when its process died first. A marker's name
   takes the process's clock when it is named (``CommitLog.mark``), and a listing shows it from when it
@@ -30,10 +31,14 @@ import random
 from collections import defaultdict, deque
 from typing import Any, Callable
 
+from mop_airflow.errors import BlockIncompleteError, fails_for_good
 from mop_airflow.search.asha import AshaPlan
 from mop_airflow.slots import machine as sp
+from mop_airflow.slots.endings import says_final
 from mop_airflow.slots.outcomes import ask_facts
+from mop_airflow.config import StoreSpec
 from mop_airflow.planning.placement import block_hops, fused_partners
+from mop_airflow.records.retention import stale_checkpoints
 from slot_sim.asha import AshaDecisions, Runaway
 from slot_sim.machines import ManyMachines
 from slot_sim.peers import PeerFaults, PeerWorld, draw_peer_faults
@@ -48,6 +53,7 @@ EVENT_CAP = 100_000
 # From a lost try's failure for good to its failure callback's effect: the dag-processor takes the callback
 # Airflow's scheduler sends it on its next loop, then two REST calls a task of the block
 FAILURE_CALLBACK_S = 5.0
+KEEP_CHECKPOINTS = StoreSpec().keep_checkpoints  # store.keep_checkpoints by default
 
 
 
@@ -315,8 +321,12 @@ class World(AshaDecisions, PeerWorld, ManyMachines):
         if isinstance(act, sp.Yield):
             word = sp.PeerStatus(task.try_number, "yielded", self.now)
         else:
-            final = bool(act.for_good) or task.try_number > self.s.retries
-            word = sp.PeerStatus(task.try_number, "done" if act.done else "failed", self.now, final=not act.done and final)
+            # production's rule (endings.says_final, errors.fails_for_good) on the error the shard loop raises
+            last_try = task.try_number > self.s.retries
+            final = not act.done and says_final(
+                BlockIncompleteError(task.shard, task.slot, act.untrained, for_good=act.for_good), last_try=last_try,
+                final=lambda exc: fails_for_good(exc, last_try=last_try))
+            word = sp.PeerStatus(task.try_number, "done" if act.done else "failed", self.now, final=final)
         task.beat = (task.beat[0], task.beat[1], self.now)
         self.at(self.now + self.latency(), self._ended, proc, act, word)
 
@@ -516,7 +526,7 @@ class World(AshaDecisions, PeerWorld, ManyMachines):
                 self._commit_lost(proc, key)  # created only where none is: the first record stands
                 return
             self.checkpoints[key] = record.checkpoint_sha256
-            self.checkpoints.pop((record.config_id, record.t - 2), None)
+            self._drop_stale(record)
             self._put(record, lambda: self._mark(proc, record, done))
 
         def done() -> None:
@@ -527,6 +537,12 @@ class World(AshaDecisions, PeerWorld, ManyMachines):
             self._commit_next(proc)
 
         self._op(proc, saved, latency=self.latency() + self.latency() + self.latency())
+
+    def _drop_stale(self, record: sp.Record) -> None:
+        """The checkpoints the commit of ``record`` makes stale (records.retention, the hop's commit's rule),
+        kept at the spec's default (the simulated records name no best hop)."""
+        for old in stale_checkpoints(record.t, KEEP_CHECKPOINTS, None, None):
+            self.checkpoints.pop((record.config_id, old), None)
 
     def _op(self, proc: Proc, fn: Callable, *args: Any, latency: float | None = None) -> None:
         """A store request of ``proc``: it takes effect when it completes, if the process still runs."""
@@ -560,11 +576,12 @@ class World(AshaDecisions, PeerWorld, ManyMachines):
         record, how = todo.pop(0)
         go_on = lambda: self._write(proc, todo, then)  # noqa: E731
         key = (record.config_id, record.t)
-        if self.rules.fence and how != "mark":
+        step = sp.write_step(how, self.rules.fence)  # production's rule, as the shard loop asks it
+        if step == "create":
             self._create(proc, record, how, go_on)
-        elif how == "mark":
+        elif step == "mark":
             self._mark(proc, record, go_on)
-        elif how == "settle":
+        elif step == "unless there":
             self._op(proc, lambda: go_on() if key in self.records else self._op(
                 proc, self._put, record, lambda: self._mark(proc, record, go_on)))
         else:

@@ -52,12 +52,18 @@ def ended_raising(loop: Any, layout: RunLayout, block: str, exc: BaseException, 
     elif loop.superseded():  # a copy taken for dead that failed (its input gone): no word over its retry's
         loop.status.abandon()
     else:
-        # a slot stopped on request (SIGTERM) is not given up while its task's retry follows; on its last
-        # try none does, and the slots waiting for it must not wait for ever (slot_sim's graceful stop)
-        ends = last_try if isinstance(exc, SlotStopped) else final(exc)
+        ends = says_final(exc, last_try=last_try, final=final)
         if ends and isinstance(exc, Exception):
             exc.absent = end_the_unstarted(loop, layout, block, f"{type(exc).__name__}: {exc}")
         loop.status.stop("failed", final=ends, error=f"{type(exc).__name__}: {exc}"[:1000])
+
+
+def says_final(exc: BaseException, *, last_try: bool, final: Callable[[BaseException], bool]) -> bool:
+    """Whether a slot's try that raised ``exc`` says it failed for good: a slot stopped on request
+    (SIGTERM) only on its last try, as no retry follows then and the slots waiting for it must not wait for
+    ever; any other error as ``final`` says (the train operator's
+    :func:`~mop_airflow.errors.fails_for_good`). The slot simulation's ends take it from here too."""
+    return last_try if isinstance(exc, SlotStopped) else final(exc)
 
 
 def ended(loop: Any, layout: RunLayout, block: str, result: Any, *, final: Callable[[BaseException], bool]) -> Any:

@@ -35,7 +35,7 @@ from mop_airflow.slots.inputs import Inputs
 from mop_airflow.slots.messages import (  # noqa: F401 - the machine's words, re-exported
     ASHA_EVERY, CLOCK_SKEW, HEARTBEAT, NEVER, READ_AGAIN, STATES_HELD, Check, Decide, End, Facts, Look, PeerStatus,
     Read, ReadPeers, Record, Rules, State, Stopped, Superseded, Train, Wait, Write, Yield, died_on_last_try,
-    priority, state_after)
+    priority, state_after, takes_standing, write_step)
 from mop_airflow.slots.outcomes import Outcomes
 from mop_airflow.slots.peers import PeerView  # noqa: F401 - how a slot judges a peer, re-exported
 from mop_airflow.slots.waiting import Waiting

@@ -102,6 +102,24 @@ class Write:  # in order, each (record, how): "write" it then its marker, "settl
     # "settle" create the record only where none is, and a record found there goes back as lost()
 
 
+def write_step(how: str, fence: bool) -> str:
+    """How the driver carries out one ``(record, how)`` of a :class:`Write`: "mark" (its marker only),
+    "create" (fenced: the record created only where none is, then its marker; a record found there goes
+    back as ``lost()``, with the record that stands unless the write was a settle, which never takes one
+    over), "unless there" (an unfenced settle: written, then marked, only where no record is) or "write"
+    (written, then marked). The shard loop and the slot simulation both ask it."""
+    if how == "mark":
+        return "mark"
+    if fence:
+        return "create"
+    return "unless there" if how == "settle" else "write"
+
+
+def takes_standing(how: str) -> bool:
+    """Whether a fenced create that found a record there hands that record to ``lost()``: not a settle's."""
+    return how != "settle"
+
+
 @dataclass(frozen=True)
 class Read:  # read the records these markers name (``(config_id, t)``, listed earlier) -> read()
     keys: tuple

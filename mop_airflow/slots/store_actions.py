@@ -15,7 +15,7 @@ import time
 from typing import Any
 
 from mop_airflow.records import Assignment, HopRecord
-from mop_airflow.slots.messages import Check, Facts, Look, Read, ReadPeers, Write
+from mop_airflow.slots.messages import Check, Facts, Look, Read, ReadPeers, Write, takes_standing, write_step
 from mop_airflow.slots.outcomes import ask_facts
 from mop_airflow.planning.placement import BlockHop
 from mop_airflow.slots.status import read_status
@@ -88,18 +88,19 @@ class StoreActions:
         earlier try's stays), a marker a retry found missing; each record then its marker."""
         store, fence = self.layout.store, self.machine.rules.fence
         for record, how in () if act is None else act.records:
-            if how == "mark":
+            step = write_step(how, fence)
+            if step == "mark":
                 self.marks.mark(record)
                 continue
             uri = self.layout.hop_record_uri(record.config_id, record.t)
             written = self._hop_record(record)
-            if fence:
+            if step == "create":
                 # created only where no record is: one request, where a look and a write were two; a record
                 # there (an earlier try's settle, or another copy's commit of the hop) stands
                 if not written.create(store, uri):
-                    self.machine.lost(record, None if how == "settle" else HopRecord.read(store, uri))
+                    self.machine.lost(record, HopRecord.read(store, uri) if takes_standing(how) else None)
                     continue
-            elif how == "settle" and store.exists(uri):
+            elif step == "unless there" and store.exists(uri):
                 continue
             else:
                 written.write(store, uri)

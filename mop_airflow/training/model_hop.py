@@ -21,6 +21,7 @@ from typing import Any, Callable
 
 from mop_airflow.errors import TrainingError
 from mop_airflow.records.layout import RunLayout
+from mop_airflow.records.retention import stale_checkpoints  # noqa: F401 - the retention rule, re-exported
 from mop_airflow.records import Assignment, HopRecord, Manifest, RunRecord
 from mop_airflow.planning.schedule import config_seed
 from mop_airflow.training import progress
@@ -439,18 +440,6 @@ def best_so_far(assignment: Assignment, val: dict[str, float] | None, metric: st
     if best is None or (value < best if direction == "min" else value > best):
         return t, float(value)
     return assignment.best_t, best
-
-
-def stale_checkpoints(t: int, keep: int | None, best_t: int | None, previous_best_t: int | None) -> list[int]:
-    """The hops whose checkpoints go once hop ``t`` is saved: the one falling out of the last ``keep``,
-    and the former best once it is beaten (unless still among the last ``keep``); never the best."""
-    if keep is None:
-        return []
-    stale = {t - keep} if t - keep >= 0 else set()
-    if previous_best_t is not None and previous_best_t != best_t and previous_best_t <= t - keep:
-        stale.add(previous_best_t)
-    stale.discard(best_t)
-    return sorted(stale)
 
 
 def failure_of(error: BaseException) -> tuple[str, str]:
