@@ -79,6 +79,16 @@ def transient(exc: BaseException) -> bool:
     return any(cls.__name__ in _TRANSIENT_NAMES for cls in type(exc).__mro__)
 
 
+def fails_the_try(exc: BaseException, *, fail_fast: bool = False, also: tuple = ()) -> bool:
+    """Whether an error met while a slot trains or commits a hop ends its try (the task fails, and Airflow
+    retries it; the hops committed stay) instead of failing only that hop's configuration: the store
+    failing (a :class:`~mop_airflow.errors.StoreError`, or any error :func:`transient` says is the store
+    out of reach), one of ``also`` (the train operator adds Airflow's), or ``search.fail_fast``. A store
+    that answers no (a 403 on a marker) fails the configuration, not the try. The train operator's rule,
+    which the slot simulation's failed commits are classified by too."""
+    return isinstance(exc, (StoreError, *also)) or fail_fast or transient(exc)
+
+
 # A conditional create answered 409 is tried again this many times in all, 0.1 s apart doubling (with jitter,
 # drawn from a generator of the store's own: Keras seeds layers from Python's global one).
 CONFLICT_TRIES = 5

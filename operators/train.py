@@ -15,18 +15,15 @@ from typing import Any, Sequence
 
 from airflow.sdk.exceptions import AirflowException, AirflowSkipException
 
-from mop_airflow.errors import StoreError, fails_for_good
+from mop_airflow.errors import fails_for_good
 from mop_airflow.planning.schedule import DEFAULT_PRIORITY
 from mop_airflow.records import Manifest, Plan
 from mop_airflow.records.layout import block_name
-from mop_airflow.store import transient
+from mop_airflow.store import fails_the_try
 
 from mop_airflow.operators.base import MopBaseOperator
 
 
-# Failures of the infrastructure, not of a configuration: they fail the task, which retries (and
-# the retry skips the hops already committed).
-RETRIED = (StoreError, AirflowException)
 YIELD_DELAY = 10.0  # a slot that gave its pool slot back is tried again 10-20 s later
 
 
@@ -167,7 +164,7 @@ class MopTrainShardOperator(MopBaseOperator):
                 mine=mine if alone else None, block=block_name(context["run_id"], self.task_id.rpartition(".")[0]), shard=self.shard, slot=self.slot,
                 cache_dir=self.store_spec(context).local_cache, where=where, on_hop=committed,
                 # the store or Airflow itself, search.fail_fast, or a worker going away: the task fails and retries
-                fatal=lambda exc: isinstance(exc, RETRIED) or run.fail_fast or transient(exc),
+                fatal=lambda exc: fails_the_try(exc, fail_fast=run.fail_fast, also=(AirflowException,)),
                 # no retry follows: the slots that wait for this one's hops stop waiting
                 final=lambda exc: fails_for_good(exc, last_try=try_number > max_tries, fail_fast=run.fail_fast),
                 stop=self._stop, stall_seconds=None if alone else stall_seconds(), more=more,

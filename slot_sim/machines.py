@@ -26,9 +26,11 @@ import random
 from collections import Counter
 from typing import Any
 
-from mop_airflow.errors import fails_for_good
+from mop_airflow.errors import StoreError, fails_for_good
 from mop_airflow.slots import machine as sp
 from mop_airflow.slots.endings import SlotStopped, says_final
+from mop_airflow.store import fails_the_try
+from mop_airflow.training.model_hop import failure_of
 from slot_sim.shapes import Search, hops_each
 
 NEVER = math.inf
@@ -151,7 +153,14 @@ class ManyMachines:
         record = proc.writer[0]
         key = (record.config_id, record.t)
         stage = self.fault_rng.choice(("checkpoint", "record", "marker"))
-        fatal = stage != "marker" or self.fault_rng.random() < 0.5
+        # what the store says: no answer past its retries, or (a marker only) a refusal; production's rule
+        # (store.fails_the_try) says which ends the try and which fails the configuration
+        if stage != "marker" or self.fault_rng.random() < 0.5:
+            error: BaseException = StoreError(f"the store did not answer while writing the {stage} of "
+                                              f"{key[0]} t={key[1]}", transient=True)
+        else:
+            error = PermissionError(f"the marker of {key[0]} t={key[1]} was refused (403)")
+        fatal = fails_the_try(error)
         self.note("commit fails", key[0], key[1], stage, "fatal" if fatal else "refused")
 
         def failed() -> None:
@@ -163,26 +172,27 @@ class ManyMachines:
                 self._drop_stale(record)
                 self._put(record, lambda: None)
             if fatal:
-                self._fatal(proc, f"StoreError: the store did not answer while writing the {stage} of "
-                                  f"{key[0]} t={key[1]}")
+                self._fatal(proc, error)
                 return
             proc.writer.popleft()
             proc.writing = False
             hop = proc.machine.commits[0]
-            proc.machine.commit_failed(hop, sp.State(key[0], key[1] - 1, record.input_sha256), "failed",
-                                       f"OSError: the marker of {key[0]} t={key[1]} was refused (403)")
+            proc.machine.commit_failed(hop, sp.State(key[0], key[1] - 1, record.input_sha256),
+                                       *failure_of(error))
             self._wake(proc)
             self._commit_next(proc)
 
         self._op(proc, failed, latency=self.latency() + self.latency())
 
-    def _fatal(self, proc: Any, error: str) -> None:
+    def _fatal(self, proc: Any, exc: BaseException) -> None:
         """run_slot: an error the driver's ``fatal`` says ends the task: its last word, failed (for good on its
-        last try), and Airflow's retry."""
+        last try, as production's endings.says_final says), and Airflow's retry."""
         task = proc.task
         proc.alive = False
         task.beat = (task.beat[0], task.beat[1], min(task.beat[2], self.now))
-        final = task.try_number > self.s.retries
+        last_try = task.try_number > self.s.retries
+        final = says_final(exc, last_try=last_try, final=lambda e: fails_for_good(e, last_try=last_try))
+        error = f"{type(exc).__name__}: {exc}"
         task.word = (self.now + self.latency(), sp.PeerStatus(task.try_number, "failed", self.now, final=final,
                                                               error=error))
         self.moved = self.now

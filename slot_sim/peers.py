@@ -25,6 +25,7 @@ import random
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from mop_airflow.errors import StoreError
 from mop_airflow.slots import machine as sp
 
 
@@ -105,7 +106,7 @@ class PeerWorld:
         """A fatal error ends the try (after its status write): failed, for good on its last try
         (ManyMachines._fatal, the driver's one rule for a fatal error)."""
         if self._live(proc):
-            self._fatal(proc, f"StoreError: the store went away (try {proc.task.try_number})")
+            self._fatal(proc, StoreError(f"the store went away (try {proc.task.try_number})", transient=True))
 
     def _status_seen(self, proc: Any, owner: tuple) -> Any:
         """Slot ``owner``'s status as ``proc`` reads it: perhaps as it was a moment ago, stamped with its
