@@ -353,3 +353,23 @@ def test_every_train_task_ends_its_blocks_never_started_tasks_after_the_users_ow
     assert all(t.on_failure_callback in (_alert, [_alert]) for t in others)  # no other task's is touched
     again = DagSerialization.deserialize_dag(DagSerialization.serialize_dag(dag))
     assert all(again.get_task(t.task_id).has_on_failure_callback for t in trains)
+
+
+def test_the_provider_lists_each_operator_module_and_only_those():
+    """Admin > Providers: every module the provider metadata names imports and defines an operator
+    (it once named ``mop_airflow.operators.promote``, which did not exist)."""
+    import importlib
+    import inspect
+
+    from airflow.sdk import BaseOperator
+
+    from mop_airflow.airflow.provider import get_provider_info
+
+    (entry,) = get_provider_info()["operators"]
+    modules = entry["python-modules"]
+    assert "mop_airflow.operators.train" in modules and "mop_airflow.operators.base" not in modules
+    for name in modules:
+        module = importlib.import_module(name)
+        defined = [c for _, c in inspect.getmembers(module, inspect.isclass)
+                   if issubclass(c, BaseOperator) and c.__module__ == name]
+        assert defined, f"{name} defines no operator"
