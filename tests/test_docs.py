@@ -1016,3 +1016,18 @@ def test_the_unreleased_changes_are_grouped_by_day_newest_first():
         days = re.findall(r"^#### (\d{4}-\d\d-\d\d)$", section, re.M)
         assert days and days == sorted(days, reverse=True) and len(set(days)) == len(days), (heading, days)
         assert section.lstrip().startswith("#### "), f"{heading}: entries before the first day"
+
+
+def test_no_page_gives_two_headings_or_rows_one_anchor():
+    """A link lands on one place: two sections named alike once gave the performance page two
+    ``#slot-sim`` headings, and every link went to the first, whose rows were not the million's."""
+    twice = []
+    for page in [README, *pages()]:
+        ids = re.findall(r'<a id="([\w-]+)"></a>', page.read_text())
+        for line in page.read_text().splitlines():
+            match = re.match(r"^#{1,6} (.*)$", line)
+            if match:
+                explicit = re.search(r"\{#([\w-]+)\}\s*$", match.group(1))
+                ids.append(explicit.group(1) if explicit else slug(match.group(1)))
+        twice += [f"{page.relative_to(ROOT)}: #{name}" for name in sorted(set(ids)) if ids.count(name) > 1]
+    assert twice == []
