@@ -47,9 +47,9 @@ longest configuration's own chain) (:func:`mop_airflow.planning.simulation.lower
 
 Adaptive searches (``--adaptive``): Hyperband and ASHA as their decision modules answer "what trains
 next?" (:mod:`mop_airflow.search.halving`, :mod:`mop_airflow.search.asha`), replayed on p shards of
-one slot by :func:`mop_airflow.planning.search_sim.simulate_search` with a synthetic learning curve per
-configuration, decided after every hop step or only between blocks of one iteration (a search decided
-between DAG runs). Slot use is the fraction of slot time spent training. ASHA gets Hyperband's budget:
+one slot by :func:`mop_airflow.planning.search_sim.simulate_search` (each job placed as production places
+an ASHA job decided inside the shard slots) with a synthetic learning curve per configuration, decided
+after every hop step or only between blocks of one iteration (a search decided between DAG runs). Slot use is the fraction of slot time spent training. ASHA gets Hyperband's budget:
 the smallest ``n`` whose synchronous-halving budget reaches Hyperband's iterations, or Hyperband's
 iterations as its own ``budget`` (a deadline: no leg begins that would end after it). "at R": the
 configurations that completed the top rung; "best loss": the best synthetic loss among them.

@@ -12,7 +12,8 @@ Only the store's I/O is the simulation's: no rule is copied here.
 
 from __future__ import annotations
 
-from mop_airflow.planning.asha_slots import Leg, choose, dead_leg_error, dead_legs, leg_completions, next_hops_of
+from mop_airflow.planning.asha_slots import (Leg, choose, dead_leg_error, dead_legs, leg_completions, leg_offset,
+                                           leg_owner, next_hops_of)
 from mop_airflow.slots import machine as sp
 from mop_airflow.planning.placement import BlockHop
 from slot_sim.shapes import metric
@@ -36,8 +37,9 @@ class AshaDecisions:
         for decision in proc.ledger[proc.hops_taken:]:
             for job in decision["jobs"]:
                 first, end, offset, start = job["first"], job["end"], job["offset"], job["from"]
-                new += [BlockHop(config_id=job["config_id"], offset=offset, step=t, shard=(offset + t) % self.s.shards,
-                                 slot=job["slot"], hop=t, rung_end=t == end - 1, start=start if t == first else None,
+                new += [BlockHop(config_id=job["config_id"], offset=offset, step=t,
+                                 shard=leg_owner(offset, job["slot"], t, self.s.shards)[0], slot=job["slot"], hop=t,
+                                 rung_end=t == end - 1, start=start if t == first else None,
                                  order=decision["k"] * 100_000 + t) for t in range(first, end)]
         proc.hops_taken = len(proc.ledger)
         ended = bool(proc.ledger) and proc.ledger[-1]["finished"]
@@ -89,7 +91,7 @@ class AshaDecisions:
         if decision is None or decision["finished"]:
             return decision
         job = dict(decision["jobs"][0])
-        job["offset"], job["slot"] = (proc.task.shard - job["first"]) % self.s.shards, proc.task.slot
+        job["offset"], job["slot"] = leg_offset(proc.task.shard, job["first"], self.s.shards), proc.task.slot
         return {**decision, "jobs": [job]}
 
     def _decision(self, ledger: list) -> dict | None:

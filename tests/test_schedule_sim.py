@@ -115,9 +115,35 @@ def test_an_adaptive_search_replayed_on_slots_counts_every_hop_and_idle_slot():
     # b (best of three) is promoted and trains 2 more iterations (4 hops) alone: 8 steps in all
     assert [(j.config_id, j.kind, j.rung) for j in sim.decisions] == [
         ("a", "start", 0), ("b", "start", 0), ("c", "start", 0), ("b", "promote", 1)]
+    # each job taken by a slot with nothing ready, as in production: the one idle longest, then the
+    # lowest. c takes shard 0 (both idle since step 2); b's promotion takes shard 0 too, idle since
+    # step 3 (c's last hop, at step 3, was on shard 1)
+    assert sim.placed == [(0, 0), (1, 0), (0, 0), (0, 0)]
     assert (sim.steps, sim.trained_hops) == (8, 2 * 3 + 4)
     assert sim.slot_use == 10 / 16
     assert [(c.config_id, c.rung) for c in sim.completions] == [("a", 0), ("b", 0), ("c", 0), ("b", 1)]
+
+
+def test_a_replayed_hop_trains_only_on_the_slot_that_took_its_job_as_in_production():
+    """Production trains hop t of a job on shard (offset + t) mod p and always on the deciding slot's
+    index (asha_slots), so a hop waits for its own slot even while another slot of its shard is free."""
+    from mop_airflow.planning.asha_slots import leg_offset, leg_owner
+    from mop_airflow.planning.search_sim import simulate_search
+    from mop_airflow.search.jobs import Job
+
+    def three(done, promoted, started, free, block):  # a long job, then two of one iteration
+        return [] if started else [Job("a", 0, "start", 3), Job("b", 0, "start", 1), Job("c", 0, "start", 1)]
+
+    sim = simulate_search(three, shards=1, slots=2, capacity=3)
+    # a and b take the two idle slots; c goes to the slot fewest head to, the lowest of a tie: a's.
+    # Step 0: a and b train, c waits; step 1: c (waited longer) trains on slot 0, a waits though
+    # slot 1 is free (b is done); steps 2-3: a. Before, c or a took slot 1 at step 1: 3 steps.
+    assert sim.placed == [(0, 0), (0, 1), (0, 0)]
+    assert (sim.steps, sim.trained_hops, sim.slot_use) == (4, 5, 5 / 8)
+    # the rule itself: a leg that begins at hop 16 of 16 shards, decided on shard 3 slot 1, trains
+    # its first hop there and its hop t on shard (3 + t) mod 16, slot 1
+    offset = leg_offset(3, 16, 16)
+    assert [leg_owner(offset, 1, t, 16) for t in (16, 17, 31)] == [(3, 1), (4, 1), (2, 1)]
 
 
 def test_asha_with_hyperbands_budget_as_a_deadline_trains_at_least_nine_tenths_of_the_slot_time():

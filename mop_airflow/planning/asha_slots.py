@@ -51,6 +51,20 @@ class Leg:
     start: Assignment
 
 
+def leg_offset(shard: int, first: int, shards: int) -> int:
+    """The rotation of a job decided by a slot of shard ``shard`` whose leg begins at the configuration's hop
+    ``first``: that hop lands on the deciding slot's shard, so the slot can take it at once."""
+    return (shard - first) % shards
+
+
+def leg_owner(offset: int, slot: int, t: int, shards: int) -> tuple[int, int]:
+    """The shard slot ``(shard, slot)`` that trains hop ``t`` of a leg of rotation ``offset`` decided by a slot of
+    index ``slot``: shard ``(offset + t) mod shards``, always the deciding slot's index. Production
+    (:class:`Ledger`, :class:`~mop_airflow.slots.asha_source.AshaSource`) and the plan's replay
+    (:func:`mop_airflow.planning.search_sim.simulate_search`) both place hops with it."""
+    return (offset + t) % shards, slot
+
+
 def legs_of(decision: BlockDecision) -> list[Leg]:
     """The leg each job of ``decision`` trains."""
     return [Leg(decision.block, job["config_id"], decision.training[job["config_id"]],
@@ -145,7 +159,7 @@ def dead_legs(next_hops: Iterable[tuple[Leg, int]], *, shards: int, me: tuple[in
     leg's last, no slot waits for it, and the search would wait for the job for ever (seed 539)."""
     out = []
     for leg, t in next_hops:
-        owner = ((leg.offset + t) % shards, leg.slot)
+        owner = leg_owner(leg.offset, leg.slot, t, shards)
         if owner == me:
             continue
         why = gone(owner)
@@ -216,7 +230,7 @@ class Ledger:
             return self._take(BlockDecision(block=k, capacity=self.capacity, finished=True,
                                             completions=[dataclasses.asdict(c) for c in seen]), shard, slot)
         job, first = choice.job, choice.first
-        offset = (shard - first) % p  # its first hop of the job on the deciding slot's shard
+        offset = leg_offset(shard, first, p)  # its first hop of the job on the deciding slot's shard
         start = (Assignment(config_id=job.config_id, t=-1, checkpoint=None) if first == 0
                  else resume_at(self.layout, job.config_id, first - 1))
         return self._take(BlockDecision(

@@ -1,10 +1,14 @@
 """An adaptive search's decisions replayed on a model of MOP's slots, before anything runs.
 
-Time goes in hop steps: in each step every slot of every shard can train one hop of one
-configuration. A configuration with a job visits the shards in its own rotation (offset ``o``: its
-hop ``t`` is on shard ``(o + t) mod p``), one hop at a time; a shard whose slots are taken leaves it
-waiting for the next step. When a configuration reaches its job's iterations it completes the rung
-with a metric from ``metric_of``; the method (:mod:`mop_airflow.search.asha`,
+Time goes in hop steps: in each step every shard slot ``(shard, slot)`` trains at most one hop.
+Jobs are placed as production places an ASHA job decided inside the shard slots, by the same rule
+(:func:`~mop_airflow.planning.asha_slots.leg_offset`, :func:`~mop_airflow.planning.asha_slots.leg_owner`):
+a job is taken by a slot with nothing ready to train (while one has nothing; past that, by the slot
+the fewest are heading to); the configuration's first hop of the job is on that slot's shard, its hop
+``t`` on shard ``(offset + t) mod p``, and every hop on that slot's index. So each hop has one owner,
+and waits while its owner trains another (the one that waited longest first), even with a slot of
+the same shard free. When a configuration reaches its job's iterations it completes the rung with a
+metric from ``metric_of``; the method (:mod:`mop_airflow.search.asha`,
 :mod:`mop_airflow.search.halving`) then answers what trains next for the free capacity. With
 ``block_hops`` the method is asked only at the end of each block of that many steps (a search
 decided between DAG runs), otherwise after every step.
@@ -17,9 +21,11 @@ from __future__ import annotations
 
 import hashlib
 import math
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
+from mop_airflow.planning.asha_slots import leg_offset, leg_owner
 from mop_airflow.search.jobs import Completion, Job
 
 # (completions, promoted, started, free, block) -> jobs: a method with its plan and members bound;
@@ -34,6 +40,7 @@ class SearchSim:
     shards: int = 1
     slots: int = 1
     decisions: list[Job] = field(default_factory=list)
+    placed: list[tuple[int, int]] = field(default_factory=list)  # the slot (shard, slot) that took each job
     completions: list[Completion] = field(default_factory=list)
     max_active: int = 0
 
@@ -67,45 +74,57 @@ def simulate_search(method: Method, *, shards: int, slots: int = 1, capacity: in
     sim = SearchSim(shards=shards, slots=slots)
     hops: dict[str, int] = {}        # hops trained so far, per configuration
     offset: dict[str, int] = {}
+    slot_of: dict[str, int] = {}     # the index of the slot that took the configuration's latest job
     target: dict[str, Job] = {}      # busy configurations and their jobs
     promoted: list[tuple[str, int]] = []
     started: list[str] = []
     waiting_since: dict[str, int] = {}
+    every = [(shard, slot) for shard in range(shards) for slot in range(slots)]
+    idle_since = dict.fromkeys(every, 0)  # the step since which each slot has trained nothing
+
+    def owner(cid: str) -> tuple[int, int]:
+        return leg_owner(offset[cid], slot_of[cid], hops[cid], shards)
 
     def decide() -> None:
         jobs = method(sim.completions, promoted, started, max(0, capacity - len(target)),
                       sim.steps // (block_hops or shards))
+        heading = Counter(owner(cid) for cid in target)
         for job in jobs:
+            # In production the slot that takes a job is one with nothing ready to train, which decides
+            # it. Here: a slot no busy configuration is heading to, the one idle longest first (it would
+            # ask first), then the lowest (shard, slot), so the replay repeats. With more jobs than idle
+            # slots (a capacity above one a slot), the slot the fewest are heading to: the one that runs
+            # out of ready hops first, and so would ask next.
+            shard, slot = min(every, key=lambda s: (heading[s], idle_since[s], s))
+            heading[shard, slot] += 1
             if job.kind == "start":
                 started.append(job.config_id)
                 hops[job.config_id] = 0
             else:
                 promoted.append((job.config_id, job.rung - 1))
-            # A job starts at an iteration boundary, where a configuration may change its rotation
-            # without seeing a shard twice in an iteration: it joins the shard fewest are heading to.
-            heading = [0] * shards
-            for cid in target:
-                heading[(offset[cid] + hops[cid]) % shards] += 1
-            first = min(range(shards), key=lambda sh: (heading[sh], sh))
-            offset[job.config_id] = (first - hops[job.config_id]) % shards
+            # the configuration's next hop (a job starts at an iteration boundary) on the deciding slot
+            offset[job.config_id] = leg_offset(shard, hops[job.config_id], shards)
+            slot_of[job.config_id] = slot
             target[job.config_id] = job
             waiting_since[job.config_id] = sim.steps
             sim.decisions.append(job)
+            sim.placed.append((shard, slot))
         sim.max_active = max(sim.max_active, len(target))
 
     decide()
     while target and sim.steps < max_steps:
-        free = {s: slots for s in range(shards)}
+        taken: set[tuple[int, int]] = set()
         # the configuration that has waited longest goes first, then the lower id: repeatable.
         # (Most hops to go first, the DAG's default priority, made Hyperband's run 23 % longer here:
         # it holds back the short rung-0 jobs whose results unlock the promotions.)
         for cid in sorted(target, key=lambda c: (waiting_since[c], c)):
-            shard = (offset[cid] + hops[cid]) % shards
-            if free[shard]:
-                free[shard] -= 1
+            place = owner(cid)
+            if place not in taken:
+                taken.add(place)
                 hops[cid] += 1
                 sim.trained_hops += 1
                 waiting_since[cid] = sim.steps + 1
+                idle_since[place] = sim.steps + 1
         sim.steps += 1
         for cid in sorted(c for c, job in target.items() if hops[c] == job.iterations * shards):
             job = target.pop(cid)

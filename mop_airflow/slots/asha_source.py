@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 
-from mop_airflow.planning.asha_slots import Ledger, legs_of
+from mop_airflow.planning.asha_slots import Ledger, leg_owner, legs_of
 from mop_airflow.records import RunRecord
 from mop_airflow.records.layout import RunLayout
 from mop_airflow.planning.placement import BlockHop
@@ -46,8 +46,9 @@ class AshaSource:
         for decision in self.ledger.decisions[self.taken:]:
             for leg in legs_of(decision):
                 for t in range(leg.first, leg.end):
+                    shard, slot = leg_owner(leg.offset, leg.slot, t, self.shards)
                     hops.append(BlockHop(config_id=leg.config_id, offset=leg.offset, step=t,
-                                         shard=(leg.offset + t) % self.shards, slot=leg.slot, hop=t,
+                                         shard=shard, slot=slot, hop=t,
                                          rung_end=t == leg.end - 1, start=leg.start if t == leg.first else None,
                                          order=leg.decision * 100_000 + t))
         self.taken = len(self.ledger.decisions)
