@@ -104,9 +104,10 @@ class MopTrainShardOperator(MopBaseOperator):
         note = (f"never started while {self.task_id} waited for its hops: no worker serves its queue, or its pool has "
                 f"no free slot ({where}); failed by {self.task_id} so the run ends. Fix the worker or the pool, then "
                 "clear the failed train tasks of this run")
-        if finished:  # ASHA finished without them: nothing of theirs is missing, the run need not fail
-            note = (f"never started ({where}: no worker serves its queue, or its pool had no free slot), and the "
-                    f"search finished without it: marked a success by {self.task_id} so the run ends")
+        if finished:  # the block is over without them: nothing of theirs is missing, the run need not fail
+            note = (f"never started ({where}: no worker serves its queue, or its pool had no free slot), and its "
+                    f"block finished without it (nothing of its was needed: the search finished, or every hop it "
+                    f"had was of a configuration that failed): marked a success by {self.task_id} so the run ends")
         dag_id = getattr(context.get("dag"), "dag_id", None) or context["ti"].dag_id
         try:
             failed = fail_tasks_never_started(dag_id, context["run_id"], ids, note,

@@ -27,6 +27,7 @@ from typing import Any
 
 from mop_airflow.errors import StoreError
 from mop_airflow.slots import machine as sp
+from mop_airflow.slots.status import never_started
 
 
 @dataclass
@@ -141,16 +142,18 @@ class PeerWorld:
         """A try failed for good, so its block has: the block's tasks that have not started (never, a
         yield, or a retry not begun) are failed with a final word, as the driver (``status.end_never_started``)
         and the train operator (through the REST API) do; else a task that never starts kept the run going."""
-        done = only is not None  # an ASHA search finished: the slots no decision needed end done
+        done = only is not None  # the block is over without them (Outcomes' unneeded_slots): they end done
         for task in self.tasks:
             if task.state != "queued" or (task.proc is not None and task.proc.alive):
                 continue
+            if not never_started(task.status(self.now)):  # production reads its status (end_never_started): a
+                continue  # try that died says "running" still, and its retry is left to come
             if done and (task.shard, task.slot) not in only:
                 continue
             task.state = "success" if done else "failed"
             number = task.word[1].try_number if task.word is not None else task.try_number
             task.word = (self.now, sp.PeerStatus(number, "done" if done else "failed", self.now, final=not done,
-                                                 error="never started: " + ("the search finished without it" if done
+                                                 error="never started: " + ("the block finished without it" if done
                                                                             else "a slot of its block failed for good")))
             self.note("not started, failed", task.shard, task.slot)
             self._asha_changed()

@@ -35,6 +35,7 @@ from mop_airflow.errors import BlockIncompleteError, fails_for_good
 from mop_airflow.search.asha import AshaPlan
 from mop_airflow.slots import machine as sp
 from mop_airflow.slots.endings import says_final
+from mop_airflow.slots.status import ended_or_never_started
 from mop_airflow.slots.outcomes import ask_facts
 from mop_airflow.config import StoreSpec
 from mop_airflow.planning.placement import block_hops, fused_partners
@@ -93,6 +94,7 @@ class Proc:
         self.poll_at = NEVER
         self.wanted = False
         self.last_name = 0
+        self.marking_until = 0.0  # when the marker PUT in flight lands (CommitLog's lock)
         self.ledger: list = []  # ASHA: the decisions read, in order
         self.hops_taken = 0
 
@@ -340,8 +342,12 @@ class World(AshaDecisions, PeerWorld, ManyMachines):
         self.note("ended", task.shard, task.slot, word.state, f"final={word.final}")
         if word.final:
             self._end_absent(act)
-        elif word.state == "done" and proc.machine.asha and proc.machine.ended:
-            self._end_absent(act, only=proc.machine.unneeded_slots())  # the driver: the search finished without them
+        elif word.state == "done" and (not proc.machine.asha or proc.machine.ended):
+            # the driver (endings.ended): the block is over without them, in a plain block once no other runs
+            m = proc.machine
+            others = [t.status(self.now) for t in self.tasks if t.shard_slot in m.block_slots() - {m.slot_of}]
+            if m.asha or ended_or_never_started(others):
+                self._end_absent(act, only=m.unneeded_slots())
         if isinstance(act, sp.Yield):
             task.state = "queued"
             task.yields += 1
@@ -588,7 +594,8 @@ class World(AshaDecisions, PeerWorld, ManyMachines):
             self._op(proc, self._put, record, lambda: self._mark(proc, record, go_on))
 
     def _mark(self, proc: Proc, record: sp.Record, then: Callable) -> None:
-        """CommitLog.mark: the name takes the process's clock (kept rising) now; the object lands later."""
+        """CommitLog.mark: the name takes the process's clock (kept rising) now; the object lands later, and
+        after the process's previous marker (its lock is held through the PUT: one at a time, in order)."""
         proc.last_name = max(proc.last_name + 1, int((self.now + proc.skew) * 1e9))
         name = (proc.machine.try_number, proc.last_name)
         folder = (proc.task.block.index, proc.task.shard, proc.task.slot)
@@ -603,7 +610,12 @@ class World(AshaDecisions, PeerWorld, ManyMachines):
                 if other is not None and other.wanted and self._live(other) and folder[1:] in other.machine.polled:
                     self._schedule_poll(other, self.now + lag + self.rng.uniform(0, self.s.poll_most))
             then()
-        self._op(proc, land)
+        if not self.rules.marks_in_order:  # (before: each PUT on its own, as the thread that named it left it)
+            self._op(proc, land)
+            return
+        begins = max(self.now, proc.marking_until)  # the previous marker's PUT holds the lock till it lands
+        proc.marking_until = begins + self.latency()
+        self.at(proc.marking_until, self._land, proc, land, ())
 
     def _schedule_poll(self, proc: Proc, when: float) -> None:
         if when < proc.poll_at:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
-from mop_airflow.slots.messages import HEARTBEAT, priority
+from mop_airflow.slots.messages import HEARTBEAT, Wait, priority
 
 
 class AshaRules:
@@ -49,8 +49,42 @@ class AshaRules:
             self.gone_seen, self.decide_due = gone, True
 
     def unneeded_slots(self) -> set:
-        """ASHA, its search finished: the slots of the block no decision put a hop on (they need not run)."""
-        return self.block_slots() - set(self.owner.values()) - {self.slot_of}
+        """The slots of the block this one's end leaves nothing to do, when they have not started (the
+        driver ends only those: their tasks still wait in Airflow). ASHA, its search finished: every other
+        slot (a hop a decision put on one that never ran belongs to a leg that failed before it, or the
+        search would not have finished; slot_sim seed 90431 waited for ever on such a slot, when only
+        slots no decision put a hop on were ended). A plain block: each slot whose every hop is of a
+        configuration this one knows failed (its hops would only settle the failure forward, which no
+        reader needs: a configuration's records are read up to its first failure; seed 24973)."""
+        if self.asha:
+            return self.block_slots() - {self.slot_of}
+        return self.block_slots() - self._needed_slots() - {self.slot_of}
+
+    def _needed_slots(self) -> set:
+        """A plain block: the other slots that own a hop of a configuration not known to have failed, and
+        not known committed (its marker listed): the block is not over until each has run."""
+        return {owner for key, owner in self.owner.items()
+                if owner != self.slot_of and key[0] not in self.failed and key not in self.known}
+
+    def _absent_at_end(self, now: float) -> Any:
+        """A plain block, this slot's hops done: a slot of the block that owns a hop still needed and has not
+        started is waited for before this one ends, as a slot waiting for its hops would. A needed hop
+        no slot waits for (a configuration's last hop in the block, on a slot whose task never starts: no
+        worker serves its queue, its pool has no free slot) otherwise left the run running for ever once
+        the other slots ended done. Its status is read until it is seen started (once per heartbeat, then
+        never again); past :attr:`absent_wait` this try ends failed for good naming it, which ends its
+        task too. None: nothing to wait for, the slot ends."""
+        if self.asha or self.alone or self.untrained or not self.rules.absent_peers:
+            return None  # (a slot that gave hops up ends failed, and its end deals with the absent)
+        unseen = [o for o in sorted(self._needed_slots()) if not self._peer(o, now).started(now, self.wait)]
+        if not unseen:
+            return None
+        act = self._read(unseen, now, HEARTBEAT)
+        if act is not None:
+            return act
+        if self._absent_for_good(now, unseen):
+            return self._end()
+        return Wait(now + HEARTBEAT)
 
     def _absent_anywhere(self, now: float) -> Any:
         """ASHA: every slot of the block must run, since every leg crosses every shard; one that has not

@@ -45,15 +45,19 @@ class CommitLog:
         # they saw, so a later try's names must sort after an earlier try's even when both have the same
         # try number (a run re-run outside Airflow, dag.test()). A count from 0 sorted before and went unseen.
         self._last = 0
-        self._lock = threading.Lock()  # the writer thread and the training thread both mark
+        # The writer thread and the training thread both mark. The lock is held through the PUT: a poller
+        # lists from the last name it saw, so a marker named earlier that landed after a later one (the
+        # failure marked by the training thread while the writer's commit marker was still on its way) was
+        # never listed, and the slot waiting for that hop found it only by looking it up after 60 s
+        # (slot_sim seed 30812). In order, one PUT at a time: a marker is a few tens of ms on S3.
+        self._lock = threading.Lock()
 
     def mark(self, record: HopRecord) -> None:
         """Say hop ``record`` is recorded; only after its record is written."""
         with self._lock:
             self._last = max(self._last + 1, time.time_ns())
-            sequence = self._last
-        name = f"{self.try_number:04d}.{sequence:020d}.{record.config_id}.{record.t}"
-        self.layout.store.write_bytes(f"{self.folder}/{name}", b"")
+            name = f"{self.try_number:04d}.{self._last:020d}.{record.config_id}.{record.t}"
+            self.layout.store.write_bytes(f"{self.folder}/{name}", b"")
 
 
 def later_try(names: Iterable[str], try_number: int, since_ns: int) -> int:

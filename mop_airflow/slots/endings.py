@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 from mop_airflow.errors import BlockIncompleteError
 from mop_airflow.records.layout import RunLayout
-from mop_airflow.slots.status import end_never_started
+from mop_airflow.slots.status import end_never_started, ended_or_never_started, read_status
 
 # the driver's logger: the slot's lines keep the name they had (a deployment may set its level)
 log = logging.getLogger("mop_airflow.slots.driver")
@@ -79,11 +79,18 @@ def ended(loop: Any, layout: RunLayout, block: str, result: Any, *, final: Calla
         loop.status.stop("failed", final=final(error), error=str(error)[:1000])
         raise error
     loop.status.stop("done")
-    if loop.machine.asha and loop.machine.ended and not loop.machine.alone:
-        # the search finished without the slots that never started (no leg needed them): their tasks still
-        # wait in Airflow for a worker or a pool slot, and the run with them (slot_sim seed 4390)
-        result.absent = end_the_unstarted(loop, layout, block, "the search finished without it", state="done",
-                                          owners=loop.machine.unneeded_slots())
+    machine = loop.machine
+    if not machine.alone and (not machine.asha or machine.ended):
+        # the block is over without the slots that never started and had nothing left to do (no leg needed
+        # them; every hop of theirs is of a configuration that failed): their tasks still wait in Airflow
+        # for a worker or a pool slot, and the run with them (slot_sim seeds 4390, 24973, 90431). In a plain
+        # block only once no other slot runs (read after this one's "done" is written, so of two ending at
+        # once the later sees the earlier): a slot still running may wait for a failure they would settle
+        unneeded = machine.unneeded_slots()
+        others = machine.block_slots() - {loop.slot_of}
+        if unneeded and (machine.asha or ended_or_never_started(read_status(layout, block, *o) for o in others)):
+            result.absent = end_the_unstarted(loop, layout, block, "the block finished without it: nothing of "
+                                              "its was needed", state="done", owners=unneeded)
     return result
 
 

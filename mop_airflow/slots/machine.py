@@ -158,7 +158,9 @@ class SlotMachine(Inputs, Outcomes, Waiting, AshaRules):
             return Write(out)
         if self.taking is not None:
             return self._take(now)
-        if not (self.pending or self.commits or (self.asha and not self.ended)) or self._absent_given_up(now):
+        if not (self.pending or self.commits or (self.asha and not self.ended)):
+            return self._absent_at_end(now) or self._end()
+        if self._absent_given_up(now):
             return self._end()
         step = self._ready(now)
         if not isinstance(step, tuple):

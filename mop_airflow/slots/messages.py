@@ -215,6 +215,10 @@ class Rules:
     # a peer that has not started (no status, yielded, or its retry not begun) for the wait bound is named
     # with its pool and queue; ASHA ends the waiting try then (off: ASHA waited for it for ever)
     absent_peers: bool = True
+    # a slot's markers are left one at a time, in the order named (CommitLog's lock held through the PUT):
+    # off, a marker named earlier could land after a later one and no poll listed it (seed 30812 waited
+    # for its look-up a minute; seed 1909 for ever, before look_after). The slot simulation's world reads it
+    marks_in_order: bool = True
     # a record whose marker was listed but which this reader cannot read yet is read again a second later
     # (off: a read of it fails the try, as a StoreError did)
     read_again: bool = True

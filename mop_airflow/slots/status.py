@@ -22,6 +22,7 @@ import os
 import socket
 import threading
 import time
+from typing import Any, Iterable
 
 from mop_airflow.records import SlotStatus
 from mop_airflow.records.layout import RunLayout
@@ -110,6 +111,21 @@ def yielding_since(layout: RunLayout, block: str, shard: int, slot: int, try_num
     return status.yielding_since if status.yielding_since is not None else status.heartbeat
 
 
+def never_started(status: Any) -> bool:
+    """Whether a slot whose status file says ``status`` has not started as far as its block can tell: no
+    status, a yield, or a failure a retry follows (its task waits in Airflow). A slot running (even one
+    whose try died and whose retry follows: its "running" stays), done or failed for good has."""
+    return status is None or (status.state in ("yielded", "failed") and not status.final)
+
+
+def ended_or_never_started(statuses: Iterable[Any]) -> bool:
+    """Whether no slot of these statuses may still need a record from another: each has ended its block
+    (done, failed for good) or never started. The last slot of a block to end sees this, and ends the
+    slots that never started and had nothing left to do (:meth:`~mop_airflow.slots.machine.SlotMachine.
+    unneeded_slots`): before, a slot still running might wait for a failure they would have settled."""
+    return all(never_started(s) or s.state == "done" or (s.state == "failed" and s.final) for s in statuses)
+
+
 def end_never_started(layout: RunLayout, block: str, owners: list[tuple[int, int]], why: str,
                       state: str = "failed") -> list[tuple[int, int]]:
     """Say for each slot ``(shard, slot)`` that never started that it failed for good (its task is failed
@@ -120,7 +136,7 @@ def end_never_started(layout: RunLayout, block: str, owners: list[tuple[int, int
     ended = []
     for shard, slot in owners:
         before = read_status(layout, block, shard, slot)
-        if before is not None and (before.state not in ("yielded", "failed") or before.final):
+        if not never_started(before):
             continue  # it started meanwhile, or ended: its own words stand
         ended.append((shard, slot))
         SlotStatus(block=block, shard=shard, slot=slot, state=state, heartbeat=time.time(),

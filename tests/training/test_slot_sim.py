@@ -315,7 +315,11 @@ def test_a_retry_finds_its_hop_committed_and_does_not_train_it_again():
     assert isinstance(act, sp.Check) and [h.hop for h, _ in act.members] == [0]  # a retry asks the store
     record = sp.Record("a", 0, 0, "ok", None, "a0")
     retry.checked({("a", 0): sp.Facts(record, checkpoint_there=True)})
-    assert isinstance(retry.decide(0.0), sp.End)  # never trained again, nor its record written again
+    # never trained again, nor its record written again; before it ends, it reads whether the slot of its
+    # block that holds a's last hop (no slot waits for that one) has started
+    assert retry.decide(0.0) == sp.ReadPeers(((1, 0),))
+    retry.peer_status((1, 0), sp.PeerStatus(1, "running", 0.0), 0.0)
+    assert isinstance(retry.decide(0.0), sp.End)
     # but nothing writes its marker: the slot of shard 1 waits for it while this one lives (seed 164)
     fixed = sp.SlotMachine(hops, shard=0, slot=0, try_number=2, began=0.0, wait=60.0,
                            rules=sp.Rules(mark_found=True))
