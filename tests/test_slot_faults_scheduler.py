@@ -18,7 +18,9 @@ Sleepy models (0.15 s a batch, about 3.5 s a hop) on 2 shards:
   (``AirflowRescheduleException``) until shard 0 starts, without a failed try;
 - on 3 shards, shard 2's pool closed for ever once its stage task ran (its train task never starts), in
   a grid and in ASHA: the run ends failed within the stated bound, the slots' failures naming shard 2,
-  its pool and queue, and shard 2's train task failed by them so that nothing waits for it.
+  its pool and queue, and shard 2's train task failed by them so that nothing waits for it; and where
+  shard 2 holds only a configuration's last hop, which no slot waits for: the slots done wait for it
+  before they end (slot_sim seed 24973's kind: they ended done, and the run waited for ever).
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ SLEEPY = "mop_airflow.examples.timed_models:sleepy"
 UNDISTURBED, KILLED, STOPPED = "mop_slots_undisturbed", "mop_slots_killed", "mop_slots_stopped"
 LATE, YIELDING = "mop_slots_late_peer", "mop_slots_yielding"
 NEVER_GRID, NEVER_ASHA = "mop_slots_never_grid", "mop_slots_never_asha"
+NEVER_LAST = "mop_slots_never_last"  # one configuration: shard 2 holds its last hop, which no slot waits for
 BUILDS = "mop_slots_builds"  # eight architectures, a build of 8 s each: a slot builds a model at most hops
 # A builder that says, by a file named after its process, while it builds (the test stops a slot then).
 SLOW_BUILDS = """
@@ -142,7 +145,12 @@ def airflow(shared_airflow, tmp_path_factory):
         asha = asha_spec(root / "digits.parquet", f"file://{root / 'store'}")
         asha["schedule"]["shards"] = 3
         _mop_dag(af, NEVER_ASHA, asha, NEVER_ENV, retries=NEVER_RETRIES)
-        for dag_id in (UNDISTURBED, KILLED, STOPPED, BUILDS, LATE, YIELDING, *HOLDERS, NEVER_GRID, NEVER_ASHA):
+        last = _spec(root, slots=1)
+        last["schedule"]["shards"] = 3
+        last["search"]["space"]["params"]["learning_rate"] = [1e-3]
+        _mop_dag(af, NEVER_LAST, last, NEVER_ENV, retries=NEVER_RETRIES)
+        for dag_id in (UNDISTURBED, KILLED, STOPPED, BUILDS, LATE, YIELDING, *HOLDERS, NEVER_GRID, NEVER_ASHA,
+                       NEVER_LAST):
             af.wait_for_dag(dag_id)
         sync = subprocess.run([sys.executable, "-m", "mop_airflow.cli.main", "pools", "sync", "--shards", "2",
                                "--slots", "2"], env=af.env, capture_output=True, text=True)
@@ -463,4 +471,17 @@ def test_asha_whose_third_shard_never_starts_ends_failed_within_the_bound_naming
     finally:
         _reopen(airflow, 2)
     print(f"ASHA, shard 2 never started: failed {took:.0f} s after its pool closed (bound {bound} s + Airflow's)")
+
+
+def test_a_grid_whose_never_started_shard_holds_only_last_hops_ends_failed_naming_it(airflow):
+    """One configuration on 3 shards, one iteration: shard 2 holds its last hop, which no other slot waits
+    for. Shards 0 and 1 train theirs, and before they end they wait for shard 2 to start; past the bound
+    they fail for good naming it, and fail its task (before, both ended done and the run never ended)."""
+    try:
+        run_id, closed = _closed_for_ever(airflow, NEVER_LAST, 2)
+        took, bound = _ended_naming_the_absent_shard(airflow, NEVER_LAST, run_id, closed)
+    finally:
+        _reopen(airflow, 2)
+    print(f"one configuration, shard 2 never started: failed {took:.0f} s after its pool closed (bound {bound} s "
+          "+ Airflow's)")
 
