@@ -343,10 +343,10 @@ class World(AshaDecisions, PeerWorld, ManyMachines):
         if word.final:
             self._end_absent(act)
         elif word.state == "done" and (not proc.machine.asha or proc.machine.ended):
-            # the driver (endings.ended): the block is over without them, in a plain block once no other runs
+            # the driver (endings.ended): the block is over without them, once no other slot runs
             m = proc.machine
             others = [t.status(self.now) for t in self.tasks if t.shard_slot in m.block_slots() - {m.slot_of}]
-            if m.asha or ended_or_never_started(others):
+            if ended_or_never_started(others):
                 self._end_absent(act, only=m.unneeded_slots())
         if isinstance(act, sp.Yield):
             task.state = "queued"

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
-from mop_airflow.slots.messages import HEARTBEAT, Wait, priority
+from mop_airflow.slots.messages import HEARTBEAT, Wait, never_started, priority
 
 
 class AshaRules:
@@ -50,7 +50,8 @@ class AshaRules:
 
     def unneeded_slots(self) -> set:
         """The slots of the block this one's end leaves nothing to do, when they have not started (the
-        driver ends only those: their tasks still wait in Airflow). ASHA, its search finished: every other
+        driver ends only those, their tasks still waiting in Airflow, and only once no other slot of the
+        block runs: one may wait for a failure they would settle). ASHA, its search finished: every other
         slot (a hop a decision put on one that never ran belongs to a leg that failed before it, or the
         search would not have finished; slot_sim seed 90431 waited for ever on such a slot, when only
         slots no decision put a hop on were ended). A plain block: each slot whose every hop is of a
@@ -76,7 +77,11 @@ class AshaRules:
         task too. None: nothing to wait for, the slot ends."""
         if self.asha or self.alone or self.untrained or not self.rules.absent_peers:
             return None  # (a slot that gave hops up ends failed, and its end deals with the absent)
-        unseen = [o for o in sorted(self._needed_slots()) if not self._peer(o, now).started(now, self.wait)]
+        # started as the driver's end_never_started judges: any word but none, a yield or a failure a retry
+        # follows (a "running" whose heartbeat is older than this try began is a slot that started before
+        # it: seed 92244 waited a heartbeat for one)
+        unseen = [o for o in sorted(self._needed_slots())
+                  if not self._peer(o, now).started(now, self.wait) and never_started(self.peers[o].latest)]
         if not unseen:
             return None
         act = self._read(unseen, now, HEARTBEAT)

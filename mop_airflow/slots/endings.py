@@ -83,12 +83,12 @@ def ended(loop: Any, layout: RunLayout, block: str, result: Any, *, final: Calla
     if not machine.alone and (not machine.asha or machine.ended):
         # the block is over without the slots that never started and had nothing left to do (no leg needed
         # them; every hop of theirs is of a configuration that failed): their tasks still wait in Airflow
-        # for a worker or a pool slot, and the run with them (slot_sim seeds 4390, 24973, 90431). In a plain
-        # block only once no other slot runs (read after this one's "done" is written, so of two ending at
-        # once the later sees the earlier): a slot still running may wait for a failure they would settle
+        # for a worker or a pool slot, and the run with them (slot_sim seeds 4390, 24973, 90431). Only once
+        # no other slot runs (read after this one's "done" is written, so of two ending at once the later
+        # sees the earlier): a slot still running may wait for a failure they would settle (seeds 785, 75802)
         unneeded = machine.unneeded_slots()
         others = machine.block_slots() - {loop.slot_of}
-        if unneeded and (machine.asha or ended_or_never_started(read_status(layout, block, *o) for o in others)):
+        if unneeded and ended_or_never_started(read_status(layout, block, *o) for o in others):
             result.absent = end_the_unstarted(loop, layout, block, "the block finished without it: nothing of "
                                               "its was needed", state="done", owners=unneeded)
     return result

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 HEARTBEAT = 5.0  # slot_status.HEARTBEAT_SECONDS: a peer's status is read at most this often
 STATES_HELD = 2  # trained hops waiting for their commit, at most (shard_loop.STATES_HELD)
@@ -230,3 +230,18 @@ class Rules:
     # runs its failure callback (operators/train.end_block_after_final_failure), which fails its block's
     # never-started tasks when no slot of the block lives on to (off: the run waited for them for ever)
     lost_ends_block: bool = True
+
+
+def never_started(status: Any) -> bool:
+    """Whether a slot whose status says ``status`` has not started as far as its block can tell: no
+    status, a yield, or a failure a retry follows (its task waits in Airflow). A slot running (even one
+    whose try died and whose retry follows: its "running" stays), done or failed for good has."""
+    return status is None or (status.state in ("yielded", "failed") and not status.final)
+
+
+def ended_or_never_started(statuses: Iterable[Any]) -> bool:
+    """Whether no slot of these statuses may still need a record from another: each has ended its block
+    (done, failed for good) or never started. The last slot of a block to end sees this, and ends the
+    slots that never started and had nothing left to do (:meth:`~mop_airflow.slots.machine.SlotMachine.
+    unneeded_slots`): before, a slot still running might wait for a failure they would have settled."""
+    return all(never_started(s) or s.state == "done" or (s.state == "failed" and s.final) for s in statuses)

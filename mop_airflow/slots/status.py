@@ -22,9 +22,9 @@ import os
 import socket
 import threading
 import time
-from typing import Any, Iterable
 
 from mop_airflow.records import SlotStatus
+from mop_airflow.slots.messages import ended_or_never_started, never_started  # noqa: F401 - re-exported
 from mop_airflow.records.layout import RunLayout
 from mop_airflow.training import progress
 from mop_airflow.training.model_hop import Where
@@ -109,21 +109,6 @@ def yielding_since(layout: RunLayout, block: str, shard: int, slot: int, try_num
     if status is None or status.state != "yielded" or status.try_number != try_number:
         return None
     return status.yielding_since if status.yielding_since is not None else status.heartbeat
-
-
-def never_started(status: Any) -> bool:
-    """Whether a slot whose status file says ``status`` has not started as far as its block can tell: no
-    status, a yield, or a failure a retry follows (its task waits in Airflow). A slot running (even one
-    whose try died and whose retry follows: its "running" stays), done or failed for good has."""
-    return status is None or (status.state in ("yielded", "failed") and not status.final)
-
-
-def ended_or_never_started(statuses: Iterable[Any]) -> bool:
-    """Whether no slot of these statuses may still need a record from another: each has ended its block
-    (done, failed for good) or never started. The last slot of a block to end sees this, and ends the
-    slots that never started and had nothing left to do (:meth:`~mop_airflow.slots.machine.SlotMachine.
-    unneeded_slots`): before, a slot still running might wait for a failure they would have settled."""
-    return all(never_started(s) or s.state == "done" or (s.state == "failed" and s.final) for s in statuses)
 
 
 def end_never_started(layout: RunLayout, block: str, owners: list[tuple[int, int]], why: str,
