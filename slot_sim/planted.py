@@ -19,7 +19,7 @@ from unittest import mock
 from mop_airflow.planning import asha_slots
 from mop_airflow.search import asha as search_asha
 from mop_airflow.search import promotion
-from mop_airflow.slots import machine, peers
+from mop_airflow.slots import endings, machine, peers
 from mop_airflow.slots.messages import Rules
 
 
@@ -116,6 +116,18 @@ def _never_taken_back(original: Callable) -> Callable:
     return lambda self, now: None
 
 
+def _others_taken_for_ended(original: Callable) -> Callable:
+    return lambda statuses: True
+
+
+def _world() -> Any:
+    """The simulation's world, which carries the driver's end out (imported late: it imports this module's
+    neighbours)."""
+    import slot_sim.world as world  # noqa: PLC0415
+
+    return world
+
+
 def _never_earlier(original: Callable) -> Callable:
     return lambda self, hop, state, facts: None
 
@@ -179,6 +191,12 @@ BUGS: dict[str, Bug] = {
     "lost slot ends nothing": Bug(
         "a slot lost with its worker on its last try leaves its block's never-started tasks waiting (no failure "
         "callback)", Rules(lost_ends_block=False), caught_at=4390),
+    "never-started slots ended before the last": Bug(
+        "a slot that ends done marks its block's never-started slots with nothing left to do done while another "
+        "slot still runs, which may wait for the failure they would have settled",
+        patches=((endings, "ended_or_never_started", _others_taken_for_ended),
+                 (_world(), "ended_or_never_started", _others_taken_for_ended)),
+        hunt_from=28_485, caught_at=28_485),
 }
 # Named for the protocol's fixes still to land, plantable once they do (none now).
 PENDING: dict = {}

@@ -345,9 +345,9 @@ class World(AshaDecisions, PeerWorld, ManyMachines):
         elif word.state == "done" and (not proc.machine.asha or proc.machine.ended):
             # the driver (endings.ended): the block is over without them, once no other slot runs
             m = proc.machine
-            others = [t.status(self.now) for t in self.tasks if t.shard_slot in m.block_slots() - {m.slot_of}]
-            if ended_or_never_started(others):
-                self._end_absent(act, only=m.unneeded_slots())
+            unneeded, others = m.unneeded_slots(), m.block_slots() - {m.slot_of}
+            if unneeded and ended_or_never_started(t.status(self.now) for t in self.tasks if t.shard_slot in others):
+                self._end_absent(act, only=unneeded)
         if isinstance(act, sp.Yield):
             task.state = "queued"
             task.yields += 1

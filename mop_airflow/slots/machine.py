@@ -31,6 +31,7 @@ from __future__ import annotations
 from typing import Any, Callable, Iterable, Mapping
 
 from mop_airflow.slots.asha_rules import AshaRules
+from mop_airflow.slots.block_end import BlockEnd
 from mop_airflow.slots.inputs import Inputs
 from mop_airflow.slots.messages import (  # noqa: F401 - the machine's words, re-exported
     ASHA_EVERY, CLOCK_SKEW, HEARTBEAT, NEVER, READ_AGAIN, STATES_HELD, Check, Decide, End, Facts, Look, PeerStatus,
@@ -46,7 +47,7 @@ def _failure(state: Any) -> bool:
     return getattr(state, "status", "ok") != "ok"
 
 
-class SlotMachine(Inputs, Outcomes, Waiting, AshaRules):
+class SlotMachine(Inputs, Outcomes, Waiting, AshaRules, BlockEnd):
     """Slot ``(shard, slot)``'s try ``try_number`` of a block whose hops are ``hops`` (every slot's; its own
     are those on it, or ``own``: every hop of the block when one process trains them all, ``dag.test()``).
     ``partners``: fused groups, ``(config_id, hop) -> configurations``; ``asha``: the hops come from
