@@ -208,9 +208,19 @@ def browser():
         launched.close()
 
 
+# Playwright storage states (cookies) of the logins done, by Airflow and user: a browser logs in through FAB's
+# form once and later tests start from its cookies, as a user's browser would. FAB allows one address 5
+# logins in 40 s ([fab] auth_rate_limit, on by default) and answers the sixth 429: seven tests that each
+# logged in anew failed when CI ran six of them within 40 s.
+LOGINS = {}
+
+
 def logged_in(browser, airflow, user="admin"):
-    """A page of a new browser context that logged in through FAB's login form (sets the _token cookie)."""
-    context = browser.new_context(viewport={"width": 1280, "height": 900}, accept_downloads=True)
+    """A page of a new browser context logged in as user (FAB's _token cookie set by its login form)."""
+    options = {"viewport": {"width": 1280, "height": 900}, "accept_downloads": True}
+    if (airflow.base_url, user) in LOGINS:
+        return browser.new_context(storage_state=LOGINS[airflow.base_url, user], **options).new_page()
+    context = browser.new_context(**options)
     page = context.new_page()
     page.goto(f"{airflow.base_url}/auth/login/")
     page.fill("#username", user)
@@ -220,9 +230,11 @@ def logged_in(browser, airflow, user="admin"):
     page.click("input[type=submit], button[type=submit]")
     deadline = time.monotonic() + 60
     while "_token" not in {c["name"] for c in context.cookies()}:
-        assert time.monotonic() < deadline, f"logging in as {user} set no _token cookie within 60 s (at {page.url})"
+        assert time.monotonic() < deadline, (f"logging in as {user} set no _token cookie within 60 s (at {page.url}, "
+                                             f"which says {page.inner_text('body')[:300]!r})")
         page.wait_for_timeout(200)
     page.wait_for_load_state("networkidle")
+    LOGINS[airflow.base_url, user] = context.storage_state()
     return page
 
 
