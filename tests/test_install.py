@@ -36,6 +36,8 @@ def install_lines() -> dict[str, list[str]]:
     for page in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]:
         for match in PIP_LINE.finditer(page.read_text()):
             line = re.split(r"\s+#|\s*(?:&&|;|\|)", match.group(0))[0].strip()
+            if "${" in line:
+                continue  # a Dockerfile's line quoted with its build arguments: tests/deploy builds the image
             found.setdefault(line, []).append(str(page.relative_to(ROOT)))
     return found
 
