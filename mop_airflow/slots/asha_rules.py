@@ -42,10 +42,12 @@ class AshaRules:
     def _judge_gone(self, now: float) -> None:
         """ASHA, its search not ended: a slot newly judged ended for good may end legs whose next hop is on
         it (the ledger's dead legs): a decision then, though nothing landed in the store (slot_sim seed 992
-        waited for ever)."""
+        waited for ever). Only a slot not judged so before: the slots watched change from one call to the next
+        (a Decide returns before the waiting hops' slots are watched again), and a set compared whole flipped
+        between them and none, a decision every ASHA_EVERY on every slot (seed 342654 ran away)."""
         gone = frozenset(o for o in self.watched if (g := self.peers[o].gone(now, self.wait)) is not None and g[1])
-        if gone != self.gone_seen:
-            self.gone_seen, self.decide_due = gone, True
+        if not gone <= self.gone_seen:
+            self.gone_seen, self.decide_due = self.gone_seen | gone, True
 
     def _absent_anywhere(self, now: float) -> Any:
         """ASHA: every slot of the block must run, since every leg crosses every shard; one that has not

@@ -98,7 +98,7 @@ class SlotMachine(Inputs, Outcomes, Waiting, AshaRules, BlockEnd):
         self.waited_since: dict[tuple, float] = {}
         self.joined = False  # it took a hop another slot handed it: the block runs, it keeps its pool slot
         self.ended, self.decide_due, self.decided_at = False, True, -NEVER
-        self.gone_seen: frozenset = frozenset()  # ASHA: the watched slots last judged ended for good
+        self.gone_seen: frozenset = frozenset()  # ASHA: the slots judged ended for good so far
         self.dropped: list = []  # (hop, failure): hops dropped after their configuration failed, in order
         self.ahead: list = []  # the ready hops after those taken: the next one's input may be read meanwhile
         # the slots whose markers tell this one's hops are ready (the previous shard's slot that trains the
@@ -160,7 +160,7 @@ class SlotMachine(Inputs, Outcomes, Waiting, AshaRules, BlockEnd):
         if self.taking is not None:
             return self._take(now)
         if not (self.pending or self.commits or (self.asha and not self.ended)):
-            return self._absent_at_end(now) or self._end()
+            return self._absent_at_end(now) or self._silent_at_end(now) or self._end()
         if self._absent_given_up(now):
             return self._end()
         step = self._ready(now)
