@@ -346,7 +346,8 @@ class World(AshaDecisions, PeerWorld, ManyMachines):
             # the driver (endings.ended): the block is over without them, once no other slot runs
             m = proc.machine
             unneeded, others = m.unneeded_slots(), m.block_slots() - {m.slot_of}
-            if unneeded and ended_or_never_started(t.status(self.now) for t in self.tasks if t.shard_slot in others):
+            if unneeded and ended_or_never_started((t.status(self.now) for t in self.tasks if t.shard_slot in others),
+                                                 self.now, m.wait):
                 self._end_absent(act, only=unneeded)
         if isinstance(act, sp.Yield):
             task.state = "queued"

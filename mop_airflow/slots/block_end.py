@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
-from mop_airflow.slots.messages import HEARTBEAT, Wait, never_started
+from mop_airflow.slots.messages import HEARTBEAT, Wait, never_started, silent_on_last_try
 
 
 class BlockEnd:
@@ -63,6 +63,29 @@ class BlockEnd:
         if self._absent_for_good(now, unseen):
             return self._end()
         return Wait(now + HEARTBEAT)
+
+    def _silent_at_end(self, now: float) -> Any:
+        """This slot's hops done, and its end leaves never-started slots to mark done (:meth:`unneeded_slots`,
+        which the driver marks once no other slot of the block runs): a slot of the block "running" on its
+        last try whose heartbeat stopped is waited for until it is heard again (it lives, and ends them
+        itself) or judged dead (its heartbeat silent for the wait bound), once per heartbeat. Killed, that
+        slot's failure callback found this one alive and left the never-started slots to it; this one then
+        ended first, counted the silent slot as running, and their tasks waited in Airflow for ever (slot_sim
+        seed 372655). None: nothing to wait for, the slot ends."""
+        if self.alone or self.untrained or not self.rules.absent_peers or (self.asha and not self.ended):
+            return None
+        unneeded = self.unneeded_slots()
+        if not unneeded:
+            return None
+        others = sorted(self.block_slots() - {self.slot_of})
+        act = self._read(others, now, HEARTBEAT)
+        if act is not None:
+            return act
+        if not any(never_started(self.peers[o].latest) for o in unneeded):
+            return None  # no slot left waiting in Airflow for this end to mark
+        if any(silent_on_last_try(self.peers[o].latest, now, self.wait) for o in others):
+            return Wait(now + HEARTBEAT)
+        return None
 
     def _absent_for_good(self, now: float, owners: Iterable[tuple]) -> bool:
         """Whether one of these slots has not started for :attr:`absent_wait`; then it is given up for good,

@@ -88,7 +88,8 @@ def ended(loop: Any, layout: RunLayout, block: str, result: Any, *, final: Calla
         # sees the earlier): a slot still running may wait for a failure they would settle (seeds 785, 75802)
         unneeded = machine.unneeded_slots()
         others = machine.block_slots() - {loop.slot_of}
-        if unneeded and ended_or_never_started(read_status(layout, block, *o) for o in others):
+        if unneeded and ended_or_never_started((read_status(layout, block, *o) for o in others), time.time(),
+                                                 machine.wait):
             result.absent = end_the_unstarted(loop, layout, block, "the block finished without it: nothing of "
                                               "its was needed", state="done", owners=unneeded)
     return result

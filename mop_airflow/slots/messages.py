@@ -232,6 +232,13 @@ class Rules:
     lost_ends_block: bool = True
 
 
+def silent_on_last_try(status: Any, now: float, wait: float) -> bool:
+    """Whether ``status`` is a last try "running" whose heartbeat has missed beats (three, and the clocks'
+    skew) and is not yet judged dead (:func:`died_on_last_try`): it may have been killed, or be late."""
+    return (status is not None and status.state == "running" and status.last_try
+            and now - status.heartbeat > 3 * HEARTBEAT + CLOCK_SKEW and not died_on_last_try(status, now, wait))
+
+
 def never_started(status: Any) -> bool:
     """Whether a slot whose status says ``status`` has not started as far as its block can tell: no
     status, a yield, or a failure a retry follows (its task waits in Airflow). A slot running (even one
@@ -239,9 +246,11 @@ def never_started(status: Any) -> bool:
     return status is None or (status.state in ("yielded", "failed") and not status.final)
 
 
-def ended_or_never_started(statuses: Iterable[Any]) -> bool:
+def ended_or_never_started(statuses: Iterable[Any], now: float, wait: float) -> bool:
     """Whether no slot of these statuses may still need a record from another: each has ended its block
-    (done, failed for good) or never started. The last slot of a block to end sees this, and ends the
-    slots that never started and had nothing left to do (:meth:`~mop_airflow.slots.machine.SlotMachine.
+    (done, failed for good, or died on its last try: :func:`died_on_last_try`, judged at ``now`` against
+    the wait bound) or never started. The last slot of a block to end sees this, and ends the slots that
+    never started and had nothing left to do (:meth:`~mop_airflow.slots.machine.SlotMachine.
     unneeded_slots`): before, a slot still running might wait for a failure they would have settled."""
-    return all(never_started(s) or s.state == "done" or (s.state == "failed" and s.final) for s in statuses)
+    return all(never_started(s) or s.state == "done" or (s.state == "failed" and s.final)
+               or died_on_last_try(s, now, wait) for s in statuses)
