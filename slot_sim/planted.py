@@ -20,7 +20,8 @@ from mop_airflow.planning import asha_slots
 from mop_airflow.search import asha as search_asha
 from mop_airflow.search import promotion
 from mop_airflow.slots import endings, machine, peers
-from mop_airflow.slots.messages import Rules
+from mop_airflow.slots import asha_rules, block_end
+from mop_airflow.slots.messages import NEVER, Rules
 
 
 @dataclass(frozen=True)
@@ -117,7 +118,21 @@ def _never_taken_back(original: Callable) -> Callable:
 
 
 def _others_taken_for_ended(original: Callable) -> Callable:
-    return lambda statuses: True
+    return lambda statuses, now, wait: True
+
+
+def _dead_taken_for_running(original: Callable) -> Callable:
+    def ended_or_never_started(statuses: Any, now: float, wait: float) -> bool:
+        return original(statuses, now, NEVER)  # a slot dead on its last try is never judged dead
+    return ended_or_never_started
+
+
+def _gone_compared_whole(original: Callable) -> Callable:
+    def judge_gone(self: Any, now: float) -> None:
+        gone = frozenset(o for o in self.watched if (g := self.peers[o].gone(now, self.wait)) is not None and g[1])
+        if gone != self.gone_seen:  # the rule before: the slots watched change from one call to the next
+            self.gone_seen, self.decide_due = gone, True
+    return judge_gone
 
 
 def _world() -> Any:
@@ -176,7 +191,9 @@ BUGS: dict[str, Bug] = {
         "ASHA never fails a leg whose next hop is on a slot ended for good", Rules(asha_dead_legs=False), caught_at=196),
     "silent peer dead on any try": Bug(
         "a peer silent for the wait bound is taken as ended for good though a retry follows",
-        patches=((peers, "died_on_last_try", _dies_on_any_try),), caught_at=984),
+        patches=((peers, "died_on_last_try", _dies_on_any_try),),
+        needs="a retry that starts past the wait bound after its try died: seed 984 caught it only through ASHA's "
+              "slots deciding at every chance (fixed), and seeds 0 to 29,999 no longer do (2026-12-06)"),
     "failure not recorded": Bug(
         "a configuration that fails is not recorded failed (the slot only learns it)",
         patches=((machine.SlotMachine, "trained_failed", _failure_not_written),), caught_at=1),
@@ -197,6 +214,17 @@ BUGS: dict[str, Bug] = {
         patches=((endings, "ended_or_never_started", _others_taken_for_ended),
                  (_world(), "ended_or_never_started", _others_taken_for_ended)),
         hunt_from=28_485, caught_at=28_485),
+    "dead on its last try taken for running": Bug(
+        "a slot ending with never-started slots to mark done counts a slot dead on its last try as running, and "
+        "does not wait for a silent one to be judged: nothing marks them",
+        patches=((endings, "ended_or_never_started", _dead_taken_for_running),
+                 (_world(), "ended_or_never_started", _dead_taken_for_running),
+                 (block_end.BlockEnd, "_silent_at_end", lambda original: lambda self, now: None)),
+        hunt_from=372_655, caught_at=372_655),
+    "ASHA gone compared whole": Bug(
+        "an ASHA slot decides again whenever the set of watched slots ended for good differs from the last, "
+        "which the watched slots changing flips",
+        patches=((asha_rules.AshaRules, "_judge_gone", _gone_compared_whole),), hunt_from=342_654, caught_at=342_654),
 }
 # Named for the protocol's fixes still to land, plantable once they do (none now).
 PENDING: dict = {}

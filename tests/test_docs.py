@@ -749,7 +749,7 @@ QUOTED = [
     ("docs/concepts/fused-configurations.md", "1.12x", "fused-cpu-8"),
     ("docs/concepts/fused-configurations.md", "33.3 s", "warm-shards-fused"),
     ("docs/concepts/fused-configurations.md", "35.7 s", "warm-shards-unfused"),
-    ("docs/concepts/shard-slots.md", "84.1 s", "slot-sim-ci"), ("docs/concepts/shard-slots.md", "2,505.9 s", "slot-sim-million"),
+    ("docs/concepts/shard-slots.md", "190.9 s", "slot-sim-ci"), ("docs/concepts/shard-slots.md", "2,505.9 s", "slot-sim-million"),
     ("docs/concepts/shard-slots.md", "665.5 s", "slot-sim-driver"),
     ("docs/concepts/mop.md", "16.0-17.2 s", "slot-start-up"), ("docs/concepts/mop.md", "13.5 s", "warm-shards-jax"),
 ]

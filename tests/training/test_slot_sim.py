@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import pytest
 
 from mop_airflow.slots import machine as sp
+from mop_airflow.slots.messages import ended_or_never_started
 from slot_sim import RULES, diagnose, run_many, run_one
 from slot_sim.liveness import COSTS, allowance, faults_of
 from slot_sim.oracle import asha_job, hyperband_brackets, reference
@@ -340,3 +341,36 @@ def test_the_simulation_finds_a_retry_that_trains_a_committed_hop_again(monkeypa
     assert not any("was written again" in p for p in problems)  # fenced: the first record stands
     unfenced = run_one(0, sp.Rules(fence=False)).problems + run_one(10, sp.Rules(fence=False)).problems
     assert any("was written again" in p for p in unfenced)
+
+
+def test_a_slot_ending_with_never_started_slots_to_mark_waits_for_a_silent_last_try_to_be_judged():
+    """Seed 372655 (the million, 2026-12-06): a slot killed on its last try ran its failure callback while
+    another slot lived, which left the block's never-started slots to that one; it ended done, counted the
+    killed slot as running, and the never-started task waited in Airflow for ever. The ending slot now
+    counts a slot dead on its last try as ended, and waits for a silent one to be judged."""
+    hops = [Hop("b", 0, 1), Hop("c", 0, 2)]  # none on shard 0: its slot's hops are done at once
+
+    def ending(now, heartbeat):
+        m = sp.SlotMachine(hops, shard=0, slot=0, try_number=1, began=0.0, wait=60.0)
+        m._needed_slots = set  # as when b and c failed: shard 2's slot, never started, has nothing to do
+        assert m.decide(now) == sp.ReadPeers(((1, 0), (2, 0)))
+        m.peer_status((1, 0), sp.PeerStatus(2, "running", heartbeat, progress=3, last_try=True), now)
+        m.peer_status((2, 0), None, now)
+        return m.decide(now)
+
+    assert ending(30.0, heartbeat=0.0) == sp.Wait(35.0)  # silent 30 s: killed, or late
+    assert isinstance(ending(30.0, heartbeat=28.0), sp.End)  # heard: it lives, and ends them itself
+    assert isinstance(ending(61.0, heartbeat=0.0), sp.End)  # dead on its last try: this slot is the last
+    dead = sp.PeerStatus(2, "running", 0.0, last_try=True)
+    assert not ended_or_never_started([dead, None], 30.0, 60.0)
+    assert ended_or_never_started([dead, None, sp.PeerStatus(1, "done", 5.0)], 61.0, 60.0)
+
+
+@pytest.mark.parametrize("seed", (342654, 344101))
+def test_an_asha_slot_decides_again_only_when_a_slot_is_newly_judged_ended_for_good(seed):
+    """Found by the million (2026-12-06): the slots watched change between two calls (a Decide returns
+    before the waiting hops' slots are watched again), and the set of slots ended for good, compared whole,
+    flipped between them and none: every slot decided every 0.05 s until the schedule ran past its cap."""
+    world = run_one(seed)
+    assert world.problems == [] and world.outcome in ("succeeded", "failed")
+    assert world.events < 20_000, world.events
