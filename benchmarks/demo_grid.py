@@ -15,7 +15,11 @@ same 3 passes over the training data, so the best accuracies are comparable:
 Every TensorFlow process uses one intra-op thread (as mop_airflow's train tasks do on the embedded
 Airflow of a 2-core machine), so no side is slowed by oversubscribed cores.
 
-    python benchmarks/demo_grid.py [--skip-ray] [--home DIR] [--airflow-env K=V]
+    python benchmarks/demo_grid.py [--skip-ray] [--runs N] [--home DIR] [--airflow-env K=V]
+
+``--runs N`` triggers the DAG N times, one after another on one embedded Airflow (Airflow's start is
+not in a run's time), then runs plain Keras (and Ray Tune) N times, and prints each side's median and
+range; every run of a side must rank the same best.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.harness import (REPO, embedded_airflow, example_data, header, one_thread, result,  # noqa: E402
-                                run_seconds, timed_process)
+                                run_seconds, spread, summary, timed_process)
 
 MODELS = ("mop_airflow.examples.mnist1d_models:mlp", "mop_airflow.examples.mnist1d_models:cnn")
 RATES = (3e-3, 1e-2)
@@ -120,33 +124,41 @@ def ray_tune(folder: str) -> dict:
 
 # -- mop_airflow -----------------------------------------------------------------------------------
 
-def mop_run(home: Path, airflow_env: dict) -> tuple[float, dict, dict]:
-    """The example DAG's run as ``mop-airflow demo`` triggers it: seconds, leaderboard, facts."""
-    from mop_airflow.records.layout import RunLayout  # noqa: PLC0415
-    from mop_airflow.records import HopRecord  # noqa: PLC0415
+def mop_runs(home: Path, airflow_env: dict, runs: int = 1) -> list[tuple[float, dict, dict]]:
+    """The example DAG's runs as ``mop-airflow demo`` triggers it, ``runs`` of them one after another on
+    one embedded Airflow: each run's seconds, leaderboard and facts."""
     from mop_airflow.store import Store  # noqa: PLC0415
 
     dags = home / "dags"
     dags.mkdir(parents=True, exist_ok=True)
     shutil.copy(REPO / "dags" / "mop_mnist1d.py", dags / "mop_mnist1d.py")
     store = Store("file://" + str(home / "store"))
+    done = []
     with embedded_airflow(home, dags, env=airflow_env, pools_for=DAG_ID) as af:
-        run_id = af.trigger(DAG_ID, conf={})
-        state = af.wait_for_run(DAG_ID, run_id, timeout=1800)
-        if state != "success":
-            raise RuntimeError(f"the DAG run ended {state}")
-        seconds = run_seconds(af, DAG_ID, run_id)
-        # the train task instances that ran: one per shard slot
-        tasks = [ti for ti in af.task_instances(DAG_ID, run_id)
-                 if ti["task_id"].startswith("train_shard_") and ti["state"] != "skipped"]
+        for _ in range(runs):
+            run_id = af.trigger(DAG_ID, conf={})
+            state = af.wait_for_run(DAG_ID, run_id, timeout=1800)
+            if state != "success":
+                raise RuntimeError(f"the DAG run {run_id} ended {state}")
+            # the train task instances that ran: one per shard slot
+            tasks = [ti for ti in af.task_instances(DAG_ID, run_id)
+                     if ti["task_id"].startswith("train_shard_") and ti["state"] != "skipped"]
+            done.append((run_seconds(af, DAG_ID, run_id), run_id, len(tasks)))
+    return [(seconds, *_board_and_facts(store, run_id, tasks)) for seconds, run_id, tasks in done]
+
+
+def _board_and_facts(store, run_id: str, tasks: int) -> tuple[dict, dict]:
+    from mop_airflow.records.layout import RunLayout  # noqa: PLC0415
+    from mop_airflow.records import HopRecord  # noqa: PLC0415
+
     layout = RunLayout(store, DAG_ID, run_id)
     board = store.read_json(layout.report_uri("leaderboard.json"))
     names = {c["config_id"]: label({"model": c["model"], "batch_size": c["batch_size"],
                                     "learning_rate": c["optimizer_params"]["learning_rate"]})
              for c in store.read_json(layout.run_record_uri)["configs"]}
     hops = [HopRecord.from_dict(store.read_json(u)) for u in store.glob(f"{layout.run_uri}/hops/*/*.json")]
-    return (seconds, {names[row["config_id"]]: row.get("val_accuracy") for row in board["leaderboard"]},
-            {"task instances": len(tasks), "model hops": len(hops), "models reused": sum(h.model_reused for h in hops),
+    return ({names[row["config_id"]]: row.get("val_accuracy") for row in board["leaderboard"]},
+            {"task instances": tasks, "model hops": len(hops), "models reused": sum(h.model_reused for h in hops),
              "threads": sorted({h.threads for h in hops})})
 
 
@@ -155,6 +167,7 @@ def main(argv=None) -> int:
     parser.add_argument("--skip-ray", action="store_true")
     parser.add_argument("--airflow-env", action="append", default=[], metavar="KEY=VALUE",
                         help="override the embedded Airflow's environment, e.g. to measure a setting's effect")
+    parser.add_argument("--runs", type=int, default=1, help="each side this many times: median and range")
     parser.add_argument("--home", help="keep the runs here (default: a temporary folder, deleted)")
     parser.add_argument("--plain", help=argparse.SUPPRESS)
     parser.add_argument("--ray", help=argparse.SUPPRESS)
@@ -167,31 +180,41 @@ def main(argv=None) -> int:
     header("demo_grid")
     try:
         folder = example_data(home / "data")
-        seconds, board, facts = mop_run(home, dict(item.split("=", 1) for item in args.airflow_env))
-        rows = [("mop_airflow DAG run", seconds, board, facts)]
-        wall, board = timed_process(__file__, "--plain", folder)
-        rows.append(("plain Keras, sequential (process wall)", wall, board, {}))
+        dag_runs = mop_runs(home, dict(item.split("=", 1) for item in args.airflow_env), args.runs)
+        rows = [("mop_airflow DAG run", *_side("mop_airflow DAG run", dag_runs))]
+        plain = [(*timed_process(__file__, "--plain", folder), {}) for _ in range(args.runs)]
+        rows.append(("plain Keras, sequential (process wall)", *_side("plain Keras", plain)))
         try:
             import ray  # noqa: F401, PLC0415
             have_ray = not args.skip_ray
         except ImportError:
             have_ray = False
         if have_ray:
-            wall, board = timed_process(__file__, "--ray", folder)
-            rows.append(("Ray Tune, 2 trials at a time (process wall)", wall, board, {}))
+            ray_runs = [(*timed_process(__file__, "--ray", folder), {}) for _ in range(args.runs)]
+            rows.append(("Ray Tune, 2 trials at a time (process wall)", *_side("Ray Tune", ray_runs)))
         else:
             print("Ray Tune: left out (--skip-ray, or not installed: pip install -e '.[bench]')")
-        print(f"\n{'side':<46} {'seconds':>8}  {'best':>7}  best configuration")
+        print(f"\n{'side':<46} {'seconds (median (range) of ' + str(args.runs) + ')':>24}  {'best':>7}  best configuration")
         figures = {}
-        for name, seconds, board, facts in rows:
+        for name, walls, board, facts in rows:
             best = max(board, key=board.get)
-            print(f"{name:<46} {seconds:>8.1f}  {board[best]:>7.4f}  {best}  {json.dumps(facts) if facts else ''}")
-            figures[name] = {"seconds": round(seconds, 1), "best": board[best], "best_config": best, **facts}
-        result("demo_grid", {"airflow_env": args.airflow_env, "sides": figures})
+            print(f"{name:<46} {spread(walls):>24}  {board[best]:>7.4f}  {best}  {json.dumps(facts) if facts else ''}")
+            figures[name] = {"seconds": [round(w, 1) for w in walls], **summary(walls), "best": board[best],
+                             "best_config": best, **facts}
+        result("demo_grid", {"airflow_env": args.airflow_env, "runs": args.runs, "sides": figures})
     finally:
         if not args.home:
             shutil.rmtree(home, ignore_errors=True)
     return 0
+
+
+def _side(name: str, runs: list[tuple[float, dict, dict]]) -> tuple[list[float], dict, dict]:
+    """A side's runs as one row: their walls, the first run's leaderboard and facts. Every run must rank
+    the same best: a side whose best moves between runs is not a side of one comparison."""
+    bests = {max(board, key=board.get) for _, board, _ in runs}
+    if len(bests) > 1:
+        raise RuntimeError(f"{name}: the runs ranked different bests: {sorted(bests)}")
+    return [wall for wall, _, _ in runs], runs[0][1], runs[0][2]
 
 
 if __name__ == "__main__":

@@ -732,7 +732,7 @@ QUOTED = [
     ("README.md", "+10 s", "kill-cost"), ("README.md", "33.6 s against 23.6 s", "kill-cost"),
     ("README.md", "1.11x", "warm-shards-gpu"), ("README.md", "0.291 s / 0.262 s", "warm-shards-gpu", "0.291 / 0.262 s"),
     ("README.md", "33.3 s", "warm-shards-fused"),
-    ("README.md", "19.1 s / 30.5 s", "demo-grid-cpu"), ("README.md", "0.9465 / 0.9335", "demo-grid-cpu"),
+    ("README.md", "17.5 s / 31.6 s", "demo-grid-cpu"), ("README.md", "0.9465 / 0.9335", "demo-grid-cpu"),
     ("README.md", "0.97", "asha-budget-slot-use", "0.967"), ("README.md", "0.75", "asha-no-budget-slot-use", "0.751"),
     ("README.md", "0.83", "hyperband-slot-use", "0.830"), ("README.md", "16.6 s", "pbt-vs-ray-wall"),
     ("README.md", "30.0 s", "asha-vs-ray-wall"), ("README.md", "458.3 s", "hyperband-blocks-wall"),
