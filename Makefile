@@ -54,10 +54,10 @@ docs: setup
 docs-serve: setup
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve
 
-# The warm shard slots against task-parallel trials and plain Keras (the README's row; about 2 minutes
-# on 2 cores); docs/performance.md gives every benchmark's command and its current figures.
+# The warm shard slots against task-parallel trials and plain Keras, 3 runs in turn (the README's row; about
+# 6 minutes on 2 cores); docs/performance.md gives every benchmark's command and its current figures.
 benchmark: setup
-	$(BIN)/python benchmarks/warm_shards.py --model cnn --configs 4 --iterations 3 --shards 2
+	$(BIN)/python benchmarks/warm_shards.py --model cnn --configs 4 --iterations 3 --shards 2 --runs 3
 
 clean:
 	rm -rf .mop_home .pytest_cache build/site

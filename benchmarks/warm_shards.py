@@ -342,12 +342,17 @@ def main() -> None:
     os.environ["JAX_PLATFORMS"] = "cpu"  # preparing the data here must not take the GPU's memory
     work = Path(tempfile.mkdtemp(prefix="mop-warm-"))
     try:
-        state = prepare(work, args.model, args.configs, args.iterations, args.images, args.shards)
-        fused_state = (prepare(work, args.model, args.configs, args.iterations, args.images, args.shards,
-                               fuse=args.fuse, name="fused") if args.fuse > 1 else None)
-        # the same data, one shard: the slots' loop over all of it in one process
-        alone_state = prepare(work, args.model, args.configs, args.iterations, args.images, 1, name="alone")
-        runs = [one_round(args, state, fused_state, alone_state, k) for k in range(args.runs)]
+        runs = []
+        for k in range(args.runs):
+            # runs of their own each round: a slot finds the hops an earlier round committed to its run in the
+            # store, as a retry would, and trains none of them again
+            at = "" if k == 0 else f"_{k + 1}"
+            state = prepare(work, args.model, args.configs, args.iterations, args.images, args.shards, name=f"state{at}")
+            fused_state = (prepare(work, args.model, args.configs, args.iterations, args.images, args.shards,
+                                   fuse=args.fuse, name=f"fused{at}") if args.fuse > 1 else None)
+            # the same data, one shard: the slots' loop over all of it in one process
+            alone_state = prepare(work, args.model, args.configs, args.iterations, args.images, 1, name=f"alone{at}")
+            runs.append(one_round(args, state, fused_state, alone_state, k))
     finally:
         shutil.rmtree(work, ignore_errors=True)
     summarize(args, runs)
@@ -418,6 +423,8 @@ def summarize(args: argparse.Namespace, runs: list[dict]) -> None:
         busy = [r["gpu_busy"][key] for r in runs if r["gpu_busy"][key] is not None]
         print(f"  {name:<46} {spread(walls)}" + (f", GPU busy {statistics.median(busy):.0%}"
                                                    f" ({min(busy):.0%}-{max(busy):.0%})" if busy else ""))
+    ratios = [r["warm"]["config_epoch"] / r["plain_keras"]["steady_epoch"] for r in runs]
+    print(f"  configuration-epoch on the warm slots / plain Keras's steady epoch {spread(ratios, 'x', 2)}")
     if "fused" in medians:
         print(f"  fused / unfused slots: {medians['fused'] / medians['warm']:.2f}x" +
               (f"; fused / task-parallel: {medians['fused'] / medians['task_parallel']:.2f}x"
@@ -431,6 +438,7 @@ def summarize(args: argparse.Namespace, runs: list[dict]) -> None:
         "walls": {key: summary([r["walls"][key] for r in runs]) for key in PATTERNS},
         "config_epoch": summary([r["warm"]["config_epoch"] for r in runs]),
         "plain_steady_epoch": summary([r["plain_keras"]["steady_epoch"] for r in runs]),
+        "config_epoch_over_plain": summary(ratios),
         "alone_config_epoch": summary([r["alone"]["config_epoch"] for r in runs]),
         "gpu_busy": {key: summary([r["gpu_busy"][key] for r in runs if r["gpu_busy"][key] is not None])
                      for key in PATTERNS}})
