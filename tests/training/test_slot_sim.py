@@ -47,7 +47,8 @@ OLD_RULE = (16, 63)  # without settle-forward: the 4-shard grid fails, the 8-sha
 # runs away inside one event). `python -m slot_sim --schedules 10000 --workers 2` measures the speed.
 CI_TIMEOUT = 900.0
 # Processes for the 10,000: one more than the cores, as `make test`'s three xdist workers share them (two
-# each with an embedded Airflow): with two, CI ran the 10,000 in 191 s of the 180 allowed (2026-12-06).
+# each with an embedded Airflow): with two, CI ran the 10,000 in 191 s of the 180 allowed (2026-12-06). Three
+# still took 224.5 s in a whole `make test` on 2 cores the same day: the schedules' CPU must fall too.
 CI_WORKERS = (os.cpu_count() or 1) + 1
 
 
