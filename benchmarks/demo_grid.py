@@ -194,7 +194,8 @@ def main(argv=None) -> int:
             rows.append(("Ray Tune, 2 trials at a time (process wall)", *_side("Ray Tune", ray_runs)))
         else:
             print("Ray Tune: left out (--skip-ray, or not installed: pip install -e '.[bench]')")
-        print(f"\n{'side':<46} {'seconds (median (range) of ' + str(args.runs) + ')':>24}  {'best':>7}  best configuration")
+        seconds = f"seconds (median (range) of {args.runs})"
+        print(f"\n{'side':<46} {seconds:>24}  {'best':>7}  best configuration")
         figures = {}
         for name, walls, board, facts in rows:
             best = max(board, key=board.get)

@@ -347,7 +347,8 @@ def main() -> None:
             # runs of their own each round: a slot finds the hops an earlier round committed to its run in the
             # store, as a retry would, and trains none of them again
             at = "" if k == 0 else f"_{k + 1}"
-            state = prepare(work, args.model, args.configs, args.iterations, args.images, args.shards, name=f"state{at}")
+            state = prepare(work, args.model, args.configs, args.iterations, args.images, args.shards,
+                            name=f"state{at}")
             fused_state = (prepare(work, args.model, args.configs, args.iterations, args.images, args.shards,
                                    fuse=args.fuse, name=f"fused{at}") if args.fuse > 1 else None)
             # the same data, one shard: the slots' loop over all of it in one process

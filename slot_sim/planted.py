@@ -19,8 +19,7 @@ from unittest import mock
 from mop_airflow.planning import asha_slots
 from mop_airflow.search import asha as search_asha
 from mop_airflow.search import promotion
-from mop_airflow.slots import endings, machine, peers
-from mop_airflow.slots import asha_rules, block_end
+from mop_airflow.slots import asha_rules, block_end, endings, machine, peers
 from mop_airflow.slots.messages import NEVER, Rules
 
 

@@ -4,7 +4,8 @@ Part of :class:`~mop_airflow.slots.machine.SlotMachine` (a mixin on its state): 
 from the search's decisions as they are taken, every leg crosses every shard, and the slots never end
 while a configuration is in flight. So hops join as decisions land, an idle slot decides again when a
 completion landed or a peer is newly judged ended for good, and a slot of the block absent for good ends
-the try naming it (else the search waited for it for ever; :mod:`~mop_airflow.slots.block_end` names it). Apart from the rest of the machine because a grid's slot takes none of these decisions.
+the try naming it (else the search waited for it for ever; :mod:`~mop_airflow.slots.block_end` names it).
+Apart from the rest of the machine because a grid's slot takes none of these decisions.
 """
 
 from __future__ import annotations
