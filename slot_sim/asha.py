@@ -134,9 +134,7 @@ class AshaDecisions:
                     flying.discard(j["config_id"])
         if not flying:
             return
-        recorded: dict = {}
-        for cid, t in self.records:
-            recorded.setdefault(cid, set()).add(t)
+        recorded = self.recorded
 
         def gone(owner: tuple) -> tuple | None:
             peer = m.peer(owner, now)

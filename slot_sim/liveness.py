@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable
 
+from slot_sim.oracle import reference
 from slot_sim.shapes import hops_each
 from mop_airflow.slots.messages import HEARTBEAT, READ_AGAIN, STATES_HELD
 
@@ -108,6 +109,25 @@ def allowance(s, w=None) -> tuple[float, list[str]]:
     # the weather, not a fault: store requests retried, listings late; the reference draws its own
     slack = 10.0 + 8 * _op(s) + 2 * s.lag_most + 2 * s.poll_most
     return total + slack, parts + [f"store and listings {slack:.0f} s"]
+
+
+def fault_free_floor(s) -> float:
+    """The least virtual time the search of shape ``s`` takes without its faults (:func:`reference_shape`:
+    each hop at least 1.25 of its configuration's seconds): the longest a configuration's hops take one
+    after another, or all its hops over all its slots, whichever is more. A grid's hops are the reference's
+    (:func:`~slot_sim.oracle.reference`); ASHA without a budget trains at least each configuration's first
+    leg, up to the hop it fails at."""
+    if s.method == "asha":
+        if s.budget is not None:
+            return 0.0
+        first = s.rungs[0] * s.shards
+        hops = {cid: min(first, s.fail[cid][0]) if cid in s.fail else first for cid in s.configs}
+    else:
+        hops = {}
+        for cid, _ in reference(s).trained:
+            hops[cid] = hops.get(cid, 0) + 1
+    least = {cid: 1.25 * s.durations[cid] * n for cid, n in hops.items()}
+    return max(max(least.values(), default=0.0), sum(least.values()) / (s.shards * s.slots))
 
 
 def reference_shape(s):

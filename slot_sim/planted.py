@@ -223,7 +223,7 @@ BUGS: dict[str, Bug] = {
     "ASHA gone compared whole": Bug(
         "an ASHA slot decides again whenever the set of watched slots ended for good differs from the last, "
         "which the watched slots changing flips",
-        patches=((asha_rules.AshaRules, "_judge_gone", _gone_compared_whole),), hunt_from=342_654, caught_at=342_654),
+        patches=((asha_rules.AshaRules, "_judge_gone", _gone_compared_whole),), hunt_from=344_101, caught_at=344_101),
 }
 # Named for the protocol's fixes still to land, plantable once they do (none now).
 PENDING: dict = {}

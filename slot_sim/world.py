@@ -55,6 +55,7 @@ EVENT_CAP = 100_000
 # Airflow's scheduler sends it on its next loop, then two REST calls a task of the block
 FAILURE_CALLBACK_S = 5.0
 KEEP_CHECKPOINTS = StoreSpec().keep_checkpoints  # store.keep_checkpoints by default
+DRIVER_WAKE = 1.0  # SlotDriver: a slot waiting for others wakes at least this often (its poller's wait)
 
 
 
@@ -113,6 +114,7 @@ class World(AshaDecisions, PeerWorld, ManyMachines):
         self.keep_trace = trace
         self.trace: list = []
         self.records: dict = {}  # (config, hop) -> Record
+        self.recorded: dict = defaultdict(set)  # config -> the hops recorded (ASHA's dead legs read it)
         self.landed: dict = {}  # (config, hop) -> when its record landed
         self._landed_mark: dict = {}  # (folder, name) -> when the marker landed
         self.writes: dict = defaultdict(list)  # (config, hop) -> every record written there
@@ -139,6 +141,7 @@ class World(AshaDecisions, PeerWorld, ManyMachines):
         self.quiet += self._absent_quiet()  # slot_sim.peers
         self.moved = 0.0
         self.events = 0
+        self.task_ended = False  # a task of the block has ended (done, or failed for good)
 
     # ------------------------------------------------------------------ the clock
     def at(self, when: float, fn: Callable, *args: Any) -> None:
@@ -367,6 +370,7 @@ class World(AshaDecisions, PeerWorld, ManyMachines):
             self._retry_or_fail(task, self.now)
 
     def _block_over(self) -> None:
+        self.task_ended = True  # (called whenever a task ends: done, failed for good)
         if any(t.state not in ("success", "failed", "skipped") for t in self.tasks):
             return
         if any(t.state == "failed" for t in self.tasks):
@@ -416,6 +420,13 @@ class World(AshaDecisions, PeerWorld, ManyMachines):
             proc.waiting = False
             self._step(proc)
 
+    def _driver_wake(self, proc: Proc, token: int) -> None:
+        """SlotDriver's wait for other slots, woken by nothing: ``store_changed`` and decide again."""
+        if proc.waiting and proc.token == token and self._live(proc):
+            proc.waiting = False
+            proc.machine.store_changed()
+            self._step(proc)
+
     def _step(self, proc: Proc) -> None:
         if not self._live(proc):
             return
@@ -447,7 +458,18 @@ class World(AshaDecisions, PeerWorld, ManyMachines):
         if kind is sp.Wait:
             proc.waiting = True
             proc.token += 1
-            if act.until < NEVER:
+            if not act.commit and self.task_ended and self.s.method == "asha" and not m.ended:
+                # the driver's wait for other slots wakes at least every DRIVER_WAKE and says the store may
+                # have changed: an idle ASHA slot decides again, the legs in flight checked first (seeds
+                # 424455, 460769 hung where only a landing woke it, a peer's end read late). Modelled once a
+                # task has ended: before, a decision at a wake reads nothing that the landings that wake the
+                # slots (a completion, a failure, a decision) did not, and no slot is judged ended for good
+                wake = self.now + DRIVER_WAKE
+                if act.until <= wake:
+                    self.at(max(act.until, self.now), self._timer, proc, proc.token)
+                else:
+                    self.at(wake, self._driver_wake, proc, proc.token)
+            elif act.until < NEVER:
                 self.at(max(act.until, self.now), self._timer, proc, proc.token)
         elif kind is sp.Train:
             self._train(proc, act)
@@ -569,6 +591,7 @@ class World(AshaDecisions, PeerWorld, ManyMachines):
         writes.append((record.try_number, record.status, record.input_sha256, record.checkpoint_sha256,
                        record.dropped_after))
         self.records[key] = record
+        self.recorded[key[0]].add(key[1])
         self.landed[key] = self.now
         self.moved = self.now
         self.note("record", key[0], key[1], record.status, f"try {record.try_number}")

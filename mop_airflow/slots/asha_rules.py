@@ -46,18 +46,24 @@ class AshaRules:
         waited for ever). Only a slot not judged so before: the slots watched change from one call to the next
         (a Decide returns before the waiting hops' slots are watched again), and a set compared whole flipped
         between them and none, a decision every ASHA_EVERY on every slot (seed 342654 ran away)."""
-        gone = frozenset(o for o in self.watched if (g := self.peers[o].gone(now, self.wait)) is not None and g[1])
-        if not gone <= self.gone_seen:
-            self.gone_seen, self.decide_due = self.gone_seen | gone, True
+        seen = self.gone_seen  # (those judged before need no judging again: only a new one counts)
+        gone = frozenset(o for o in self.watched if o not in seen and (g := self.peers[o].gone(now, self.wait))
+                         is not None and g[1])
+        if gone:
+            self.gone_seen, self.decide_due = seen | gone, True
 
     def _absent_anywhere(self, now: float) -> Any:
         """ASHA: every slot of the block must run, since every leg crosses every shard; one that has not
         started for the wait bound stalls the search even where no hop waits for it yet (a leg's last hop
         on it: no slot waits for that). Its status is read until it is seen started (once per heartbeat,
         then never again); past the bound this try ends, naming it."""
-        shards, slots = self.shape
-        unseen = [(s, k) for s in range(shards) for k in range(slots)
-                  if (s, k) != self.slot_of and not self._peer((s, k), now).started(now, self.wait)]
+        if self.unstarted is None:  # every other slot of the block, watched from the first call on
+            shards, slots = self.shape
+            self.others = [(s, k) for s in range(shards) for k in range(slots) if (s, k) != self.slot_of]
+            self.unstarted = self.others
+        self.watched.update(self.others)
+        # a slot seen started stays so (PeerView.started): only those not seen yet are judged again
+        unseen = self.unstarted = [o for o in self.unstarted if not self.peer(o, now).started(now, self.wait)]
         act = self._read(unseen, now, HEARTBEAT)
         if act is not None or self.commits or self.outbox:
             return act

@@ -96,9 +96,14 @@ class SlotMachine(Inputs, Outcomes, Waiting, AshaRules, BlockEnd):
         self.peers: dict[tuple, PeerView] = {}
         self.watched: set = set()
         self.waited_since: dict[tuple, float] = {}
+        # a retry's first hops waited for count as waited for look_after: looked up at once
+        self.waits_from: float | None = (began - rules.look_after - 1.0 if try_number > 1 and rules.retry_looks
+                                         and rules.look_after is not None else None)
         self.joined = False  # it took a hop another slot handed it: the block runs, it keeps its pool slot
         self.ended, self.decide_due, self.decided_at = False, True, -NEVER
         self.gone_seen: frozenset = frozenset()  # ASHA: the slots judged ended for good so far
+        self.others: list = []  # ASHA: every other slot of the block; those not seen started yet
+        self.unstarted: list | None = None
         self.dropped: list = []  # (hop, failure): hops dropped after their configuration failed, in order
         self.ahead: list = []  # the ready hops after those taken: the next one's input may be read meanwhile
         # the slots whose markers tell this one's hops are ready (the previous shard's slot that trains the
@@ -231,13 +236,15 @@ class SlotMachine(Inputs, Outcomes, Waiting, AshaRules, BlockEnd):
             return act
         ready, waiting, failed = [], [], {}
         since, self.waited_since = self.waited_since, {}
+        # a hop waited for counts from now, but a retry's first waits as if waited out (Rules.retry_looks)
+        start, self.waits_from = (now, None) if self.waits_from is None else (self.waits_from, None)
         for h in self.pending:
             if h.hop != earliest[h.config_id]:
                 continue
             state = h.start or self._before(h.config_id, h.hop)
             if state is None:
                 waiting.append(h)
-                self.waited_since[h.config_id, h.hop - 1] = since.get((h.config_id, h.hop - 1), now)
+                self.waited_since[h.config_id, h.hop - 1] = since.get((h.config_id, h.hop - 1), start)
             elif _failure(state):
                 failed[h.config_id] = state
             else:

@@ -200,6 +200,9 @@ class Rules:
     look_after: float | None = 60.0  # look up the input of a hop waited for this long, peer alive or not
     # ... and of a hop given up, every look_after, until it is taken back (seeds 136875, 212597)
     look_given_up: bool = True
+    # a retry looks up at once the inputs its hops wait for when it first waits: its earlier try may have
+    # waited out a listing that lost the marker already (off: the retry waited look_after again, seed 403972)
+    retry_looks: bool = True
     # a peer "running" on its last try whose heartbeat stopped for the wait bound ended for good
     # (died_on_last_try): neither yielded to nor waited for, ASHA fails its given-up hops (seeds 544, 1581)
     last_try_dies: bool = True
