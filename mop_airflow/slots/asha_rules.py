@@ -47,8 +47,9 @@ class AshaRules:
         (a Decide returns before the waiting hops' slots are watched again), and a set compared whole flipped
         between them and none, a decision every ASHA_EVERY on every slot (seed 342654 ran away)."""
         seen = self.gone_seen  # (those judged before need no judging again: only a new one counts)
-        gone = frozenset(o for o in self.watched if o not in seen and (g := self.peers[o].gone(now, self.wait))
-                         is not None and g[1])
+        peers, wait = self.peers, self.wait
+        gone = frozenset(o for o in self.watched if o not in seen and peers[o].may_have_ended(now, wait)
+                         and (g := peers[o].gone(now, wait)) is not None and g[1])
         if gone:
             self.gone_seen, self.decide_due = seen | gone, True
 

@@ -72,6 +72,12 @@ class PeerView:
         return (self.absent_rule and now - self.alive_at > wait
                 and (s is None or s.state == "yielded" or (s.state == "failed" and not s.final)))
 
+    def may_have_ended(self, now: float, wait: float) -> bool:
+        """Whether :meth:`gone` may say ended for good: never of a peer not heard, nor of one heard running
+        unless dead on its last try (a cheap test first, as an ASHA slot judges every slot at each call)."""
+        latest = self.latest
+        return latest is not None and (latest.state != "running" or (self.dies and died_on_last_try(latest, now, wait)))
+
     def gone(self, now: float, wait: float) -> tuple[str, bool] | None:
         """Why the hops the waiting slot needs from the peer will not come, and whether never (the peer
         ended for good) or not within ``wait`` (it may still come: a retry of the waiting slot waits
