@@ -280,14 +280,15 @@ RULES = {
     # (each before the fence too, which came later: the seeds replay as they were found)
     "before-marks": sp.Rules(mark_found=False, look_after=None, last_try_dies=False, asha_dead_legs=False,
                              yield_bound=False, absent_peers=False, fence=False, lost_ends_block=False,
-                             marks_in_order=False, retry_looks=False),
+                             marks_in_order=False, retry_looks=False, yield_checks=False),
     # before those two fixes (and before yields were bounded, which also ends seed 544)
     "before-last-try": sp.Rules(last_try_dies=False, asha_dead_legs=False, yield_bound=False, absent_peers=False,
-                                fence=False, lost_ends_block=False, marks_in_order=False, retry_looks=False),
+                                fence=False, lost_ends_block=False, marks_in_order=False, retry_looks=False,
+                                yield_checks=False),
     # before a given-up hop's input was looked up (and before ASHA ended a try whose peer had not started,
     # which also ends seed 212597)
     "before-given-up-looks": sp.Rules(look_given_up=False, absent_peers=False, fence=False, lost_ends_block=False,
-                                      marks_in_order=False, retry_looks=False),
+                                      marks_in_order=False, retry_looks=False, yield_checks=False),
     "no-fence": sp.Rules(fence=False),  # two copies of one slot write over each other (issue 70)
     "no-settle": sp.Rules(settle_forward=False),
 }

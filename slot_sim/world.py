@@ -501,7 +501,7 @@ class World(AshaDecisions, PeerWorld, ManyMachines):
                     self.unmarked.add(key)
                 # production's questions (ask_facts), answered by this world's store
                 facts[key] = ask_facts(
-                    state, first_try=m.try_number == 1, next_known=(hop.config_id, hop.hop + 1) in m.known,
+                    state, first_try=not m.rerun, next_known=(hop.config_id, hop.hop + 1) in m.known,
                     record=lambda: record,  # noqa: B023 - each asked before the loop goes on
                     checkpoint_there=lambda r: (r.checkpoint_sha256 is not None  # noqa: B023
                                                 and self.checkpoints.get(key) == r.checkpoint_sha256),

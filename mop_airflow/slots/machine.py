@@ -66,6 +66,9 @@ class SlotMachine(Inputs, Outcomes, Waiting, AshaRules, BlockEnd):
         self.slot_of, self.try_number, self.began, self.wait = (shard, slot), try_number, began, wait
         self.give_back, self.partners, self.asha, self.rules = give_back, dict(partners or {}), asha, rules
         self.yielding_since = yielding_since  # when this task first gave its pool slot back, if it did
+        # an earlier run of this task (a try before, or this try before it gave its pool slot back) may have
+        # committed hops this one knows no marker of: it asks the store before training (Check)
+        self.rerun = try_number > 1 or (yielding_since is not None and rules.yield_checks)
         self.alone, self.state_after = alone, state_after
         self.shape = (shards, slots)  # the block's shards and slots per shard
         # ASHA: how long a slot of the block may stay not started before this try fails for good naming it.
@@ -209,7 +212,7 @@ class SlotMachine(Inputs, Outcomes, Waiting, AshaRules, BlockEnd):
             return Wait(NEVER, commit=True)
         if not checked:
             # a retry asks the store (its earlier try may have died between a record and its marker)
-            ask = [(h, s) for h, s in members if self.try_number > 1 or (h.config_id, h.hop) in self.known]
+            ask = [(h, s) for h, s in members if self.rerun or (h.config_id, h.hop) in self.known]
             if ask:
                 return Check(tuple(ask))
         self.taking = None

@@ -203,6 +203,10 @@ class Rules:
     # a retry looks up at once the inputs its hops wait for when it first waits: its earlier try may have
     # waited out a listing that lost the marker already (off: the retry waited look_after again, seed 403972)
     retry_looks: bool = True
+    # a slot started again after it gave its pool slot back asks the store of the hops it takes, as a retry
+    # does: its earlier run of the same try may have committed one whose marker no listing shows, and it
+    # trained it again from a checkpoint deleted since (off: seed 16628)
+    yield_checks: bool = True
     # a peer "running" on its last try whose heartbeat stopped for the wait bound ended for good
     # (died_on_last_try): neither yielded to nor waited for, ASHA fails its given-up hops (seeds 544, 1581)
     last_try_dies: bool = True

@@ -95,13 +95,14 @@ class Outcomes:
         whether it took the state on is asked of the store, never of the markers known. A retry that
         took an unlisted next hop for "not committed" trained a committed hop again from a checkpoint
         already cleaned up, and overwrote its record. A first try knows its earlier tries' hops from the
-        markers (a retry asks the store: its earlier try may have died between a record and its marker)."""
+        markers (a retry asks the store: its earlier try may have died between a record and its marker; so
+        does a run after a yield, :attr:`rerun`)."""
         record = None if facts is None else facts.record
         if record is None or record.input_sha256 != state.checkpoint_sha256:
             return None
         if record.status != "ok" or facts.checkpoint_there:
             return record
-        if self.try_number == 1 and (hop.config_id, hop.hop + 1) in self.known:
+        if not self.rerun and (hop.config_id, hop.hop + 1) in self.known:
             return record
         return record if facts.next_there else None
 

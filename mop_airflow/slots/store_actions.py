@@ -76,7 +76,7 @@ class StoreActions:
         were listed, and reads their records at once."""
         store, cid, t = self.layout.store, hop.config_id, hop.hop
         uri = self.layout.hop_record_uri(cid, t)
-        first_try = self.where.try_number == 1
+        first_try = not self.machine.rerun  # (a run after a yield asks as a retry)
         return ask_facts(
             state, first_try=first_try, next_known=(cid, t + 1) in self.machine.known,
             record=lambda: HopRecord.read(store, uri) if first_try or store.exists(uri) else None,

@@ -408,3 +408,16 @@ def test_asha_time_allowed_scales_with_its_longest_chain_of_hops():
     world = run_one(418446)
     assert world.problems == [] and world.outcome == "succeeded"
     assert world.now > 90.0 and world.allowed > world.now
+
+
+def test_a_slot_started_again_after_a_yield_asks_the_store_of_the_hops_it_takes():
+    """Seed 16628 (2026-12-07): shard 1's slot committed c01/4, a listing lost its marker, and the slot gave
+    its pool slot back; the next shards went on from the record (a retry looked it up at once), and the
+    hops after it deleted c01/3's checkpoint. Started again, the same try took c01/4 for not committed and
+    trained it from that deleted checkpoint (in production a read that fails the try). A run after a
+    yield now asks the store first, as a retry does."""
+    old = run_one(16628, sp.Rules(yield_checks=False))
+    assert any("read the checkpoint of hop 3, gone" in p for p in old.problems), old.problems
+    now = run_one(16628, trace=True)
+    assert now.problems == [] and now.outcome == "succeeded"
+    assert not any(" Train 1 0 c01/4" in line for line in now.trace if float(line.split()[0]) > 90.0)
