@@ -224,6 +224,13 @@ BUGS: dict[str, Bug] = {
         "an ASHA slot decides again whenever the set of watched slots ended for good differs from the last, "
         "which the watched slots changing flips",
         patches=((asha_rules.AshaRules, "_judge_gone", _gone_compared_whole),), hunt_from=344_101, caught_at=344_101),
+    "retry waits out a lost marker again": Bug(
+        "a retry waits look_after again for an input whose marker a listing lost, as its earlier try did",
+        Rules(retry_looks=False), hunt_from=403_972, caught_at=403_972),
+    "run after a yield trusts its markers": Bug(
+        "a slot started again after a yield takes a hop whose marker it did not list for not committed, and "
+        "trains it again from a checkpoint that may be deleted", Rules(yield_checks=False), hunt_from=16_628,
+        caught_at=16_628),
 }
 # Named for the protocol's fixes still to land, plantable once they do (none now).
 PENDING: dict = {}
