@@ -35,9 +35,9 @@ demo: setup
 # 1,729 tests in 17:53 (6 % of the CPU idle); 22:04 before (18 % idle), with two workers and one such Airflow
 # (quiet 2-core AMD EPYC, 2026-11-29).
 # The 10,000 simulated schedules first, alone on every core (marked `cores`: beside the other files on 2 cores
-# they took 224.5 s of the 180 allowed), then the rest three files at a time.
+# they took 224.5 s of the 180 allowed), printing their line of figures (-s), then the rest three files at a time.
 test: setup
-	$(BIN)/python -m pytest -q -m cores
+	$(BIN)/python -m pytest -q -s -m cores
 	$(BIN)/python -m pytest -q -n 3 --dist loadfile --no-loadscope-reorder --durations=25 -m "not cores"
 
 # The search across hosts (tests/test_hosts.py): network namespaces as a control host, a storage host and
