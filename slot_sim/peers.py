@@ -93,8 +93,10 @@ class PeerWorld:
 
     def _absent_quiet(self) -> float:
         """What a slot that never starts adds to the longest a search may go without anything moving: an
-        ASHA slot waits the wait bound of every try it has left at once before it fails naming it."""
-        return self.s.wait * self.s.retries if self.pf.never and self.s.method == "asha" else 0.0
+        ASHA slot, or a slot whose hops are done while the absent one holds a hop that may still be needed
+        (a configuration's last; seed 484752, a grid, waited 480 s), waits the wait bound of every try it
+        has left at once before it fails naming it."""
+        return self.s.wait * self.s.retries if self.pf.never else 0.0
 
     def _arm(self, task: Any, proc: Any) -> None:
         """A started try: its host's clock, and a fatal failure due on it."""

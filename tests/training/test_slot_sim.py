@@ -421,3 +421,13 @@ def test_a_slot_started_again_after_a_yield_asks_the_store_of_the_hops_it_takes(
     now = run_one(16628, trace=True)
     assert now.problems == [] and now.outcome == "succeeded"
     assert not any(" Train 1 0 c01/4" in line for line in now.trace if float(line.split()[0]) > 90.0)
+
+
+def test_a_grid_slot_done_waits_for_a_never_started_slot_within_its_stated_quiet():
+    """Seed 484752 (2026-12-07, the million on the day's code): a slot of an SHA block never started, holding
+    c04's last hops (c04 failed in a folder the done slots do not list); the done slots waited its tries'
+    wait bounds before failing naming it, as designed, and the simulation's longest quiet counted that wait
+    for ASHA only. The search now ends failed within it."""
+    world = run_one(484752)
+    assert world.problems == [] and world.outcome == "failed"
+    assert world.now > 480.0  # the absent slot's tries waited out: 4 x 120 s
