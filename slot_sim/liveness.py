@@ -20,6 +20,7 @@ A fault kind added to the world adds its row here, with its cost in the same wor
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 from typing import Callable
 
 from slot_sim.oracle import reference
@@ -123,9 +124,7 @@ def fault_free_floor(s) -> float:
         first = s.rungs[0] * s.shards
         hops = {cid: min(first, s.fail[cid][0]) if cid in s.fail else first for cid in s.configs}
     else:
-        hops = {}
-        for cid, _ in reference(s).trained:
-            hops[cid] = hops.get(cid, 0) + 1
+        hops = Counter(cid for cid, _ in reference(s).trained)
     least = {cid: 1.25 * s.durations[cid] * n for cid, n in hops.items()}
     return max(max(least.values(), default=0.0), sum(least.values()) / (s.shards * s.slots))
 

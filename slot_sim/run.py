@@ -25,6 +25,7 @@ import os
 import platform
 import sys
 import time
+from collections import Counter
 
 from mop_airflow.search import promotion
 from mop_airflow.slots import machine as sp
@@ -120,19 +121,20 @@ def needs_clean(w: World) -> bool:
             and w.now > fault_free_floor(s) + allowance(s, w)[0])
 
 
+def _seconds(w: World, s) -> dict:
+    """Each configuration's seconds of training in the hops a schedule committed, by the durations of ``s``."""
+    hops = Counter(cid for (cid, _), r in w.records.items() if r.status == "ok")
+    return {cid: s.durations[cid] * n for cid, n in hops.items()}
+
+
 def _work(w: World, s) -> float:
-    """The seconds of training a schedule's committed hops take, by the durations of shape ``s``."""
-    return sum(s.durations[cid] for (cid, _), r in w.records.items() if r.status == "ok")
+    """The seconds of training a schedule's committed hops take."""
+    return sum(_seconds(w, s).values())
 
 
 def _chain(w: World, s) -> float:
-    """The seconds of training of the configuration that trained the longest, by the durations of shape ``s``
-    (its hops train one after another)."""
-    hops: dict = {}
-    for (cid, _), r in w.records.items():
-        if r.status == "ok":
-            hops[cid] = hops.get(cid, 0) + 1
-    return max((s.durations[cid] * n for cid, n in hops.items()), default=0.0)
+    """The seconds of training of the configuration that trained the longest (its hops, one after another)."""
+    return max(_seconds(w, s).values(), default=0.0)
 
 
 def _leaderboard(scores: dict) -> list[str]:

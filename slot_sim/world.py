@@ -423,9 +423,8 @@ class World(AshaDecisions, PeerWorld, ManyMachines):
     def _driver_wake(self, proc: Proc, token: int) -> None:
         """SlotDriver's wait for other slots, woken by nothing: ``store_changed`` and decide again."""
         if proc.waiting and proc.token == token and self._live(proc):
-            proc.waiting = False
             proc.machine.store_changed()
-            self._step(proc)
+            self._timer(proc, token)
 
     def _step(self, proc: Proc) -> None:
         if not self._live(proc):

@@ -68,7 +68,6 @@ class AshaRules:
         act = self._read(unseen, now, HEARTBEAT)
         if act is not None or self.commits or self.outbox:
             return act
-        self.watched.update(unseen)
         return self._end() if self._absent_for_good(now, unseen) else None
 
     def _absent_given_up(self, now: float) -> bool:

@@ -240,7 +240,8 @@ class SlotMachine(Inputs, Outcomes, Waiting, AshaRules, BlockEnd):
         ready, waiting, failed = [], [], {}
         since, self.waited_since = self.waited_since, {}
         # a hop waited for counts from now, but a retry's first waits as if waited out (Rules.retry_looks)
-        start, self.waits_from = (now, None) if self.waits_from is None else (self.waits_from, None)
+        start = now if self.waits_from is None else self.waits_from
+        self.waits_from = None
         for h in self.pending:
             if h.hop != earliest[h.config_id]:
                 continue
