@@ -129,8 +129,8 @@ class Podman:
         return done.stdout + done.stderr
 
     def close(self) -> None:
-        for name in reversed(self.containers):
-            self("rm", "-f", "-t", "5", name, check=False)
+        if self.containers:  # in one call, which stops them side by side: one at a time took 73 s for compose's
+            self("rm", "-f", "-i", "-t", "5", *reversed(self.containers), check=False)
         for volume in self.volumes:
             self("volume", "rm", "-f", volume, check=False)
         for network in self.networks:
