@@ -46,7 +46,8 @@ test-hosts: setup
 	MOP_TEST_HOSTS=1 $(BIN)/python -m pytest -q tests/test_hosts.py
 
 # Every page's install line in a fresh virtual environment, the base install for real (tests/test_install.py):
-# a quarter of an hour and more, most of it pip resolving and downloading TensorFlow and Airflow.
+# about 5 minutes where pip finds the wheels near, a quarter of an hour and more where it downloads TensorFlow
+# and Airflow (.ci/run runs it beside make test-hosts).
 test-install: setup
 	MOP_TEST_INSTALL=1 $(BIN)/python -m pytest -q tests/test_install.py
 
@@ -69,6 +70,8 @@ clean:
 # official Helm chart's rendering and every Airflow service of docker/docker-compose.yaml started from it, a search
 # through each. As root, with podman, runc, debootstrap and redis-server (.ci/run installs them); every container,
 # image, volume and network they make is removed at the end.
+# MOP_DEPLOY_IMAGE and MOP_DEPLOY_DEBIAN name images built before (`python -m tests.deploy.prebuild`, yours
+# to remove), as .ci/run builds them beside make test-hosts.
 .PHONY: test-deploy
 test-deploy: setup
 	MOP_DEPLOY_TESTS=1 $(BIN)/python -m pytest -q -p no:cacheprovider tests/deploy --durations=10
