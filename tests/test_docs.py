@@ -731,7 +731,7 @@ def test_the_readme_never_calls_two_different_bests_the_same():
 QUOTED = [
     ("README.md", "+10 s", "kill-cost"), ("README.md", "33.6 s against 23.6 s", "kill-cost"),
     ("README.md", "1.11x", "warm-shards-gpu"), ("README.md", "0.291 s / 0.262 s", "warm-shards-gpu", "0.291 / 0.262 s"),
-    ("README.md", "33.3 s", "warm-shards-fused"),
+    ("README.md", "21.5 s", "warm-shards-fused"),
     ("README.md", "17.5 s / 31.6 s", "demo-grid-cpu"), ("README.md", "0.9465 / 0.9335", "demo-grid-cpu"),
     ("README.md", "0.97", "asha-budget-slot-use", "0.967"), ("README.md", "0.75", "asha-no-budget-slot-use", "0.751"),
     ("README.md", "0.83", "hyperband-slot-use", "0.830"), ("README.md", "16.6 s", "pbt-vs-ray-wall"),
@@ -747,11 +747,11 @@ QUOTED = [
     ("docs/concepts/fused-configurations.md", "0.0265", "fused-leaderboard"),
     ("docs/concepts/fused-configurations.md", "1.6x", "fused-cpu-8", "1.60x"),
     ("docs/concepts/fused-configurations.md", "1.12x", "fused-cpu-8"),
-    ("docs/concepts/fused-configurations.md", "33.3 s", "warm-shards-fused"),
-    ("docs/concepts/fused-configurations.md", "35.7 s", "warm-shards-unfused"),
+    ("docs/concepts/fused-configurations.md", "21.5 s", "warm-shards-fused"),
+    ("docs/concepts/fused-configurations.md", "23.9 s", "warm-shards-unfused"),
     ("docs/concepts/shard-slots.md", "190.9 s", "slot-sim-ci"), ("docs/concepts/shard-slots.md", "2,505.9 s", "slot-sim-million"),
     ("docs/concepts/shard-slots.md", "665.5 s", "slot-sim-driver"),
-    ("docs/concepts/mop.md", "16.0-17.2 s", "slot-start-up"), ("docs/concepts/mop.md", "13.5 s", "warm-shards-jax"),
+    ("docs/concepts/mop.md", "6.3-7.3 s", "slot-start-up"), ("docs/concepts/mop.md", "12.4 s", "warm-shards-jax"),
 ]
 
 
