@@ -17,7 +17,8 @@ from mop_airflow.config.spec import check_fuse
 # Optimizer settings a fused group may vary: the learning rate is an optimizer variable; weight decay a
 # float read once per trace and multiplied in as it is cast (so the same step either way).
 FUSABLE_SCALARS = ("learning_rate", "weight_decay")
-# schedule.fuse "auto": measured with benchmarks/fused_cpu.py on the demo's MLP (docs/performance.md).
+# schedule.fuse "auto": the best group of benchmarks/fused_cpu.py on a loaded 2-core machine (2026-11-27); on a
+# quiet one no group paid on the CPU (docs/performance.md#fused-cpu), and the GPU is not measured yet.
 AUTO_LIMIT = 8
 
 
