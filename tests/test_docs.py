@@ -734,7 +734,7 @@ QUOTED = [
     ("README.md", "21.5 s", "warm-shards-fused"),
     ("README.md", "17.5 s / 31.6 s", "demo-grid-cpu"), ("README.md", "0.9465 / 0.9335", "demo-grid-cpu"),
     ("README.md", "0.97", "asha-budget-slot-use", "0.967"), ("README.md", "0.75", "asha-no-budget-slot-use", "0.751"),
-    ("README.md", "0.83", "hyperband-slot-use", "0.830"), ("README.md", "16.6 s", "pbt-vs-ray-wall"),
+    ("README.md", "0.83", "hyperband-slot-use", "0.830"), ("README.md", "15.0 s", "pbt-vs-ray-wall"),
     ("README.md", "22.4 s", "asha-vs-ray-wall"), ("README.md", "458.3 s", "hyperband-blocks-wall"),
     ("docs/what-happens-when.md", "132.0 s against 69.9 s", "hung-task"),
     ("docs/what-happens-when.md", "188.3 s against 56.9 s", "hung-task"),
