@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from tests.deploy.podman import Podman, build_images, build_volumes, tools_missing, workdir
+from tests.deploy.podman import Podman, build_images, build_volumes, built_line, tools_missing, workdir
 
 ENABLED = os.environ.get("MOP_DEPLOY_TESTS") == "1"
 
@@ -60,8 +60,7 @@ def images(podman) -> dict:
         return {"image": os.environ["MOP_DEPLOY_IMAGE"], "debian": os.environ.get("MOP_DEPLOY_DEBIAN", ""),
                 "build_volumes": build_volumes()}
     built = build_images(podman)
-    print(f"\nimage {built['image']}: {built['size_bytes'] / 1e9:.2f} GB, built in "
-          + ", ".join(f"{k} {v:.0f} s" for k, v in built["timings"].items()), file=sys.stderr)
+    print(f"\n{built_line(built)}", file=sys.stderr)
     return built
 
 

@@ -175,6 +175,12 @@ def build_images(podman: Podman) -> dict[str, object]:
     return {"image": image, "debian": debian, "timings": timings, "size_bytes": int(size), "build_volumes": cas}
 
 
+def built_line(built: dict) -> str:
+    """What :func:`build_images` made, in a line: the image, its size and each step's seconds."""
+    return (f"image {built['image']}: {built['size_bytes'] / 1e9:.2f} GB, built in "
+            + ", ".join(f"{k} {v:.0f} s" for k, v in built["timings"].items()))
+
+
 def build_volumes() -> tuple[str, ...]:
     """What every build borrows from the host: its certificate authorities, read only."""
     return (f"{HOST_CA_BUNDLE}:/etc/ssl/certs/ca-certificates.crt:ro",) if HOST_CA_BUNDLE.exists() else ()

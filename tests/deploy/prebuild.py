@@ -21,7 +21,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from tests.deploy.podman import Podman, build_images, tools_missing, workdir
+from tests.deploy.podman import Podman, build_images, built_line, tools_missing, workdir
 
 
 def build(out: Path) -> dict:
@@ -41,19 +41,17 @@ def build(out: Path) -> dict:
     made = {"image": built["image"], "debian": built["debian"], "made": list(podman.images),
             "timings": built["timings"], "size_bytes": built["size_bytes"]}
     out.write_text(json.dumps(made, indent=1))
-    print(f"image {made['image']}: {made['size_bytes'] / 1e9:.2f} GB, built in "
-          + ", ".join(f"{k} {v:.0f} s" for k, v in made["timings"].items()))
+    print(built_line(made))
     return made
 
 
 def remove(made_file: Path) -> None:
     if not made_file.exists():
         return
-    made = json.loads(made_file.read_text())
     podman = Podman(workdir())
+    podman.images.extend(json.loads(made_file.read_text())["made"])
     try:
-        for tag in reversed(made["made"]):
-            podman("rmi", "-f", tag, check=False)
+        podman.close()
     finally:
         shutil.rmtree(podman.workdir, ignore_errors=True)
     made_file.unlink()
