@@ -733,13 +733,13 @@ QUOTED = [
     ("README.md", "+1.2 s", "kill-cost"), ("README.md", "18.4 s against 17.2 s", "kill-cost"),
     ("README.md", "1.11x", "warm-shards-gpu"), ("README.md", "0.291 s / 0.262 s", "warm-shards-gpu", "0.291 / 0.262 s"),
     ("README.md", "21.5 s", "warm-shards-fused"),
-    ("README.md", "17.5 s / 31.6 s", "demo-grid-cpu"), ("README.md", "0.9465 / 0.9335", "demo-grid-cpu"),
+    ("README.md", "12.7 s / 23.0 s", "demo-grid-cpu"), ("README.md", "0.9465 / 0.9335", "demo-grid-cpu"),
     ("README.md", "0.97", "asha-budget-slot-use", "0.967"), ("README.md", "0.75", "asha-no-budget-slot-use", "0.751"),
     ("README.md", "0.83", "hyperband-slot-use", "0.830"), ("README.md", "15.0 s", "pbt-vs-ray-wall"),
-    ("README.md", "22.4 s", "asha-vs-ray-wall"), ("README.md", "458.3 s", "hyperband-blocks-wall"),
+    ("README.md", "22.4 s", "asha-vs-ray-wall"), ("README.md", "385.5 s", "hyperband-blocks-wall"),
     ("docs/what-happens-when.md", "77.4 s against 17.2 s", "hung-task"),
     ("docs/what-happens-when.md", "18.4 s against 17.2 s", "kill-cost"),
-    ("docs/what-happens-when.md", "218.1 s", "asha-hung-slot"), ("docs/what-happens-when.md", "+74.6 s", "lost-worker-cost"),
+    ("docs/what-happens-when.md", "218.1 s", "asha-hung-slot"), ("docs/what-happens-when.md", "+77.5 s", "lost-worker-cost"),
     ("docs/concepts/shard-slots.md", "1.72 s", "gpu-hop-forked", "1.72"),
     ("docs/how-to/gpu-workers.md", "1.72 s", "gpu-hop-forked", "1.72"), ("docs/how-to/gpu-workers.md", "1.11x", "warm-shards-gpu"),
     ("docs/how-to/adaptive-searches.md", "0.97", "asha-budget-slot-use", "0.967"),
@@ -749,7 +749,8 @@ QUOTED = [
     ("docs/concepts/fused-configurations.md", "0.76x", "fused-cpu-8"),
     ("docs/concepts/fused-configurations.md", "21.5 s", "warm-shards-fused"),
     ("docs/concepts/fused-configurations.md", "23.9 s", "warm-shards-unfused"),
-    ("docs/concepts/shard-slots.md", "190.9 s", "slot-sim-ci"), ("docs/concepts/shard-slots.md", "2,505.9 s", "slot-sim-million"),
+    ("docs/concepts/shard-slots.md", "190.9 s", "slot-sim-ci"), ("docs/concepts/shard-slots.md", "47.8 s", "slot-sim-ci"),
+    ("docs/concepts/shard-slots.md", "2,505.9 s", "slot-sim-million"),
     ("docs/concepts/shard-slots.md", "665.5 s", "slot-sim-driver"),
     ("docs/concepts/mop.md", "6.3-7.3 s", "slot-start-up"), ("docs/concepts/mop.md", "12.4 s", "warm-shards-jax"),
 ]
@@ -833,6 +834,26 @@ def test_every_measured_row_of_the_performance_page_says_its_machine_and_how_man
                 wrong.append(f"no count of runs or no machine: {line[:80]}")
     assert "C2 alone: the run did not record which of the two" in text
     assert "the production shard loop was rewritten on 2026-11-28" in _plain(text)
+    assert wrong == []
+
+
+def test_a_current_row_is_measured_since_the_shard_loop_three_times_or_says_it_is_not():
+    """A row that gives figures of the shard loop before 2026-11-28, or of one run, says so where a reader
+    looks: "not measured since" in its date (a GPU row, or one to measure again), or why one run in its
+    runs cell; the figures a row replaced stand after "(was" in its date."""
+    text = PERFORMANCE.read_text()
+    current = text[:text.index("{#history}")]
+    wrong = []
+    for table in re.findall(r"^(\| (?:measures|fault)[^\n]*\|\n\|[-| ]+\|\n(?:\|[^\n]*\|\n)+)", current, re.M):
+        header = [c.strip() for c in table.splitlines()[0].strip("|").split("|")]
+        for line in table.splitlines()[2:]:
+            cells = dict(zip(header, (c.strip() for c in line.strip("|").split(" | "))))
+            date, runs = cells["date"], cells["runs"]
+            said = "not measured since" in date
+            if "before the 2026-11-28 shard loop" in date.split("(was")[0] and not said:
+                wrong.append(f"figures of the old shard loop given as current: {line[:90]}")
+            if int(re.match(r"\d+", runs).group()) < 3 and not said and "(" not in runs:
+                wrong.append(f"one run, without saying why or that it is to be measured again: {line[:90]}")
     assert wrong == []
 
 
