@@ -127,7 +127,7 @@ def airflow_env(home: Path, dags_folder: Path, port: int, extra: Mapping[str, st
         # A MOP run hands off after every hop, and the next hop is queued only by the scheduler's next
         # loop: 0.2 s between idle loops instead of Airflow's 1 s cut the demo grid's DAG run from
         # 41-43 s to 35-36 s (benchmarks/demo_grid.py --airflow-env, two runs each, 2 cores). The
-        # price is the idle scheduler's CPU: 7.4 % of a core against 1.9 % (benchmarks/scheduler_idle.py).
+        # price is the idle scheduler's CPU: 6.4 % of a core against 2.5 % (benchmarks/scheduler_idle.py).
         # A value set in the environment wins.
         "AIRFLOW__SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME": os.environ.get("AIRFLOW__SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME",
                                                                         IDLE_SLEEP_SECONDS),
