@@ -159,18 +159,17 @@ def leaderboard_moves(finals: list[tuple[str, list[dict]]]) -> dict:
     """Print and return, for each fused variant, how far each learning rate's final val_accuracy moved
     from the unfused one's, and whether every run of a variant ended on the same figures (a fused group
     trains to the same bits every time)."""
-    (_, unfused), moved = finals[0], {}
-    moved_heads = " | ".join(f"{name}, moved by" for name, _ in finals[1:])
-    print(f"\n| learning rate | unfused, final val_accuracy | {moved_heads} |")
-    print("|---|---|" + "---|" * (len(finals) - 1))
-    for rate in sorted(unfused[0], key=float):
-        cells = [f"{abs(runs[0][rate] - unfused[0][rate]):.4f}" for _, runs in finals[1:]]
-        print(f"| {float(rate):g} | {unfused[0][rate]:.4f} | " + " | ".join(cells) + " |")
+    unfused = finals[0][1][0]
+    moved = {name: {rate: round(abs(runs[0][rate] - unfused[rate]), 6) for rate in unfused}
+             for name, runs in finals[1:]}
+    print(f"\n| learning rate | unfused, final val_accuracy | {' | '.join(f'{name}, moved by' for name in moved)} |")
+    print("|---|---|" + "---|" * len(moved))
+    for rate in sorted(unfused, key=float):
+        cells = " | ".join(f"{m[rate]:.4f}" for m in moved.values())
+        print(f"| {float(rate):g} | {unfused[rate]:.4f} | {cells} |")
     for name, runs in finals:
         same = all(r == runs[0] for r in runs)
         print(f"  {name}: every run ended on the same val_accuracy: {'yes' if same else 'no'}")
-        if name != finals[0][0]:
-            moved[name] = {rate: round(abs(runs[0][rate] - unfused[0][rate]), 6) for rate in runs[0]}
     return moved
 
 

@@ -821,17 +821,26 @@ def test_a_gpu_figure_is_quoted_with_its_machine_and_a_row_says_when_it_was_last
             assert "33x" not in line, "33x was measured on an H200, with a hop task per hop"
 
 
-def test_every_measured_row_of_the_performance_page_says_its_machine_and_how_many_runs():
+def _current_rows(heads: str) -> list[tuple[list[str], dict[str, str], str]]:
+    """Each row of the performance page's current tables (before its history) whose header starts with
+    one of ``heads`` (a regex alternation): (the header's cells, the row's cells by header, the line)."""
     text = PERFORMANCE.read_text()
     current = text[:text.index("{#history}")]
-    wrong = []
-    for table in re.findall(r"^(\| measures[^\n]*\|\n\|[-| ]+\|\n(?:\|[^\n]*\|\n)+)", current, re.M):
+    rows = []
+    for table in re.findall(rf"^(\| (?:{heads})[^\n]*\|\n\|[-| ]+\|\n(?:\|[^\n]*\|\n)+)", current, re.M):
         header = [c.strip() for c in table.splitlines()[0].strip("|").split("|")]
-        assert {"runs", "machine", "date"} <= set(header), table.splitlines()[0]
-        for line in table.splitlines()[2:]:
-            cells = dict(zip(header, (c.strip() for c in line.strip("|").split(" | "))))
-            if not re.match(r"\d", cells["runs"]) or not cells["machine"]:
-                wrong.append(f"no count of runs or no machine: {line[:80]}")
+        rows += [(header, dict(zip(header, (c.strip() for c in line.strip("|").split(" | ")))), line)
+                 for line in table.splitlines()[2:]]
+    return rows
+
+
+def test_every_measured_row_of_the_performance_page_says_its_machine_and_how_many_runs():
+    text = PERFORMANCE.read_text()
+    wrong = []
+    for header, cells, line in _current_rows("measures"):
+        assert {"runs", "machine", "date"} <= set(header), header
+        if not re.match(r"\d", cells["runs"]) or not cells["machine"]:
+            wrong.append(f"no count of runs or no machine: {line[:80]}")
     assert "C2 alone: the run did not record which of the two" in text
     assert "the production shard loop was rewritten on 2026-11-28" in _plain(text)
     assert wrong == []
@@ -841,19 +850,14 @@ def test_a_current_row_is_measured_since_the_shard_loop_three_times_or_says_it_i
     """A row that gives figures of the shard loop before 2026-11-28, or of one run, says so where a reader
     looks: "not measured since" in its date (a GPU row, or one to measure again), or why one run in its
     runs cell; the figures a row replaced stand after "(was" in its date."""
-    text = PERFORMANCE.read_text()
-    current = text[:text.index("{#history}")]
     wrong = []
-    for table in re.findall(r"^(\| (?:measures|fault)[^\n]*\|\n\|[-| ]+\|\n(?:\|[^\n]*\|\n)+)", current, re.M):
-        header = [c.strip() for c in table.splitlines()[0].strip("|").split("|")]
-        for line in table.splitlines()[2:]:
-            cells = dict(zip(header, (c.strip() for c in line.strip("|").split(" | "))))
-            date, runs = cells["date"], cells["runs"]
-            said = "not measured since" in date
-            if "before the 2026-11-28 shard loop" in date.split("(was")[0] and not said:
-                wrong.append(f"figures of the old shard loop given as current: {line[:90]}")
-            if int(re.match(r"\d+", runs).group()) < 3 and not said and "(" not in runs:
-                wrong.append(f"one run, without saying why or that it is to be measured again: {line[:90]}")
+    for _, cells, line in _current_rows("measures|fault"):
+        date, runs = cells["date"], cells["runs"]
+        said = "not measured since" in date
+        if "before the 2026-11-28 shard loop" in date.split("(was")[0] and not said:
+            wrong.append(f"figures of the old shard loop given as current: {line[:90]}")
+        if int(re.match(r"\d+", runs).group()) < 3 and not said and "(" not in runs:
+            wrong.append(f"one run, without saying why or that it is to be measured again: {line[:90]}")
     assert wrong == []
 
 
