@@ -12,6 +12,7 @@ import sys
 import time
 from typing import Any, Callable, TextIO
 
+from mop_airflow.errors import AirflowApiError
 from mop_airflow.hooks.rest import AirflowAPI
 from mop_airflow.monitor.run_status import FINISHED, RunRef, busy_shards, find_run, waiting_for_worker
 from mop_airflow.results.progress import Progress, format_seconds, run_progress, training_now
@@ -64,11 +65,26 @@ def _renderable(ref: RunRef, progress: Progress | None) -> Any:
     return Group(*lines)
 
 
+# How long a followed run's polls may keep failing on the server's side before the watch gives up. A busy
+# Airflow on SQLite answers 500 ("Database error") now and then while its writers hold the database: the
+# run goes on, so the watch that follows it (the demo, the benchmarks, `mop-airflow status`) must too.
+API_PATIENCE_S = 120.0
+
+
+def _passing(error: AirflowApiError) -> bool:
+    """A failure that the next poll may not meet: the server's own (5xx) or no answer at all. A refusal
+    (401/403) or a run that is not there (404) is the same on every poll."""
+    return error.status is None or error.status >= 500
+
+
 def watch(api: AirflowAPI, dag_id: str, run_id: str | None, *, group: str | None = None, follow: bool = True,
           interval: float = 3.0, store_root: str | None = None, out: TextIO | None = None, live: bool | None = None,
-          timeout: float | None = None, on_line: Callable[[str], None] | None = None) -> RunRef:
+          timeout: float | None = None, on_line: Callable[[str], None] | None = None,
+          patience: float = API_PATIENCE_S) -> RunRef:
     """Show the run's progress until it ends (or once, ``follow=False``); returns its last state.
-    ``group``: the MopTaskGroup whose selection to show (its hops only); None for a whole MOP DAG."""
+    ``group``: the MopTaskGroup whose selection to show (its hops only); None for a whole MOP DAG.
+    Once the run was seen, a poll that fails on the server's side (5xx) or gets no answer is tried again
+    every ``interval`` seconds, for up to ``patience`` seconds in a row; then its error is raised."""
     out = out or sys.stdout
     live = out.isatty() if live is None else live
     deadline = None if timeout is None else time.time() + timeout
@@ -81,18 +97,37 @@ def watch(api: AirflowAPI, dag_id: str, run_id: str | None, *, group: str | None
 
         display = Live(console=Console(file=out), refresh_per_second=4, transient=False)
         display.start()
+    say = on_line or (lambda text: print(text, file=out, flush=True))
+    seen = False  # a first poll that fails (a wrong address, no such run) is the caller's error at once
+    failing_since: float | None = None
     try:
         while True:
-            ref = find_run(api, dag_id, run_id, group=group, record=record)
-            run_id, record = ref.run_id, ref.record
-            progress = snapshot(api, ref, store_root)
+            try:
+                ref = find_run(api, dag_id, run_id, group=group, record=record)
+                run_id, record = ref.run_id, ref.record
+                progress = snapshot(api, ref, store_root)
+            except AirflowApiError as error:
+                now = time.time()
+                failing_since = failing_since or now
+                if not (seen and follow and _passing(error)) or now - failing_since > patience \
+                        or (deadline is not None and now > deadline):
+                    raise
+                message = (f"polling again in {interval:.0f} s (the run goes on; giving up after {patience:.0f} s "
+                           f"of failures): {error}")
+                if display is not None:
+                    display.console.print(message)
+                else:
+                    say(message)
+                time.sleep(interval)
+                continue
+            seen, failing_since = True, None
             if display is not None:
                 display.update(_renderable(ref, progress))
             else:
                 # a new line when something but the time left changed
                 key = plain_line(ref, progress, eta=False)
                 if key != last:
-                    (on_line or (lambda text: print(text, file=out, flush=True)))(plain_line(ref, progress))
+                    say(plain_line(ref, progress))
                     last = key
             if not follow or ref.state in FINISHED:
                 return ref
