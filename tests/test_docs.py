@@ -848,8 +848,8 @@ def test_every_measured_row_of_the_performance_page_says_its_machine_and_how_man
 
 def test_a_current_row_is_measured_since_the_shard_loop_three_times_or_says_it_is_not():
     """A row that gives figures of the shard loop before 2026-11-28, or of one run, says so where a reader
-    looks: "not measured since" in its date (a GPU row, or one to measure again), or why one run in its
-    runs cell; the figures a row replaced stand after "(was" in its date."""
+    looks: "not measured since" in its date (only a GPU machine's row, until one is lent), or why one run
+    in its runs cell; the figures a row replaced stand after "(was" in its date."""
     wrong = []
     for _, cells, line in _current_rows("measures|fault"):
         date, runs = cells["date"], cells["runs"]
@@ -858,6 +858,8 @@ def test_a_current_row_is_measured_since_the_shard_loop_three_times_or_says_it_i
             wrong.append(f"figures of the old shard loop given as current: {line[:90]}")
         if int(re.match(r"\d+", runs).group()) < 3 and not said and "(" not in runs:
             wrong.append(f"one run, without saying why or that it is to be measured again: {line[:90]}")
+        if said and not re.search(r"H100|H200", cells["machine"]):
+            wrong.append(f"a row of this 2-core machine not measured again (only the GPU machines wait): {line[:90]}")
     assert wrong == []
 
 
