@@ -40,7 +40,8 @@ SDK hashing the whole DAG for every dependency it sets; each shape prints the ha
 model of the scheduling loop as milliseconds per unfinished task instance of the run. The
 embedded Airflow runs on SQLite, as ``mop-airflow demo`` does: one writer at a time, so a "database
 is locked" in another service during a long scheduling loop is SQLite's part of the picture;
-``--postgres HOST:PORT`` runs it on a throw-away PostgreSQL database instead. ``--parallelism`` (default 4) caps the
+``--postgres HOST:PORT`` runs it on a throw-away PostgreSQL database instead. ``--parallelism`` (default: what the
+shape's blocks need, shards x 1 slot + a control task, the least the preflight accepts) caps the
 LocalExecutor so a small machine stays usable; the scheduler still examines every waiting task
 instance of the run in each loop.
 
@@ -53,7 +54,7 @@ whose file cannot be parsed and serialized within the dag-processor's timeout ne
 scheduler and is not run.
 
     python benchmarks/dag_scale.py [--shapes demo,16x20] [--window 240] [--skip-scheduler]
-                                   [--skip-ui] [--skip-browser] [--parallelism 4] [--blocks K]
+                                   [--skip-ui] [--skip-browser] [--parallelism N] [--blocks K]
                                    [--postgres 127.0.0.1:5432]
 
 Everything lives in a temporary folder that is deleted at the end (``--keep`` keeps it); every
@@ -668,11 +669,13 @@ class RunResult:
 def run_on_airflow(shape: Shape, home: Path, dag_file: Path, args: argparse.Namespace) -> RunResult:
     from mop_airflow.deployment.local import LocalAirflow, throwaway_postgres  # noqa: PLC0415
 
-    fig: dict[str, Any] = {}
+    # A block's train tasks (one per shard, one slot each) wait for each other's hops: the preflight refuses a
+    # LocalExecutor that cannot run them all beside a control task, so that is the least a shape gets.
+    fig: dict[str, Any] = {"parallelism": args.parallelism or shape.shards + 1}
     extra = {
         "MOP_HOME": str(home),
         "MOP_PRELOAD": "1",
-        "AIRFLOW__CORE__PARALLELISM": str(args.parallelism),
+        "AIRFLOW__CORE__PARALLELISM": str(fig["parallelism"]),
         "AIRFLOW__LOGGING__NAMESPACE_LEVELS": "airflow.jobs.scheduler_job_runner=DEBUG",
         "AIRFLOW__DAG_PROCESSOR__PRINT_STATS_INTERVAL": "30",
         "AIRFLOW__DAG_PROCESSOR__DAG_FILE_PROCESSOR_TIMEOUT": str(int(args.processor_timeout)),
@@ -910,7 +913,7 @@ def print_run(shape: Shape, result: RunResult, args: argparse.Namespace) -> None
         return
     f = result.figures
     say(f"  Airflow up in {f['startup']:.0f}s; DAG visible through the API {f['dag_visible']:.0f}s later; "
-        f"LocalExecutor parallelism {args.parallelism}")
+        f"LocalExecutor parallelism {f['parallelism']}")
     idle = f["idle_rate"]
     say(f"  idle before the trigger ({args.baseline:.0f}s): scheduler {idle.get('scheduler', 0):.3f} CPU s/s, "
         f"dag-processor {idle.get('dag-processor', 0) + idle.get('dag-processor/children', 0):.3f} CPU s/s")
@@ -1107,17 +1110,17 @@ def print_limits(results: dict[str, dict[str, Any]], args: argparse.Namespace) -
             say(f"  {'':<9} setup of one run (trigger -> shards staged, run creation included): "
                 f"{f['setup_cpu'].get('scheduler', 0):.0f} scheduler CPU s, {f['setup_seconds']:.0f}s wall")
         say("  each time the scheduler examines a run it loads all of the run's task instances and checks the "
-            "dependencies of every one still waiting (DagRun.task_instance_scheduling_decisions); a MOP run creates all "
-            "of its hops up front, so the loop grows with the run's size, not with the work in flight")
+            "dependencies of every one still waiting (DagRun.task_instance_scheduling_decisions); a MOP run's task "
+            "instances are its blocks' train tasks and control tasks, whatever its hops, so the loop grows with "
+            "shards x slots x blocks, not with configurations or iterations")
         if per_unfinished:
             big = [e for n, e in per_unfinished if n >= 500] or [e for _, e in per_unfinished]
             each = statistics.median(big)
             say(f"  model from the runs with >= 500 unfinished task instances (small runs' loops are mostly fixed "
-                f"cost): loop ~ {each:.1f} ms x unfinished task instances. A configuration's next hop "
-                "is scheduled at the earliest one loop after its previous hop ends, so once the loop nears the hop "
-                "time the shards idle. Loop = hop time at:")
-            for hop in (5, 30, 120):
-                say(f"    hops of {hop:>3}s: ~{hop * 1000 / each:,.0f} unfinished task instances")
+                f"cost): loop ~ {each:.1f} ms x unfinished task instances. Hops are not task instances: a slot "
+                "takes its next hop itself, so the loop delays only a block's start and end (hand-over between "
+                "blocks); a loop of 1 s would take this many:")
+            say(f"    ~{1000 / each:,.0f} unfinished task instances")
     # UI
     ui = [(name, r) for name, r in results.items() if r.get("run") and r["run"].figures.get("endpoints")]
     if ui:
@@ -1188,7 +1191,9 @@ def main() -> int:
     parser.add_argument("--baseline", type=float, default=30.0, help="seconds of idle measurement before the trigger")
     parser.add_argument("--setup-timeout", type=float, default=600.0, help="bound on trigger -> every shard staged")
     parser.add_argument("--parse-timeout", type=float, default=300.0, help="bound on parse + serialize per shape")
-    parser.add_argument("--parallelism", type=int, default=4, help="LocalExecutor slots ([core] parallelism)")
+    parser.add_argument("--parallelism", type=int, default=0,
+                        help="LocalExecutor slots ([core] parallelism); default: the shape's shards + 1, the least "
+                             "its blocks run with")
     parser.add_argument("--processor-timeout", type=float, default=PROCESSOR_TIMEOUT,
                         help="[dag_processor] dag_file_processor_timeout of the embedded Airflow (Airflow's default: 50)")
     parser.add_argument("--blocks", type=int, default=0,
@@ -1251,6 +1256,12 @@ def main() -> int:
             print_run(shape, entry["run"], args)
             say(f"  ({load()})")
         print_limits(results, args)
+        # a run whose tasks failed measured a failure, not the scheduler: say so and exit 1
+        failed = [name for name, entry in results.items() if entry.get("run") and (
+            entry["run"].figures.get("window_failed") or (entry["run"].skipped or "").startswith("failed"))]
+        if failed:
+            say(f"\nFAILED: the DAG run of {', '.join(failed)} failed or had failed task instances; its figures "
+                "measure that failure (see the task logs: --keep)")
         result("dag_scale", {name: {"tasks": entry["tasks"], "train_tasks": entry["train_tasks"],
                                     "parse": entry["parse"]} for name, entry in results.items()})
     finally:
@@ -1259,7 +1270,7 @@ def main() -> int:
         else:
             shutil.rmtree(root, ignore_errors=True)
     say(f"\ndone in {time.time() - started:.0f}s; {load()}")
-    return 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
