@@ -66,8 +66,9 @@ def _renderable(ref: RunRef, progress: Progress | None) -> Any:
 
 
 # How long a followed run's polls may keep failing on the server's side before the watch gives up. A busy
-# Airflow on SQLite answers 500 ("Database error") now and then while its writers hold the database: the
-# run goes on, so the watch that follows it (the demo, the benchmarks, `mop-airflow status`) must too.
+# Airflow on SQLite answers 500 ("Database error") now and then: at 32 slots its API server waited 30 s for
+# a pooled database connection while the train tasks heartbeat. The run goes on, so the watch that follows
+# it (the demo, the benchmarks, `mop-airflow status`) must too.
 API_PATIENCE_S = 120.0
 
 
