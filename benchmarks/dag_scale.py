@@ -668,10 +668,10 @@ class RunResult:
 
 def run_on_airflow(shape: Shape, home: Path, dag_file: Path, args: argparse.Namespace) -> RunResult:
     from mop_airflow.deployment.local import LocalAirflow, throwaway_postgres  # noqa: PLC0415
+    from mop_airflow.hooks.pools import least_parallelism  # noqa: PLC0415
 
-    # A block's train tasks (one per shard, one slot each) wait for each other's hops: the preflight refuses a
-    # LocalExecutor that cannot run them all beside a control task, so that is the least a shape gets.
-    fig: dict[str, Any] = {"parallelism": args.parallelism or shape.shards + 1}
+    # the preflight refuses a LocalExecutor that cannot run a block at once: that is the least a shape gets
+    fig: dict[str, Any] = {"parallelism": args.parallelism or least_parallelism(shape.shards, 1)}
     extra = {
         "MOP_HOME": str(home),
         "MOP_PRELOAD": "1",

@@ -154,6 +154,12 @@ def too_small(pools: dict[str, int], names: Sequence[str], slots: int, command: 
                         f"give the pools {slots} slot(s) ({command}), or lower schedule.slots_per_shard")
 
 
+def least_parallelism(shards: int, slots: int) -> int:
+    """The fewest tasks a LocalExecutor must run at once for a block: its ``shards x slots`` train tasks,
+    which wait for each other's hops, and one control task beside them."""
+    return shards * slots + 1
+
+
 def check_parallelism(shards: int, slots: int, config: Any = None) -> None:
     """Refuse, before anything trains, a LocalExecutor that cannot run a block's train tasks at once
     (``shards x slots`` of them, waiting for each other's hops) beside one control task."""
@@ -163,7 +169,7 @@ def check_parallelism(shards: int, slots: int, config: Any = None) -> None:
     if "LocalExecutor" not in executor:
         return  # Celery workers' concurrency is theirs: the how-to sizes each shard's worker to its slots
     parallelism = config.getint("core", "parallelism", fallback=32)
-    needed = shards * slots + 1
+    needed = least_parallelism(shards, slots)
     if 0 < parallelism < needed:
         raise SpecError("[core] parallelism", parallelism,
                         f"the LocalExecutor runs at most {parallelism} task(s) at once, but a block of this search "
