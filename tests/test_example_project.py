@@ -2,9 +2,11 @@
 loader writes the digits, its DAG folder imports into a DagBag with no import error, and its search runs
 end to end through Airflow (``dag.test()``) with its own builder module, ranking every configuration."""
 
+import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -72,3 +74,28 @@ def test_the_example_project_imports_into_a_dagbag_and_its_search_runs_end_to_en
     summary = store.read_json(layout.report_uri("summary.json"))
     assert summary["model_hops"] == 3 * 3 * 2  # 3 configurations x 3 shards x 2 iterations
     assert store.exists(layout.report_uri("best_model.keras"))
+
+
+def test_check_on_the_example_dag_file_says_what_would_run_in_a_few_readable_lines(tmp_path):
+    """The README's step 3: `mop-airflow check my_dags/my_selection.py` as a newcomer types it, in a process of
+    its own. Its output is the check's own lines: the 64 pixel columns shortened, and none of the lines the
+    libraries log when imported (Great Expectations' registrations, TensorFlow's CPU notes)."""
+    data = subprocess.run([sys.executable, str(PROJECT / "make_data.py"), "--out", str(tmp_path / "digits.parquet")],
+                          capture_output=True, text=True, timeout=300)
+    assert data.returncode == 0, data.stderr[-2000:]
+    env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    done = subprocess.run([str(Path(sys.executable).with_name("mop-airflow")), "check", str(PROJECT / "dags" / "my_selection.py")],
+                          capture_output=True, text=True, timeout=300,
+                          env={**env, "MY_PROJECT_DATA": str(tmp_path / "digits.parquet")})
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("my_selection: spec valid; Grid search, 3 configurations")
+    assert lines[1] == ("  would train 3 configuration(s) (1 builder(s)) on 3 shard(s) x 1 slot(s), 1 block(s) a DAG "
+                        "run, 14 task(s) a DAG run")
+    assert lines[2] == ("  data valid: 1797 row(s) in 1 file(s), 359 for validation; inputs px0, px1, px2, px3, px4, "
+                        "..., px63 (64 in all); label digit (classification, 10 classes)")
+    assert lines[3].startswith("  models: 1 distinct model(s) built and compiled, a step trained on 8 rows")
+    assert len(lines) == 4
+    both = done.stdout + done.stderr
+    assert "Skipping registering function" not in both and "great_expectations" not in both
+    assert "cpu_feature_guard" not in both

@@ -138,7 +138,7 @@ def check_spec(name: str, spec: Any, *, models: bool = True) -> int:
           f"{len(tasks)} task(s) a DAG run")
     summary = validate_source(run.data, shards=run.schedule.shards, max_batch_size=run.max_batch_size)
     print(f"  data valid: {summary['rows']} row(s) in {summary['files']} file(s), {summary['validation_rows']} for "
-          f"validation; inputs {', '.join(summary['features'])}; label {summary['label']} ({summary['task']}"
+          f"validation; inputs {few(summary['features'])}; label {summary['label']} ({summary['task']}"
           + (f", {len(summary['classes'])} classes)" if summary["classes"] else ")"))
     if not models:
         return OK
@@ -168,6 +168,13 @@ def check_spec(name: str, spec: Any, *, models: bool = True) -> int:
 
 
 FEW_ROWS = 8
+
+
+def few(names: list[str], shown: int = 6) -> str:
+    """Names for one line: all of a few, else the first and the last with the count (64 pixel columns)."""
+    if len(names) <= shown:
+        return ", ".join(names)
+    return f"{', '.join(names[:shown - 1])}, ..., {names[-1]} ({len(names)} in all)"
 
 
 def train_on_rows(run: Any, summary: dict[str, Any], rows: int = FEW_ROWS) -> dict[str, str]:

@@ -11,6 +11,8 @@ Airflow), :mod:`~mop_airflow.cli.plan`, :mod:`~mop_airflow.cli.up` (`up`, `examp
 from __future__ import annotations
 
 import argparse
+import logging
+import os
 import sys
 
 from mop_airflow.cli import champion, check, demo, deployment, kubernetes, models, plan, runs, up
@@ -72,8 +74,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def quiet_libraries() -> None:
+    """Keep what the libraries log at import out of a command's output: TensorFlow's C++ notes (the
+    CPU's instructions, no CUDA driver) and Great Expectations' registration lines (a screenful
+    when the data is validated, in the format of Airflow's logging once a DAG file imported it).
+    Their warnings and errors still show; a TF_CPP_MIN_LOG_LEVEL set in the environment wins."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    logging.getLogger("great_expectations").setLevel(logging.WARNING)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    quiet_libraries()
     for name in ("shards", "slots", "k", "batch_rows", "limit"):
         value = getattr(args, name, None)
         if value is not None and value < 1 and args.command != "k8s":  # k8s names the value and the fix itself
