@@ -143,7 +143,7 @@ def airflow_env(home: Path, dags_folder: Path, port: int, extra: Mapping[str, st
         "AIRFLOW__CORE__DEFAULT_POOL_TASK_SLOT_COUNT": os.environ.get("AIRFLOW__CORE__DEFAULT_POOL_TASK_SLOT_COUNT",
                                                                       str(DATA_TASKS_AT_ONCE)),
         # Every shard pool runs on this one machine: a spec that asks for threads_per_hop "auto"
-        # gets one TensorFlow thread per hop task here too (the default, 1, does without this), so
+        # gets one TensorFlow thread per train task here too (the default, 1, does without this), so
         # parallel hops do not oversubscribe the cores.
         HOPS_PER_WORKER_ENV: str(os.cpu_count() or 1),
     }

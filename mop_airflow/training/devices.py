@@ -1,9 +1,10 @@
-"""Which GPU a hop task trains on: each slot of a machine on its own GPU.
+"""Which GPU a train task trains on: each slot of a machine on its own GPU.
 
-A shard's pool bounds how many hops run at once but not which GPU each uses; left alone, TensorFlow
-in every task process takes the first GPU and reserves nearly all of every GPU's memory, so a second
-hop on the machine fails or shares GPU 0. So a hop process claims a slot of its machine (a file lock
-held until the process dies) and restricts itself to that slot's GPU before TensorFlow starts.
+A shard's pool bounds how many train tasks (shard slots) run at once but not which GPU each uses; left
+alone, TensorFlow in every task process takes the first GPU and reserves nearly all of every GPU's
+memory, so a second train task on the machine fails or shares GPU 0. So a train task claims a slot of
+its machine (a file lock held until the process dies) and restricts itself to that slot's GPU before
+TensorFlow starts.
 Settings come from the worker's environment: ``MOP_GPUS`` (a count, or ids with a comma),
 ``MOP_SLOTS``, ``MOP_SLOT_LOCK_DIR``, ``MOP_SLOT_WAIT_SECONDS``, ``MOP_GPU_RESERVE``. Without ``MOP_GPUS`` or
 ``CUDA_VISIBLE_DEVICES`` nothing changes: a CPU worker runs exactly as before.
@@ -37,15 +38,15 @@ SLOTS_ENV = "MOP_SLOTS"
 LOCK_DIR_ENV = "MOP_SLOT_LOCK_DIR"
 WAIT_ENV = "MOP_SLOT_WAIT_SECONDS"
 # "1": a slot alone on its GPU lets the backend reserve the GPU's memory when it starts, as TensorFlow and
-# JAX do by default. Off by default: a hop task is a short process that trains one model, and reserving
-# the GPU cost more than a whole hop's training (1.5 s of each hop process's start on an H200 with
-# JAX, for models that used at most 151 MB; benchmarks/gpu_hops.py, docs/performance.md).
+# JAX do by default. Off by default: measured when every hop was a short process of its own, reserving
+# the GPU cost more than a whole hop's training (1.5 s of each process's start on an H200 with JAX, for
+# models that used at most 151 MB; benchmarks/gpu_hops.py, docs/performance.md).
 RESERVE_ENV = "MOP_GPU_RESERVE"
-# Consulted for MOP_SLOTS in this order when it is unset: both say how many hop tasks share the machine.
+# Consulted for MOP_SLOTS in this order when it is unset: both say how many train tasks share the machine.
 SLOTS_FALLBACK_ENV = ("MOP_HOPS_PER_WORKER", "AIRFLOW__CELERY__WORKER_CONCURRENCY")
 # Airflow frees a pool slot when a task reports its state, a moment before its process exits and drops
-# its lock, so the next hop may find every slot taken for a second or so. A longer wait means the pools
-# allow more hops than MOP_SLOTS: that fails loudly rather than put two hops on one GPU unasked.
+# its lock, so the next train task may find every slot taken for a second or so. A longer wait means the
+# pools allow more train tasks than MOP_SLOTS: that fails loudly rather than put two on one GPU unasked.
 DEFAULT_WAIT_S = 60.0
 
 
@@ -83,7 +84,7 @@ def choose_device(slot: int, gpus: int | Sequence[str], slots: int, *, reserve: 
         ids = _checked_ids(list(gpus))
     if slots < 1:
         raise SpecError(SLOTS_ENV, slots, "must be at least 1",
-                        f"set {SLOTS_ENV} to the hop tasks that run at once on this machine (the worker's --concurrency)")
+                        f"set {SLOTS_ENV} to the train tasks that run at once on this machine (the worker's --concurrency)")
     if not 0 <= slot < slots:
         raise SpecError("slot", slot, f"must be in 0..{slots - 1} ({SLOTS_ENV}={slots})",
                         f"take the slot from claim_slot({slots}), or raise {SLOTS_ENV} if the machine runs more hops")
@@ -149,7 +150,7 @@ def slots_from_env(environ: Mapping[str, str], gpus: int) -> int:
                 slots = 0
             if slots < 1:
                 raise SpecError(name, value, "must be a whole number of at least 1",
-                                f"set {SLOTS_ENV} to the hop tasks that run at once on this machine")
+                                f"set {SLOTS_ENV} to the train tasks that run at once on this machine")
             return slots
     return max(1, gpus)
 
@@ -163,7 +164,7 @@ def default_lock_dir(gpus: Sequence[str]) -> str:
 def claim_slot(slots: int, lock_dir: str, *, wait_s: float = DEFAULT_WAIT_S, poll_s: float = 0.1) -> SlotClaim:
     """Lock the first free ``<lock_dir>/slot-<i>.lock``; the OS drops it when the process dies, however it dies."""
     if slots < 1:
-        raise SpecError(SLOTS_ENV, slots, "must be at least 1", f"set {SLOTS_ENV} to the hop tasks on this machine")
+        raise SpecError(SLOTS_ENV, slots, "must be at least 1", f"set {SLOTS_ENV} to the train tasks on this machine")
     deadline = time.monotonic() + wait_s
     while True:
         for slot in range(slots):
@@ -240,7 +241,7 @@ _placed: dict[int, tuple[DevicePlacement, SlotClaim]] = {}
 def place_this_process(environ: MutableMapping[str, str] = os.environ) -> DevicePlacement | None:
     """Claim a slot of this machine and restrict this process to its GPU; None (and no change) without GPUs.
 
-    Call it at the start of a hop task, before TensorFlow or JAX runs anything. With ``os.environ``, a second
+    Call it at the start of a train task, before TensorFlow or JAX runs anything. With ``os.environ``, a second
     call in the same process returns the first placement: a process never holds two slots."""
     own = environ is os.environ
     if own and os.getpid() in _placed:

@@ -47,8 +47,8 @@ DEVICE_ARRAYS_MAX_BYTES = 1 << 30
 
 
 def threads_for(setting: int | str, slots: int, *, cores: int | None = None, env: Any = os.environ) -> int:
-    """TensorFlow's intra-op threads for one hop task: a number (``schedule.threads_per_hop``'s
-    default is 1, whatever the worker), or ``"auto"`` = the worker's cores shared by the hop tasks
+    """TensorFlow's intra-op threads for one train task: a number (``schedule.threads_per_hop``'s
+    default is 1, whatever the worker), or ``"auto"`` = the worker's cores shared by the train tasks
     that run on it at once (``MOP_HOPS_PER_WORKER`` where the deployment knows it, e.g.
     every shard pool on one machine; else the shard's slots). CPU results depend on the count, so
     only a number gives the same results on every executor and machine."""
@@ -79,9 +79,9 @@ def apply_threads(threads: int) -> int | None:
 def compilation_cache(cache_dir: str, environ: Any = os.environ) -> str | None:
     """On the JAX backend, keep compiled train and test steps in ``<cache_dir>/jax-compilation``.
 
-    Every hop task is a new process, and JAX compiles a model's steps again in each one (XLA, about
-    a second per step function on a GPU); with the cache on disk, the second hop of a model on this
-    worker loads them instead. Returns the folder in use; None on other backends, or with
+    JAX compiles a model's steps again in every process that builds it (XLA, about a second per step
+    function on a GPU), and a train task is a process of its own each block and each retry; with the
+    cache on disk, a later build of the same model on this worker loads them instead. Returns the folder in use; None on other backends, or with
     ``MOP_COMPILATION_CACHE=0``. A folder the user set (``JAX_COMPILATION_CACHE_DIR``) is kept.
     """
     import keras  # noqa: PLC0415
