@@ -139,7 +139,8 @@ class DataChecks:
         for role in self.roles:
             failures += role.tensor_failures()
         classes = list(data.classes)
-        if data.task == "classification" and not classes:
+        # a label column that is missing was named above: no "0 distinct values" beside it
+        if data.task == "classification" and not classes and data.label in self.roles[0].listing.columns:
             classes, found_failures = _found_classes(self.roles, data.label)
             failures += found_failures
         if failures:

@@ -147,6 +147,16 @@ def test_missing_label_points_at_data_label(tmp_path):
                                      "'x0', 'x1', 'x2', 'label'; add the column or fix data.label"]
 
 
+def test_a_missing_label_without_declared_classes_is_named_once(tmp_path):
+    """With data.classes left out the classes are found in the label column; a column that is not there is the
+    one failure, not also "holds 0 distinct values"."""
+    source = write_parquet(tmp_path / "train.parquet", make_columns(100))
+    with pytest.raises(DataValidationError) as caught:
+        validate_source(spec(source, label="Label", classes=()), shards=2, max_batch_size=8)
+    assert caught.value.failures == ["column 'Label' is missing (did you mean 'label'?); the file has columns "
+                                     "'x0', 'x1', 'x2', 'label'; add the column or fix data.label"]
+
+
 def test_separate_validation_file_with_a_bad_column(tmp_path, store_dir):
     source = write_parquet(tmp_path / "train.parquet", make_columns(100))
     bad = make_columns(20)
