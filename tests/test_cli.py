@@ -158,6 +158,21 @@ def test_check_validates_a_spec_file_builds_its_models_and_says_what_would_run(t
     assert not (tmp_path / "store").exists()  # nothing written to the store: no run was made
 
 
+def test_check_names_a_misspelt_builder_once_for_its_configurations_with_the_name_it_may_mean(tmp_path, capsys):
+    import json
+
+    spec = _toy(tmp_path, models=("tests.training.toys:batchnorm_dropout_mlp", "tests.training.toys:regresion_mlp"))
+    path = tmp_path / "spec.json"
+    path.write_text(json.dumps(spec))
+    assert main(["check", str(path)]) == 1
+    lines = [line for line in capsys.readouterr().err.splitlines() if "cannot train:" in line]
+    assert len(lines) == 1  # one line for the builder's 2 configurations, not one each
+    assert lines[0].startswith("  2 configurations (c0")
+    assert ("cannot train: model builder 'tests.training.toys:regresion_mlp': attribute 'regresion_mlp' is missing "
+            "in 'tests.training.toys' (did you mean 'regression_mlp'?). Fix: check the spelling after the colon") \
+        in lines[0]
+
+
 def test_check_names_a_broken_builder_and_exits_non_zero(tmp_path, capsys):
     import yaml
 

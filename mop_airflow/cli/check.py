@@ -148,10 +148,7 @@ def check_spec(name: str, spec: Any, *, models: bool = True) -> int:
     found = check_models(run.configs, input_shapes=input_shapes(inputs), num_classes=len(summary["classes"]),
                          task=summary["task"], seed=run.schedule.seed)
     if found.failures:
-        for cid, reason in sorted(found.failures.items()):
-            config = next(c for c in run.configs if c["config_id"] == cid)
-            print(f"  {cid} (model {config['model']}, hparams {json.dumps(config.get('hparams') or {})}) "
-                  f"cannot train: {reason}", file=sys.stderr)
+        print_failures(found.failures, run.configs)
         fatal = found.fatal(run.configs, fail_fast=run.fail_fast)
         print(f"  {len(found.failures)} of {len(run.configs)} configuration(s) cannot train"
               + (f"; the run would fail before training: {fatal}" if fatal else
@@ -159,22 +156,36 @@ def check_spec(name: str, spec: Any, *, models: bool = True) -> int:
         return FAILED
     stepped = train_on_rows(run, summary)
     if stepped:
-        for cid, reason in sorted(stepped.items()):
-            print(f"  {cid} cannot train: {reason}", file=sys.stderr)
+        print_failures(stepped, run.configs)
         return FAILED
     print(f"  models: {found.built} distinct model(s) built and compiled, a step trained on {FEW_ROWS} rows of the "
           "data, saved and loaded back")
     return OK
 
 
+def print_failures(failures: dict[str, str], configs: list[dict[str, Any]]) -> None:
+    """A line for each reason: the configurations a builder fails for alike (a misspelt builder fails for
+    every one of them) are named together, not each on a line of the same text."""
+    by_reason: dict[str, list[str]] = {}
+    for cid, reason in sorted(failures.items()):
+        by_reason.setdefault(reason, []).append(cid)
+    for reason, cids in by_reason.items():
+        if len(cids) == 1:
+            config = next(c for c in configs if c["config_id"] == cids[0])
+            print(f"  {cids[0]} (model {config['model']}, hparams {json.dumps(config.get('hparams') or {})}) "
+                  f"cannot train: {reason}", file=sys.stderr)
+        else:
+            print(f"  {len(cids)} configurations ({few(cids, 4, counted=False)}) cannot train: {reason}", file=sys.stderr)
+
+
 FEW_ROWS = 8
 
 
-def few(names: list[str], shown: int = 6) -> str:
-    """Names for one line: all of a few, else the first and the last with the count (64 pixel columns)."""
+def few(names: list[str], shown: int = 6, *, counted: bool = True) -> str:
+    """Names for one line: all of a few, else the first and the last (and the count: 64 pixel columns)."""
     if len(names) <= shown:
         return ", ".join(names)
-    return f"{', '.join(names[:shown - 1])}, ..., {names[-1]} ({len(names)} in all)"
+    return f"{', '.join(names[:shown - 1])}, ..., {names[-1]}" + (f" ({len(names)} in all)" if counted else "")
 
 
 def train_on_rows(run: Any, summary: dict[str, Any], rows: int = FEW_ROWS) -> dict[str, str]:

@@ -10,6 +10,7 @@ every configuration is compiled the same way and its optimizer can be checkpoint
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import inspect
 import math
@@ -50,8 +51,10 @@ def load_builder(import_path: str) -> Callable[[dict[str, Any]], Any]:
                             "on PYTHONPATH (e.g. in the Airflow dags or plugins folder)") from exc
     for part in attribute.split("."):
         if not hasattr(target, part):
+            close = difflib.get_close_matches(part, [n for n in dir(target) if not n.startswith("_")], n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
             raise TrainingError(f"model builder {import_path!r}: attribute {part!r} is missing in "
-                                f"{getattr(target, '__name__', module_name)!r}. Fix: check the spelling "
+                                f"{getattr(target, '__name__', module_name)!r}{hint}. Fix: check the spelling "
                                 "after the colon, or that the worker runs the same version of the module")
         target = getattr(target, part)
     if not callable(target):
