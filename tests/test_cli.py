@@ -2,6 +2,8 @@
 
 import os
 
+import pytest
+
 from mop_airflow.cli.main import main
 
 
@@ -111,8 +113,6 @@ def test_every_command_has_a_description_and_every_option_help_text():
 
 
 def test_the_top_level_help_lists_the_commands_and_each_shows_its_defaults(capsys):
-    import pytest
-
     with pytest.raises(SystemExit):
         main(["--help"])
     out = capsys.readouterr().out
@@ -129,6 +129,23 @@ def test_the_top_level_help_lists_the_commands_and_each_shows_its_defaults(capsy
         main(["example-data", "--help"])
     out = " ".join(capsys.readouterr().out.split())
     assert "(default 20000)" in out and "data/, /" in out.replace(os.sep, "/")
+
+
+def test_an_argument_a_command_does_not_take_is_refused_with_that_commands_usage(capsys):
+    """Not argparse's top-level `usage: mop-airflow [-h] COMMAND ...`, which names no option of the command."""
+    with pytest.raises(SystemExit) as exited:
+        main(["plan", "--method", "hyperband"])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: mop-airflow plan [-h] [--asha] [--R R]")
+    assert err.rstrip().endswith("mop-airflow plan: error: unrecognized arguments: --method hyperband "
+                                 "(`mop-airflow plan --help` lists the arguments it takes)")
+    with pytest.raises(SystemExit) as exited:  # a command's own command: its parser, its name
+        main(["k8s", "values", "--shards", "2", "--gpu-count", "1"])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: mop-airflow k8s values [-h] --shards SHARDS")
+    assert "mop-airflow k8s values: error: unrecognized arguments: --gpu-count 1 (`mop-airflow k8s values --help`" in err
 
 
 # ---------------------------------------------------------------- mop-airflow check: no Airflow running

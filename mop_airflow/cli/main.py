@@ -42,11 +42,21 @@ class HelpFormatter(argparse.HelpFormatter):
 
 
 class SubCommands(argparse._SubParsersAction):
-    """A command's one-line help is its description too, where it has no longer one."""
+    """A command's one-line help is its description too, where it has no longer one; an argument the
+    command does not take is refused by the command's own parser, whose usage lists what it takes
+    (argparse's own refusal comes from the top level: `usage: mop-airflow [-h] COMMAND ...`)."""
 
     def add_parser(self, name: str, **kwargs):
         kwargs.setdefault("description", kwargs.get("help"))
         return super().add_parser(name, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        super().__call__(parser, namespace, values, option_string)
+        unknown = getattr(namespace, argparse._UNRECOGNIZED_ARGS_ATTR, None)
+        if unknown:
+            self._name_parser_map[values[0]].error(
+                f"unrecognized arguments: {' '.join(unknown)} (`{self._prog_prefix} {values[0]} --help` lists "
+                "the arguments it takes)")
 
 
 class Parser(argparse.ArgumentParser):
