@@ -24,9 +24,9 @@ class SpecError(MopError, ValueError):
         super().__init__(f"{field}={value!r}: {rule}. Fix: {fix}")
 
 
-def unknown_key(where: str, given: Any, known: Iterable[str], *, what: str = "a known key") -> None:
+def unknown_key(where: str, given: Any, known: Iterable[str], *, what: str = "a known key", advice: str = "") -> None:
     """Refuse the first key of mapping ``given`` that is not in ``known``, naming the nearest known key:
-    a misspelt key (``num_sample``) must never fall back to a default without a word."""
+    a misspelt key (``num_sample``) must never fall back to a default without a word. ``advice`` ends the fix."""
     import difflib  # noqa: PLC0415
 
     known = list(known)
@@ -35,7 +35,7 @@ def unknown_key(where: str, given: Any, known: Iterable[str], *, what: str = "a 
         close = difflib.get_close_matches(unknown[0], known, n=1)
         hint = f"did you mean {close[0]!r}? " if close else ""
         raise SpecError(f"{where}.{unknown[0]}", given[unknown[0]], f"is not {what}",
-                        f"{hint}use only {sorted(known)}")
+                        f"{hint}use only {sorted(known)}" + (f"; {advice}" if advice else ""))
 
 
 class AirflowApiError(MopError, RuntimeError):

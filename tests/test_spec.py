@@ -148,6 +148,9 @@ def test_fail_fast_is_off_by_default_and_may_change_per_run():
       "method": "random", "num_samples": 2}, "search.space.params.hparams.units.value", "values"),
     ({"params": {"model": [MODEL], "learning_rate": {"distribution": "uniform", "low": 0.1, "hihg": 0.2}},
       "method": "random", "num_samples": 2}, "search.space.params.learning_rate.hihg", "high"),
+    ({"params": {"model": [MODEL], "learning_rates": [1e-3]}, "method": "grid"}, "search.space.params.learning_rates",
+     "learning_rate"),
+    ({"params": {"model": [MODEL], "epochs": 3}, "method": "grid"}, "search.space.params.epochs", "epochs_per_hop"),
 ])
 def test_unknown_keys_in_the_space_and_its_distributions_are_refused_with_the_nearest_key(space, field, nearest):
     spec = spec_dict()
@@ -158,3 +161,12 @@ def test_unknown_keys_in_the_space_and_its_distributions_are_refused_with_the_ne
     assert "use only" in raised.value.fix
     if nearest:
         assert f"did you mean {nearest!r}?" in raised.value.fix
+
+
+def test_an_unknown_key_of_a_named_input_is_refused_with_the_nearest_key():
+    spec = spec_dict()
+    spec["data"]["features"] = {"image": {"shap": [8, 8, 1]}}
+    with pytest.raises(SpecError) as raised:
+        MopSpec.from_dict(spec)
+    assert raised.value.field == "data.features.image.shap"
+    assert raised.value.fix.startswith("did you mean 'shape'? use only [")

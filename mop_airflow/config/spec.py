@@ -261,10 +261,7 @@ def _check_features(features: Any, label: str) -> Any:
             if not isinstance(name, str) or not name or not isinstance(column_spec, Mapping):
                 raise SpecError(field_name, column_spec, "must map an input name to a dict",
                                 "e.g. {'image': {'shape': [32, 32, 3]}} or {'tabular': {'columns': 'x*'}}")
-            unknown = sorted(set(column_spec) - _FEATURE_KEYS)
-            if unknown:
-                raise SpecError(f"{field_name}.{unknown[0]}", column_spec[unknown[0]], "is not a known key",
-                                f"use only {sorted(_FEATURE_KEYS)}")
+            unknown_key(field_name, column_spec, _FEATURE_KEYS)
             column_spec = dict(column_spec)
             if "columns" in column_spec:
                 if set(column_spec) - {"columns"}:

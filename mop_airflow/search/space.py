@@ -68,11 +68,8 @@ class SearchSpace:
         if not isinstance(self.params, Mapping):
             raise SpecError("search.space.params", self.params, "must be a mapping",
                             "pass e.g. {'model': ['my_models:cnn'], 'learning_rate': [1e-3, 1e-2]}")
-        unknown = sorted(set(self.params) - set(_KEYS))
-        if unknown:
-            raise SpecError(f"search.space.params.{unknown[0]}", self.params[unknown[0]], "is not a known key",
-                            f"use only {list(_KEYS)}; put model hyperparameters under 'hparams' and "
-                            "optimizer arguments under 'optimizer_params'")
+        unknown_key("search.space.params", self.params, _KEYS, advice="put model hyperparameters under 'hparams' "
+                    "and optimizer arguments under 'optimizer_params'")
         if "model" not in self.params:
             raise SpecError("search.space.params.model", None, "is required",
                             "name the model builder(s) by import path, e.g. 'my_models:cnn'")
