@@ -190,6 +190,23 @@ def test_check_names_a_misspelt_builder_once_for_its_configurations_with_the_nam
         in lines[0]
 
 
+def test_check_finds_the_builders_beside_a_spec_file_as_beside_a_dag_file(tmp_path, capsys):
+    import sys
+    import uuid
+
+    import yaml
+
+    module = f"my_models_{uuid.uuid4().hex[:8]}"  # a name no earlier test imported
+    (tmp_path / f"{module}.py").write_text("from tests.training.toys import batchnorm_dropout_mlp as mlp\n")
+    path = tmp_path / "selection.yaml"
+    path.write_text(yaml.safe_dump(_toy(tmp_path, models=(f"{module}:mlp",))))
+    try:
+        assert main(["check", str(path)]) == 0
+    finally:
+        sys.path.remove(str(tmp_path))
+    assert "models: 1 distinct model(s) built" in capsys.readouterr().out
+
+
 def test_check_names_a_broken_builder_and_exits_non_zero(tmp_path, capsys):
     import yaml
 

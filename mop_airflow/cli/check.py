@@ -1,7 +1,8 @@
 """`mop-airflow check SPEC_OR_DAG_FILE`: what a DAG run would find wrong, and what it would train,
 without Airflow running.
 
-The file is a spec (``.json``, ``.yaml``/``.yml``) or a Python file. A Python file is imported as
+The file is a spec (``.json``, ``.yaml``/``.yml``; its folder on ``sys.path``, as a spec kept in the DAG
+folder beside its builders) or a Python file. A Python file is imported as
 Airflow's DAG processor imports a DAG file (its folder on ``sys.path``; Airflow installed, not
 running); the specs it holds are those of the DAGs it built with ``build_mop_dag`` (one per DAG)
 and ``MopTaskGroup`` (one per group, named ``<dag_id>.<group_id>``), else its module-level ``spec``
@@ -65,6 +66,7 @@ def load_specs(path: Path) -> dict[str, Any]:
         if not isinstance(spec, dict):
             raise SpecError("SPEC_OR_DAG_FILE", str(path), f"holds a {type(spec).__name__}, not a spec mapping",
                             "write the spec as a mapping with data, search and schedule") from None
+        on_path(path.resolve().parent)  # a spec kept in the DAG folder finds the builders beside it, as its DAG does
         return {path.stem: spec}
     if suffix != ".py":
         raise SpecError("SPEC_OR_DAG_FILE", str(path), "is neither a spec (.json, .yaml, .yml) nor a Python file",
@@ -81,14 +83,18 @@ def load_specs(path: Path) -> dict[str, Any]:
     return specs
 
 
+def on_path(folder: Path) -> None:
+    """``folder`` first on ``sys.path``, as Airflow puts the DAG folder on the path of every task."""
+    if str(folder) not in sys.path:
+        sys.path.insert(0, str(folder))
+
+
 def _import_file(path: Path) -> Any:
     """Import ``path`` as Airflow's DAG processor does: its folder first on ``sys.path`` (builders and helper
     modules beside the DAG file import), under a name of its own."""
     from mop_airflow.errors import SpecError  # noqa: PLC0415
 
-    folder = str(path.resolve().parent)
-    if folder not in sys.path:
-        sys.path.insert(0, folder)
+    on_path(path.resolve().parent)
     name = f"mop_check_{path.stem}_{uuid.uuid4().hex[:8]}"
     loader_spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(loader_spec)
