@@ -361,3 +361,22 @@ def test_a_run_stored_before_blocks_keeps_its_rung_decisions(tmp_path):
     decision.write(store, layout.rung_decision_uri(1, 0))
     assert load_rung_decisions(layout) == [decision]
     assert load_rung_decisions(layout, plan, run) == [decision]  # not the (absent) block decisions' rungs
+
+
+def test_the_printed_leaderboard_shows_the_builder_hyperparameters_that_differ_between_configurations():
+    """Two configurations of one model, optimizer, learning rate and batch size differ only in their hparams:
+    the hparams whose values differ get a column each, those every row shares none."""
+    from mop_airflow.results.console import print_leaderboard
+
+    def row(rank, cid, units, acc):
+        return {"rank": rank, "config_id": cid, "val_accuracy": acc, "val_loss": 0.5, "status": "finished",
+                "model": "my_models:mlp", "optimizer": "adam", "learning_rate": 0.01, "batch_size": 32,
+                "hparams": {"units": units, "dropout": 0.2, **({"act": "gelu"} if rank == 1 else {})}}
+
+    lines: list[str] = []
+    print_leaderboard({"metric": "val_accuracy", "direction": "max",
+                       "leaderboard": [row(1, "c003-374d85", 128, 0.961), row(2, "c001-19b656", 32, 0.9471)]},
+                      out=lines.append)
+    assert lines[1].endswith("model / optimizer / lr / batch / act / units")
+    assert lines[2].endswith("c003-374d85        0.9610    0.5000  finished   mlp / adam / 0.01 / 32 / gelu / 128")
+    assert lines[3].endswith("c001-19b656        0.9471    0.5000  finished   mlp / adam / 0.01 / 32 / - / 32")

@@ -16,6 +16,7 @@ Everything heavy (Airflow, TensorFlow) is imported inside the command that needs
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -202,7 +203,7 @@ def _write_report(args: argparse.Namespace, layout, run_id: str, state: str, *, 
         print_challenge(challenge_decision(layout))
     except StoreError as exc:  # the leaderboard is what was asked for: a missing decision only warns
         print(f"(champion decision not read: {exc})", file=sys.stderr)
-    print("\nwritten: " + ", ".join(str(f) for f in files))
+    print(f"\nwritten to {out}{os.sep}: " + ", ".join(f.name for f in files))
     return OK
 
 

@@ -17,19 +17,33 @@ from mop_airflow.results.runs import load_all_hops, load_rung_decisions
 from mop_airflow.results.page import provisional_leaderboard
 
 
+def varying_hparams(rows: list[dict[str, Any]]) -> list[str]:
+    """The builder hyperparameters whose values differ between the rows: without them two configurations
+    of one model, optimizer, learning rate and batch size (units 32 and 128) print alike."""
+    keys = sorted({k for row in rows for k in (row.get("hparams") or {})})
+    return [k for k in keys
+            if len({json.dumps((row.get("hparams") or {}).get(k), sort_keys=True, default=str) for row in rows}) > 1]
+
+
 def print_leaderboard(board: dict[str, Any], out: Callable[[str], None] = print) -> None:
     metric = board["metric"]
+    hparams = varying_hparams(board["leaderboard"])
     out(f"\nLeaderboard ({metric}, {'lower' if board['direction'] == 'min' else 'higher'} is better)"
         + ("; provisional: the run has not written its report" if board.get("provisional") else ""))
-    out(f"{'rank':>4}  {'config':<12} {metric:>12} {'val_loss':>9}  {'outcome':<10} model / optimizer / lr / batch")
+    out(f"{'rank':>4}  {'config':<12} {metric:>12} {'val_loss':>9}  {'outcome':<10} model / optimizer / lr / batch"
+        + "".join(f" / {k}" for k in hparams))
     def number(value: Any, spec: str) -> str:  # not evaluated yet, or failed: a dash
         return "-" if value is None else format(value, spec)
 
+    def value(v: Any) -> str:
+        return number(v, "g") if isinstance(v, (int, float)) and not isinstance(v, bool) else "-" if v is None else str(v)
+
     for row in board["leaderboard"]:
+        own = row.get("hparams") or {}
         out(f"{row['rank']:>4}  {row['config_id']:<12} {number(row[metric], '.4f'):>12} "
             f"{number(row['val_loss'], '.4f'):>9}  {row.get('status', '-'):<10} "
             f"{row['model'].split(':')[-1]} / {row['optimizer']} / {number(row['learning_rate'], 'g')} / "
-            f"{row['batch_size']}")
+            f"{row['batch_size']}" + "".join(f" / {value(own.get(k))}" for k in hparams))
 
 
 def challenge_decision(layout: RunLayout) -> dict[str, Any] | None:
