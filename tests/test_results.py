@@ -380,3 +380,12 @@ def test_the_printed_leaderboard_shows_the_builder_hyperparameters_that_differ_b
     assert lines[1].endswith("model / optimizer / lr / batch / act / units")
     assert lines[2].endswith("c003-374d85        0.9610    0.5000  finished   mlp / adam / 0.01 / 32 / gelu / 128")
     assert lines[3].endswith("c001-19b656        0.9471    0.5000  finished   mlp / adam / 0.01 / 32 / - / 32")
+    from mop_airflow.results.report import config_labels
+
+    labels = config_labels([{"config_id": "c003-374d85", "model": "my_models:mlp", "optimizer": "adam",
+                             "optimizer_params": {"learning_rate": 0.01}, "batch_size": 32, "hparams": {"units": 128}},
+                            {"config_id": "c001-19b656", "model": "my_models:mlp", "optimizer": "adam",
+                             "optimizer_params": {"learning_rate": 0.01}, "batch_size": 32, "hparams": {"units": 32}}])
+    # the learning curves' legend (report/learning_curves.png) tells them apart the same way
+    assert labels == {"c003-374d85": "c003 mlp adam lr=0.01 bs=32 units=128",
+                      "c001-19b656": "c001 mlp adam lr=0.01 bs=32 units=32"}

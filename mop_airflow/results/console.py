@@ -12,17 +12,10 @@ from typing import Any, Callable
 
 from mop_airflow.records.layout import RunLayout, read_run
 from mop_airflow.records import Plan
-from mop_airflow.results.report import REPORT_FILES, config_label, hop_timeline, hop_timeline_png, learning_curves_png, metrics_table
+from mop_airflow.results.report import (REPORT_FILES, config_labels, hop_timeline, hop_timeline_png, learning_curves_png,
+                                        metrics_table, varying_hparams)
 from mop_airflow.results.runs import load_all_hops, load_rung_decisions
 from mop_airflow.results.page import provisional_leaderboard
-
-
-def varying_hparams(rows: list[dict[str, Any]]) -> list[str]:
-    """The builder hyperparameters whose values differ between the rows: without them two configurations
-    of one model, optimizer, learning rate and batch size (units 32 and 128) print alike."""
-    keys = sorted({k for row in rows for k in (row.get("hparams") or {})})
-    return [k for k in keys
-            if len({json.dumps((row.get("hparams") or {}).get(k), sort_keys=True, default=str) for row in rows}) > 1]
 
 
 def print_leaderboard(board: dict[str, Any], out: Callable[[str], None] = print) -> None:
@@ -91,7 +84,7 @@ def fetch_report(layout: RunLayout, out_dir: Path) -> tuple[dict[str, Any], list
              "metrics.json": json.dumps(rows, indent=1).encode(),
              "hop_timeline.json": json.dumps(timeline, indent=1).encode(),
              "learning_curves.png": learning_curves_png(rows, run.metric,
-                                                        {c["config_id"]: config_label(c) for c in run.configs}),
+                                                        config_labels(run.configs)),
              "hop_timeline.png": hop_timeline_png(timeline, plan.shards)}
     for name, data in files.items():
         (out_dir / name).write_bytes(data)

@@ -9,6 +9,7 @@ broken by configuration id so the ranking is deterministic.
 from __future__ import annotations
 
 import io
+import json
 import math
 from collections import Counter, defaultdict
 from typing import Any, Collection, Mapping, Sequence
@@ -53,7 +54,7 @@ def write_report(layout: RunLayout, run: RunRecord, *, cache_dir: str) -> dict[s
     store.write_bytes(layout.report_uri("metrics.parquet"), rows_to_parquet(rows))
     store.write_json(layout.report_uri("metrics.json"), rows)
     store.write_bytes(layout.report_uri("learning_curves.png"), learning_curves_png(
-        rows, metric, {c["config_id"]: config_label(c) for c in run.configs}))
+        rows, metric, config_labels(run.configs)))
     timeline = hop_timeline(records)
     store.write_json(layout.report_uri("hop_timeline.json"), timeline)
     store.write_bytes(layout.report_uri("hop_timeline.png"), hop_timeline_png(timeline, plan.shards))
@@ -371,6 +372,22 @@ def config_label(config: Mapping[str, Any]) -> str:
     """Short legend text: id, builder, optimizer, learning rate, batch size."""
     return (f"{config['config_id'][:4]} {config['model'].rsplit(':', 1)[-1]} {config['optimizer']} "
             f"lr={config['optimizer_params'].get('learning_rate', 0):g} bs={config['batch_size']}")
+
+
+def varying_hparams(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The builder hyperparameters whose values differ between the configurations (or leaderboard rows):
+    without them two configurations of one model, optimizer, learning rate and batch size (units 32 and
+    128) read alike."""
+    keys = sorted({k for row in rows for k in (row.get("hparams") or {})})
+    return [k for k in keys
+            if len({json.dumps((row.get("hparams") or {}).get(k), sort_keys=True, default=str) for row in rows}) > 1]
+
+
+def config_labels(configs: Sequence[Mapping[str, Any]]) -> dict[str, str]:
+    """{config_id: legend text}: :func:`config_label` and the hyperparameters that tell the configurations apart."""
+    keys = varying_hparams(configs)
+    return {c["config_id"]: config_label(c) + "".join(f" {k}={(c.get('hparams') or {}).get(k, '-')}" for k in keys)
+            for c in configs}
 
 
 def rows_to_parquet(rows: Sequence[Mapping[str, Any]]) -> bytes:
