@@ -405,7 +405,7 @@ def test_every_mop_airflow_command_named_in_the_prose_exists_with_the_options_it
 
 # What a spec fragment is put into: a random search of the README's builders, its data, its schedule.
 BASE_SPEC = {
-    "data": {"source": "data/train.parquet", "label": "label", "features": "x*"},
+    "data": {"source": "/data/train.parquet", "label": "label", "features": "x*"},
     "search": {"space": {"method": "random", "seed": 7, "params": {
         "model": {"distribution": "choice", "values": ["my_models:mlp", "my_models:cnn"]},
         "learning_rate": {"distribution": "log_uniform", "low": 1e-4, "high": 3e-2},

@@ -170,3 +170,21 @@ def test_an_unknown_key_of_a_named_input_is_refused_with_the_nearest_key():
         MopSpec.from_dict(spec)
     assert raised.value.field == "data.features.image.shap"
     assert raised.value.fix.startswith("did you mean 'shape'? use only [")
+
+
+def test_a_relative_data_path_is_refused_at_parse_naming_the_absolute_one(tmp_path, monkeypatch):
+    """A relative path would be resolved against each task's working folder: `mop-airflow check`, run from the
+    data's folder, finds the file, and the run's tasks would not."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SpecError) as raised:
+        MopSpec.from_dict(spec_dict(data__source="animals.csv"))
+    assert raised.value.field == "data.source" and raised.value.value == "animals.csv"
+    assert "is a relative path" in raised.value.rule
+    assert f"give the absolute path (from the folder you are in: '{tmp_path / 'animals.csv'}')" in raised.value.fix
+    with pytest.raises(SpecError) as raised:
+        MopSpec.from_dict(spec_dict(data__validation="valid/"))
+    assert raised.value.field == "data.validation"
+    # what a task can rely on: an absolute path, one under ~/ (expanded where it runs), a URI, a template
+    for source in ("/data/train.parquet", "~/data/train.parquet", "s3://bucket/train/",
+                   "{{ ti.xcom_pull(task_ids='extract') }}"):
+        assert MopSpec.from_dict(spec_dict(data__source=source)).data.source == source

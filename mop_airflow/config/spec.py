@@ -78,8 +78,9 @@ class DataSpec:
         source: Required. A Parquet (``.parquet``, ``.pq``) or CSV file, a folder of them (read
             recursively; ``key=value`` folders are hive partitions), a glob or an ``s3://`` prefix; or a
             folder, glob or prefix of image files (:mod:`mop_airflow.data.images`), one folder per class
-            or beside a ``labels`` file. Must be a non-empty string; a path ending in a file of another
-            format is refused.
+            or beside a ``labels`` file. Must be a non-empty string: an absolute path, a path under
+            ``~/`` or a URI (a relative path is refused: each task would resolve it against its own
+            working folder); a path ending in a file of another format is refused.
         label: Required. The label column: a class or, with ``task="regression"``, a numeric target.
             Must be a non-empty column name.
         features: Required. A list of numeric columns (``["x0", "x1"]``), one glob (``"x*"``), or a dict
@@ -147,7 +148,7 @@ class DataSpec:
         if isinstance(self.validation, str):
             if not self.validation.strip():
                 raise SpecError("data.validation", self.validation, "must be a fraction or a path/URI",
-                                "use e.g. 0.2 or 'data/valid.parquet'")
+                                "use e.g. 0.2 or '/data/valid.parquet'")
             _check_source_form("data.validation", self.validation)
         elif isinstance(self.validation, bool) or not isinstance(self.validation, (int, float)) \
                 or not 0.0 < float(self.validation) < 1.0:
@@ -197,7 +198,14 @@ def _check_labels(labels: Any) -> dict[str, str]:
 
 
 def _check_source_form(name: str, uri: str) -> None:
-    """Reject a path whose last part is a file of another format; folders, globs and prefixes pass."""
+    """Reject a relative path, and a path whose last part is a file of another format; folders, globs and
+    prefixes pass."""
+    if "://" not in uri and "{{" not in uri and not os.path.isabs(os.path.expanduser(uri)):  # a template: once rendered
+        # `mop-airflow check` run from the data's folder would find it; the tasks would not
+        raise SpecError(name, uri, "is a relative path, which every task would resolve against its own working "
+                        "folder (Airflow sets none that a spec can rely on)",
+                        f"give the absolute path (from the folder you are in: {os.path.abspath(uri)!r}), a path "
+                        "under ~, or a URI such as 's3://bucket/train/'")
     last = uri.lower().split("?")[0].rstrip("/").rsplit("/", 1)[-1]
     if "." in last and not any(ch in last for ch in "*?[") and not last.endswith(_KNOWN_SUFFIXES) \
             and last.rsplit(".", 1)[-1].isalpha() and not uri.endswith("/"):

@@ -74,7 +74,7 @@ def list_source(uri: str, options: Mapping[str, Any] | None = None, *,
     if not paths:
         raise DataValidationError(uri, [
             f"{role}: no .parquet, .pq or .csv files at {uri}, and no images ({', '.join(IMAGE_SUFFIXES)}); point it "
-            "at a file, a folder holding such files, a glob such as 'data/part-*.parquet' or an s3:// prefix"])
+            "at a file, a folder holding such files, a glob such as '/data/part-*.parquet' or an s3:// prefix"])
     formats = {file_format(p) for p in paths}
     if len(formats) > 1:
         examples = {f: next(p for p in paths if file_format(p) == f) for f in formats}

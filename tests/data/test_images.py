@@ -385,11 +385,11 @@ def test_class_folders_and_a_labels_file_on_an_s3_prefix(s3_endpoint, tmp_path, 
 ])
 def test_image_options_are_checked_at_parse_time(image, field, rule):
     with pytest.raises(SpecError) as caught:
-        images_spec("train/", features={"image": {"shape": [4, 5, 3], "decode": "image", **image}})
+        images_spec("/data/train/", features={"image": {"shape": [4, 5, 3], "decode": "image", **image}})
     assert caught.value.field == field and rule in str(caught.value)
 
 
 @pytest.mark.parametrize("labels", [{"path": "labels.txt"}, {"path": "l.csv", "column": "f"}, 3])
 def test_a_labels_file_must_be_csv_or_parquet(labels):
     with pytest.raises(SpecError, match="data.labels"):
-        images_spec("train/", labels=labels)
+        images_spec("/data/train/", labels=labels)
