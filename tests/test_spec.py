@@ -184,6 +184,11 @@ def test_a_relative_data_path_is_refused_at_parse_naming_the_absolute_one(tmp_pa
     with pytest.raises(SpecError) as raised:
         MopSpec.from_dict(spec_dict(data__validation="valid/"))
     assert raised.value.field == "data.validation"
+    spec = spec_dict()
+    spec["store"] = {"root": "mop_store"}
+    with pytest.raises(SpecError) as raised:
+        MopSpec.from_dict(spec)
+    assert raised.value.field == "store.root" and f"'{tmp_path / 'mop_store'}'" in raised.value.fix
     # what a task can rely on: an absolute path, one under ~/ (expanded where it runs), a URI, a template
     for source in ("/data/train.parquet", "~/data/train.parquet", "s3://bucket/train/",
                    "{{ ti.xcom_pull(task_ids='extract') }}"):

@@ -422,9 +422,9 @@ class StoreSpec:
     """Where shards, checkpoints and reports live: ``file://`` (default) or ``s3://``.
 
     Attributes:
-        root: The store's root: a local folder, ``file://``, ``s3://bucket/prefix`` or ``memory://``.
-            Left out: ``file://`` under ``$MOP_HOME/store`` (``~/mop_airflow/store`` when
-            ``MOP_HOME`` is unset).
+        root: The store's root: an absolute local folder (or one under ``~/``), ``file://``,
+            ``s3://bucket/prefix`` or ``memory://``; a relative folder is refused. Left out: ``file://``
+            under ``$MOP_HOME/store`` (``~/mop_airflow/store`` when ``MOP_HOME`` is unset).
         conn_id: An Airflow AWS connection for an ``s3://`` store: its login and password become the
             key and secret, its ``endpoint_url`` extra the endpoint (MinIO and other S3-compatible
             stores). Left out: s3fs's own credential chain.
@@ -462,6 +462,11 @@ class StoreSpec:
                             "use e.g. 60; Airflow's task retries cover longer outages")
         root = self.root or "file://" + os.path.join(default_home(), "store")
         if "://" not in root:
+            if not os.path.isabs(os.path.expanduser(root)):  # as data.source: every process its own folder
+                raise SpecError("store.root", root, "is a relative path, which every process that parses the DAG "
+                                "file would resolve against its own working folder (Airflow sets none a spec can "
+                                "rely on)", f"give the absolute path (from the folder you are in: "
+                                f"{os.path.abspath(root)!r}), a path under ~/, or a URI such as 's3://bucket/mop'")
             root = "file://" + os.path.abspath(os.path.expanduser(root))
         scheme = root.split("://", 1)[0]
         if scheme not in ("file", "s3", "memory"):
