@@ -33,7 +33,7 @@ def tpe(source, root, n=5):
 
 
 def test_a_small_search_renders_every_block_and_a_large_one_a_block_a_run(tmp_path):
-    small = spec_task_plan(MopSpec.from_dict(pbt("x.parquet", "memory://a")))
+    small = spec_task_plan(MopSpec.from_dict(pbt("/data/x.parquet", "memory://a")))
     decides = [t for t in small.tasks if t.kind == "decide"]
     assert [t.task_id for t in decides] == ["block_1.decide", "block_2.decide", "decide"]
     assert [t.args.get("block") for t in decides] == [0, 1, 2] and decides[-1].args["last"]
@@ -41,11 +41,11 @@ def test_a_small_search_renders_every_block_and_a_large_one_a_block_a_run(tmp_pa
     assert sorted((t.args["block"], t.args["shard"]) for t in trains) == [(k, s) for k in range(3) for s in range(2)]
     assert [t.upstream for t in trains if t.args["block"] == 2] == [("block_2.decide",)] * 2
     assert [t.args for t in small.tasks if t.kind == "report"] == [{"decided": True, "blocks": 3}]
-    large = spec_task_plan(MopSpec.from_dict(pbt("x.parquet", "memory://a", population=8, iterations=2000)))
+    large = spec_task_plan(MopSpec.from_dict(pbt("/data/x.parquet", "memory://a", population=8, iterations=2000)))
     # too large for one run: one block a run, its decide step starts the DAG's next run
     assert [t.task_id for t in large.tasks if t.kind == "decide"] == ["decide"] and large.train_tasks < 100
     # a model-based random search: ceil(5 / 4) waves of one iteration, 4 configurations a block
-    assert [t.task_id for t in spec_task_plan(MopSpec.from_dict(tpe("x.parquet", "memory://a"))).tasks
+    assert [t.task_id for t in spec_task_plan(MopSpec.from_dict(tpe("/data/x.parquet", "memory://a"))).tasks
             if t.kind == "decide"] == ["block_1.decide", "decide"]
 
 
