@@ -197,15 +197,22 @@ def _check_labels(labels: Any) -> dict[str, str]:
 
 
 
+def _refuse_relative(name: str, path: str, example: str) -> None:
+    """A local path must be absolute (or under ``~/``): every process that reads the spec, a task or the DAG
+    processor, would resolve a relative one against its own working folder, which Airflow does not fix."""
+    if "://" not in path and not os.path.isabs(os.path.expanduser(path)):
+        raise SpecError(name, path, "is a relative path, which every task would resolve against its own working "
+                        "folder (Airflow sets none that a spec can rely on)",
+                        f"give the absolute path (from the folder you are in: {os.path.abspath(path)!r}), a path "
+                        f"under ~/, or a URI such as {example!r}")
+
+
 def _check_source_form(name: str, uri: str) -> None:
     """Reject a relative path, and a path whose last part is a file of another format; folders, globs and
     prefixes pass."""
-    if "://" not in uri and "{{" not in uri and not os.path.isabs(os.path.expanduser(uri)):  # a template: once rendered
+    if "{{" not in uri:  # a template is checked once rendered
         # `mop-airflow check` run from the data's folder would find it; the tasks would not
-        raise SpecError(name, uri, "is a relative path, which every task would resolve against its own working "
-                        "folder (Airflow sets none that a spec can rely on)",
-                        f"give the absolute path (from the folder you are in: {os.path.abspath(uri)!r}), a path "
-                        "under ~, or a URI such as 's3://bucket/train/'")
+        _refuse_relative(name, uri, "s3://bucket/train/")
     last = uri.lower().split("?")[0].rstrip("/").rsplit("/", 1)[-1]
     if "." in last and not any(ch in last for ch in "*?[") and not last.endswith(_KNOWN_SUFFIXES) \
             and last.rsplit(".", 1)[-1].isalpha() and not uri.endswith("/"):
@@ -462,11 +469,7 @@ class StoreSpec:
                             "use e.g. 60; Airflow's task retries cover longer outages")
         root = self.root or "file://" + os.path.join(default_home(), "store")
         if "://" not in root:
-            if not os.path.isabs(os.path.expanduser(root)):  # as data.source: every process its own folder
-                raise SpecError("store.root", root, "is a relative path, which every process that parses the DAG "
-                                "file would resolve against its own working folder (Airflow sets none a spec can "
-                                "rely on)", f"give the absolute path (from the folder you are in: "
-                                f"{os.path.abspath(root)!r}), a path under ~/, or a URI such as 's3://bucket/mop'")
+            _refuse_relative("store.root", root, "s3://bucket/mop")
             root = "file://" + os.path.abspath(os.path.expanduser(root))
         scheme = root.split("://", 1)[0]
         if scheme not in ("file", "s3", "memory"):
